@@ -1,0 +1,25 @@
+# The two set-up commands: `make serve` runs the server, `make test` passes the tests.
+VENV := .venv
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: serve test lint bench
+
+$(STAMP): pyproject.toml scripts/bootstrap.sh
+	scripts/bootstrap.sh
+
+serve: $(STAMP)
+	$(VENV)/bin/duplex serve --host $(HOST) --port $(PORT)
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check duplex tests bench
+	$(VENV)/bin/ruff format --check duplex tests bench
+	$(VENV)/bin/python -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check --fix duplex tests bench
+	$(VENV)/bin/ruff format duplex tests bench
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/actors.py

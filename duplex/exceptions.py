@@ -1,0 +1,112 @@
+"""Every error duplex raises or sends, under one root.
+
+::
+
+    DuplexError
+    ├── ConfigError (ValueError)            bad configuration, found at startup
+    ├── ActorError                          the actor runtime
+    │   ├── AskTimeout (TimeoutError)       no reply within the ask's timeout
+    │   ├── MailboxFull                     a ``reject`` lane refused a message
+    │   ├── ActorStopped                    the target's mailbox is closed
+    │   └── RestartIntensityExceeded        a supervisor gave up; escalates to its parent
+    └── ProtocolError                       a client event the session refuses
+        └── one subclass per wire error code (``code`` / ``error_type`` class attributes)
+
+Wire errors become ``{"type": "error", "error": {type, code, message, event_id, param}}``;
+``error_type`` is the Realtime error family the code belongs to.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class DuplexError(Exception):
+    """Root of every duplex exception."""
+
+
+class ConfigError(DuplexError, ValueError):
+    """A configuration value is invalid; the message names the key and the rule."""
+
+
+class ActorError(DuplexError):
+    """Errors of the actor runtime."""
+
+
+class AskTimeout(ActorError, TimeoutError):
+    """``ActorRef.ask`` got no reply in time; a late reply is dropped and counted."""
+
+
+class MailboxFull(ActorError):
+    """A lane with the ``reject`` overflow policy is full."""
+
+
+class ActorStopped(ActorError):
+    """The actor's mailbox is closed: it stopped, or never started."""
+
+
+class RestartIntensityExceeded(ActorError):
+    """A supervisor saw more restarts than its intensity allows and escalates."""
+
+
+class ProtocolError(DuplexError):
+    """A client event that is refused; the session stays usable.
+
+    Subclasses set ``code``; ``error_type`` follows from the code's family.
+    """
+
+    code: ClassVar[str] = "bad_event"
+    error_type: ClassVar[str] = "invalid_request_error"
+
+    def __init__(self, message: str, *, event_id: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.event_id = event_id
+        self.param = param
+
+
+def _code(name: str, code: str, error_type: str = "invalid_request_error") -> type[ProtocolError]:
+    cls = type(name, (ProtocolError,), {"code": code, "error_type": error_type, "__doc__": code})
+    cls.__module__ = __name__
+    return cls
+
+
+InvalidJson = _code("InvalidJson", "invalid_json")
+UnknownEvent = _code("UnknownEvent", "unknown_event")
+BadEvent = _code("BadEvent", "bad_event")
+BadAudio = _code("BadAudio", "bad_audio")
+EventTooLarge = _code("EventTooLarge", "event_too_large")
+BinaryFrameUnsupported = _code("BinaryFrameUnsupported", "binary_frame_unsupported")
+UnsupportedAudioFormat = _code("UnsupportedAudioFormat", "unsupported_audio_format")
+InputAudioBufferEmpty = _code("InputAudioBufferEmpty", "input_audio_buffer_empty")
+ResponseAlreadyActive = _code("ResponseAlreadyActive", "response_already_active")
+ResponseNotActive = _code("ResponseNotActive", "response_not_active")
+PlaybackItemNotFound = _code("PlaybackItemNotFound", "playback_item_not_found")
+PlaybackAckTooLate = _code("PlaybackAckTooLate", "playback_ack_too_late")
+VideoInputUnsupported = _code("VideoInputUnsupported", "video_input_unsupported")
+InvalidVideoFrames = _code("InvalidVideoFrames", "invalid_video_frames")
+UnknownSession = _code("UnknownSession", "unknown_session")
+SessionResumeExpired = _code("SessionResumeExpired", "session_resume_expired")
+SessionClosed = _code("SessionClosed", "session_closed")
+IllegalState = _code("IllegalState", "illegal_state")
+InputBackpressure = _code("InputBackpressure", "input_backpressure", "rate_limit_error")
+ResourceExhausted = _code("ResourceExhausted", "resource_exhausted", "rate_limit_error")
+InternalError = _code("InternalError", "internal_error", "server_error")
+EngineError = _code("EngineError", "engine_error", "server_error")
+
+ERROR_CLASSES: dict[str, type[ProtocolError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidJson, UnknownEvent, BadEvent, BadAudio, EventTooLarge, BinaryFrameUnsupported,
+        UnsupportedAudioFormat, InputAudioBufferEmpty, ResponseAlreadyActive, ResponseNotActive,
+        PlaybackItemNotFound, PlaybackAckTooLate, VideoInputUnsupported, InvalidVideoFrames,
+        UnknownSession, SessionResumeExpired, SessionClosed, IllegalState, InputBackpressure,
+        ResourceExhausted, InternalError, EngineError,
+    )
+}  # fmt: skip
+
+
+def error_type_for(code: str) -> str:
+    """The Realtime error family of a wire code; unknown codes are request errors."""
+    cls = ERROR_CLASSES.get(code)
+    return cls.error_type if cls else "invalid_request_error"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Idempotent set-up: system libraries (as root, where missing), then .venv with the project and its dev tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+ldconfig -p 2>/dev/null | grep -q 'libopus\.so\.0' || need_apt+=(libopus0)
+if ((${#need_apt[@]})); then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "bootstrap: installing system packages: ${need_apt[*]}"
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    else
+        echo "bootstrap: please install these system packages: ${need_apt[*]}" >&2
+        exit 1
+    fi
+fi
+
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev]'
+touch .venv/.installed
