@@ -1,0 +1,227 @@
+"""A small metrics registry (counters, gauges, histograms) rendered as Prometheus text.
+
+Hot paths keep plain integer counters in their own ``statistics()`` records; the
+registry reads them through *collectors* at scrape time, so a message send never
+touches a label dictionary.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import final
+
+LabelValues = tuple[str, ...]
+
+DEFAULT_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One exported value: what a collector yields at scrape time."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+class _Metric:
+    kind = "untyped"
+
+    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()):
+        self.name = name
+        self.help = help
+        self.labelnames = tuple(labelnames)
+
+    def _key(self, labels: dict[str, str]) -> LabelValues:
+        if set(labels) != set(self.labelnames):
+            raise ValueError(f"{self.name}: labels {sorted(labels)} != {sorted(self.labelnames)}")
+        return tuple(str(labels[n]) for n in self.labelnames)
+
+    def samples(self) -> Iterable[Sample]:
+        raise NotImplementedError
+
+
+@final
+class Counter(_Metric):
+    """A monotonically increasing count."""
+
+    kind = "counter"
+
+    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()):
+        super().__init__(name, help, labelnames)
+        self._values: dict[LabelValues, float] = {}
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        if amount < 0:
+            raise ValueError("counters only go up")
+        key = self._key(labels)
+        self._values[key] = self._values.get(key, 0.0) + amount
+
+    def value(self, **labels: str) -> float:
+        return self._values.get(self._key(labels), 0.0)
+
+    def samples(self) -> Iterable[Sample]:
+        for key, v in sorted(self._values.items()):
+            yield Sample(self.name, dict(zip(self.labelnames, key, strict=True)), v)
+
+
+@final
+class Gauge(_Metric):
+    """A value that goes up and down."""
+
+    kind = "gauge"
+
+    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()):
+        super().__init__(name, help, labelnames)
+        self._values: dict[LabelValues, float] = {}
+
+    def set(self, value: float, **labels: str) -> None:
+        self._values[self._key(labels)] = float(value)
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        key = self._key(labels)
+        self._values[key] = self._values.get(key, 0.0) + amount
+
+    def dec(self, amount: float = 1.0, **labels: str) -> None:
+        self.inc(-amount, **labels)
+
+    def value(self, **labels: str) -> float:
+        return self._values.get(self._key(labels), 0.0)
+
+    def samples(self) -> Iterable[Sample]:
+        for key, v in sorted(self._values.items()):
+            yield Sample(self.name, dict(zip(self.labelnames, key, strict=True)), v)
+
+
+@final
+class Histogram(_Metric):
+    """Cumulative buckets, sum and count, as Prometheus expects."""
+
+    kind = "histogram"
+
+    def __init__(
+        self,
+        name: str,
+        help: str,
+        labelnames: Sequence[str] = (),
+        buckets: Sequence[float] = DEFAULT_BUCKETS,
+    ):
+        super().__init__(name, help, labelnames)
+        if list(buckets) != sorted(buckets) or not buckets:
+            raise ValueError(f"{name}: buckets must be a non-empty ascending sequence")
+        self.buckets = tuple(buckets)
+        self._counts: dict[LabelValues, list[int]] = {}
+        self._sums: dict[LabelValues, float] = {}
+
+    def observe(self, value: float, **labels: str) -> None:
+        key = self._key(labels)
+        counts = self._counts.get(key)
+        if counts is None:
+            counts = self._counts[key] = [0] * (len(self.buckets) + 1)
+            self._sums[key] = 0.0
+        counts[bisect.bisect_left(self.buckets, value)] += 1
+        self._sums[key] += value
+
+    def count(self, **labels: str) -> int:
+        return sum(self._counts.get(self._key(labels), ()))
+
+    def samples(self) -> Iterable[Sample]:
+        for key, counts in sorted(self._counts.items()):
+            base = dict(zip(self.labelnames, key, strict=True))
+            running = 0
+            for bound, c in zip((*self.buckets, math.inf), counts, strict=True):
+                running += c
+                le = "+Inf" if bound == math.inf else repr(bound)
+                yield Sample(f"{self.name}_bucket", {**base, "le": le}, running)
+            yield Sample(f"{self.name}_sum", base, self._sums[key])
+            yield Sample(f"{self.name}_count", base, running)
+
+
+Collector = Callable[[], Iterable[Sample]]
+
+
+@final
+class MetricsRegistry:
+    """Named metrics plus scrape-time collectors; one per process (or per test)."""
+
+    def __init__(self) -> None:
+        self._metrics: dict[str, _Metric] = {}
+        self._collectors: dict[str, tuple[str, str, Collector]] = {}
+
+    def _register(self, metric: _Metric) -> _Metric:
+        existing = self._metrics.get(metric.name)
+        if existing is not None:
+            if type(existing) is not type(metric) or existing.labelnames != metric.labelnames:
+                raise ValueError(f"metric {metric.name} already registered with another shape")
+            return existing
+        self._metrics[metric.name] = metric
+        return metric
+
+    def counter(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Counter:
+        return self._register(Counter(name, help, labelnames))  # type: ignore[return-value]
+
+    def gauge(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Gauge:
+        return self._register(Gauge(name, help, labelnames))  # type: ignore[return-value]
+
+    def histogram(
+        self,
+        name: str,
+        help: str,
+        labelnames: Sequence[str] = (),
+        buckets: Sequence[float] = DEFAULT_BUCKETS,
+    ) -> Histogram:
+        return self._register(Histogram(name, help, labelnames, buckets))  # type: ignore[return-value]
+
+    def add_collector(self, name: str, kind: str, help: str, fn: Collector) -> None:
+        """Register ``fn``, called at each scrape, yielding samples of metric ``name``.
+
+        A later collector of the same name replaces the earlier one.
+        """
+        if name in self._metrics:
+            raise ValueError(f"metric {name} is already registered as a {self._metrics[name].kind}")
+        self._collectors[name] = (kind, help, fn)
+
+    def render(self) -> str:
+        """The Prometheus text exposition format (version 0.0.4)."""
+        lines: list[str] = []
+        families: list[tuple[str, str, str, Iterable[Sample]]] = [
+            (m.name, m.kind, m.help, m.samples()) for m in self._metrics.values()
+        ]
+        families += [(n, k, h, fn()) for n, (k, h, fn) in self._collectors.items()]
+        for name, kind, help, samples in families:
+            lines.append(f"# HELP {name} {_escape_help(help)}")
+            lines.append(f"# TYPE {name} {kind}")
+            lines.extend(_format_sample(s) for s in samples)
+        return "\n".join(lines) + "\n"
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _format_value(v: float) -> str:
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if math.isnan(v):
+        return "NaN"
+    return repr(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+def _format_sample(s: Sample) -> str:
+    if not s.labels:
+        return f"{s.name} {_format_value(s.value)}"
+    body = ",".join(f'{k}="{_escape_label(str(v))}"' for k, v in s.labels.items())
+    return f"{s.name}{{{body}}} {_format_value(s.value)}"
+
+
+REGISTRY = MetricsRegistry()
+"""The process-wide registry the server exposes at ``/metrics``."""
