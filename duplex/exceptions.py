@@ -9,6 +9,10 @@
     │   ├── MailboxFull                     a ``reject`` lane refused a message
     │   ├── ActorStopped                    the target's mailbox is closed
     │   └── RestartIntensityExceeded        a supervisor gave up; escalates to its parent
+    ├── ModelError                          engines and model runners (in-process, not wire)
+    │   ├── UnknownModel (LookupError)      no model registered under that name
+    │   ├── SlotReleased                    a slot handle used after its release
+    │   └── RunnerContractError             a runner's output broke the ModelRunner contract
     └── ProtocolError                       a client event the session refuses
         └── one subclass per wire error code (``code`` / ``error_type`` class attributes)
 
@@ -110,3 +114,19 @@ def error_type_for(code: str) -> str:
     """The Realtime error family of a wire code; unknown codes are request errors."""
     cls = ERROR_CLASSES.get(code)
     return cls.error_type if cls else "invalid_request_error"
+
+
+class ModelError(DuplexError):
+    """Errors of engines and model runners; the session maps them to ``EngineError`` on the wire."""
+
+
+class UnknownModel(ModelError, LookupError):
+    """No model is registered under the requested name; the message lists the known ones."""
+
+
+class SlotReleased(ModelError):
+    """A slot handle was used after it was released; its slot may already serve someone else."""
+
+
+class RunnerContractError(ModelError):
+    """A model runner returned output that does not match its plan (slots, shapes, dtypes)."""

@@ -1,0 +1,182 @@
+"""`EngineDriver`: the trio tick loop around a synchronous `Engine`.
+
+Tick k is scheduled at ``t0 + k * period`` on trio's clock, so the cadence
+never drifts and runs under ``MockClock``. Each step runs off the trio thread;
+a tick whose step finishes after the next tick's scheduled time is late and
+counted, and the following ticks run back to back until the loop is on its
+grid again (each tick consumes one queued input frame, so catching up keeps
+latency instead of skipping frames). Outputs go to each slot's subscriber
+through a bounded memory channel with ``send_nowait``: a full channel drops
+the output and counts it, so one slow session never holds up the tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Protocol, TypeVar, final
+
+import trio
+
+from ._engine import Engine, EngineStatistics, InputPush, SlotHandle, SlotOutput
+from ._interface import ModelSpec, PcmFrame
+
+__all__ = ["DriverStatistics", "EngineDriver", "Offload"]
+
+_T = TypeVar("_T")
+
+
+class Offload(Protocol):
+    """Runs a blocking callable away from the trio thread (``trio.to_thread.run_sync``)."""
+
+    def __call__(self, sync_fn: Callable[[], _T], /) -> Awaitable[_T]: ...
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class DriverStatistics:
+    """Tick-loop and delivery counters, with the engine's own record.
+
+    Args:
+        ticks: loop iterations (idle ones included).
+        idle_ticks: iterations with nothing live, where no step ran.
+        late_ticks: steps that finished after the next tick's scheduled time.
+        subscribers: attached slots.
+        delivered: outputs handed to subscriber channels.
+        dropped_full: outputs dropped because a subscriber's channel was full.
+        dropped_closed: outputs dropped because a subscriber closed its channel
+            (its slot is then detached).
+        orphaned: outputs of slots detached while their step was running.
+        engine: the engine's statistics.
+    """
+
+    ticks: int
+    idle_ticks: int
+    late_ticks: int
+    subscribers: int
+    delivered: int
+    dropped_full: int
+    dropped_closed: int
+    orphaned: int
+    engine: EngineStatistics
+
+
+@final
+class EngineDriver:
+    """Ticks one engine at its frame rate and fans outputs out to subscribers.
+
+    Every method but `run` is sync and non-blocking; they delegate to the
+    engine, whose commands take effect at the start of the next step.
+
+    Args:
+        engine: the engine to drive.
+        offload: how a step leaves the trio thread; tests may pass an inline
+            runner so ``MockClock`` autojump cannot fire mid-step.
+    """
+
+    def __init__(self, engine: Engine, *, offload: Offload = trio.to_thread.run_sync) -> None:
+        self._engine = engine
+        self._offload = offload
+        self._subscribers: dict[SlotHandle, trio.MemorySendChannel[SlotOutput]] = {}
+        self._ticks = 0
+        self._idle_ticks = 0
+        self._late_ticks = 0
+        self._delivered = 0
+        self._dropped_full = 0
+        self._dropped_closed = 0
+        self._orphaned = 0
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The driven model's spec and capabilities."""
+        return self._engine.spec
+
+    def attach(
+        self, owner: str, send_channel: trio.MemorySendChannel[SlotOutput]
+    ) -> SlotHandle | None:
+        """Take a slot and deliver its outputs to ``send_channel``.
+
+        The channel stays the caller's: the driver never closes it. Give it a
+        small buffer (a few frames); outputs that find it full are dropped.
+
+        Returns:
+            The slot handle, or ``None`` when admission says no (slots or step time).
+        """
+        handle = self._engine.acquire_slot(owner)
+        if handle is not None:
+            self._subscribers[handle] = send_channel
+        return handle
+
+    def detach(self, handle: SlotHandle) -> bool:
+        """Release the slot; outputs of a step already running are dropped as orphaned.
+
+        Returns:
+            ``True`` if released now, ``False`` if it already was.
+        """
+        self._subscribers.pop(handle, None)
+        return self._engine.release_slot(handle)
+
+    def push_input(self, handle: SlotHandle, pcm: PcmFrame) -> InputPush:
+        """Queue input audio; see `Engine.push_input` for framing and overflow."""
+        return self._engine.push_input(handle, pcm)
+
+    def push_video(self, handle: SlotHandle, frame_id: str, pts_ms: int, payload: bytes) -> int:
+        """Queue a video frame; see `Engine.push_video`."""
+        return self._engine.push_video(handle, frame_id, pts_ms, payload)
+
+    def reset(self, handle: SlotHandle, epoch: int) -> None:
+        """Start a new epoch for one slot; see `Engine.reset`."""
+        self._engine.reset(handle, epoch)
+
+    def statistics(self) -> DriverStatistics:
+        """Snapshot of the loop and delivery counters."""
+        return DriverStatistics(
+            ticks=self._ticks,
+            idle_ticks=self._idle_ticks,
+            late_ticks=self._late_ticks,
+            subscribers=len(self._subscribers),
+            delivered=self._delivered,
+            dropped_full=self._dropped_full,
+            dropped_closed=self._dropped_closed,
+            orphaned=self._orphaned,
+            engine=self._engine.statistics(),
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Tick forever; run it in a nursery. Engine errors propagate (the engine is dead).
+
+        Cancelling waits for a step in flight to finish, so no step outlives the loop.
+        """
+        period = self._engine.spec.frame_period_s
+        start = trio.current_time()
+        task_status.started()
+        tick = 0
+        while True:
+            scheduled = start + tick * period
+            await trio.sleep_until(scheduled)
+            self._ticks += 1
+            tick += 1
+            if not self._engine.has_work():
+                self._idle_ticks += 1
+                continue
+            outputs = await self._offload(partial(self._engine.step, scheduled))
+            if trio.current_time() > scheduled + period:
+                self._late_ticks += 1
+            self._deliver(outputs)
+
+    def _deliver(self, outputs: dict[SlotHandle, SlotOutput]) -> None:
+        for handle, output in outputs.items():
+            channel = self._subscribers.get(handle)
+            if channel is None:
+                self._orphaned += 1
+                continue
+            try:
+                channel.send_nowait(output)
+            except trio.WouldBlock:
+                self._dropped_full += 1
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._dropped_closed += 1
+                self.detach(handle)
+            else:
+                self._delivered += 1

@@ -1,0 +1,461 @@
+"""The synchronous engine: per-slot input queues, one batched step per tick.
+
+`Engine.step` follows vllm's ``EngineCore.step``: return early when nothing is
+live, else schedule (build a `StepPlan`), execute (the runner), update (tag
+outputs, record the step time). It imports no trio.
+
+Threading: the driver runs `step` on a worker thread while trio keeps calling
+`acquire_slot`, `push_input`, `reset` and `release_slot`. Those calls only
+touch bookkeeping under a short lock and queue their effect on the runner
+(new, reset, released slots); `step` applies the queue before it executes,
+as vllm applies aborts before the update. The runner is touched by `step`
+alone, so it needs no lock and never sees a half-applied command.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import final
+
+import numpy as np
+
+from duplex.exceptions import RunnerContractError, SlotReleased, VideoInputUnsupported
+
+from ._interface import (
+    FrameOutput,
+    ModelRunner,
+    ModelSpec,
+    PcmFrame,
+    SlotInput,
+    StepPlan,
+    VideoFrame,
+)
+from ._scheduler import Scheduler, SchedulerStatistics
+
+__all__ = [
+    "Engine",
+    "EngineStatistics",
+    "InputPush",
+    "SlotHandle",
+    "SlotOutput",
+    "SlotStatistics",
+]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SlotHandle:
+    """A claim on one slot; ``generation`` tells a stale handle from the slot's next owner."""
+
+    slot: int
+    owner: str
+    generation: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SlotOutput:
+    """One slot's output for one tick, tagged for fencing and audio accounting.
+
+    Args:
+        handle: the slot's owner.
+        epoch: the slot's epoch when this tick's input was taken; a session
+            drops outputs whose epoch is older than its own.
+        tick: engine tick number.
+        at: the ``now`` passed to `Engine.step` (the tick's scheduled time).
+        position: audio-clock position of this tick's input frame, in samples.
+        input_samples: real input samples consumed (0 on an underrun).
+        frame: what the model produced.
+    """
+
+    handle: SlotHandle
+    epoch: int
+    tick: int
+    at: float
+    position: int
+    input_samples: int
+    frame: FrameOutput
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class InputPush:
+    """What `Engine.push_input` did with a chunk; overflow is reported, never silent.
+
+    Args:
+        frames_queued: whole frames this call added to the slot's queue.
+        frames_rejected: whole frames refused because the queue was full (newest dropped).
+        buffered_samples: samples waiting for the next whole frame.
+        queue_depth: frames queued after this call.
+    """
+
+    frames_queued: int
+    frames_rejected: int
+    buffered_samples: int
+    queue_depth: int
+
+    @property
+    def overflowed(self) -> bool:
+        """Some input was refused: the caller is pushing faster than real time."""
+        return self.frames_rejected > 0
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SlotStatistics:
+    """Counters of one live slot."""
+
+    handle: SlotHandle
+    epoch: int
+    ticks: int
+    underruns: int
+    queue_depth: int
+    peak_queue_depth: int
+    max_input_frames: int
+    frames_rejected: int
+    video_queued: int
+    video_dropped: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class EngineStatistics:
+    """Engine counters; step times come from the scheduler's window.
+
+    ``overrun_steps`` counts steps whose measured duration exceeded the frame
+    period (the engine cannot keep cadence at that batch size); lateness
+    against the tick clock is counted by the driver.
+    """
+
+    ticks: int
+    live_slots: int
+    underruns: int
+    slot_underruns: Mapping[int, int]
+    frames_rejected: int
+    video_dropped: int
+    overrun_steps: int
+    scheduler: SchedulerStatistics
+
+
+@dataclass(slots=True)
+class _Slot:
+    """The per-session slot: the engine's only mutable per-session state."""
+
+    handle: SlotHandle
+    max_input_frames: int
+    max_video_frames: int
+    frame_samples: int
+    epoch: int = 0
+    ticks: int = 0
+    fresh: bool = True
+    reset_pending: bool = False
+    queue: deque[PcmFrame] = field(init=False)
+    partial: PcmFrame = field(init=False)
+    filled: int = 0
+    video: deque[VideoFrame] = field(init=False)
+    underruns: int = 0
+    peak_queue_depth: int = 0
+    frames_rejected: int = 0
+    video_dropped: int = 0
+
+    def __post_init__(self) -> None:
+        self.queue = deque(maxlen=self.max_input_frames)
+        self.partial = np.zeros(self.frame_samples, dtype=np.float32)
+        self.video = deque(maxlen=self.max_video_frames)
+
+    def clear_input(self) -> None:
+        self.queue.clear()
+        self.filled = 0
+        self.video.clear()
+
+
+@final
+class Engine:
+    """Owns one model runner and its slot pool; not tied to trio or threads.
+
+    Args:
+        runner: executes the batched steps; owns tensors and per-slot state.
+        scheduler: slot pool and admission; built from the runner's spec if omitted.
+        max_input_frames: bound of each slot's input queue, in frames.
+        max_video_frames: bound of each slot's video queue (drop-oldest, counted).
+        timer: monotonic seconds used only to measure step compute time.
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        scheduler: Scheduler | None = None,
+        *,
+        max_input_frames: int = 25,
+        max_video_frames: int = 8,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if max_input_frames <= 0 or max_video_frames <= 0:
+            raise ValueError("max_input_frames and max_video_frames must be positive")
+        self._runner = runner
+        self._spec = runner.spec
+        self._scheduler = scheduler or Scheduler(self._spec.max_slots, self._spec.frame_period_s)
+        self._max_input_frames = max_input_frames
+        self._max_video_frames = max_video_frames
+        self._timer = timer
+        self._lock = threading.Lock()
+        self._stepping = threading.Lock()
+        self._slots: dict[int, _Slot] = {}
+        self._releasing: list[int] = []
+        self._generation = 0
+        self._ticks = 0
+        self._underruns = 0
+        self._frames_rejected = 0
+        self._video_dropped = 0
+        self._overruns = 0
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The model's spec and capabilities."""
+        return self._spec
+
+    def acquire_slot(self, owner: str) -> SlotHandle | None:
+        """Take a slot for ``owner``; ``None`` when admission says no (no slot or no time).
+
+        The slot goes live at the next step with fresh runner state.
+        """
+        with self._lock:
+            slot = self._scheduler.allocate()
+            if slot is None:
+                return None
+            self._generation += 1
+            handle = SlotHandle(slot, owner, self._generation)
+            self._slots[slot] = _Slot(
+                handle, self._max_input_frames, self._max_video_frames, self._spec.frame_samples
+            )
+            return handle
+
+    def release_slot(self, handle: SlotHandle) -> bool:
+        """Stop stepping a slot; its id returns to the pool once the runner dropped its state.
+
+        Returns:
+            ``True`` if released now, ``False`` if the handle was already released.
+        """
+        with self._lock:
+            if self._live(handle) is None:
+                return False
+            del self._slots[handle.slot]
+            self._scheduler.release(handle.slot)
+            self._releasing.append(handle.slot)
+            return True
+
+    def push_input(self, handle: SlotHandle, pcm: PcmFrame) -> InputPush:
+        """Queue mono float32 input of any length; it is cut into whole frames.
+
+        Overflow policy: a whole frame that finds the queue full is refused
+        (newest dropped), counted, and reported in the result.
+
+        Raises:
+            SlotReleased: the handle was released.
+            TypeError, ValueError: ``pcm`` is not a 1-D float32 array.
+        """
+        if not isinstance(pcm, np.ndarray) or pcm.dtype != np.float32 or pcm.ndim != 1:
+            raise TypeError("pcm must be a 1-D float32 numpy array")
+        frame_samples = self._spec.frame_samples
+        with self._lock:
+            slot = self._require(handle)
+            queued = rejected = 0
+            pos = 0
+            while pos < len(pcm):
+                take = min(frame_samples - slot.filled, len(pcm) - pos)
+                slot.partial[slot.filled : slot.filled + take] = pcm[pos : pos + take]
+                slot.filled += take
+                pos += take
+                if slot.filled < frame_samples:
+                    break
+                slot.filled = 0
+                if len(slot.queue) < slot.max_input_frames:
+                    slot.queue.append(slot.partial.copy())
+                    queued += 1
+                else:
+                    rejected += 1
+            slot.frames_rejected += rejected
+            self._frames_rejected += rejected
+            slot.peak_queue_depth = max(slot.peak_queue_depth, len(slot.queue))
+            return InputPush(queued, rejected, slot.filled, len(slot.queue))
+
+    def push_video(self, handle: SlotHandle, frame_id: str, pts_ms: int, payload: bytes) -> int:
+        """Queue one video frame for the slot's next tick (drop-oldest when full).
+
+        Returns:
+            How many older frames were dropped to make room (0 or 1).
+
+        Raises:
+            VideoInputUnsupported: the model does not take video.
+            SlotReleased: the handle was released.
+        """
+        if not self._spec.supports_video_input:
+            raise VideoInputUnsupported(f"model {self._spec.name!r} does not take video input")
+        with self._lock:
+            slot = self._require(handle)
+            dropped = int(len(slot.video) == slot.max_video_frames)
+            slot.video.append(VideoFrame(frame_id, pts_ms, payload))
+            slot.video_dropped += dropped
+            self._video_dropped += dropped
+            return dropped
+
+    def reset(self, handle: SlotHandle, epoch: int) -> None:
+        """Start a new epoch: drop the slot's queued input and reset its runner state.
+
+        Other slots are untouched. Outputs of a step already running carry the
+        previous epoch, so the session can fence them off.
+
+        Raises:
+            SlotReleased: the handle was released.
+        """
+        with self._lock:
+            slot = self._require(handle)
+            slot.clear_input()
+            slot.epoch = epoch
+            slot.reset_pending = True
+
+    def has_work(self) -> bool:
+        """A step would do something: a slot is live or a release awaits the runner."""
+        with self._lock:
+            return bool(self._slots or self._releasing)
+
+    def step(self, now: float) -> dict[SlotHandle, SlotOutput]:
+        """Run one tick over every live slot; ``now`` is the tick's scheduled time.
+
+        Returns:
+            One output per slot that was live when the step began.
+
+        Raises:
+            RunnerContractError: the runner's output does not match the plan.
+            RuntimeError: another step is already running.
+        """
+        if not self._stepping.acquire(blocking=False):
+            raise RuntimeError("Engine.step is not reentrant")
+        try:
+            return self._step(now)
+        finally:
+            self._stepping.release()
+
+    def statistics(self) -> EngineStatistics:
+        """Snapshot of the engine counters."""
+        with self._lock:
+            return EngineStatistics(
+                ticks=self._ticks,
+                live_slots=len(self._slots),
+                underruns=self._underruns,
+                slot_underruns=MappingProxyType({i: s.underruns for i, s in self._slots.items()}),
+                frames_rejected=self._frames_rejected,
+                video_dropped=self._video_dropped,
+                overrun_steps=self._overruns,
+                scheduler=self._scheduler.statistics(),
+            )
+
+    def slot_statistics(self, handle: SlotHandle) -> SlotStatistics:
+        """Counters of one live slot.
+
+        Raises:
+            SlotReleased: the handle was released.
+        """
+        with self._lock:
+            slot = self._require(handle)
+            return SlotStatistics(
+                handle=handle,
+                epoch=slot.epoch,
+                ticks=slot.ticks,
+                underruns=slot.underruns,
+                queue_depth=len(slot.queue),
+                peak_queue_depth=slot.peak_queue_depth,
+                max_input_frames=slot.max_input_frames,
+                frames_rejected=slot.frames_rejected,
+                video_queued=len(slot.video),
+                video_dropped=slot.video_dropped,
+            )
+
+    # -- internals ---------------------------------------------------------
+
+    def _live(self, handle: SlotHandle) -> _Slot | None:
+        slot = self._slots.get(handle.slot)
+        return slot if slot is not None and slot.handle == handle else None
+
+    def _require(self, handle: SlotHandle) -> _Slot:
+        slot = self._live(handle)
+        if slot is None:
+            raise SlotReleased(f"slot handle {handle} was released")
+        return slot
+
+    def _step(self, now: float) -> dict[SlotHandle, SlotOutput]:
+        plan, released, to_reset, tags = self._schedule()
+        for slot_id in to_reset:
+            self._runner.reset_slot(slot_id)
+        if plan is None:
+            self._update(None, released, 0.0)
+            return {}
+        started = self._timer()
+        result = self._runner.execute(plan)
+        duration = self._timer() - started
+        try:
+            result.check(plan)
+        except (TypeError, ValueError) as exc:
+            raise RunnerContractError(f"runner {self._spec.name!r}: {exc}") from exc
+        self._update(plan, released, duration)
+        return {
+            handle: SlotOutput(handle, epoch, plan.tick, now, item.position, consumed, out)
+            for (handle, epoch, consumed), item, out in zip(
+                tags, plan.inputs, result.outputs, strict=True
+            )
+        }
+
+    def _schedule(
+        self,
+    ) -> tuple[StepPlan | None, tuple[int, ...], list[int], list[tuple[SlotHandle, int, int]]]:
+        """Apply queued commands and take one frame per live slot, under the lock."""
+        frame_samples = self._spec.frame_samples
+        with self._lock:
+            released = tuple(self._releasing)
+            to_reset = list(released)
+            new: list[int] = []
+            continuing: list[int] = []
+            inputs: list[SlotInput] = []
+            tags: list[tuple[SlotHandle, int, int]] = []
+            for slot_id in sorted(self._slots):
+                slot = self._slots[slot_id]
+                (new if slot.fresh else continuing).append(slot_id)
+                if slot.fresh or slot.reset_pending:
+                    to_reset.append(slot_id)
+                slot.fresh = slot.reset_pending = False
+                frame = slot.queue.popleft() if slot.queue else None
+                if frame is None:
+                    slot.underruns += 1
+                    self._underruns += 1
+                video = tuple(slot.video)
+                slot.video.clear()
+                inputs.append(SlotInput(slot_id, frame, slot.ticks * frame_samples, video))
+                tags.append((slot.handle, slot.epoch, 0 if frame is None else frame_samples))
+                slot.ticks += 1
+            if not inputs:
+                return None, released, to_reset, tags
+            plan = StepPlan(
+                tick=self._ticks,
+                frame_samples=frame_samples,
+                new_slots=tuple(new),
+                continuing_slots=tuple(continuing),
+                released_slots=released,
+                inputs=tuple(inputs),
+            )
+            self._ticks += 1
+            return plan, released, to_reset, tags
+
+    def _update(self, plan: StepPlan | None, released: tuple[int, ...], duration: float) -> None:
+        """Record the step; return the slot ids the runner has reset to the pool."""
+        with self._lock:
+            for slot_id in released:
+                self._releasing.remove(slot_id)
+                self._scheduler.free(slot_id)
+            if plan is not None:
+                self._scheduler.record_step(len(plan.inputs), duration)
+                self._overruns += duration > self._spec.frame_period_s

@@ -1,0 +1,228 @@
+"""The contract between the engine and every frame-synchronous model.
+
+The engine decides which slots run a tick and hands the runner a `StepPlan`;
+the runner owns the tensors and per-slot state, runs one batched step over the
+live slots, and returns a `StepOutput`. Plans and outputs are frozen value
+classes checked when built; their reprs carry no audio, text or image bytes so
+they can be logged (vllm's ``SchedulerOutput.anon_repr`` habit).
+
+Do not subclass these classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, final
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "FrameOutput",
+    "ModelRunner",
+    "ModelSpec",
+    "PcmFrame",
+    "RunnerFactory",
+    "SlotInput",
+    "StepOutput",
+    "StepPlan",
+    "VideoFrame",
+]
+
+PcmFrame = npt.NDArray[np.float32]
+"""Mono float32 PCM in [-1, 1], exactly ``ModelSpec.frame_samples`` long."""
+
+
+def _check_frame(pcm: PcmFrame, frame_samples: int, what: str) -> None:
+    if not isinstance(pcm, np.ndarray) or pcm.dtype != np.float32:
+        raise TypeError(f"{what} must be a float32 numpy array")
+    if pcm.shape != (frame_samples,):
+        raise ValueError(f"{what} must have shape ({frame_samples},), got {pcm.shape}")
+
+
+def _check_slots(slots: tuple[int, ...], what: str) -> None:
+    if len(set(slots)) != len(slots) or any(s < 0 for s in slots):
+        raise ValueError(f"{what} must be distinct non-negative slot ids")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What a model is and can do; sessions read capabilities from it.
+
+    Args:
+        name: registry name (``loopback``, later ``tiny``, ``moshi-7b``).
+        sample_rate: input and output sample rate in Hz.
+        frame_samples: samples per tick; the frame period is ``frame_samples / sample_rate``.
+        supports_video_input: the runner consumes `VideoFrame`s.
+        supports_model_native_turn_policy: ``speaking``/``end_of_turn`` are the model's own.
+        max_slots: size of the slot pool (concurrent sessions) the runner allocates state for.
+    """
+
+    name: str
+    sample_rate: int = 24_000
+    frame_samples: int = 1_920
+    supports_video_input: bool = False
+    supports_model_native_turn_policy: bool = False
+    max_slots: int = 64
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("ModelSpec.name must not be empty")
+        for key, value in (
+            ("sample_rate", self.sample_rate),
+            ("frame_samples", self.frame_samples),
+            ("max_slots", self.max_slots),
+        ):
+            if value <= 0:
+                raise ValueError(f"ModelSpec.{key} must be positive, got {value}")
+        if (self.frame_samples * 1000) % self.sample_rate:
+            raise ValueError("ModelSpec frame period must be a whole number of milliseconds")
+
+    @property
+    def frame_period_s(self) -> float:
+        """Seconds per tick (0.08 for 1920 samples at 24 kHz)."""
+        return self.frame_samples / self.sample_rate
+
+    @property
+    def frame_ms(self) -> int:
+        """Milliseconds per tick."""
+        return self.frame_samples * 1000 // self.sample_rate
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class VideoFrame:
+    """One video frame queued for a slot; ``payload`` is the decoded image bytes."""
+
+    frame_id: str
+    pts_ms: int
+    payload: bytes = field(repr=False)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SlotInput:
+    """One live slot's input for one tick.
+
+    Args:
+        slot: slot id.
+        frame: the input frame, or ``None`` for an underrun (the runner feeds silence).
+        position: audio-clock position of this frame in the slot's stream, in samples;
+            it advances by one frame per tick the slot is live, underruns included.
+        video: video frames that arrived since the previous tick, oldest first.
+    """
+
+    slot: int
+    frame: PcmFrame | None = field(repr=False)
+    position: int
+    video: tuple[VideoFrame, ...] = ()
+
+    @property
+    def underrun(self) -> bool:
+        """No input arrived in time for this tick."""
+        return self.frame is None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """The engine's decision for one tick, sent to the runner as a diff.
+
+    ``new_slots`` went live since the last step, ``continuing_slots`` were live
+    before, ``released_slots`` were dropped (their state is already reset).
+    ``inputs`` holds one entry per live slot, ordered by slot id.
+    """
+
+    tick: int
+    frame_samples: int
+    new_slots: tuple[int, ...]
+    continuing_slots: tuple[int, ...]
+    released_slots: tuple[int, ...]
+    inputs: tuple[SlotInput, ...]
+
+    def __post_init__(self) -> None:
+        live = self.new_slots + self.continuing_slots
+        _check_slots(live, "live slots")
+        _check_slots(self.released_slots, "released slots")
+        if set(live) & set(self.released_slots):
+            raise ValueError("a slot cannot be live and released in one plan")
+        if tuple(i.slot for i in self.inputs) != tuple(sorted(live)):
+            raise ValueError("inputs must hold one entry per live slot, ordered by slot id")
+        for item in self.inputs:
+            if item.frame is not None:
+                _check_frame(item.frame, self.frame_samples, f"input frame of slot {item.slot}")
+
+    @property
+    def live_slots(self) -> tuple[int, ...]:
+        """Slots stepped this tick, ordered by slot id."""
+        return tuple(i.slot for i in self.inputs)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class FrameOutput:
+    """What the model produced for one slot in one tick.
+
+    Args:
+        slot: slot id.
+        pcm: output audio frame, float32, exactly ``frame_samples``.
+        text: text produced this tick (may be empty).
+        speaking: the model is producing speech in this frame.
+        end_of_turn: the model finished its turn at this frame.
+        video_frame_ids: ids of the video frames consumed this tick.
+        latest_video_pts_ms: pts of the newest consumed video frame, if any.
+    """
+
+    slot: int
+    pcm: PcmFrame = field(repr=False)
+    text: str = field(default="", repr=False)
+    speaking: bool = False
+    end_of_turn: bool = False
+    video_frame_ids: tuple[str, ...] = ()
+    latest_video_pts_ms: int | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """The runner's result for one tick: one `FrameOutput` per live slot, ordered by slot id."""
+
+    outputs: tuple[FrameOutput, ...]
+
+    def check(self, plan: StepPlan) -> None:
+        """Validate against the plan it answers.
+
+        Raises:
+            ValueError, TypeError: slots or frames do not match the plan.
+        """
+        if tuple(o.slot for o in self.outputs) != plan.live_slots:
+            raise ValueError("step output slots do not match the plan's live slots")
+        for out in self.outputs:
+            _check_frame(out.pcm, plan.frame_samples, f"output frame of slot {out.slot}")
+
+
+class ModelRunner(Protocol):
+    """Executes plans; never chooses who runs (vllm's ``GPUModelRunner`` role).
+
+    The engine calls `reset_slot` and `execute` from one thread at a time, so a
+    runner needs no locking of its own.
+    """
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The model this runner executes."""
+        ...
+
+    def reset_slot(self, slot: int) -> None:
+        """Return one slot's state to fresh without touching any other slot."""
+        ...
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        """Run one batched step over ``plan.inputs`` and return their outputs."""
+        ...
+
+
+RunnerFactory = Callable[[ModelSpec], ModelRunner]
+"""Builds a runner for a spec (callers may ``dataclasses.replace`` ``max_slots``)."""

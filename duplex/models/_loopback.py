@@ -1,0 +1,132 @@
+"""The built-in deterministic ``loopback`` model: echoes each slot's audio after a delay.
+
+It runs through the same engine interface real models use, so sessions,
+fencing, video delivery and admission are testable end to end without a
+model. State lives in arrays indexed by slot id, and one tick is a handful of
+vectorised numpy operations over the live slots.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import numpy as np
+import numpy.typing as npt
+
+from duplex.exceptions import ConfigError
+
+from ._interface import FrameOutput, ModelSpec, StepOutput, StepPlan
+
+__all__ = ["LOOPBACK_SPEC", "LoopbackRunner"]
+
+LOOPBACK_SPEC = ModelSpec(
+    name="loopback",
+    supports_video_input=True,
+    supports_model_native_turn_policy=True,
+    max_slots=256,
+)
+"""Loopback decides speaking/end-of-turn itself, so the ``model`` turn policy is usable."""
+
+
+@final
+class LoopbackRunner:
+    """Per slot, output frame t is input frame t - delay; silence before that.
+
+    ``speaking`` is true when the echoed frame's RMS exceeds ``speech_threshold``;
+    each speaking frame carries the text mark ``"[ms]"``, the audio-clock
+    position of the echoed input frame in the slot's stream; ``end_of_turn`` is
+    set on the first frame after speaking stops. Video frames are consumed as
+    they arrive and reported.
+
+    Args:
+        spec: sample rate, frame size and slot count.
+        delay_ms: echo delay, a whole number of frames (default 240 ms: 3 frames).
+        speech_threshold: RMS above which an echoed frame counts as speech.
+
+    Raises:
+        ConfigError: the delay is negative or not a multiple of the frame period.
+    """
+
+    def __init__(
+        self, spec: ModelSpec, *, delay_ms: int = 240, speech_threshold: float = 0.003
+    ) -> None:
+        if delay_ms < 0 or delay_ms % spec.frame_ms:
+            raise ConfigError(
+                f"loopback delay_ms must be a non-negative multiple of {spec.frame_ms}, "
+                f"got {delay_ms}"
+            )
+        self._spec = spec
+        self._delay = delay_ms // spec.frame_ms
+        self._threshold = speech_threshold
+        depth = max(self._delay, 1)
+        self._ring = np.zeros((spec.max_slots, depth, spec.frame_samples), dtype=np.float32)
+        self._ring_pos = np.full((spec.max_slots, depth), -1, dtype=np.int64)
+        self._head = np.zeros(spec.max_slots, dtype=np.int64)
+        self._speaking = np.zeros(spec.max_slots, dtype=bool)
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The loopback spec this runner was built for."""
+        return self._spec
+
+    @property
+    def delay_frames(self) -> int:
+        """Echo delay in frames."""
+        return self._delay
+
+    def reset_slot(self, slot: int) -> None:
+        """Empty one slot's delay line; other rows are untouched."""
+        self._ring[slot] = 0.0
+        self._ring_pos[slot] = -1
+        self._head[slot] = 0
+        self._speaking[slot] = False
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        """Echo one frame per live slot, vectorised over the batch."""
+        frame_samples = self._spec.frame_samples
+        slots = np.fromiter((i.slot for i in plan.inputs), dtype=np.int64, count=len(plan.inputs))
+        batch = np.zeros((len(slots), frame_samples), dtype=np.float32)
+        for row, item in enumerate(plan.inputs):
+            if item.frame is not None:
+                batch[row] = item.frame
+        positions = np.fromiter(
+            (i.position for i in plan.inputs), dtype=np.int64, count=len(plan.inputs)
+        )
+        echoed, echoed_pos = self._delay_line(slots, batch, positions)
+        rms = np.sqrt(np.mean(np.square(echoed, dtype=np.float64), axis=1))
+        speaking = (rms > self._threshold) & (echoed_pos >= 0)
+        end_of_turn = self._speaking[slots] & ~speaking
+        self._speaking[slots] = speaking
+        marks_ms = echoed_pos * 1000 // self._spec.sample_rate
+        outputs = []
+        for row, item in enumerate(plan.inputs):
+            ids = tuple(v.frame_id for v in item.video)
+            outputs.append(
+                FrameOutput(
+                    slot=item.slot,
+                    pcm=echoed[row],
+                    text=f"[{marks_ms[row]}]" if speaking[row] else "",
+                    speaking=bool(speaking[row]),
+                    end_of_turn=bool(end_of_turn[row]),
+                    video_frame_ids=ids,
+                    latest_video_pts_ms=max((v.pts_ms for v in item.video), default=None),
+                )
+            )
+        return StepOutput(tuple(outputs))
+
+    def _delay_line(
+        self,
+        slots: npt.NDArray[np.int64],
+        batch: npt.NDArray[np.float32],
+        positions: npt.NDArray[np.int64],
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """Swap this tick's frames into each slot's ring and take out the oldest."""
+        if self._delay == 0:
+            return batch, positions
+        head = self._head[slots]
+        echoed = self._ring[slots, head].copy()
+        echoed_pos = self._ring_pos[slots, head].copy()
+        self._ring[slots, head] = batch
+        self._ring_pos[slots, head] = positions
+        self._head[slots] = (head + 1) % self._delay
+        return echoed, echoed_pos

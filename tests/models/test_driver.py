@@ -1,0 +1,202 @@
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+from duplex.exceptions import RunnerContractError
+from duplex.models import (
+    Engine,
+    EngineDriver,
+    LoopbackRunner,
+    ModelSpec,
+    SlotOutput,
+    StepOutput,
+    StepPlan,
+)
+
+from .models_support import FRAME, SPEC, loopback_engine, tone
+from .test_engine import _Broken
+
+PERIOD = SPEC.frame_period_s
+T = TypeVar("T")
+
+
+async def inline(sync_fn: Callable[[], T]) -> T:
+    """Run the step on the trio thread, so MockClock cannot jump while it runs."""
+    await trio.lowlevel.checkpoint()
+    return sync_fn()
+
+
+def _channel(size: int) -> tuple[trio.MemorySendChannel[SlotOutput], trio.MemoryReceiveChannel]:
+    return trio.open_memory_channel[SlotOutput](size)
+
+
+async def test_ticks_on_an_exact_grid_without_drift(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    driver = EngineDriver(loopback_engine(), offload=inline)
+    send, recv = _channel(4)
+    handle = driver.attach("a", send)
+    assert handle is not None
+    seen: list[tuple[float, SlotOutput]] = []
+    async with trio.open_nursery() as nursery:
+        start = trio.current_time()
+        await nursery.start(driver.run)
+        for k in range(200):
+            driver.push_input(handle, tone(1, k))
+            out = await recv.receive()
+            seen.append((trio.current_time(), out))
+        nursery.cancel_scope.cancel()
+    for k, (received_at, out) in enumerate(seen):
+        assert out.tick == k and out.position == k * FRAME and out.input_samples == FRAME
+        assert out.at == received_at == pytest.approx(start + k * PERIOD, abs=1e-9)
+    stats = driver.statistics()
+    assert stats.late_ticks == 0 and stats.delivered == 200
+    assert stats.engine.underruns == 0 and stats.engine.ticks == 200
+
+
+async def test_idle_ticks_run_no_step(autojump_clock: trio.testing.MockClock) -> None:
+    driver = EngineDriver(loopback_engine(), offload=inline)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await trio.sleep(PERIOD * 4.5)
+        nursery.cancel_scope.cancel()
+    stats = driver.statistics()
+    assert stats.ticks == stats.idle_ticks == 5 and stats.engine.ticks == 0
+
+
+async def test_full_subscriber_drops_and_counts_without_blocking(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    driver = EngineDriver(loopback_engine(), offload=inline)
+    slow_send, slow_recv = _channel(1)
+    fast_send, fast_recv = _channel(16)
+    slow = driver.attach("slow", slow_send)
+    fast = driver.attach("fast", fast_send)
+    assert slow is not None and fast is not None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await trio.sleep(PERIOD * 4.5)  # ticks 0..4 have run
+        nursery.cancel_scope.cancel()
+    stats = driver.statistics()
+    assert (stats.delivered, stats.dropped_full) == (6, 4)
+    assert slow_recv.receive_nowait().tick == 0
+    assert [fast_recv.receive_nowait().tick for _ in range(5)] == [0, 1, 2, 3, 4]
+
+
+async def test_attach_beyond_capacity_returns_none(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    driver = EngineDriver(loopback_engine(spec=ModelSpec("loopback", max_slots=2)), offload=inline)
+    send, _recv = _channel(64)
+    a, b = driver.attach("a", send.clone()), driver.attach("b", send.clone())
+    assert a is not None and b is not None
+    assert driver.attach("c", send.clone()) is None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        assert driver.detach(a) and not driver.detach(a)
+        assert driver.attach("c", send.clone()) is None  # the slot is freed by the next tick
+        await trio.sleep(PERIOD)
+        c = driver.attach("c", send.clone())
+        assert c is not None and c.slot == a.slot
+        nursery.cancel_scope.cancel()
+
+
+async def test_closed_subscriber_is_detached(autojump_clock: trio.testing.MockClock) -> None:
+    driver = EngineDriver(loopback_engine(), offload=inline)
+    send, recv = _channel(4)
+    assert driver.attach("a", send) is not None
+    await recv.aclose()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await trio.sleep(PERIOD * 2.5)
+        nursery.cancel_scope.cancel()
+    stats = driver.statistics()
+    assert stats.dropped_closed == 1 and stats.subscribers == 0
+    assert stats.engine.live_slots == 0 and stats.engine.ticks == 1
+
+
+async def test_late_ticks_counted_and_the_grid_kept(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    calls = 0
+
+    async def slow_first(sync_fn: Callable[[], T]) -> T:
+        nonlocal calls
+        calls += 1
+        await trio.sleep(0.1 if calls == 1 else 0.0)  # tick 0 overruns into tick 1
+        return sync_fn()
+
+    driver = EngineDriver(loopback_engine(), offload=slow_first)
+    send, recv = _channel(8)
+    assert driver.attach("a", send) is not None
+    got: list[tuple[float, float]] = []
+    async with trio.open_nursery() as nursery:
+        start = trio.current_time()
+        await nursery.start(driver.run)
+        for _ in range(4):
+            out = await recv.receive()
+            got.append((out.at - start, trio.current_time() - start))
+        nursery.cancel_scope.cancel()
+    assert got == [
+        pytest.approx((0.0, 0.1)),
+        pytest.approx((0.08, 0.1)),  # caught up at once, stamped with its grid time
+        pytest.approx((0.16, 0.16)),
+        pytest.approx((0.24, 0.24)),
+    ]
+    assert driver.statistics().late_ticks == 1
+
+
+class _ThreadRecording:
+    """Loopback that notes which thread executes each step."""
+
+    def __init__(self) -> None:
+        self.inner = LoopbackRunner(SPEC, delay_ms=80)
+        self.threads: set[int] = set()
+
+    @property
+    def spec(self) -> ModelSpec:
+        return SPEC
+
+    def reset_slot(self, slot: int) -> None:
+        self.inner.reset_slot(slot)
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        self.threads.add(threading.get_ident())
+        return self.inner.execute(plan)
+
+
+async def test_steps_run_on_a_worker_thread(autojump_clock: trio.testing.MockClock) -> None:
+    runner = _ThreadRecording()
+    driver = EngineDriver(Engine(runner))  # the default offload: trio.to_thread.run_sync
+    send, recv = _channel(8)
+    handle = driver.attach("a", send)
+    assert handle is not None
+    frames = [tone(3, k) for k in range(4)]
+    for frame in frames:
+        driver.push_input(handle, frame)
+    outs = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        for _ in range(4):
+            outs.append(await recv.receive())
+        nursery.cancel_scope.cancel()
+    assert runner.threads and threading.get_ident() not in runner.threads
+    assert not outs[0].frame.pcm.any()
+    for k in range(1, 4):
+        np.testing.assert_array_equal(outs[k].frame.pcm, frames[k - 1])
+
+
+async def test_engine_failure_propagates(autojump_clock: trio.testing.MockClock) -> None:
+    driver = EngineDriver(Engine(_Broken()), offload=inline)
+    send, _recv = _channel(1)
+    assert driver.attach("a", send) is not None
+    with pytest.RaisesGroup(RunnerContractError):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(driver.run)
