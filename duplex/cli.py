@@ -1,1 +1,72 @@
-def main(): pass
+"""``duplex`` command line: ``duplex serve`` runs the server."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from duplex import __version__
+from duplex.exceptions import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="duplex",
+        description="Event-driven actor runtime for realtime full-duplex AI sessions.",
+    )
+    parser.add_argument("--version", action="version", version=f"duplex {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="run the server (HTTP + WebSocket on one port)",
+        description="Run the duplex server. Values: defaults < --config FILE < DUPLEX_* env "
+        "< flags.",
+    )
+    serve.add_argument("--host", help="interface to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to bind (default 8000; 0 picks one)")
+    serve.add_argument("--config", metavar="FILE", help="TOML config file")
+    serve.add_argument("--model", help="model to serve (default loopback)")
+    serve.add_argument("--log-format", choices=["console", "json"])
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    return 2  # pragma: no cover - argparse rejects unknown commands
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from duplex.config import load_config
+    from duplex.transport import run_server
+
+    overrides: dict[str, Any] = {
+        f"server.{key}": value
+        for key, value in (
+            ("host", args.host),
+            ("port", args.port),
+            ("model", args.model),
+            ("log_format", args.log_format),
+            ("log_level", args.log_level),
+        )
+        if value is not None
+    }
+    try:
+        config = load_config(args.config, overrides=overrides)
+    except ConfigError as exc:
+        print(f"duplex: configuration error: {exc}", file=sys.stderr)
+        return 2
+    return run_server(config)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+def console_main() -> None:
+    """Entry point of the ``duplex`` script."""
+    sys.exit(main())

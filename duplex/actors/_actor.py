@@ -111,6 +111,17 @@ class ActorContext:
         supervisor = await self._cell.children(self._nursery)
         await supervisor.stop_child(ref)
 
+    def start_soon(self, fn: Any, *args: Any, name: str | None = None) -> None:
+        """Run ``fn(*args)`` beside the message loop, for this incarnation's lifetime.
+
+        The task is cancelled when the actor stops or restarts; if it raises,
+        the actor crashes and its supervisor decides (nothing is swallowed).
+        Reach the actor's state from it only by telling ``ctx.self``.
+        """
+        self._nursery.start_soon(
+            fn, *args, name=name or f"{self.path}:{getattr(fn, '__name__', fn)}"
+        )
+
     def stop(self) -> None:
         """Stop after the current message: a normal exit, which only a permanent child restarts."""
         self._cell.request_stop()

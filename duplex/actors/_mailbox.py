@@ -153,6 +153,7 @@ class Mailbox(Generic[T]):
         self._by_priority: tuple[_Lane[T], ...] = tuple(self._lanes.values())
         self._receiver: trio.lowlevel.Task | None = None
         self._closed = False
+        self._closed_event = trio.Event()
         self._on_drop = on_drop
 
     @property
@@ -282,6 +283,10 @@ class Mailbox(Generic[T]):
 
             await trio.lowlevel.wait_task_rescheduled(abort)
 
+    async def wait_closed(self) -> None:
+        """Wait until ``close`` was called."""
+        await self._closed_event.wait()
+
     def interrupt(self) -> None:
         """Wake a receiver parked in ``get`` so it can notice a stop request."""
         if self._receiver is not None:
@@ -297,6 +302,7 @@ class Mailbox(Generic[T]):
         if self._closed:
             return []
         self._closed = True
+        self._closed_event.set()
         leftover: list[T] = []
         for lane in self._by_priority:
             leftover.extend(lane.queue)

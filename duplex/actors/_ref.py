@@ -111,6 +111,10 @@ class ActorRef(Generic[M]):
     def alive(self) -> bool:
         return not self._mailbox.closed
 
+    async def wait_stopped(self) -> None:
+        """Wait until the actor has stopped for good (its mailbox is closed)."""
+        await self._mailbox.wait_closed()
+
     def statistics(self) -> MailboxStatistics:
         """The target mailbox's per-lane counts (queued, peak, drops)."""
         return self._mailbox.statistics()

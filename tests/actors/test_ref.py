@@ -196,3 +196,56 @@ async def test_negative_timer_delay_is_refused(registry: MetricsRegistry) -> Non
         ref = await system.spawn(TimerActor, [], name="t")
         with pytest.raises(ValueError, match="delay"):
             await ref.ask(Arm("x", -1), timeout=1)
+
+
+class WithTask(Actor[Any]):
+    """A background task that feeds the actor, then fails on request."""
+
+    def __init__(self, seen: list[Any], fail: trio.Event, failures: list[int]):
+        self.seen = seen
+        self.fail = fail
+        self.failures = failures
+
+    async def on_start(self, ctx: ActorContext) -> None:
+        ctx.start_soon(self.pump, ctx)
+
+    async def pump(self, ctx: ActorContext) -> None:
+        await ctx.self.tell(Ping("from task"))
+        await self.fail.wait()
+        if not self.failures:
+            self.failures.append(1)
+            raise RuntimeError("task failed")
+        await trio.sleep_forever()
+
+    async def receive(self, ctx: ActorContext, message: Any) -> Any:
+        self.seen.append(message)
+
+
+async def test_background_task_feeds_the_actor_and_its_crash_restarts_it(
+    autojump_clock: trio.testing.MockClock, registry: MetricsRegistry
+) -> None:
+    seen: list[Any] = []
+    fail = trio.Event()
+    async with open_actor_system(registry=registry) as system:
+        await system.spawn(WithTask, seen, fail, [], name="w")
+        await trio.sleep(1)
+        assert seen == [Ping("from task")]
+        fail.set()
+        await trio.sleep(1)
+        # the task's crash restarted the actor: the new incarnation's task told again
+        assert seen == [Ping("from task"), Ping("from task")]
+        restarts = registry.counter("duplex_actor_restarts_total", "", ["actor"])
+        assert restarts.value(actor="WithTask") == 1
+
+
+async def test_wait_stopped_returns_when_the_actor_is_gone(
+    autojump_clock: trio.testing.MockClock, registry: MetricsRegistry
+) -> None:
+    async with open_actor_system(registry=registry) as system:
+        ref = await system.spawn(Recorder, Journal(), "r", name="r", restart=Restart.TEMPORARY)
+        with trio.move_on_after(1) as scope:
+            await ref.wait_stopped()
+        assert scope.cancelled_caught
+        await ref.tell(Stop())
+        with trio.fail_after(1):
+            await ref.wait_stopped()

@@ -1,0 +1,190 @@
+"""One typed configuration: defaults, then a TOML file, then ``DUPLEX_*`` env, then CLI flags.
+
+Every value is checked at startup; a bad one stops the server with a message
+that names the key, where it came from and the rule it broke.
+
+TOML layout::
+
+    [server]
+    host = "127.0.0.1"
+    port = 8000
+    model = "loopback"
+
+    [session]
+    overlap_policy = "barge_in_on_speech"
+    idle_ttl_s = 300
+
+Environment: ``DUPLEX_PORT=9000`` sets ``server.port``;
+``DUPLEX_SESSION__IDLE_TTL_S=60`` sets ``session.idle_ttl_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, final, get_args, get_origin, get_type_hints
+
+from duplex.exceptions import ConfigError
+from duplex.sessions import SessionConfig
+
+ENV_PREFIX = "DUPLEX_"
+_MIB = 1024 * 1024
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    """The process: where it listens, which model it serves, its limits and logs."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = "loopback"
+    max_sessions: int = 0
+    """Cap on concurrent sessions below the engine's own capacity; 0 means the engine decides."""
+    max_frame_bytes: int = 16 * _MIB
+    """Largest WebSocket message accepted; larger ones get ``event_too_large``."""
+    log_format: Literal["console", "json"] = "console"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    shutdown_grace_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"server.port: must be 0..65535, got {self.port}")
+        if not self.host:
+            raise ConfigError("server.host: must not be empty")
+        if self.max_sessions < 0:
+            raise ConfigError(f"server.max_sessions: must be >= 0, got {self.max_sessions}")
+        if self.max_frame_bytes < 1024:
+            raise ConfigError(
+                f"server.max_frame_bytes: must be at least 1024, got {self.max_frame_bytes}"
+            )
+        if self.shutdown_grace_s < 0:
+            raise ConfigError("server.shutdown_grace_s: must be >= 0")
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
+
+
+_SECTIONS: dict[str, type[Any]] = {"server": ServerConfig, "session": SessionConfig}
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the config from its layers; ``overrides`` keys are ``section.key`` (CLI flags).
+
+    Raises:
+        ConfigError: unknown key, wrong type or a value that breaks a rule.
+    """
+    layers: dict[str, dict[str, tuple[Any, str]]] = {name: {} for name in _SECTIONS}
+    if path is not None:
+        _merge_file(layers, Path(path))
+    _merge_env(layers, os.environ if env is None else env)
+    for dotted, value in (overrides or {}).items():
+        section, _, key = dotted.partition(".")
+        _put(layers, section, key, value, "command line")
+    built: dict[str, Any] = {}
+    for section, cls in _SECTIONS.items():
+        hints = get_type_hints(cls)
+        kwargs = {
+            key: _coerce(f"{section}.{key}", hints[key], value, source)
+            for key, (value, source) in layers[section].items()
+        }
+        try:
+            built[section] = cls(**kwargs)
+        except ConfigError as exc:
+            sources = {k: s for k, (_, s) in layers[section].items()}
+            raise ConfigError(f"{section}.{exc} (sources: {sources or 'defaults'})") from None
+    return Config(**built)
+
+
+def _put(
+    layers: dict[str, dict[str, tuple[Any, str]]], section: str, key: str, value: Any, source: str
+) -> None:
+    cls = _SECTIONS.get(section)
+    if cls is None:
+        raise ConfigError(f"unknown section [{section}] ({source}); known: {', '.join(_SECTIONS)}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    if key not in names:
+        raise ConfigError(
+            f"unknown key {section}.{key} ({source}); known keys: {', '.join(sorted(names))}"
+        )
+    layers[section][key] = (value, source)
+
+
+def _merge_file(layers: dict[str, dict[str, tuple[Any, str]]], path: Path) -> None:
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    for section, table in data.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: top-level key {section!r} must be a [table]")
+        for key, value in table.items():
+            _put(layers, section, key, value, str(path))
+
+
+def _merge_env(layers: dict[str, dict[str, tuple[Any, str]]], env: Mapping[str, str]) -> None:
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        rest = name[len(ENV_PREFIX) :].lower()
+        section, sep, key = rest.partition("__")
+        if not sep:
+            section, key = "server", rest
+        _put(layers, section, key, value, f"env {name}")
+
+
+def _coerce(key: str, hint: Any, value: Any, source: str) -> Any:
+    """Check ``value`` against the field's type; env strings are parsed."""
+    origin = get_origin(hint)
+    if origin is Literal:
+        choices = get_args(hint)
+        if value not in choices:
+            raise ConfigError(f"{key}: must be one of {list(choices)}, got {value!r} ({source})")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        raise ConfigError(f"{key}: optional values are not configurable here")  # pragma: no cover
+    if hint is bool:
+        if isinstance(value, str):
+            lowered = value.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: must be a boolean, got {value!r} ({source})")
+    if hint in (int, float):
+        if isinstance(value, str):
+            try:
+                value = hint(value.strip())
+            except ValueError:
+                raise ConfigError(f"{key}: must be a number, got {value!r} ({source})") from None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: must be a number, got {value!r} ({source})")
+        if hint is int and isinstance(value, float):
+            if not value.is_integer():
+                raise ConfigError(f"{key}: must be an integer, got {value!r} ({source})")
+            value = int(value)
+        return hint(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: must be a string, got {value!r} ({source})")
+        return value
+    raise ConfigError(f"{key}: unsupported config type {hint!r}")  # pragma: no cover

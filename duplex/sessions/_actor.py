@@ -1,0 +1,250 @@
+"""The session actor: runs one `SessionMachine` and performs its effects.
+
+It holds no session facts of its own. Everything from a connection (attach,
+client events, detach) arrives on one ``client`` lane, so wire order is kept
+(a close never overtakes an earlier append); engine output arrives on the
+``model`` lane; the lease timer on ``control``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, final
+
+import numpy as np
+import trio
+
+from duplex.actors import Actor, ActorContext, ActorRef, ControlMessage, LaneSpec, Overflow
+from duplex.exceptions import InternalError, MailboxFull
+
+from ._effects import (
+    CloseConnection,
+    Effect,
+    ModelAppendAudio,
+    ModelAppendVideo,
+    ModelReset,
+    ModelSignal,
+    ReleaseResources,
+    Send,
+)
+from ._events import (
+    ClientEvent,
+    ConnectionAttached,
+    ConnectionDetached,
+    ErrorEvent,
+    Event,
+    ModelFailed,
+    ModelFrame,
+    ServerEvent,
+    SessionResume,
+    Tick,
+)
+from ._state import SessionMachine
+
+if TYPE_CHECKING:
+    from duplex.models import EngineDriver, SlotHandle, SlotOutput
+
+
+# -- messages to the session actor ----------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """A socket joins (new session or resume); ``connection`` receives its events."""
+
+    generation: int
+    connection: ActorRef[Any]
+    resume: SessionResume | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Detach:
+    generation: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class FromClient:
+    generation: int
+    event: ClientEvent
+
+
+@final
+@dataclass(frozen=True, slots=True, eq=False)
+class FromEngine:
+    output: SlotOutput
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LeaseTimer(ControlMessage):
+    pass
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Inspect(ControlMessage):
+    """Ask for the machine (tests and diagnostics read its properties)."""
+
+
+# -- messages the session actor sends to a connection ---------------------
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    event: ServerEvent
+    seq: int | None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class CloseSocket:
+    code: int
+    reason: str
+
+
+class Releaser(Protocol):
+    """Told once a session's resources are freed, so its capacity returns (the hub)."""
+
+    def released(self, session_id: str) -> None: ...
+
+
+@dataclass(eq=False)
+class SessionResources:
+    """The engine slot a session holds and where its output arrives."""
+
+    driver: EngineDriver
+    handle: SlotHandle
+    outputs: trio.MemoryReceiveChannel[SlotOutput]
+    released: bool = field(default=False)
+
+
+class SessionActor(Actor[Any]):
+    """One session: a machine, an engine slot, and the sockets attached over time."""
+
+    lanes: ClassVar[tuple[LaneSpec, ...]] = (
+        LaneSpec("control", capacity=64, priority=0),
+        LaneSpec("client", capacity=256, overflow=Overflow.BLOCK, priority=10),
+        LaneSpec("model", capacity=64, overflow=Overflow.BLOCK, priority=20),
+    )
+
+    @classmethod
+    def route(cls, message: object) -> str:
+        if isinstance(message, ControlMessage):
+            return "control"
+        if isinstance(message, FromEngine):
+            return "model"
+        return "client"
+
+    def __init__(self, machine: SessionMachine, resources: SessionResources, owner: Releaser):
+        self.machine = machine
+        self.resources = resources
+        self.owner = owner
+        self.connections: dict[int, ActorRef[Any]] = {}
+        self.armed: float | None = None
+
+    async def on_start(self, ctx: ActorContext) -> None:
+        ctx.start_soon(self._pump_engine, ctx)
+
+    async def on_stop(self, ctx: ActorContext) -> None:
+        self._release()
+
+    async def _pump_engine(self, ctx: ActorContext) -> None:
+        """Engine output into the mailbox; its ``finally`` frees the slot on any exit."""
+        try:
+            async with self.resources.outputs:
+                async for output in self.resources.outputs:
+                    await ctx.self.tell(FromEngine(output))
+        finally:
+            if not self.resources.released:  # a crash or a shutdown, not a session end
+                self._release()
+                for connection in self.connections.values():
+                    self._notify_lost(connection)
+
+    def _notify_lost(self, connection: ActorRef[Any]) -> None:
+        err = ErrorEvent.from_exception(InternalError("the session ended unexpectedly"))
+        for message in (Outbound(err, None), CloseSocket(1011, "internal_error")):
+            try:
+                connection.tell_nowait(message)
+            except (trio.WouldBlock, MailboxFull):
+                break  # the connection is stuck; its own reader ends it
+
+    async def receive(self, ctx: ActorContext, message: Any) -> Any:
+        match message:
+            case FromClient(generation, event):
+                await self._apply(ctx, event, generation)
+            case FromEngine(output):
+                await self._apply(ctx, _model_frame(output))
+            case Attach(generation, connection, resume):
+                self.connections[generation] = connection
+                await self._apply(ctx, ConnectionAttached(generation, resume))
+            case Detach(generation):
+                self.connections.pop(generation, None)
+                await self._apply(ctx, ConnectionDetached(generation))
+            case LeaseTimer():
+                self.armed = None
+                await self._apply(ctx, Tick())
+            case Inspect():
+                return self.machine
+        return None
+
+    async def _apply(self, ctx: ActorContext, event: Event, generation: int | None = None) -> None:
+        effects = self.machine.handle(event, trio.current_time(), generation=generation)
+        for effect in effects:
+            await self._perform(ctx, effect)
+        deadline = self.machine.next_deadline()
+        if deadline != self.armed:
+            self.armed = deadline
+            if deadline is None:
+                ctx.cancel_timer("lease")
+            else:
+                ctx.start_timer("lease", max(0.0, deadline - trio.current_time()), LeaseTimer())
+
+    async def _perform(self, ctx: ActorContext, effect: Effect) -> None:
+        res = self.resources
+        match effect:
+            case Send(event, seq, generation):
+                connection = self.connections.get(generation)
+                if connection is not None:
+                    await connection.tell(Outbound(event, seq))
+            case CloseConnection(generation, code, reason):
+                connection = self.connections.pop(generation, None)
+                if connection is not None:
+                    await connection.tell(CloseSocket(code, reason))
+            case ModelAppendAudio(_, pcm, _):
+                push = res.driver.push_input(res.handle, np.asarray(pcm, dtype=np.float32))
+                if push.overflowed:  # the machine's input ledger bounds this; never expected
+                    ctx.log.error("engine input queue overflow", rejected=push.frames_rejected)
+                    await self._apply(ctx, ModelFailed("engine input queue overflow"))
+            case ModelAppendVideo(_, frame, _):
+                res.driver.push_video(res.handle, frame.frame_id, frame.pts_ms, frame.frame)
+            case ModelReset(epoch, _, _):
+                res.driver.reset(res.handle, epoch)
+            case ModelSignal():
+                pass  # frame-synchronous models take turns from the audio itself
+            case ReleaseResources():
+                self._release()
+                ctx.stop()
+
+    def _release(self) -> None:
+        if not self.resources.released:
+            self.resources.released = True
+            self.resources.driver.detach(self.resources.handle)
+            self.owner.released(self.machine.session_id)
+
+
+def _model_frame(output: SlotOutput) -> ModelFrame:
+    frame = output.frame
+    return ModelFrame(
+        epoch=output.epoch,
+        pcm=frame.pcm,
+        text=frame.text,
+        speaking=frame.speaking,
+        end_of_turn=frame.end_of_turn,
+        consumed_input_samples=output.input_samples,
+        consumed_video_frame_ids=tuple(frame.video_frame_ids),
+        latest_video_pts_ms=frame.latest_video_pts_ms,
+    )

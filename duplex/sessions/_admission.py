@@ -1,0 +1,89 @@
+"""Admission by engine capacity: a pure counter the session registry consults.
+
+A session beyond capacity is refused with ``resource_exhausted`` and the socket
+closes with 1013 (try again later). Capacity returns only when `release` is
+called, i.e. when the session's `ReleaseResources` effect has actually been
+carried out, not when its socket closes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import final
+
+from duplex.exceptions import ResourceExhausted
+
+from ._effects import CLOSE_TRY_AGAIN_LATER, CloseConnection, Effect, Send
+from ._events import ErrorEvent
+
+__all__ = ["Admission", "AdmissionStatistics"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AdmissionStatistics:
+    """Live sessions, the bound and refusals."""
+
+    live: int
+    capacity: int
+    peak: int
+    admitted: int
+    refused: int
+    released: int
+
+
+class Admission:
+    """Holds the ids of sessions that own engine resources.
+
+    Args:
+        capacity: how many sessions may hold resources at once (engine slots).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError("capacity must be positive")
+        self._capacity = capacity
+        self._live: set[str] = set()
+        self._peak = 0
+        self._admitted = 0
+        self._refused = 0
+        self._released = 0
+
+    def try_admit(self, session_id: str) -> bool:
+        """Take a place for ``session_id``; ``False`` (counted) when full."""
+        if session_id in self._live:
+            return True
+        if len(self._live) >= self._capacity:
+            self._refused += 1
+            return False
+        self._live.add(session_id)
+        self._admitted += 1
+        self._peak = max(self._peak, len(self._live))
+        return True
+
+    def release(self, session_id: str) -> None:
+        """Give the place back; call after the session's resources are freed."""
+        if session_id in self._live:
+            self._live.remove(session_id)
+            self._released += 1
+
+    def refusal(self, generation: int, event_id: str | None = None) -> list[Effect]:
+        """The effects that refuse a socket: one ``resource_exhausted`` error, close 1013."""
+        exc = ResourceExhausted(
+            f"duplex_session_capacity_exhausted: limit={self._capacity}", event_id=event_id
+        )
+        return [
+            Send(ErrorEvent.from_exception(exc), None, generation),
+            CloseConnection(generation, CLOSE_TRY_AGAIN_LATER, "resource_exhausted"),
+        ]
+
+    def statistics(self) -> AdmissionStatistics:
+        """A frozen snapshot."""
+        return AdmissionStatistics(
+            live=len(self._live),
+            capacity=self._capacity,
+            peak=self._peak,
+            admitted=self._admitted,
+            refused=self._refused,
+            released=self._released,
+        )

@@ -1,0 +1,136 @@
+"""The session hub: admission, the registry of live sessions, socket generations.
+
+Sessions take an engine slot when they are admitted and give it back when
+the session actor releases its resources; only then does capacity return.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, final
+
+import trio
+
+from duplex import exceptions as errors
+from duplex.actors import ActorRef, ActorSystem, Restart
+from duplex.metrics import MetricsRegistry, Sample
+
+from ._actor import Inspect, SessionActor, SessionResources
+from ._admission import Admission
+from ._config import Capabilities, SessionConfig, SessionOptions
+from ._state import SessionMachine
+
+if TYPE_CHECKING:
+    from duplex.models import EngineDriver, SlotOutput
+
+ENGINE_OUTPUT_BUFFER = 8
+"""Frames of engine output a session may fall behind before the driver drops (counted)."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Opened:
+    session_id: str
+    ref: ActorRef[Any]
+
+
+@final
+class SessionHub:
+    """Opens sessions against one engine driver and finds them again for resume."""
+
+    def __init__(
+        self,
+        system: ActorSystem,
+        driver: EngineDriver,
+        *,
+        config: SessionConfig,
+        capabilities: Capabilities,
+        max_sessions: int = 0,
+        registry: MetricsRegistry,
+    ):
+        self.system = system
+        self.driver = driver
+        self.config = config
+        self.capabilities = capabilities
+        capacity = driver.spec.max_slots
+        if max_sessions:
+            capacity = min(capacity, max_sessions)
+        self.admission = Admission(capacity)
+        self._sessions: dict[str, ActorRef[Any]] = {}
+        self._generations = itertools.count(1)
+        self._opened = registry.counter("duplex_sessions_opened_total", "Sessions admitted")
+        self._refused = registry.counter(
+            "duplex_sessions_refused_total", "Sessions refused for capacity"
+        )
+        registry.add_collector(
+            "duplex_sessions_live", "gauge", "Sessions holding engine resources", self._collect
+        )
+
+    def _collect(self) -> list[Sample]:
+        return [Sample("duplex_sessions_live", {}, self.admission.statistics().live)]
+
+    def next_generation(self) -> int:
+        """A fresh socket generation (unique per process)."""
+        return next(self._generations)
+
+    def lookup(self, session_id: str) -> ActorRef[Any] | None:
+        return self._sessions.get(session_id)
+
+    async def open(self, options: SessionOptions | None) -> Opened:
+        """Admit and start a session.
+
+        Raises:
+            BadEvent: the options make an invalid configuration.
+            ResourceExhausted: no capacity (engine slots, step time or ``max_sessions``).
+        """
+        config = self.config
+        if options is not None:
+            try:
+                config = config.updated(options)
+            except errors.ConfigError as exc:
+                param = f"session.{getattr(exc, 'key', '')}".rstrip(".")
+                raise errors.BadEvent(str(exc), param=param) from exc
+        machine = SessionMachine(config, self.capabilities)
+        session_id = machine.session_id
+        limit = self.admission.statistics().capacity
+        if not self.admission.try_admit(session_id):
+            self._refused.inc()
+            raise errors.ResourceExhausted(f"duplex_session_capacity_exhausted: limit={limit}")
+        send, recv = trio.open_memory_channel[SlotOutput](ENGINE_OUTPUT_BUFFER)
+        handle = self.driver.attach(session_id, send)
+        if handle is None:
+            self.admission.release(session_id)
+            self._refused.inc()
+            raise errors.ResourceExhausted(
+                "duplex_session_capacity_exhausted: the engine admits no more sessions"
+            )
+        resources = SessionResources(self.driver, handle, recv)
+        try:
+            ref = await self.system.spawn(
+                SessionActor,
+                machine,
+                resources,
+                self,
+                name=session_id,
+                restart=Restart.TEMPORARY,
+            )
+        except BaseException:
+            self.driver.detach(handle)
+            self.admission.release(session_id)
+            raise
+        self._sessions[session_id] = ref
+        self._opened.inc()
+        return Opened(session_id, ref)
+
+    def released(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+        self.admission.release(session_id)
+
+    async def inspect(self, session_id: str) -> SessionMachine | None:
+        """The live machine of a session (diagnostics and tests)."""
+        ref = self._sessions.get(session_id)
+        if ref is None:
+            return None
+        return await ref.ask(Inspect(), timeout=math.inf)

@@ -1,0 +1,597 @@
+"""The session state machine: events in, effects out, time passed in.
+
+Two rules, after h11's ``_state.py``:
+
+1. Everything that decides a transition lives in this file, and the tables
+   come first: ``SESSION_TABLE`` maps (session state, event type) to a rule,
+   ``TURN_TABLE`` refines it by turn state for the response events.
+2. The machine does no I/O and reads no clock. ``handle(event, now)`` returns
+   effects; the session actor performs them, and asks `next_deadline` when to
+   send a `Tick`.
+
+Session lifecycle::
+
+    AWAITING --attach--> ACTIVE --detach--> DETACHED --resume--> ACTIVE
+    ACTIVE --resume from another socket (takeover)--> ACTIVE
+    ACTIVE | DETACHED --close | idle_ttl | disconnect_grace--> CLOSED
+
+Turn, inside ACTIVE/DETACHED::
+
+    LISTENING --speaking frame--> RESPONDING --speech, false-interruption on--> PAUSED
+    PAUSED --timeout, no real turn--> RESPONDING
+    RESPONDING | PAUSED --done | cancel | barge-in | clear | failure--> LISTENING
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import final
+
+from duplex import exceptions as errors
+
+from ._config import Capabilities, SessionConfig
+from ._effects import (
+    CLOSE_GOING_AWAY,
+    CLOSE_NORMAL,
+    CLOSE_POLICY_VIOLATION,
+    CLOSE_SESSION_REPLACED,
+    CloseConnection,
+    Effect,
+    ModelAppendAudio,
+    ModelAppendVideo,
+    ModelSignal,
+    ReleaseResources,
+    Send,
+)
+from ._events import (
+    CLIENT_EVENT_TYPES,
+    AudioAppend,
+    AudioClear,
+    AudioCommit,
+    ConnectionAttached,
+    ConnectionDetached,
+    ErrorEvent,
+    Event,
+    EventAck,
+    InputAudioCleared,
+    InputAudioCommitted,
+    ModelFailed,
+    ModelFrame,
+    PlaybackAck,
+    ResponseCancel,
+    ResponseCreate,
+    ServerEvent,
+    SessionClose,
+    SessionClosed,
+    SessionCreate,
+    SessionCreated,
+    SessionExpired,
+    SessionReplaced,
+    SessionResume,
+    SessionResumed,
+    SessionResyncRequired,
+    SessionUpdate,
+    SessionUpdated,
+    SpeechStarted,
+    SpeechStopped,
+    Tick,
+    TurnSignal,
+    VideoAppend,
+    VideoConsumed,
+)
+from ._input import InputPath
+from ._journal import Journal, Replay
+from ._ledger import HistoryItem, SessionStatistics
+from ._resume import ResumeCredential
+from ._turns import TurnState, TurnTaking
+
+__all__ = [
+    "SESSION_TABLE",
+    "TURN_TABLE",
+    "Handle",
+    "Ignore",
+    "Reject",
+    "SessionMachine",
+    "SessionState",
+    "TurnState",
+]
+
+
+class SessionState(enum.Enum):
+    """Whether the session exists, has a socket, or is over."""
+
+    AWAITING = "awaiting"
+    ACTIVE = "active"
+    DETACHED = "detached"
+    CLOSED = "closed"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Handle:
+    """Run the named handler."""
+
+    method: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Answer with exactly one ``error`` naming the event; nothing else changes."""
+
+    error: type[errors.ProtocolError]
+    message: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Ignore:
+    """Drop and count: the event has no one to answer (no socket, or the session is over)."""
+
+    reason: str
+
+
+Rule = Handle | Reject | Ignore
+
+_LIVE_CLIENT: dict[type, Rule] = {
+    SessionCreate: Reject(
+        errors.IllegalState, "session.create is only valid before a session exists"
+    ),
+    SessionUpdate: Handle("_on_session_update"),
+    AudioAppend: Handle("_on_audio_append"),
+    AudioCommit: Handle("_on_audio_commit"),
+    AudioClear: Handle("_on_audio_clear"),
+    TurnSignal: Handle("_on_turn_signal"),
+    PlaybackAck: Handle("_on_playback_ack"),
+    ResponseCreate: Handle("_on_response_create"),
+    ResponseCancel: Handle("_on_response_cancel"),
+    SessionResume: Reject(
+        errors.IllegalState, "session.resume must be a new connection's first message"
+    ),
+    EventAck: Handle("_on_event_ack"),
+    SessionClose: Handle("_on_session_close"),
+    VideoAppend: Handle("_on_video_append"),
+}
+_LIVE_RUNTIME: dict[type, Rule] = {
+    ModelFrame: Handle("_on_model_frame"),
+    SpeechStarted: Handle("_on_speech_started"),
+    SpeechStopped: Handle("_on_speech_stopped"),
+    ConnectionAttached: Handle("_on_resume_attach"),
+    ConnectionDetached: Handle("_on_detach"),
+    Tick: Handle("_on_tick"),
+    ModelFailed: Handle("_on_model_failed"),
+}
+_NO_SOCKET: dict[type, Rule] = {t: Ignore("no_connection") for t in CLIENT_EVENT_TYPES}
+_CLOSED: dict[type, Rule] = {
+    t: Reject(errors.SessionClosed, "the session is closed") for t in CLIENT_EVENT_TYPES
+}
+
+SESSION_TABLE: dict[SessionState, dict[type, Rule]] = {
+    SessionState.AWAITING: {
+        **_NO_SOCKET,
+        ModelFrame: Ignore("not_started"),
+        SpeechStarted: Ignore("not_started"),
+        SpeechStopped: Ignore("not_started"),
+        ConnectionAttached: Handle("_on_first_attach"),
+        ConnectionDetached: Ignore("not_started"),
+        Tick: Handle("_on_tick"),
+        ModelFailed: Ignore("not_started"),
+    },
+    SessionState.ACTIVE: {**_LIVE_CLIENT, **_LIVE_RUNTIME},
+    SessionState.DETACHED: {**_NO_SOCKET, **_LIVE_RUNTIME},
+    SessionState.CLOSED: {
+        **_CLOSED,
+        ModelFrame: Ignore("closed"),
+        SpeechStarted: Ignore("closed"),
+        SpeechStopped: Ignore("closed"),
+        ConnectionAttached: Handle("_on_closed_attach"),
+        ConnectionDetached: Ignore("closed"),
+        Tick: Handle("_on_tick"),
+        ModelFailed: Ignore("closed"),
+    },
+}
+
+TURN_TABLE: dict[tuple[TurnState, type], Rule] = {
+    (TurnState.LISTENING, ResponseCancel): Reject(
+        errors.ResponseNotActive, "no response is active"
+    ),
+    (TurnState.RESPONDING, ResponseCreate): Reject(
+        errors.ResponseAlreadyActive, "a response is already active"
+    ),
+    (TurnState.PAUSED, ResponseCreate): Reject(
+        errors.ResponseAlreadyActive, "a response is already active (paused)"
+    ),
+}
+
+
+_COUNTERS = (
+    "events_journaled",
+    "connection_events_sent",
+    "errors",
+    "stale_client_events",
+    "ignored_events",
+    "session_resumes",
+    "takeovers",
+    "resume_failures",
+)
+
+
+class SessionMachine:
+    """One session's facts and decisions; the session actor only runs its effects.
+
+    Args:
+        config: policy and limits (checked when built).
+        capabilities: what the model can do (video, barge-in, ...).
+        random_bytes: randomness for ids and resume tokens (``os.urandom``).
+        session_id: a preallocated id; default ``duplex-<32 hex>``.
+    """
+
+    def __init__(
+        self,
+        config: SessionConfig | None = None,
+        capabilities: Capabilities | None = None,
+        *,
+        random_bytes: Callable[[int], bytes] = os.urandom,
+        session_id: str | None = None,
+    ) -> None:
+        self._config = config or SessionConfig()
+        self._caps = capabilities or Capabilities()
+        self._random_bytes = random_bytes
+        self._session_id = session_id or f"duplex-{random_bytes(16).hex()}"
+        self._state = SessionState.AWAITING
+        self._generation: int | None = None
+        self._sender: int | None = None
+        self._now = 0.0
+        self._turn_id = 0
+        self._journal = Journal(
+            ttl_s=self._config.journal_ttl_s, max_bytes=self._config.journal_max_bytes
+        )
+        self._inputs = InputPath(self._config)
+        self._turns = TurnTaking(self._config, self._caps, emit=self._emit, new_id=self._new_id)
+        self._credential = ResumeCredential(random_bytes)
+        self._last_activity = 0.0
+        self._detached_at: float | None = None
+        self._counts = dict.fromkeys(_COUNTERS, 0)
+
+    # ----------------------------------------------------------- read-only view
+
+    @property
+    def session_id(self) -> str:
+        """Server-allocated, never reused."""
+        return self._session_id
+
+    @property
+    def epoch(self) -> int:
+        """The interruption fence; model output of other epochs is dropped."""
+        return self._turns.epoch
+
+    @property
+    def state(self) -> SessionState:
+        """Lifecycle state."""
+        return self._state
+
+    @property
+    def turn_state(self) -> TurnState:
+        """Who holds the floor."""
+        return self._turns.turn
+
+    @property
+    def generation(self) -> int | None:
+        """The attached socket's generation, if one is attached."""
+        return self._generation
+
+    @property
+    def config(self) -> SessionConfig:
+        """Current configuration (``session.update`` replaces it)."""
+        return self._config
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The model's capabilities."""
+        return self._caps
+
+    @property
+    def active_response_id(self) -> str | None:
+        """The open response, if any."""
+        return self._turns.response_id
+
+    @property
+    def history(self) -> tuple[HistoryItem, ...]:
+        """Conversation items the model's context should hold, oldest first."""
+        return self._turns.history.items
+
+    @property
+    def input_ms(self) -> float:
+        """The input audio clock: model-rate input received, in ms."""
+        return self._inputs.input_ms
+
+    def statistics(self) -> SessionStatistics:
+        """A frozen snapshot of the counters, the input ledger and the journal."""
+        return SessionStatistics(
+            **self._counts,
+            **self._turns.counts,
+            history_dropped=self._turns.history.dropped,
+            input=self._inputs.ledger.statistics(),
+            journal=self._journal.statistics(),
+        )
+
+    def rule_for(self, event: Event) -> Rule:
+        """The table rule that `handle` applies to ``event`` now."""
+        rule = SESSION_TABLE[self._state][type(event)]
+        if isinstance(rule, Handle):
+            rule = TURN_TABLE.get((self._turns.turn, type(event)), rule)
+        return rule
+
+    def next_deadline(self) -> float | None:
+        """When the next timer fires (lease, false interruption, journal TTL), if any."""
+        if self._state not in (SessionState.ACTIVE, SessionState.DETACHED):
+            return None
+        deadlines = [self._last_activity + self._config.idle_ttl_s]
+        if self._detached_at is not None:
+            deadlines.append(self._detached_at + self._config.disconnect_grace_s)
+        for deadline in (self._turns.pause_deadline(), self._journal.next_deadline()):
+            if deadline is not None:
+                deadlines.append(deadline)
+        return min(deadlines)
+
+    # ------------------------------------------------------------------ driving
+
+    def handle(self, event: Event, now: float, *, generation: int | None = None) -> list[Effect]:
+        """Apply one event at time ``now`` (seconds) and return the effects, in order.
+
+        Args:
+            event: a client event (from the socket of ``generation``) or a runtime event.
+            now: the current time; timers due by then fire first.
+            generation: for client events, the socket they came from; events of a
+                superseded socket are dropped and counted. ``None``: the current one.
+
+        Returns:
+            Effects for the session actor to perform in order. A refused client
+            event yields exactly one ``error`` naming its ``event_id``; nothing raises.
+        """
+        self._now = self._turns.now = now
+        out: list[Effect] = []
+        self._fire_timers(out)
+        if isinstance(event, CLIENT_EVENT_TYPES) and self._state is SessionState.ACTIVE:
+            if generation is not None and generation != self._generation:
+                self._counts["stale_client_events"] += 1
+                return out
+            self._last_activity = now
+        self._sender = generation if generation is not None else self._generation
+        rule = self.rule_for(event)
+        if isinstance(rule, Ignore):
+            self._counts["ignored_events"] += 1
+        elif isinstance(rule, Reject):
+            self._error(out, rule.error(rule.message), event)
+        else:
+            try:
+                getattr(self, rule.method)(event, out)
+            except errors.ProtocolError as exc:  # handlers raise before changing anything
+                self._error(out, exc, event)
+        return out
+
+    # ----------------------------------------------------------------- emitting
+
+    def _emit(self, out: list[Effect], event: ServerEvent) -> None:
+        seq = self._journal.append(event, self._now)
+        self._counts["events_journaled"] += 1
+        if self._generation is not None:
+            out.append(Send(event, seq, self._generation))
+
+    def _direct(self, out: list[Effect], event: ServerEvent, generation: int) -> None:
+        self._counts["connection_events_sent"] += 1
+        out.append(Send(event, None, generation))
+
+    def _error(self, out: list[Effect], exc: errors.ProtocolError, event: object) -> None:
+        self._counts["errors"] += 1
+        err = ErrorEvent.from_exception(exc, getattr(event, "event_id", None))
+        if self._state is SessionState.ACTIVE:
+            self._emit(out, err)
+        elif self._sender is not None:
+            self._direct(out, err, self._sender)
+
+    def _refuse_socket(
+        self, out: list[Effect], exc: errors.ProtocolError, generation: int, reason: str
+    ) -> None:
+        self._counts["resume_failures"] += 1
+        self._direct(out, ErrorEvent.from_exception(exc), generation)
+        out.append(CloseConnection(generation, CLOSE_POLICY_VIOLATION, reason))
+
+    def _new_id(self, prefix: str) -> str:
+        return f"{prefix}_{self._random_bytes(8).hex()}"
+
+    # ------------------------------------------------------------ timers, leases
+
+    def _fire_timers(self, out: list[Effect]) -> None:
+        if self._state not in (SessionState.ACTIVE, SessionState.DETACHED):
+            return
+        self._journal.expire(self._now)
+        detached = self._detached_at
+        if detached is not None and self._now >= detached + self._config.disconnect_grace_s:
+            self._expire(out, "disconnect_grace_expired")
+        elif self._now >= self._last_activity + self._config.idle_ttl_s:
+            self._expire(out, "idle_ttl_expired")
+        else:
+            self._turns.fire_pause_timer(out)
+
+    def _expire(self, out: list[Effect], reason: str) -> None:
+        self._turns.finish(out, "incomplete", "session_expired")
+        self._emit(out, SessionExpired(self._session_id, reason))
+        self._shutdown(out, CLOSE_GOING_AWAY, reason)
+
+    def _shutdown(self, out: list[Effect], code: int, reason: str) -> None:
+        if self._generation is not None:
+            out.append(CloseConnection(self._generation, code, reason))
+        out.append(ReleaseResources(reason))
+        self._state = SessionState.CLOSED
+        self._generation = None
+        self._detached_at = None
+
+    def _on_tick(self, event: Tick, out: list[Effect]) -> None:
+        """Timers already ran in `handle`."""
+
+    # -------------------------------------------------- attach, resume, takeover
+
+    def _on_first_attach(self, event: ConnectionAttached, out: list[Effect]) -> None:
+        if event.resume is not None:
+            exc = errors.UnknownSession("unknown session", event_id=event.resume.event_id)
+            self._refuse_socket(out, exc, event.generation, "unknown_session")
+            return
+        self._state = SessionState.ACTIVE
+        self._generation = event.generation
+        self._last_activity = self._now
+        token = self._credential.issue()
+        created = SessionCreated(
+            self._session_id, self._config, self._caps, token, event.generation, self.epoch
+        )
+        self._direct(out, created, event.generation)
+
+    def _on_resume_attach(self, event: ConnectionAttached, out: list[Effect]) -> None:
+        resume = event.resume
+        if resume is None or event.generation == self._generation:
+            exc = errors.IllegalState(
+                "this session is attached; send session.resume on a new socket"
+            )
+            self._refuse_socket(out, exc, event.generation, "illegal_state")
+            return
+        if resume.session_id != self._session_id or not self._credential.verify(
+            resume.resume_token
+        ):
+            exc = errors.UnknownSession("unknown session or invalid resume token")
+            exc.event_id = resume.event_id
+            self._refuse_socket(out, exc, event.generation, "unknown_session")
+            return
+        old = self._generation
+        if old is not None:
+            self._counts["takeovers"] += 1
+            self._direct(out, SessionReplaced(self._session_id, event.generation), old)
+            out.append(CloseConnection(old, CLOSE_SESSION_REPLACED, "session_replaced"))
+        self._counts["session_resumes"] += 1
+        self._state = SessionState.ACTIVE
+        self._generation = event.generation
+        self._detached_at = None
+        self._last_activity = self._now
+        token = self._credential.issue()
+        replay = self._journal.replay_after(resume.last_received_server_event_seq)
+        last = self._journal.last_seq
+        count = len(replay.events) if isinstance(replay, Replay) else 0
+        resumed = SessionResumed(self._session_id, token, event.generation, self.epoch, count, last)
+        self._direct(out, resumed, event.generation)
+        if isinstance(replay, Replay):
+            out.extend(Send(ev, seq, event.generation) for seq, ev in replay.events)
+        else:
+            resync = SessionResyncRequired(self._session_id, replay.reason, last)
+            self._direct(out, resync, event.generation)
+
+    def _on_closed_attach(self, event: ConnectionAttached, out: list[Effect]) -> None:
+        exc = errors.SessionResumeExpired(f"session {self._session_id} has ended")
+        exc.event_id = event.resume.event_id if event.resume else None
+        self._refuse_socket(out, exc, event.generation, "session_resume_expired")
+
+    def _on_detach(self, event: ConnectionDetached, out: list[Effect]) -> None:
+        if event.generation != self._generation:
+            self._counts["ignored_events"] += 1
+            return
+        self._generation = None
+        self._state = SessionState.DETACHED
+        self._detached_at = self._now
+
+    def _on_session_close(self, event: SessionClose, out: list[Effect]) -> None:
+        self._turns.finish(out, "cancelled", "session_closed")
+        self._emit(out, SessionClosed(self._session_id, "client_close"))
+        self._shutdown(out, CLOSE_NORMAL, "client_close")
+
+    def _on_session_update(self, event: SessionUpdate, out: list[Effect]) -> None:
+        try:
+            config = self._config.updated(event.options)
+        except errors.ConfigError as exc:
+            param = f"session.{getattr(exc, 'key', '')}".rstrip(".")
+            raise errors.BadEvent(str(exc), param=param) from exc
+        self._config = self._turns.config = config
+        self._inputs.reconfigure(config)
+        self._emit(out, SessionUpdated(self._session_id, config))
+
+    def _on_event_ack(self, event: EventAck, out: list[Effect]) -> None:
+        if event.server_event_seq > self._journal.last_seq:
+            raise errors.BadEvent(
+                "server_event_seq is past the last event", param="server_event_seq"
+            )
+        self._journal.ack(event.server_event_seq)
+
+    # --------------------------------------------------------------------- input
+
+    def _on_audio_append(self, event: AudioAppend, out: list[Effect]) -> None:
+        pcm, start_ms, speech = self._inputs.append(event)
+        self._turns.input_ms = self._inputs.input_ms
+        for found in speech:
+            if isinstance(found, SpeechStarted):
+                self._on_speech_started(found, out)
+            else:
+                self._on_speech_stopped(found, out)
+        self._turns.check_overlap(out)
+        if pcm.size:
+            out.append(ModelAppendAudio(self.epoch, pcm, start_ms))
+
+    def _on_audio_commit(self, event: AudioCommit, out: list[Effect]) -> None:
+        turn_ms = self._inputs.commit()
+        self._turn_id += 1
+        item_id = self._new_id("item")
+        self._turns.history.add_user(item_id, self._turns.next_order(), turn_ms)
+        self._emit(out, InputAudioCommitted(item_id, self._turn_id, self.input_ms))
+        out.append(ModelSignal(self.epoch, "commit", self._turn_id))
+
+    def _on_audio_clear(self, event: AudioClear, out: list[Effect]) -> None:
+        self._turns.reset_speech()
+        self._turns.finish(out, "cancelled", "input_cleared")
+        self._turns.advance_epoch(out, "input_cleared", clear_input=True)
+        self._inputs.clear()
+        self._emit(out, InputAudioCleared(self.epoch))
+
+    def _on_video_append(self, event: VideoAppend, out: list[Effect]) -> None:
+        if not self._caps.supports_video_input:
+            raise errors.VideoInputUnsupported("this model takes no video input", param="frame")
+        out.append(ModelAppendVideo(self.epoch, event, self.input_ms))
+
+    def _on_speech_started(self, event: SpeechStarted, out: list[Effect]) -> None:
+        if not self._turns.speech_started(out, event.audio_ms):
+            self._counts["ignored_events"] += 1  # already inside speech
+
+    def _on_speech_stopped(self, event: SpeechStopped, out: list[Effect]) -> None:
+        if not self._turns.speech_stopped(out, event.audio_ms):
+            self._counts["ignored_events"] += 1  # no speech to stop
+
+    # ------------------------------------------------------- responses, playback
+
+    def _on_turn_signal(self, event: TurnSignal, out: list[Effect]) -> None:
+        self._turns.turn_signal(out)
+
+    def _on_response_create(self, event: ResponseCreate, out: list[Effect]) -> None:
+        if self._inputs.samples == 0:
+            raise errors.InputAudioBufferEmpty("response.create needs input audio first")
+        out.append(ModelSignal(self.epoch, "response_create", self._turn_id))
+
+    def _on_response_cancel(self, event: ResponseCancel, out: list[Effect]) -> None:
+        self._turns.cancel(out, event.response_id)
+
+    def _on_playback_ack(self, event: PlaybackAck, out: list[Effect]) -> None:
+        self._turns.ack(out, event)
+
+    def _on_model_failed(self, event: ModelFailed, out: list[Effect]) -> None:
+        self._turns.finish(out, "failed", "engine_error")
+        self._emit(out, ErrorEvent.from_exception(errors.EngineError(event.message)))
+        self._turns.advance_epoch(out, "engine_failed", clear_input=True)
+        self._inputs.ledger.clear()
+
+    def _on_model_frame(self, event: ModelFrame, out: list[Effect]) -> None:
+        if event.consumed_input_samples:
+            self._inputs.ledger.consume(event.consumed_input_samples * 2)
+        if event.consumed_video_frame_ids:
+            ids = event.consumed_video_frame_ids
+            self._emit(out, VideoConsumed(ids, event.latest_video_pts_ms))
+        opened = self._turns.counts["responses_created"]
+        self._turns.frame(out, event)
+        if self._turns.counts["responses_created"] != opened:
+            self._inputs.ledger.answered()

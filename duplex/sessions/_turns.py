@@ -1,0 +1,369 @@
+"""Turn-taking: the response lifecycle, overlap policy, output pause and playback.
+
+`SessionMachine` (``_state``) owns one `TurnTaking` and calls it with the
+effect list; refusals are raised as `ProtocolError` before anything changes,
+and the machine turns them into one ``error`` event. Split from ``_state``
+only to keep modules small: the session and turn tables stay in ``_state``.
+
+Invariants kept here:
+
+- ``response.created`` once per response, before its deltas; exactly one
+  ``response.done``, whose transcript is the concatenation of its deltas.
+- Model output of another epoch is never sent (the frame is dropped and
+  counted); held frames of a cancelled response are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from duplex.exceptions import (
+    IllegalState,
+    PlaybackAckTooLate,
+    PlaybackItemNotFound,
+    ResponseNotActive,
+)
+
+from ._config import Capabilities, SessionConfig
+from ._effects import Effect, ModelReset
+from ._events import (
+    AudioDelta,
+    InputSpeechStarted,
+    InputSpeechStopped,
+    ModelFrame,
+    OverlapDecision,
+    PlaybackAck,
+    PlaybackAcknowledged,
+    ResponseCreated,
+    ResponseDone,
+    ResponseListen,
+    ServerEvent,
+    TranscriptDelta,
+    audio_ms,
+)
+from ._ledger import History, PlaybackLedger
+
+__all__ = ["TURN_COUNTERS", "TurnState", "TurnTaking"]
+
+TURN_COUNTERS = (
+    "stale_frames_dropped",
+    "held_frames_dropped",
+    "responses_created",
+    "responses_done",
+    "barge_ins",
+    "backchannels",
+    "pauses",
+    "resumes",
+)
+
+Emit = Callable[[list[Effect], ServerEvent], None]
+
+
+class TurnState(enum.Enum):
+    """Who holds the floor."""
+
+    LISTENING = "listening"
+    RESPONDING = "responding"
+    PAUSED = "paused"
+
+
+@dataclass(slots=True)
+class _Response:
+    response_id: str
+    item_id: str
+    epoch: int
+    ledger: PlaybackLedger
+
+
+class TurnTaking:
+    """One session's floor. The machine sets ``now`` and ``input_ms`` before each call.
+
+    Args:
+        config: the session config (the machine replaces it on ``session.update``).
+        capabilities: the model's capabilities.
+        emit: journals and sends one server event (the machine's ``_emit``).
+        new_id: makes ``<prefix>_<hex>`` ids from the injected randomness.
+    """
+
+    def __init__(
+        self,
+        config: SessionConfig,
+        capabilities: Capabilities,
+        *,
+        emit: Emit,
+        new_id: Callable[[str], str],
+    ) -> None:
+        self.config = config
+        self.capabilities = capabilities
+        self.now = 0.0
+        self.input_ms = 0.0
+        self.turn = TurnState.LISTENING
+        self.epoch = 0
+        self.history = History(config.max_history_items)
+        self.speech_active = False
+        self.counts = dict.fromkeys(TURN_COUNTERS, 0)
+        self._emit = emit
+        self._new_id = new_id
+        self._order = 0
+        self._response: _Response | None = None
+        self._ledgers: dict[str, PlaybackLedger] = {}
+        self._overlap_start: float | None = None
+        self._paused_at: float | None = None
+        self._held: list[ModelFrame] = []
+
+    @property
+    def response_id(self) -> str | None:
+        """The open response, if any."""
+        return self._response.response_id if self._response else None
+
+    def next_order(self) -> int:
+        """Position of a new history item (user turns and responses share it)."""
+        self._order += 1
+        return self._order
+
+    # ------------------------------------------------------------------- epoch
+
+    def advance_epoch(self, out: list[Effect], reason: str, *, clear_input: bool) -> None:
+        """Fence off in-flight model output: later frames must carry the new epoch."""
+        self.epoch += 1
+        out.append(ModelReset(self.epoch, reason, clear_input))
+
+    # ------------------------------------------------------------ speech, overlap
+
+    def pause_deadline(self) -> float | None:
+        """When paused output resumes if no real user turn comes (speech must have ended)."""
+        if self.turn is not TurnState.PAUSED or self.speech_active or self._paused_at is None:
+            return None
+        return self._paused_at + self.config.false_interruption_timeout_s
+
+    def reset_speech(self) -> None:
+        """Input was cleared: forget the speech segment and the overlap."""
+        self.speech_active = False
+        self._overlap_start = None
+
+    def speech_started(self, out: list[Effect], at_ms: float) -> bool:
+        """A VAD saw speech start; ``False`` if already inside speech (ignored)."""
+        if self.speech_active:
+            return False
+        self.speech_active = True
+        self._emit(out, InputSpeechStarted(at_ms))
+        if self._response is not None:
+            self._start_overlap(out, at_ms)
+        return True
+
+    def speech_stopped(self, out: list[Effect], at_ms: float) -> bool:
+        """A VAD saw speech end: classify the overlap (backchannel / listen / barge-in).
+
+        Returns ``False`` if no speech was active (ignored).
+        """
+        if not self.speech_active:
+            return False
+        self.speech_active = False
+        self._emit(out, InputSpeechStopped(at_ms))
+        start, self._overlap_start = self._overlap_start, None
+        if start is None or self._response is None:
+            self.fire_pause_timer(out)
+            return True
+        overlap = max(0.0, at_ms - start)
+        if self.config.overlap_policy == "barge_in_on_speech":
+            if overlap >= self.config.barge_in_ms:
+                self.barge_in(out, "speech_over_barge_in_ms", overlap)
+            elif overlap < self.config.short_ack_ms:
+                self.counts["backchannels"] += 1
+                self._decide(out, "drop", "backchannel", overlap)
+            else:
+                self._decide(out, "listen", "short_overlap", overlap)
+        self.fire_pause_timer(out)
+        return True
+
+    def check_overlap(self, out: list[Effect]) -> None:
+        """Barge in once ongoing speech over output reaches ``barge_in_ms`` of input audio."""
+        start = self._overlap_start
+        if (
+            start is None
+            or not self.speech_active
+            or self._response is None
+            or self.config.overlap_policy != "barge_in_on_speech"
+        ):
+            return
+        overlap = self.input_ms - start
+        if overlap >= self.config.barge_in_ms:
+            self.barge_in(out, "speech_over_barge_in_ms", overlap)
+
+    def turn_signal(self, out: list[Effect]) -> None:
+        """A client-side barge-in (``turn.signal``)."""
+        if not self.capabilities.supports_barge_in:
+            raise IllegalState("this model does not support barge-in", param="event")
+        if self._response is None:
+            self._decide(out, "drop", "no_active_response", 0.0)
+            return
+        start = self._overlap_start
+        self.barge_in(out, "client_turn_signal", self.input_ms - start if start else 0.0)
+
+    def barge_in(self, out: list[Effect], reason: str, overlap_ms: float) -> None:
+        """Interrupt: decision, ``response.done`` cancelled/barge_in, new epoch."""
+        self.counts["barge_ins"] += 1
+        self._decide(out, "barge_in", reason, overlap_ms)
+        self.finish(out, "cancelled", "barge_in")
+        self.advance_epoch(out, "barge_in", clear_input=False)
+
+    def fire_pause_timer(self, out: list[Effect]) -> None:
+        """Resume paused output if the false-interruption timeout has passed."""
+        deadline = self.pause_deadline()
+        if deadline is not None and self.now >= deadline:
+            self._resume_output(out, "false_interruption")
+
+    def _start_overlap(self, out: list[Effect], at_ms: float) -> None:
+        self._overlap_start = at_ms
+        policy = self.config.overlap_policy
+        if policy == "ignore":
+            self._decide(out, "drop", "overlap_policy_ignore", 0.0)
+        elif policy == "model":
+            self._decide(out, "listen", "model_decides", 0.0)
+        elif self.config.false_interruption_enabled and self.turn is TurnState.RESPONDING:
+            self.counts["pauses"] += 1
+            self._decide(out, "pause", "speech_started", 0.0)
+            self.turn = TurnState.PAUSED
+            self._paused_at = self.now
+        self.check_overlap(out)
+
+    def _decide(self, out: list[Effect], action: str, reason: str, overlap_ms: float) -> None:
+        decision = OverlapDecision(
+            self.config.overlap_policy, action, reason, round(overlap_ms, 1), self.response_id
+        )
+        self._emit(out, decision)
+
+    # --------------------------------------------------------------- responses
+
+    def cancel(self, out: list[Effect], response_id: str | None) -> None:
+        """``response.cancel``: done cancelled/client_cancelled and a new epoch."""
+        if self._response is None or response_id not in (None, self._response.response_id):
+            raise ResponseNotActive("that response is not active", param="response_id")
+        self.finish(out, "cancelled", "client_cancelled")
+        self.advance_epoch(out, "response_cancelled", clear_input=False)
+
+    def finish(self, out: list[Effect], status: str, reason: str) -> None:
+        """Close the open response (if any) with its one ``response.done``."""
+        resp = self._response
+        if resp is None:
+            return
+        self.counts["held_frames_dropped"] += len(self._held)
+        self.counts["responses_done"] += 1
+        self._held = []
+        self._response = None
+        self.turn = TurnState.LISTENING
+        self._overlap_start = None
+        self._paused_at = None
+        ledger = resp.ledger
+        ledger.done = True
+        done = ResponseDone(
+            resp.response_id,
+            resp.item_id,
+            resp.epoch,
+            status,
+            reason,
+            ledger.transcript,
+            ledger.sent_ms,
+        )
+        self._emit(out, done)
+        if self.config.playback_commit_policy == "commit_all_on_done" and ledger.sent_ms > 0:
+            ledger.committed_ms = ledger.sent_ms
+            self.history.commit_assistant(ledger)
+
+    def frame(self, out: list[Effect], frame: ModelFrame) -> None:
+        """Project one model frame: fence by epoch, hold while paused, else send."""
+        if frame.epoch != self.epoch:
+            self.counts["stale_frames_dropped"] += 1
+            return
+        if self.turn is TurnState.PAUSED and len(self._held) >= self.config.max_held_frames:
+            self._resume_output(out, "hold_overflow")
+        self._route(out, frame)
+
+    def _open(self, out: list[Effect]) -> None:
+        response_id = self._new_id("resp")
+        ledger = PlaybackLedger(response_id, f"item_{response_id}", self.next_order())
+        self._ledgers[response_id] = ledger
+        while len(self._ledgers) > self.config.max_tracked_responses:
+            del self._ledgers[next(iter(self._ledgers))]
+        self._response = _Response(response_id, ledger.item_id, self.epoch, ledger)
+        self.turn = TurnState.RESPONDING
+        self.counts["responses_created"] += 1
+        self._emit(out, ResponseCreated(response_id, ledger.item_id, self.epoch))
+        if self.speech_active:
+            self._start_overlap(out, self.input_ms)
+
+    def _route(self, out: list[Effect], frame: ModelFrame) -> None:
+        if self.turn is TurnState.PAUSED:
+            self._held.append(frame)
+            return
+        if not frame.speaking:
+            if self._response is not None:
+                reason = "end_of_turn" if frame.end_of_turn else "model_listen"
+                self._yield(out, "turn_detected" if self.speech_active else reason)
+            return
+        if self._response is None:
+            self._open(out)
+            if self.turn is TurnState.PAUSED:
+                self._held.append(frame)
+                return
+        resp = self._response
+        if resp is None:  # opening barged in at once; the frame belongs to the old epoch
+            self.counts["stale_frames_dropped"] += 1
+            return
+        rate = self.config.model_sample_rate
+        start = resp.ledger.record(audio_ms(frame.pcm, rate), frame.text)
+        rid, item, epoch = resp.response_id, resp.item_id, resp.epoch
+        if frame.pcm:
+            self._emit(out, AudioDelta(rid, item, epoch, frame.pcm, rate, start))
+        if frame.text:
+            self._emit(out, TranscriptDelta(rid, item, epoch, frame.text, start))
+        if frame.end_of_turn:
+            self._yield(out, "end_of_turn")
+
+    def _yield(self, out: list[Effect], reason: str) -> None:
+        self.finish(out, "completed", reason)
+        self._emit(out, ResponseListen(self.epoch, reason))
+
+    def _resume_output(self, out: list[Effect], reason: str) -> None:
+        start = self._overlap_start
+        self.counts["resumes"] += 1
+        self._decide(out, "resume", reason, self.input_ms - start if start is not None else 0.0)
+        self.turn = TurnState.RESPONDING if self._response else TurnState.LISTENING
+        self._paused_at = None
+        held, self._held = self._held, []
+        for frame in held:
+            if frame.epoch == self.epoch:
+                self._route(out, frame)
+            else:
+                self.counts["held_frames_dropped"] += 1
+
+    # ---------------------------------------------------------------- playback
+
+    def ack(self, out: list[Effect], event: PlaybackAck) -> None:
+        """``playback.ack``: advance the ledger; under ``ack_only`` commit to history."""
+        ledger = self._ledgers.get(event.response_id)
+        if ledger is None:
+            raise PlaybackItemNotFound("no such response", param="response_id")
+        if event.item_id is not None and event.item_id != ledger.item_id:
+            raise PlaybackItemNotFound("item_id does not match the response", param="item_id")
+        played = min(max(ledger.played_ms, float(event.played_ms)), ledger.sent_ms)
+        if self.config.playback_commit_policy == "ack_only" and played > ledger.committed_ms:
+            if self.history.has_user_after(ledger.order):
+                raise PlaybackAckTooLate(
+                    "a newer user turn is already in the history", param="played_ms"
+                )
+            ledger.committed_ms = played
+            self.history.commit_assistant(ledger)
+        ledger.played_ms = played
+        acked = PlaybackAcknowledged(
+            ledger.response_id,
+            ledger.item_id,
+            ledger.played_ms,
+            ledger.committed_ms,
+            ledger.generated_ms,
+            ledger.sent_ms,
+            ledger.committed_ms > 0,
+        )
+        self._emit(out, acked)

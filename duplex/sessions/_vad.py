@@ -1,0 +1,83 @@
+"""A tiny energy VAD, used when no model VAD is present.
+
+RMS over fixed frames against ``threshold_rms`` (0.003, vllm-omni's
+``overlap_silence_rms``), a minimum run to start and a hangover to stop, so a
+click does not start speech and a breath does not end it. It emits the same
+`SpeechStarted` / `SpeechStopped` events a real (silero) VAD actor will.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from ._events import SpeechStarted, SpeechStopped
+
+__all__ = ["EnergyVad"]
+
+
+class EnergyVad:
+    """Streaming; ``audio_ms`` is measured on the clock of the samples fed to it.
+
+    Args:
+        sample_rate: rate of the PCM passed to `process`.
+        threshold_rms: a frame at or above this RMS is speech.
+        frame_ms: analysis frame length.
+        min_speech_ms: speech must last this long to start.
+        hangover_ms: silence must last this long to stop.
+    """
+
+    def __init__(
+        self,
+        sample_rate: int,
+        *,
+        threshold_rms: float = 0.003,
+        frame_ms: int = 20,
+        min_speech_ms: int = 60,
+        hangover_ms: int = 300,
+    ) -> None:
+        self._rate = sample_rate
+        self._frame = sample_rate * frame_ms // 1000
+        self._frame_ms = frame_ms
+        self._threshold = threshold_rms
+        self._min_frames = max(1, -(-min_speech_ms // frame_ms))
+        self._hang_frames = max(1, -(-hangover_ms // frame_ms))
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._frames = 0
+        self._speaking = False
+        self._speech_run = 0
+        self._silence_run = 0
+
+    @property
+    def speaking(self) -> bool:
+        """Inside a speech segment."""
+        return self._speaking
+
+    def process(self, pcm: npt.NDArray[np.float32]) -> list[SpeechStarted | SpeechStopped]:
+        """Feed samples; return the speech boundaries they complete, in order."""
+        data = np.concatenate([self._pending, np.asarray(pcm, dtype=np.float32).reshape(-1)])
+        whole = data.size // self._frame
+        self._pending = data[whole * self._frame :]
+        if whole == 0:
+            return []
+        frames = data[: whole * self._frame].reshape(whole, self._frame).astype(np.float64)
+        loud = np.sqrt(np.mean(frames * frames, axis=1)) >= self._threshold
+        events: list[SpeechStarted | SpeechStopped] = []
+        for is_loud in loud.tolist():
+            self._frames += 1
+            end_ms = self._frames * self._frame_ms
+            if is_loud:
+                self._silence_run = 0
+                self._speech_run += 1
+                if not self._speaking and self._speech_run >= self._min_frames:
+                    self._speaking = True
+                    events.append(SpeechStarted(end_ms - self._speech_run * self._frame_ms))
+            else:
+                self._speech_run = 0
+                if self._speaking:
+                    self._silence_run += 1
+                    if self._silence_run >= self._hang_frames:
+                        self._speaking = False
+                        events.append(SpeechStopped(end_ms - self._silence_run * self._frame_ms))
+                        self._silence_run = 0
+        return events

@@ -1,0 +1,76 @@
+"""The ASGI app: one Starlette app, one port, every route.
+
+Routes are thin: HTTP handlers read runtime state, the WebSocket route hands
+the socket to a connection actor and waits for it to end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from duplex import __version__
+from duplex.actors import Restart
+from duplex.metrics import MetricsRegistry
+from duplex.sessions._hub import SessionHub
+
+from ._connection import ConnectionActor
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def build_app(hub: SessionHub, *, registry: MetricsRegistry, max_frame_bytes: int) -> Starlette:
+    """The app for one running hub (engine + sessions)."""
+    model = hub.driver.spec
+
+    async def health(request: Request) -> Response:
+        stats = hub.admission.statistics()
+        return JSONResponse(
+            {
+                "status": "ok",
+                "version": __version__,
+                "model": model.name,
+                "sessions": {"live": stats.live, "capacity": stats.capacity},
+            }
+        )
+
+    async def models(request: Request) -> Response:
+        card: dict[str, Any] = {
+            "id": model.name,
+            "object": "model",
+            "owned_by": "duplex",
+            "created": 0,
+            "capabilities": hub.capabilities.as_dict(),
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(registry.render(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    async def duplex_socket(websocket: WebSocket) -> None:
+        await websocket.accept()
+        generation = hub.next_generation()
+        ref = await hub.system.spawn(
+            ConnectionActor,
+            websocket,
+            hub,
+            generation,
+            max_frame_bytes,
+            name=f"connection-{generation}",
+            restart=Restart.TEMPORARY,
+        )
+        await ref.wait_stopped()
+
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/v1/models", models),
+            Route("/metrics", metrics),
+            WebSocketRoute("/v1/duplex", duplex_socket),
+        ]
+    )

@@ -1,0 +1,147 @@
+"""The connection actor: one WebSocket, decoded on the way in, one writer on the way out.
+
+Two halves, so neither can wait on the other:
+
+- the *reader* task decodes frames (``parse_client_event``) and tells the
+  session, in wire order; when the session's mailbox is full it stops reading,
+  which is backpressure all the way to the client's TCP window;
+- the actor's message loop is the only *writer*: it sends what the session
+  tells it (``Outbound``) and closes the socket on ``CloseSocket``.
+
+Bad input never reaches the session: the reader answers it with one typed
+``error`` (connection-scoped, no ``server_event_seq``) and keeps reading.
+The session lives on when this actor ends (``Detach`` starts its grace period).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any, ClassVar
+
+import trio
+from starlette.websockets import WebSocket, WebSocketState
+
+from duplex import exceptions as errors
+from duplex.actors import Actor, ActorContext, ActorRef, LaneSpec
+from duplex.sessions import ErrorEvent, ServerEvent, SessionCreate, SessionResume
+from duplex.sessions._actor import Attach, CloseSocket, Detach, FromClient, Outbound
+from duplex.sessions._hub import SessionHub
+
+from ._duplex_wire import encode_server_event, parse_client_event
+
+DETACH_TIMEOUT_S = 5.0
+"""How long the reader waits to tell the session it left, on its way out."""
+
+
+class ConnectionActor(Actor[Any]):
+    """One socket of one session (or of a session that was never opened)."""
+
+    lanes: ClassVar[tuple[LaneSpec, ...]] = (
+        LaneSpec("control", capacity=16, priority=0),
+        LaneSpec("data", capacity=1024, priority=10),
+    )
+
+    def __init__(self, websocket: WebSocket, hub: SessionHub, generation: int, max_bytes: int):
+        self.ws = websocket
+        self.hub = hub
+        self.generation = generation
+        self.max_bytes = max_bytes
+        self.session: ActorRef[Any] | None = None
+
+    async def on_start(self, ctx: ActorContext) -> None:
+        ctx.start_soon(self._read, ctx)
+
+    async def on_stop(self, ctx: ActorContext) -> None:
+        if self.ws.application_state is WebSocketState.CONNECTED:
+            with trio.move_on_after(1):
+                await self.ws.close(1001, "server_shutdown")
+
+    async def receive(self, ctx: ActorContext, message: Any) -> Any:
+        match message:
+            case Outbound(event, seq):
+                await self._write(ctx, event, seq)
+            case CloseSocket(code, reason):
+                await self._close(ctx, code, reason)
+        return None
+
+    # -- the writer ----------------------------------------------------------
+
+    async def _write(self, ctx: ActorContext, event: ServerEvent, seq: int | None) -> None:
+        if self.ws.application_state is not WebSocketState.CONNECTED:
+            return
+        text = json.dumps(encode_server_event(event, seq), separators=(",", ":"))
+        try:
+            await self.ws.send_text(text)
+        except (OSError, RuntimeError, trio.BrokenResourceError):
+            ctx.stop()  # the peer is gone; the reader tells the session
+
+    async def _close(self, ctx: ActorContext, code: int, reason: str) -> None:
+        self.session = None  # the session closed us: it needs no Detach
+        if self.ws.application_state is WebSocketState.CONNECTED:
+            # already gone is fine: there is nothing left to close
+            with contextlib.suppress(OSError, RuntimeError, trio.BrokenResourceError):
+                await self.ws.close(code, reason)
+        ctx.stop()
+
+    # -- the reader ----------------------------------------------------------
+
+    async def _read(self, ctx: ActorContext) -> None:
+        try:
+            while True:
+                message = await self.ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                text, data = message.get("text"), message.get("bytes")
+                raw: str | bytes = text if text is not None else (data or b"")
+                try:
+                    event = parse_client_event(raw, max_size=self.max_bytes)
+                    await self._dispatch(ctx, event)
+                except errors.ProtocolError as exc:
+                    await self._refuse(ctx, exc, close=None)
+        finally:
+            await self._detach()
+            ctx.stop()
+
+    async def _dispatch(self, ctx: ActorContext, event: Any) -> None:
+        if self.session is not None:
+            await self.session.tell(FromClient(self.generation, event))
+            return
+        if isinstance(event, SessionResume):
+            session = self.hub.lookup(event.session_id)
+            if session is None:
+                exc = errors.SessionResumeExpired(
+                    f"unknown or expired duplex session: {event.session_id}",
+                    event_id=event.event_id,
+                )
+                await self._refuse(ctx, exc, close=(1008, "session_resume_expired"))
+                return
+            self.session = session
+            await session.tell(Attach(self.generation, ctx.self, event))
+            return
+        options = event.options if isinstance(event, SessionCreate) else None
+        try:
+            opened = await self.hub.open(options)
+        except errors.ProtocolError as exc:
+            exc.event_id = exc.event_id or getattr(event, "event_id", None)
+            full = isinstance(exc, errors.ResourceExhausted)
+            await self._refuse(ctx, exc, close=(1013, "resource_exhausted") if full else None)
+            return
+        self.session = opened.ref
+        await opened.ref.tell(Attach(self.generation, ctx.self))
+        if not isinstance(event, SessionCreate):  # any other first event autostarts
+            await opened.ref.tell(FromClient(self.generation, event))
+
+    async def _refuse(
+        self, ctx: ActorContext, exc: errors.ProtocolError, *, close: tuple[int, str] | None
+    ) -> None:
+        await ctx.self.tell(Outbound(ErrorEvent.from_exception(exc), None))
+        if close is not None:
+            await ctx.self.tell(CloseSocket(*close))
+
+    async def _detach(self) -> None:
+        session, self.session = self.session, None
+        if session is None:
+            return
+        with trio.CancelScope(shield=True), trio.move_on_after(DETACH_TIMEOUT_S):
+            await session.tell(Detach(self.generation))

@@ -1,0 +1,515 @@
+"""The native ``/v1/duplex`` JSON projection, sans-I/O.
+
+`parse_client_event` turns one text frame into a typed client event from
+``duplex.sessions`` or raises the `ProtocolError` subclass of the wire code
+(``invalid_json``, ``unknown_event``, ``bad_event``, ``bad_audio``,
+``unsupported_audio_format``, ``event_too_large``, ``binary_frame_unsupported``,
+``invalid_video_frames``), with ``event_id`` filled whenever it could be read.
+Nothing else escapes (websockets' "parse errors never escape the core").
+
+`encode_server_event` turns a server event into a JSON-ready dict stamped with
+``event_id`` (``event_<hex>``) and ``server_event_seq`` (``None`` for
+connection-scoped events, which are never journaled). Audio in: base64 PCM16
+LE or float32 LE with ``sample_rate``; audio out: base64 PCM16 LE at 24 kHz.
+This dict is the wire edge: no dict with a ``type`` key goes further in.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from duplex.exceptions import (
+    BadAudio,
+    BadEvent,
+    BinaryFrameUnsupported,
+    EventTooLarge,
+    InvalidJson,
+    InvalidVideoFrames,
+    ProtocolError,
+    UnknownEvent,
+    UnsupportedAudioFormat,
+)
+from duplex.sessions import (
+    SUPPORTED_SAMPLE_RATES,
+    AudioAppend,
+    AudioClear,
+    AudioCommit,
+    AudioDelta,
+    ClientEvent,
+    ErrorEvent,
+    EventAck,
+    InputAudioCleared,
+    InputAudioCommitted,
+    InputSpeechStarted,
+    InputSpeechStopped,
+    OverlapDecision,
+    PlaybackAck,
+    PlaybackAcknowledged,
+    ResponseCancel,
+    ResponseCreate,
+    ResponseCreated,
+    ResponseDone,
+    ResponseListen,
+    ServerEvent,
+    SessionClose,
+    SessionClosed,
+    SessionConfig,
+    SessionCreate,
+    SessionCreated,
+    SessionExpired,
+    SessionOptions,
+    SessionReplaced,
+    SessionResume,
+    SessionResumed,
+    SessionResyncRequired,
+    SessionUpdate,
+    SessionUpdated,
+    TranscriptDelta,
+    TurnSignal,
+    VideoAppend,
+    VideoConsumed,
+)
+
+__all__ = [
+    "CLIENT_EVENT_NAMES",
+    "DEFAULT_MAX_EVENT_BYTES",
+    "SERVER_EVENT_NAMES",
+    "encode_server_event",
+    "parse_client_event",
+]
+
+DEFAULT_MAX_EVENT_BYTES = 16 * 1024 * 1024
+
+_PCM16_NAMES = ("pcm16", "pcm_s16le", "s16le")
+_F32_NAMES = ("float32", "pcm_f32le", "f32le")
+
+_SESSION_FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
+    # wire key -> (SessionOptions field, accepted JSON types)
+    "overlap_policy": ("overlap_policy", str),
+    "overlap_short_ack_ms": ("short_ack_ms", int),
+    "short_ack_ms": ("short_ack_ms", int),
+    "overlap_barge_in_ms": ("barge_in_ms", int),
+    "barge_in_ms": ("barge_in_ms", int),
+    "false_interruption_enabled": ("false_interruption_enabled", bool),
+    "false_interruption_timeout_s": ("false_interruption_timeout_s", (int, float)),
+    "playback_commit_policy": ("playback_commit_policy", str),
+    "input_sample_rate": ("input_sample_rate", int),
+    "input_audio_format": ("input_audio_format", str),
+}
+
+
+# ------------------------------------------------------------------ field readers
+
+
+def _get(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], *, required: bool) -> Any:
+    """Read one typed field; bools never pass for numbers."""
+    if key not in obj or obj[key] is None:
+        if required:
+            raise BadEvent(f"missing required field {key!r}", param=key)
+        return None
+    value = obj[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise BadEvent(f"{key} must be {_names(kinds)}", param=key)
+    if not isinstance(value, kinds):
+        raise BadEvent(f"{key} must be {_names(kinds)}", param=key)
+    return value
+
+
+def _ms(obj: Mapping[str, Any], key: str) -> int:
+    """A required non-negative millisecond count; JSON numbers may be fractional."""
+    value = _get(obj, key, (int, float), required=True)
+    if not math.isfinite(value) or value < 0:
+        raise BadEvent(f"{key} must be a finite number >= 0", param=key)
+    return int(value)
+
+
+def _names(kinds: tuple[type, ...]) -> str:
+    words = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
+    return " or ".join(words.get(k, k.__name__) for k in kinds)
+
+
+def _b64(value: str, param: str, exc: type[ProtocolError]) -> bytes:
+    try:
+        return base64.b64decode(value.encode("ascii"), validate=True)
+    except (binascii.Error, ValueError, UnicodeEncodeError) as err:
+        raise exc(f"{param} is not valid base64", param=param) from err
+
+
+def _audio_format(obj: Mapping[str, Any]) -> str:
+    fmt = _get(obj, "format", str, required=False) or "pcm16"
+    if isinstance(fmt, str) and fmt in _PCM16_NAMES:
+        return "pcm16"
+    if fmt in _F32_NAMES:
+        return "float32"
+    raise UnsupportedAudioFormat(
+        f"audio format {fmt!r} is not supported; use pcm16 or float32", param="format"
+    )
+
+
+def _decode_audio(raw: bytes, fmt: str) -> np.ndarray:
+    width = 2 if fmt == "pcm16" else 4
+    if len(raw) % width:
+        raise BadAudio(f"{fmt} audio must be a whole number of samples", param="audio")
+    if fmt == "pcm16":
+        return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+    pcm = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    if not np.isfinite(pcm).all():
+        raise BadAudio("float32 audio has NaN or infinite samples", param="audio")
+    return pcm
+
+
+# ---------------------------------------------------------------------- parsers
+
+
+def _session_options(obj: Mapping[str, Any]) -> SessionOptions:
+    session = _get(obj, "session", dict, required=False) or {}
+    values: dict[str, Any] = {}
+    for key, (name, kind) in _SESSION_FIELDS.items():
+        try:
+            value = _get(session, key, kind, required=False)
+        except BadEvent as exc:
+            raise BadEvent(exc.message, param=f"session.{key}") from exc
+        if value is not None:
+            values[name] = value
+    return SessionOptions(**values)
+
+
+def _append(obj: Mapping[str, Any]) -> AudioAppend:
+    fmt = _audio_format(obj)
+    rate = _get(obj, "sample_rate", int, required=False)
+    if rate is None:
+        rate = _get(obj, "sample_rate_hz", int, required=False)
+    if rate is not None and rate not in SUPPORTED_SAMPLE_RATES:
+        raise UnsupportedAudioFormat(
+            f"sample_rate {rate} is not supported; use one of {SUPPORTED_SAMPLE_RATES}",
+            param="sample_rate",
+        )
+    raw = _b64(_get(obj, "audio", str, required=True), "audio", BadAudio)
+    return AudioAppend(_decode_audio(raw, fmt), rate, obj.get("event_id"))
+
+
+def _video(obj: Mapping[str, Any]) -> VideoAppend:
+    frame = _b64(_get(obj, "frame", str, required=True), "frame", InvalidVideoFrames)
+    frame_id = obj.get("frame_id")
+    if isinstance(frame_id, int) and not isinstance(frame_id, bool):
+        frame_id = str(frame_id)
+    if not isinstance(frame_id, str):
+        raise BadEvent("frame_id must be a string", param="frame_id")
+    return VideoAppend(
+        frame=frame,
+        frame_id=frame_id,
+        pts_ms=_get(obj, "pts_ms", int, required=True),
+        format=_get(obj, "format", str, required=False) or "jpeg",
+        width=_get(obj, "width", int, required=False),
+        height=_get(obj, "height", int, required=False),
+        event_id=obj.get("event_id"),
+    )
+
+
+def _turn_signal(obj: Mapping[str, Any]) -> TurnSignal:
+    payload = _get(obj, "payload", dict, required=False) or {}
+    source = payload.get("source") if isinstance(payload.get("source"), str) else None
+    signal = _get(obj, "event", str, required=True)
+    return TurnSignal(signal, source, obj.get("event_id"))
+
+
+_PARSERS: dict[str, Callable[[Mapping[str, Any]], ClientEvent]] = {
+    "session.create": lambda o: SessionCreate(_session_options(o), o.get("event_id")),
+    "session.update": lambda o: SessionUpdate(_session_options(o), o.get("event_id")),
+    "input_audio_buffer.append": _append,
+    "input_audio_buffer.commit": lambda o: AudioCommit(o.get("event_id")),
+    "input_audio_buffer.clear": lambda o: AudioClear(o.get("event_id")),
+    "turn.signal": _turn_signal,
+    "playback.ack": lambda o: PlaybackAck(
+        _get(o, "response_id", str, required=True),
+        _ms(o, "played_ms"),
+        _get(o, "item_id", str, required=False),
+        o.get("event_id"),
+    ),
+    "response.create": lambda o: ResponseCreate(o.get("event_id")),
+    "response.cancel": lambda o: ResponseCancel(
+        _get(o, "response_id", str, required=False), o.get("event_id")
+    ),
+    "session.resume": lambda o: SessionResume(
+        _get(o, "session_id", str, required=True),
+        _get(o, "resume_token", str, required=True),
+        _get(o, "last_received_server_event_seq", int, required=False) or 0,
+        o.get("event_id"),
+    ),
+    "session.event_ack": lambda o: EventAck(
+        _get(o, "server_event_seq", int, required=True), o.get("event_id")
+    ),
+    "session.close": lambda o: SessionClose(o.get("event_id")),
+    "input_video.append": _video,
+}
+CLIENT_EVENT_NAMES: tuple[str, ...] = tuple(_PARSERS)
+
+
+def parse_client_event(
+    data: str | bytes, *, max_size: int = DEFAULT_MAX_EVENT_BYTES
+) -> ClientEvent:
+    """Parse one WebSocket message.
+
+    Args:
+        data: a text frame (``str``); ``bytes`` means a binary frame, which is refused.
+        max_size: the largest accepted message, in bytes of UTF-8.
+
+    Returns:
+        The typed client event.
+
+    Raises:
+        ProtocolError: a subclass per wire code; ``event_id`` is set when readable.
+    """
+    if not isinstance(data, str):
+        if len(data) > max_size:
+            raise EventTooLarge(f"message is over {max_size} bytes")
+        raise BinaryFrameUnsupported("binary frames are not accepted; send JSON text")
+    if len(data) > max_size or (len(data) * 4 > max_size and len(data.encode()) > max_size):
+        raise EventTooLarge(f"message is over {max_size} bytes")
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidJson(f"invalid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise BadEvent("an event must be a JSON object")
+    event_id = obj.get("event_id")
+    if not isinstance(event_id, str):
+        if event_id is not None:
+            raise BadEvent("event_id must be a string", param="event_id")
+        event_id = None
+    obj["event_id"] = event_id
+    try:
+        kind = _get(obj, "type", str, required=True)
+        parser = _PARSERS.get(kind)
+        if parser is None:
+            raise UnknownEvent(f"unknown event type {kind!r}", param="type")
+        return parser(obj)
+    except ProtocolError as exc:
+        exc.event_id = exc.event_id or event_id
+        raise
+
+
+# --------------------------------------------------------------------- encoders
+
+
+def _b64out(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _config(config: SessionConfig) -> dict[str, Any]:
+    return {
+        "overlap_policy": config.overlap_policy,
+        "overlap_short_ack_ms": config.short_ack_ms,
+        "overlap_barge_in_ms": config.barge_in_ms,
+        "overlap_silence_rms": config.vad_threshold_rms,
+        "false_interruption_enabled": config.false_interruption_enabled,
+        "false_interruption_timeout_s": config.false_interruption_timeout_s,
+        "playback_commit_policy": config.playback_commit_policy,
+        "input_sample_rate": config.input_sample_rate,
+        "input_audio_format": config.input_audio_format,
+        "output_audio_format": "pcm16",
+        "output_sample_rate": config.output_sample_rate,
+        "idle_timeout_s": config.idle_ttl_s,
+        "disconnect_grace_s": config.disconnect_grace_s,
+    }
+
+
+def _body(event: ServerEvent) -> tuple[str, dict[str, Any]]:
+    match event:
+        case SessionCreated():
+            session = {"id": event.session_id, "epoch": event.epoch, **_config(event.config)}
+            session["capabilities"] = event.capabilities.as_dict()
+            return "session.created", {
+                "session": session,
+                "resume_token": event.resume_token,
+                "attachment_generation": event.attachment_generation,
+            }
+        case SessionUpdated():
+            return "session.updated", {"session": {"id": event.session_id, **_config(event.config)}}
+        case SessionResumed():
+            return "session.resumed", {
+                "session_id": event.session_id,
+                "resume_token": event.resume_token,
+                "attachment_generation": event.attachment_generation,
+                "epoch": event.epoch,
+                "replay_count": event.replay_count,
+                "last_server_event_seq": event.last_server_event_seq,
+            }
+        case SessionReplaced():
+            return "session.replaced", {
+                "session_id": event.session_id,
+                "attachment_generation": event.attachment_generation,
+            }
+        case SessionExpired() | SessionClosed():
+            name = "session.expired" if isinstance(event, SessionExpired) else "session.closed"
+            return name, {"session_id": event.session_id, "reason": event.reason}
+        case SessionResyncRequired():
+            return "session.resync_required", {
+                "session_id": event.session_id,
+                "reason": event.reason,
+                "last_server_event_seq": event.last_server_event_seq,
+            }
+        case InputAudioCommitted():
+            return "input_audio_buffer.committed", {
+                "item_id": event.item_id,
+                "turn_id": event.turn_id,
+                "audio_end_ms": event.audio_end_ms,
+            }
+        case InputAudioCleared():
+            return "input_audio_buffer.cleared", {"epoch": event.epoch}
+        case InputSpeechStarted():
+            return "input_audio_buffer.speech_started", {"audio_start_ms": event.audio_start_ms}
+        case InputSpeechStopped():
+            return "input_audio_buffer.speech_stopped", {"audio_end_ms": event.audio_end_ms}
+        case ResponseCreated():
+            return "response.created", {
+                "response": {
+                    "id": event.response_id,
+                    "object": "realtime.response",
+                    "status": "in_progress",
+                    "output": [{"id": event.item_id, "role": "assistant"}],
+                    "metadata": {"epoch": event.epoch},
+                }
+            }
+        case AudioDelta():
+            return "response.audio.delta", {
+                **_delta_ids(event.response_id, event.item_id, event.epoch),
+                "delta": _b64out(event.pcm),
+                "format": "pcm16",
+                "sample_rate_hz": event.sample_rate,
+                "audio_start_ms": event.audio_start_ms,
+            }
+        case TranscriptDelta():
+            return "response.audio_transcript.delta", {
+                **_delta_ids(event.response_id, event.item_id, event.epoch),
+                "delta": event.delta,
+                "audio_start_ms": event.audio_start_ms,
+            }
+        case ResponseDone():
+            return "response.done", {
+                "response": {
+                    "id": event.response_id,
+                    "object": "realtime.response",
+                    "status": event.status,
+                    "status_details": {"reason": event.reason},
+                    "output": [
+                        {"id": event.item_id, "role": "assistant", "transcript": event.transcript}
+                    ],
+                    "metadata": {"epoch": event.epoch, "audio_ms": event.audio_ms},
+                }
+            }
+        case ResponseListen():
+            return "response.listen", {
+                "epoch": event.epoch,
+                "response": {
+                    "object": "realtime.response",
+                    "status": "listening",
+                    "metadata": {"reason": event.reason},
+                },
+            }
+        case OverlapDecision():
+            return "overlap.decision", {
+                "policy": event.policy,
+                "action": event.action,
+                "reason": event.reason,
+                "overlap_ms": event.overlap_ms,
+                "response_id": event.response_id,
+            }
+        case PlaybackAcknowledged():
+            return "playback.acknowledged", {
+                "response_id": event.response_id,
+                "item_id": event.item_id,
+                "played_ms": event.played_ms,
+                "committed_ms": event.committed_ms,
+                "playback": {
+                    "generated_ms": event.generated_ms,
+                    "sent_ms": event.sent_ms,
+                    "played_ms": event.played_ms,
+                    "committed_ms": event.committed_ms,
+                },
+                "history_committed": event.history_committed,
+            }
+        case VideoConsumed():
+            return "input_video.consumed", {
+                "frame_ids": list(event.frame_ids),
+                "latest_pts_ms": event.latest_pts_ms,
+            }
+        case ErrorEvent():
+            return "error", {
+                "error": {
+                    "type": event.type,
+                    "code": event.code,
+                    "message": event.message,
+                    "event_id": event.event_id,
+                    "param": event.param,
+                }
+            }
+    raise TypeError(f"not a server event: {type(event).__name__}")
+
+
+def _delta_ids(response_id: str, item_id: str, epoch: int) -> dict[str, Any]:
+    return {
+        "response_id": response_id,
+        "item_id": item_id,
+        "output_index": 0,
+        "content_index": 0,
+        "epoch": epoch,
+    }
+
+
+SERVER_EVENT_NAMES: tuple[str, ...] = (
+    "session.created",
+    "session.updated",
+    "session.resumed",
+    "session.replaced",
+    "session.expired",
+    "session.resync_required",
+    "session.closed",
+    "input_audio_buffer.committed",
+    "input_audio_buffer.cleared",
+    "input_audio_buffer.speech_started",
+    "input_audio_buffer.speech_stopped",
+    "response.created",
+    "response.audio.delta",
+    "response.audio_transcript.delta",
+    "response.done",
+    "response.listen",
+    "overlap.decision",
+    "playback.acknowledged",
+    "input_video.consumed",
+    "error",
+)
+
+
+def encode_server_event(
+    event: ServerEvent,
+    seq: int | None,
+    *,
+    random_bytes: Callable[[int], bytes] = os.urandom,
+) -> dict[str, Any]:
+    """The JSON-ready wire form of ``event``.
+
+    Args:
+        event: a server event from ``duplex.sessions``.
+        seq: its ``server_event_seq`` from the `Send` effect (``None``: connection-scoped).
+        random_bytes: randomness for the ``event_<hex>`` id.
+
+    Returns:
+        A dict with ``type``, ``event_id``, ``server_event_seq`` and the event's fields.
+    """
+    name, body = _body(event)
+    return {
+        "type": name,
+        "event_id": f"event_{random_bytes(12).hex()}",
+        "server_event_seq": seq,
+        **body,
+    }

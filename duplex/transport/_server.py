@@ -1,0 +1,84 @@
+"""Server assembly: actor system, engine, hub and hypercorn in one trio process."""
+
+from __future__ import annotations
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+
+from duplex.actors import ActorSystem, open_actor_system, run_until_signal
+from duplex.config import Config
+from duplex.logs import configure_logging, get_logger
+from duplex.metrics import REGISTRY, MetricsRegistry
+from duplex.models import Engine, EngineDriver, ModelSpec, get_model
+from duplex.sessions import Capabilities
+from duplex.sessions._hub import SessionHub
+
+from ._app import build_app
+
+
+def capabilities_for(spec: ModelSpec) -> Capabilities:
+    """What sessions may use, from the model's spec."""
+    return Capabilities(
+        supports_video_input=spec.supports_video_input,
+        supports_model_native_turn_policy=spec.supports_model_native_turn_policy,
+        chunk_period_ms=int(spec.frame_ms),
+    )
+
+
+async def serve_duplex(
+    config: Config,
+    system: ActorSystem,
+    *,
+    registry: MetricsRegistry = REGISTRY,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run engine and HTTP server until ``system.request_shutdown()``; reports the binds."""
+    log = get_logger(component="server")
+    spec, factory = get_model(config.server.model)
+    session_cfg = config.session
+    frame_bytes = spec.frame_samples * 2
+    engine = Engine(
+        factory(spec),
+        max_input_frames=session_cfg.max_pending_input_bytes // frame_bytes + 2,
+        max_video_frames=session_cfg.video_lane_size,
+    )
+    driver = EngineDriver(engine)
+    hub = SessionHub(
+        system,
+        driver,
+        config=session_cfg,
+        capabilities=capabilities_for(spec),
+        max_sessions=config.server.max_sessions,
+        registry=registry,
+    )
+    app = build_app(hub, registry=registry, max_frame_bytes=config.server.max_frame_bytes)
+    hyper = HypercornConfig()
+    hyper.bind = [f"{config.server.host}:{config.server.port}"]
+    hyper.websocket_max_message_size = 2 * config.server.max_frame_bytes
+    hyper.graceful_timeout = config.server.shutdown_grace_s
+    hyper.accesslog = None
+    hyper.errorlog = None
+    log.info("starting", bind=hyper.bind, model=spec.name)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        # hypercorn returns after its graceful shutdown; then the engine stops
+        await serve(
+            app, hyper, shutdown_trigger=system.wait_shutdown_requested, task_status=task_status
+        )
+        nursery.cancel_scope.cancel()
+    log.info("stopped")
+
+
+def run_server(config: Config) -> int:
+    """Blocking entry point of ``duplex serve``; returns the process exit code."""
+    configure_logging(config.server.log_format, config.server.log_level)
+
+    async def main() -> None:
+        async with open_actor_system(name="duplex") as system, trio.open_nursery() as nursery:
+            nursery.start_soon(serve_duplex, config, system)
+            await run_until_signal(system)
+            nursery.cancel_scope.deadline = trio.current_time() + config.server.shutdown_grace_s + 1
+
+    trio.run(main)
+    return 0

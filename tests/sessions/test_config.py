@@ -1,0 +1,80 @@
+import pytest
+
+from duplex.exceptions import BadEvent, ConfigError
+from duplex.sessions import Capabilities, SessionConfig, SessionOptions
+
+
+def test_defaults_follow_the_issue():
+    c = SessionConfig()
+    assert c.short_ack_ms == 700
+    assert 500 <= c.barge_in_ms <= 1200
+    assert c.false_interruption_timeout_s == 2.0
+    assert c.max_pending_input_bytes == 16 * 1024 * 1024
+    assert c.max_pending_turns == 4
+    assert (c.journal_ttl_s, c.journal_max_bytes) == (60.0, 8 * 1024 * 1024)
+    assert (c.idle_ttl_s, c.disconnect_grace_s) == (300.0, 30.0)
+    assert c.model_sample_rate == 24_000
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        ({"overlap_policy": "loud"}, "overlap_policy"),
+        ({"playback_commit_policy": "never"}, "playback_commit_policy"),
+        ({"barge_in_ms": 600}, "barge_in_ms"),  # not above short_ack_ms
+        ({"idle_ttl_s": 0}, "idle_ttl_s"),
+        ({"journal_max_bytes": -1}, "journal_max_bytes"),
+        ({"input_sample_rate": 44_100}, "input_sample_rate"),
+        ({"output_sample_rate": 16_000}, "output_sample_rate"),
+        ({"false_interruption_timeout_s": float("inf")}, "false_interruption_timeout_s"),
+        ({"max_pending_turns": True}, "max_pending_turns"),
+    ],
+)
+def test_bad_values_name_the_key(changes, key):
+    with pytest.raises(ConfigError, match=key):
+        SessionConfig(**changes)
+
+
+def test_updated_applies_only_set_options_and_revalidates():
+    c = SessionConfig().updated(SessionOptions(overlap_policy="model", short_ack_ms=500))
+    assert (c.overlap_policy, c.short_ack_ms, c.barge_in_ms) == ("model", 500, 1000)
+    with pytest.raises(ConfigError):
+        SessionConfig().updated(SessionOptions(short_ack_ms=5000))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"overlap_policy": "x"},
+        {"barge_in_ms": 0},
+        {"barge_in_ms": True},
+        {"false_interruption_timeout_s": float("nan")},
+        {"false_interruption_enabled": 1},
+        {"input_sample_rate": 11025},
+    ],
+)
+def test_options_refuse_bad_values_with_param(kwargs):
+    with pytest.raises(BadEvent) as info:
+        SessionOptions(**kwargs)
+    assert info.value.param == f"session.{next(iter(kwargs))}"
+
+
+def test_capabilities_as_dict_is_json_ready():
+    d = Capabilities(supports_video_input=True).as_dict()
+    for key in (
+        "supports_barge_in",
+        "supports_playback_ack",
+        "supports_multi_session",
+        "supports_session_resume",
+        "chunk_period_ms",
+        "session_admission_mode",
+        "supports_video_input",
+        "supports_model_native_turn_policy",
+    ):
+        assert key in d
+    assert d["input_sample_rates"] == [8000, 16000, 24000, 48000]
+    assert d["implementation_level"] == "turn_based_duplex"
+    assert (
+        Capabilities(supports_model_native_turn_policy=True).as_dict()["implementation_level"]
+        == "model_native_duplex"
+    )

@@ -1,0 +1,248 @@
+"""The native /v1/duplex JSON projection: parse errors, round trips, names, fuzz."""
+
+import base64
+import contextlib
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from duplex.exceptions import ProtocolError
+from duplex.sessions import (
+    SERVER_EVENT_TYPES,
+    AudioAppend,
+    AudioDelta,
+    Capabilities,
+    ErrorEvent,
+    EventAck,
+    OverlapDecision,
+    PlaybackAck,
+    ResponseDone,
+    SessionConfig,
+    SessionCreated,
+    SessionResume,
+    SessionUpdate,
+    TurnSignal,
+    VideoAppend,
+)
+from duplex.transport import (
+    CLIENT_EVENT_NAMES,
+    SERVER_EVENT_NAMES,
+    encode_server_event,
+    parse_client_event,
+)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _code(text, **kw):
+    with pytest.raises(ProtocolError) as info:
+        parse_client_event(text, **kw)
+    return info.value.code, info.value.event_id, info.value.param
+
+
+def test_client_event_names_match_the_issue():
+    assert set(CLIENT_EVENT_NAMES) == {
+        "session.create", "session.update", "input_audio_buffer.append",
+        "input_audio_buffer.commit", "input_audio_buffer.clear", "turn.signal", "playback.ack",
+        "response.create", "response.cancel", "session.resume", "session.event_ack",
+        "session.close", "input_video.append",
+    }  # fmt: skip
+
+
+def test_append_pcm16_and_float32():
+    pcm = np.array([0, 16384, -32768], dtype="<i2")
+    ev = parse_client_event(json.dumps({
+        "type": "input_audio_buffer.append", "event_id": "e1",
+        "audio": _b64(pcm.tobytes()), "sample_rate": 16000,
+    }))  # fmt: skip
+    assert isinstance(ev, AudioAppend) and ev.sample_rate == 16000 and ev.event_id == "e1"
+    np.testing.assert_allclose(ev.pcm, [0.0, 0.5, -1.0])
+    f32 = np.array([0.25, -0.5], dtype="<f4")
+    ev = parse_client_event(json.dumps({
+        "type": "input_audio_buffer.append", "audio": _b64(f32.tobytes()), "format": "pcm_f32le",
+    }))  # fmt: skip
+    np.testing.assert_allclose(ev.pcm, [0.25, -0.5])
+    assert ev.sample_rate is None
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        ("{nope", ("invalid_json", None, None)),
+        ("[1, 2]", ("bad_event", None, None)),
+        ('{"type": "nope", "event_id": "e2"}', ("unknown_event", "e2", "type")),
+        ('{"event_id": "e3"}', ("bad_event", "e3", "type")),
+        (
+            '{"type": "playback.ack", "event_id": "e4", "response_id": "r"}',
+            ("bad_event", "e4", "played_ms"),
+        ),
+        (
+            '{"type": "playback.ack", "event_id": "e5", "response_id": 3, "played_ms": 1}',
+            ("bad_event", "e5", "response_id"),
+        ),
+        (
+            '{"type": "session.event_ack", "server_event_seq": true}',
+            ("bad_event", None, "server_event_seq"),
+        ),
+        (
+            '{"type": "input_audio_buffer.append", "event_id": "e6", "audio": "***"}',
+            ("bad_audio", "e6", "audio"),
+        ),
+        (
+            '{"type": "input_audio_buffer.append", "event_id": "e7", "audio": "AA=="}',
+            ("bad_audio", "e7", "audio"),
+        ),
+        (
+            '{"type": "input_audio_buffer.append", "event_id": "e8", "audio": "AAAA",'
+            ' "sample_rate": 44100}',
+            ("unsupported_audio_format", "e8", "sample_rate"),
+        ),
+        (
+            '{"type": "input_audio_buffer.append", "audio": "AAAA", "format": "g711_ulaw"}',
+            ("unsupported_audio_format", None, "format"),
+        ),
+        (
+            '{"type": "session.update", "event_id": "e9", "session": {"overlap_policy": "x"}}',
+            ("bad_event", "e9", "session.overlap_policy"),
+        ),
+        (
+            '{"type": "session.update", "session": {"barge_in_ms": "1"}}',
+            ("bad_event", None, "session.barge_in_ms"),
+        ),
+        ('{"type": "turn.signal", "event": "shout"}', ("bad_event", None, "event")),
+        (
+            '{"type": "input_video.append", "frame": "AAAA", "frame_id": "f", "pts_ms": 0,'
+            ' "format": "rgb", "width": 2, "height": 2}',
+            ("invalid_video_frames", None, "frame"),
+        ),
+        ('{"type": "session.close", "event_id": 5}', ("bad_event", None, "event_id")),
+    ],
+)
+def test_bad_input_maps_to_one_typed_error(payload, expected):
+    assert _code(payload) == expected
+
+
+def test_size_and_binary_frames():
+    big = json.dumps({"type": "session.close", "pad": "x" * 200})
+    assert _code(big, max_size=100)[0] == "event_too_large"
+    assert _code("é" * 60, max_size=100)[0] == "event_too_large"  # utf-8 bytes, not chars
+    assert _code(b'{"type": "session.close"}')[0] == "binary_frame_unsupported"
+
+
+def test_other_client_events():
+    assert parse_client_event(
+        '{"type": "session.resume", "session_id": "s", "resume_token": "t",'
+        ' "last_received_server_event_seq": 7}'
+    ) == SessionResume("s", "t", 7)
+    assert parse_client_event(
+        '{"type": "playback.ack", "response_id": "r", "played_ms": 12.7}'
+    ) == (PlaybackAck("r", 12))
+    assert parse_client_event('{"type": "session.event_ack", "server_event_seq": 3}') == EventAck(3)
+    assert parse_client_event(
+        '{"type": "turn.signal", "event": "barge_in", "payload": {"source": "client_vad"}}'
+    ) == TurnSignal("barge_in", "client_vad")
+    update = parse_client_event(
+        '{"type": "session.update", "session": {"overlap_short_ack_ms": 500, "voice": "x"}}'
+    )
+    assert isinstance(update, SessionUpdate) and update.options.short_ack_ms == 500
+    video = parse_client_event(json.dumps({
+        "type": "input_video.append", "frame": _b64(bytes(12)), "frame_id": 4, "pts_ms": 80,
+        "format": "rgb", "width": 2, "height": 2,
+    }))  # fmt: skip
+    assert isinstance(video, VideoAppend) and video.frame_id == "4" and len(video.frame) == 12
+
+
+def test_encode_stamps_ids_and_seq():
+    err = ErrorEvent("bad_event", "invalid_request_error", "nope", "e1", "x")
+    out = encode_server_event(err, 5, random_bytes=lambda n: b"\x01" * n)
+    assert out == {
+        "type": "error",
+        "event_id": "event_" + "01" * 12,
+        "server_event_seq": 5,
+        "error": {"type": "invalid_request_error", "code": "bad_event", "message": "nope",
+                  "event_id": "e1", "param": "x"},
+    }  # fmt: skip
+    delta = encode_server_event(AudioDelta("r", "i", 2, b"\x01\x00", 24000, 0.0), 6)
+    assert delta["type"] == "response.audio.delta" and delta["delta"] == "AQA="
+    assert delta["sample_rate_hz"] == 24000 and delta["format"] == "pcm16"
+    done = encode_server_event(ResponseDone("r", "i", 2, "cancelled", "barge_in", "hi", 80), 7)
+    assert done["response"]["status_details"] == {"reason": "barge_in"}
+    created = encode_server_event(
+        SessionCreated("s", SessionConfig(), Capabilities(), "tok", 1, 0), None
+    )
+    caps = created["session"]["capabilities"]
+    assert created["server_event_seq"] is None and caps["supports_session_resume"] is True
+    assert json.loads(json.dumps(created)) == created
+    assert encode_server_event(OverlapDecision("p", "drop", "backchannel", 1.0), 1)["type"] == (
+        "overlap.decision"
+    )
+
+
+def _sample(cls):
+    """One instance of a server event class with placeholder field values."""
+    special = {
+        "config": SessionConfig(),
+        "capabilities": Capabilities(),
+        "pcm": b"",
+        "frame_ids": (),
+        "status": "completed",
+        "action": "drop",
+    }
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        numeric = "int" in str(f.type) or "float" in str(f.type)
+        kwargs[f.name] = special.get(f.name, 0 if numeric else "x")
+    return cls(**kwargs)
+
+
+def test_every_server_event_has_its_issue_name():
+    names = {encode_server_event(_sample(cls), 1)["type"] for cls in SERVER_EVENT_TYPES}
+    assert names == set(SERVER_EVENT_NAMES)
+    assert len(SERVER_EVENT_TYPES) == len(SERVER_EVENT_NAMES)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.one_of(st.text(max_size=200), st.binary(max_size=200)))
+def test_fuzz_arbitrary_frames_only_raise_protocol_errors(data):
+    with contextlib.suppress(ProtocolError):  # anything else fails the test
+        parse_client_event(data, max_size=150)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    kind=st.sampled_from(CLIENT_EVENT_NAMES),
+    fields=st.dictionaries(
+        st.sampled_from([
+            "event_id", "session", "audio", "sample_rate", "format", "response_id", "played_ms",
+            "item_id", "session_id", "resume_token", "last_received_server_event_seq",
+            "server_event_seq", "event", "payload", "frame", "frame_id", "pts_ms", "width",
+            "height",
+        ]),
+        json_values | st.sampled_from(["AAAA", "AQA=", "pcm_f32le", "rgb", 16000]),
+        max_size=6,
+    ),
+)  # fmt: skip
+def test_fuzz_structured_events_only_raise_protocol_errors(kind, fields):
+    try:
+        event = parse_client_event(json.dumps({"type": kind, **fields}))
+    except ProtocolError as exc:
+        assert exc.code and exc.message
+        if isinstance(fields.get("event_id"), str):
+            assert exc.event_id == fields["event_id"]
+    else:
+        assert type(event).__name__
