@@ -9,21 +9,19 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, final
+from typing import Any, final
 
 import trio
 
 from duplex import exceptions as errors
 from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.metrics import MetricsRegistry, Sample
+from duplex.models import EngineDriver, SlotOutput
 
 from ._actor import Inspect, SessionActor, SessionResources
 from ._admission import Admission
 from ._config import Capabilities, SessionConfig, SessionOptions
 from ._state import SessionMachine
-
-if TYPE_CHECKING:
-    from duplex.models import EngineDriver, SlotOutput
 
 ENGINE_OUTPUT_BUFFER = 8
 """Frames of engine output a session may fall behind before the driver drops (counted)."""

@@ -12,7 +12,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
-from starlette.websockets import WebSocket
+from starlette.websockets import WebSocket, WebSocketState
 
 from duplex import __version__
 from duplex.actors import Restart
@@ -65,6 +65,8 @@ def build_app(hub: SessionHub, *, registry: MetricsRegistry, max_frame_bytes: in
             restart=Restart.TEMPORARY,
         )
         await ref.wait_stopped()
+        if websocket.application_state is WebSocketState.CONNECTED:  # the actor crashed
+            await websocket.close(1011, "internal_error")
 
     return Starlette(
         routes=[

@@ -1,0 +1,239 @@
+"""End to end over real sockets: hypercorn + actors + loopback engine, websockets client."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import httpx
+import pytest
+import trio
+from websockets.exceptions import ConnectionClosed
+
+from .wsclient import FRAME, Client, client, running_server, silence, tone
+
+MODEL = {"session.overlap_policy": "model"}
+
+
+async def open_session(c: Client, **session: object) -> dict:
+    await c.send({"type": "session.create", "event_id": "create-1", "session": session})
+    created = await c.recv()
+    assert created["type"] == "session.created"
+    return created
+
+
+async def test_stream_echo_response_lifecycle() -> None:
+    async with running_server(**MODEL) as server, client(server) as c:
+        created = await open_session(c)
+        caps = created["session"]["capabilities"]
+        assert caps["chunk_period_ms"] == 80 and caps["supports_session_resume"] is True
+        spoken = tone(10)
+        await c.stream(spoken + silence(8))
+        done = await c.until("response.done")
+        assert done["response"]["status"] == "completed"
+        kinds = [e["type"] for e in c.events]
+        assert kinds.index("response.created") < kinds.index("response.audio.delta")
+        assert kinds.count("response.created") == 1 and kinds.count("response.done") == 1
+        audio = b"".join(base64.b64decode(e["delta"]) for e in c.of("response.audio.delta"))
+        # the loopback echoes exactly what was said (the speaking frames)
+        assert audio == spoken
+        text = "".join(e["delta"] for e in c.of("response.audio_transcript.delta"))
+        assert text and done["response"]["output"][0]["transcript"] == text
+        seqs = [e["server_event_seq"] for e in c.events if e["server_event_seq"] is not None]
+        assert seqs == list(range(1, len(seqs) + 1))
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        ("not json", "invalid_json"),
+        (json.dumps({"type": "no.such.event", "event_id": "e1"}), "unknown_event"),
+        (json.dumps({"type": "input_audio_buffer.append", "event_id": "e1"}), "bad_event"),
+        (
+            json.dumps({"type": "input_audio_buffer.append", "audio": "%%%", "event_id": "e1"}),
+            "bad_audio",
+        ),
+        (
+            json.dumps(
+                {"type": "input_audio_buffer.append", "audio": "AAAA", "sample_rate": 11025,
+                 "event_id": "e1"}
+            ),
+            "unsupported_audio_format",
+        ),
+        (b"\x00\x01binary", "binary_frame_unsupported"),
+        ("x" * 70_000, "event_too_large"),
+        (json.dumps({"type": "response.cancel", "event_id": "e1"}), "response_not_active"),
+    ],
+)  # fmt: skip
+async def test_bad_input_gets_one_typed_error_and_the_session_stays_usable(
+    frame: str | bytes, code: str
+) -> None:
+    limit = {"server.max_frame_bytes": 65536}
+    async with running_server(**MODEL, **limit) as server, client(server) as c:
+        await open_session(c)
+        await c.stream(tone(2), realtime=False)
+        await c.send(frame)
+        error = await c.until("error")
+        assert error["error"]["code"] == code
+        if code not in ("invalid_json", "binary_frame_unsupported", "event_too_large"):
+            assert error["error"]["event_id"] == "e1"
+        # still usable, and the earlier input was not lost: it is committed
+        await c.send({"type": "input_audio_buffer.commit", "event_id": "c2"})
+        committed = await c.until("input_audio_buffer.committed")
+        assert committed["type"] == "input_audio_buffer.committed"
+        assert len(c.of("error")) == 1
+
+
+async def test_disconnect_mid_response_then_resume_replays_in_order() -> None:
+    async with running_server(**MODEL) as server:
+        async with client(server) as c:
+            created = await open_session(c)
+            await c.stream(tone(12))
+            await c.until("response.audio.delta")
+            cursor = max(e["server_event_seq"] or 0 for e in c.events)
+        # dropped mid-response; the session keeps going while we are away
+        await trio.sleep(0.5)
+        async with client(server) as c2:
+            await c2.send(
+                {
+                    "type": "session.resume",
+                    "session_id": created["session"]["id"],
+                    "resume_token": created["resume_token"],
+                    "last_received_server_event_seq": cursor,
+                }
+            )
+            resumed = await c2.recv()
+            assert resumed["type"] == "session.resumed"
+            assert resumed["resume_token"] != created["resume_token"]  # rotated
+            await c2.stream(silence(6))
+            done = await c2.until("response.done")
+            replayed = [e["server_event_seq"] for e in c2.events[1:] if e["server_event_seq"]]
+            assert replayed[0] == cursor + 1
+            assert replayed == list(range(cursor + 1, cursor + 1 + len(replayed)))
+            assert done["response"]["status"] == "completed"
+            # nothing was lost: all the echoed audio arrived across both sockets
+            audio = [e for e in c.events + c2.events if e["type"] == "response.audio.delta"]
+            assert sum(len(base64.b64decode(e["delta"])) for e in audio) == 12 * 2 * FRAME
+
+
+async def test_takeover_replaces_the_old_socket() -> None:
+    async with running_server(**MODEL) as server, client(server) as old:
+        created = await open_session(old)
+        async with client(server) as new:
+            await new.send(
+                {
+                    "type": "session.resume",
+                    "session_id": created["session"]["id"],
+                    "resume_token": created["resume_token"],
+                    "last_received_server_event_seq": 0,
+                }
+            )
+            assert (await new.recv())["type"] == "session.resumed"
+            replaced = await old.until("session.replaced")
+            assert replaced["type"] == "session.replaced"
+            with pytest.raises(ConnectionClosed) as closed:
+                await old.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4001
+            # the old token is spent: resuming with it fails
+        async with client(server) as third:
+            await third.send(
+                {
+                    "type": "session.resume",
+                    "session_id": created["session"]["id"],
+                    "resume_token": created["resume_token"],
+                    "last_received_server_event_seq": 0,
+                }
+            )
+            error = await third.until("error")
+            assert error["error"]["code"] == "unknown_session"
+
+
+async def test_admission_limit_closes_with_1013_and_capacity_returns() -> None:
+    async with running_server(**{"server.max_sessions": 1}) as server:
+        async with client(server) as first:
+            await open_session(first)
+            async with client(server) as second:
+                await second.send({"type": "session.create", "event_id": "x"})
+                error = await second.recv()
+                assert error["error"]["code"] == "resource_exhausted"
+                assert error["error"]["type"] == "rate_limit_error"
+                with pytest.raises(ConnectionClosed) as closed:
+                    await second.recv()
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+            await first.send({"type": "session.close"})
+            await first.until("session.closed")
+        with trio.fail_after(5):
+            while True:  # capacity returns once the slot is actually released
+                async with httpx.AsyncClient() as http:
+                    health = (await http.get(server.http + "/health")).json()
+                if health["sessions"]["live"] == 0:
+                    break
+                await trio.sleep(0.05)
+        async with client(server) as third:
+            await open_session(third)
+
+
+async def test_disconnect_grace_expires_the_session() -> None:
+    async with running_server(**{"session.disconnect_grace_s": 0.3}) as server:
+        async with client(server) as c:
+            created = await open_session(c)
+        await trio.sleep(0.8)
+        async with client(server) as c2:
+            await c2.send(
+                {
+                    "type": "session.resume",
+                    "session_id": created["session"]["id"],
+                    "resume_token": created["resume_token"],
+                    "last_received_server_event_seq": 0,
+                }
+            )
+            error = await c2.recv()
+            assert error["error"]["code"] == "session_resume_expired"
+            with pytest.raises(ConnectionClosed):
+                await c2.recv()
+        assert server.system.lookup(created["session"]["id"]) is None
+
+
+async def test_client_barge_in_cancels_the_response() -> None:
+    async with running_server(**MODEL) as server, client(server) as c:
+        await open_session(c)
+        await c.stream(tone(15), realtime=False)
+        first = await c.until("response.audio.delta")
+        await c.send({"type": "turn.signal", "event": "barge_in", "event_id": "b1"})
+        done = await c.until("response.done")
+        assert done["response"]["status"] == "cancelled"
+        assert done["response"]["status_details"]["reason"] == "barge_in"
+        epoch = first.get("metadata", {}).get("epoch", 0)
+        await c.stream(silence(5))
+        with trio.move_on_after(0.5):
+            while True:
+                e = await c.recv()
+                assert e["type"] != "response.audio.delta" or e["metadata"]["epoch"] > epoch
+
+
+async def test_video_frames_reach_the_model() -> None:
+    async with running_server(**MODEL) as server, client(server) as c:
+        await open_session(c)
+        jpeg = base64.b64encode(b"\xff\xd8\xff\xe0fakejpeg").decode()
+        for i in range(3):
+            await c.send(
+                {"type": "input_video.append", "frame": jpeg, "pts_ms": 40 * i,
+                 "frame_id": f"f{i}"}
+            )  # fmt: skip
+        await c.stream(silence(3))
+        consumed = await c.until("input_video.consumed")
+        ids = list(consumed["frame_ids"])
+        while ids != ["f0", "f1", "f2"][: len(ids)] or len(ids) < 3:
+            ids += (await c.until("input_video.consumed"))["frame_ids"]
+        assert ids == ["f0", "f1", "f2"]
+
+
+async def test_http_routes() -> None:
+    async with running_server() as server, httpx.AsyncClient() as http:
+        health = await http.get(server.http + "/health")
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        models = (await http.get(server.http + "/v1/models")).json()
+        assert models["data"][0]["id"] == "loopback"
+        metrics = await http.get(server.http + "/metrics")
+        assert metrics.headers["content-type"].startswith("text/plain")
+        assert "duplex_sessions_live 0" in metrics.text
