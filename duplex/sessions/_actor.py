@@ -17,6 +17,7 @@ import trio
 from duplex.actors import Actor, ActorContext, ActorRef, ControlMessage, LaneSpec, Overflow
 from duplex.exceptions import InternalError, MailboxFull
 
+from ._config import SessionConfig
 from ._effects import (
     CloseConnection,
     Effect,
@@ -38,6 +39,7 @@ from ._events import (
     ServerEvent,
     SessionResume,
     Tick,
+    VideoAppend,
 )
 from ._state import SessionMachine
 
@@ -128,8 +130,21 @@ class SessionActor(Actor[Any]):
     lanes: ClassVar[tuple[LaneSpec, ...]] = (
         LaneSpec("control", capacity=64, priority=0),
         LaneSpec("client", capacity=256, overflow=Overflow.BLOCK, priority=10),
+        LaneSpec("video", capacity=8, overflow=Overflow.DROP_OLDEST, priority=15),
         LaneSpec("model", capacity=64, overflow=Overflow.BLOCK, priority=20),
     )
+    """Client events keep wire order on one lane; video frames have their own bounded
+    drop-oldest lane (a stale frame is worth less than a fresh one; drops are counted)."""
+
+    @classmethod
+    def lanes_for(cls, config: SessionConfig) -> tuple[LaneSpec, ...]:
+        """The class lanes with the video lane sized from the session config."""
+        return tuple(
+            LaneSpec("video", config.video_lane_size, Overflow.DROP_OLDEST, lane.priority)
+            if lane.name == "video"
+            else lane
+            for lane in cls.lanes
+        )
 
     @classmethod
     def route(cls, message: object) -> str:
@@ -137,6 +152,8 @@ class SessionActor(Actor[Any]):
             return "control"
         if isinstance(message, FromEngine):
             return "model"
+        if isinstance(message, FromClient) and isinstance(message.event, VideoAppend):
+            return "video"
         return "client"
 
     def __init__(self, machine: SessionMachine, resources: SessionResources, owner: Releaser):

@@ -113,6 +113,7 @@ class SessionHub:
                 self,
                 name=session_id,
                 restart=Restart.TEMPORARY,
+                lanes=SessionActor.lanes_for(config),
             )
         except BaseException:
             self.driver.detach(handle)
