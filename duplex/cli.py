@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from duplex import __version__
-from duplex.exceptions import ConfigError
+from duplex.exceptions import ConfigError, UnknownModel
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from duplex.config import load_config
+    from duplex.models import get_model
     from duplex.transport import run_server
 
     overrides: dict[str, Any] = {
@@ -57,7 +58,8 @@ def _serve(args: argparse.Namespace) -> int:
     }
     try:
         config = load_config(args.config, overrides=overrides)
-    except ConfigError as exc:
+        get_model(config.server.model)
+    except (ConfigError, UnknownModel) as exc:
         print(f"duplex: configuration error: {exc}", file=sys.stderr)
         return 2
     return run_server(config)

@@ -1,0 +1,81 @@
+"""Configuration layers (defaults < TOML < env < flags), validation messages, the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from duplex.cli import main
+from duplex.config import load_config
+from duplex.exceptions import ConfigError
+
+
+def test_defaults() -> None:
+    config = load_config(env={})
+    assert (config.server.host, config.server.port, config.server.model) == (
+        "127.0.0.1",
+        8000,
+        "loopback",
+    )
+    assert config.session.idle_ttl_s == 300 and config.session.disconnect_grace_s == 30
+
+
+def test_layers_override_in_order(tmp_path: Path) -> None:
+    toml = tmp_path / "duplex.toml"
+    toml.write_text('[server]\nport = 9000\nhost = "0.0.0.0"\n[session]\nidle_ttl_s = 60\n')
+    env = {"DUPLEX_PORT": "9100", "DUPLEX_SESSION__BARGE_IN_MS": "900", "HOME": "/x"}
+    config = load_config(toml, env=env, overrides={"server.port": 9200})
+    assert config.server.port == 9200  # flag beats env beats file
+    assert config.server.host == "0.0.0.0"  # file beats default
+    assert config.session.idle_ttl_s == 60
+    assert config.session.barge_in_ms == 900  # env string parsed as int
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"DUPLEX_PORT": "eighty"}, "server.port: must be a number"),
+        ({"DUPLEX_PORT": "70000"}, "server.port: must be 0..65535"),
+        ({"DUPLEX_LOG_FORMAT": "xml"}, "server.log_format: must be one of"),
+        ({"DUPLEX_NO_SUCH": "1"}, "unknown key server.no_such"),
+        ({"DUPLEX_SESSION__OVERLAP_POLICY": "sometimes"}, "overlap_policy"),
+        ({"DUPLEX_SESSION__BARGE_IN_MS": "500"}, "barge_in_ms"),
+        ({"DUPLEX_NOPE__X": "1"}, "unknown section [nope]"),
+    ],
+)
+def test_bad_values_name_the_key(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        load_config(env=env)
+
+
+def test_bad_toml_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server\nport=1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad, env={})
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml", env={})
+
+
+def test_cli_reports_config_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--port", "99999"]) == 2
+    assert "server.port" in capsys.readouterr().err
+
+
+def test_cli_help_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "duplex.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "--config" in out.stdout and "--model" in out.stdout
+
+
+def test_cli_rejects_an_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--model", "no-such-model", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-model" in err and "loopback" in err
