@@ -5,6 +5,7 @@ decides admission on numbers; the `Engine` owns both and steps synchronously;
 the `EngineDriver` ticks it on trio's clock and fans outputs out to sessions.
 """
 
+from ._actor import EngineActor
 from ._driver import DriverStatistics, EngineDriver, Offload
 from ._engine import (
     Engine,
@@ -33,6 +34,7 @@ __all__ = [
     "LOOPBACK_SPEC",
     "DriverStatistics",
     "Engine",
+    "EngineActor",
     "EngineDriver",
     "EngineStatistics",
     "FrameOutput",

@@ -9,13 +9,14 @@ client events, detach) arrives on one ``client`` lane, so wire order is kept
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, final
+from typing import Any, ClassVar, Protocol, final
 
 import numpy as np
 import trio
 
 from duplex.actors import Actor, ActorContext, ActorRef, ControlMessage, LaneSpec, Overflow
 from duplex.exceptions import InternalError, MailboxFull
+from duplex.models import EngineDriver, SlotHandle, SlotOutput
 
 from ._config import SessionConfig
 from ._effects import (
@@ -42,10 +43,6 @@ from ._events import (
     VideoAppend,
 )
 from ._state import SessionMachine
-
-if TYPE_CHECKING:
-    from duplex.models import EngineDriver, SlotHandle, SlotOutput
-
 
 # -- messages to the session actor ----------------------------------------
 
@@ -86,6 +83,15 @@ class LeaseTimer(ControlMessage):
 
 
 @final
+@dataclass(frozen=True, slots=True, eq=False)
+class EngineReplaced(ControlMessage):
+    """The engine crashed and restarted: move onto ``driver``."""
+
+    driver: EngineDriver
+    reason: str
+
+
+@final
 @dataclass(frozen=True, slots=True)
 class Inspect(ControlMessage):
     """Ask for the machine (tests and diagnostics read its properties)."""
@@ -122,6 +128,7 @@ class SessionResources:
     handle: SlotHandle
     outputs: trio.MemoryReceiveChannel[SlotOutput]
     released: bool = field(default=False)
+    pump: trio.CancelScope = field(default_factory=trio.CancelScope)
 
 
 class SessionActor(Actor[Any]):
@@ -164,22 +171,51 @@ class SessionActor(Actor[Any]):
         self.armed: float | None = None
 
     async def on_start(self, ctx: ActorContext) -> None:
-        ctx.start_soon(self._pump_engine, ctx)
+        ctx.start_soon(self._pump_engine, ctx, self.resources.outputs, self.resources.pump)
+        ctx.start_soon(self._guard)
 
     async def on_stop(self, ctx: ActorContext) -> None:
         self._release()
 
-    async def _pump_engine(self, ctx: ActorContext) -> None:
-        """Engine output into the mailbox; its ``finally`` frees the slot on any exit."""
-        try:
-            async with self.resources.outputs:
-                async for output in self.resources.outputs:
+    async def _pump_engine(
+        self,
+        ctx: ActorContext,
+        outputs: trio.MemoryReceiveChannel[SlotOutput],
+        scope: trio.CancelScope,
+    ) -> None:
+        """Engine output into the mailbox, until the actor stops or the engine is replaced."""
+        with scope:
+            async with outputs:
+                async for output in outputs:
                     await ctx.self.tell(FromEngine(output))
+
+    async def _guard(self) -> None:
+        """Frees the slot and tells the sockets when the actor ends without a session end."""
+        try:
+            await trio.sleep_forever()
         finally:
             if not self.resources.released:  # a crash or a shutdown, not a session end
                 self._release()
                 for connection in self.connections.values():
                     self._notify_lost(connection)
+
+    async def _replace_engine(self, ctx: ActorContext, driver: EngineDriver, reason: str) -> None:
+        res = self.resources
+        res.pump.cancel()
+        res.driver.detach(res.handle)
+        send, recv = trio.open_memory_channel[SlotOutput](res.outputs.statistics().max_buffer_size)
+        handle = driver.attach(self.machine.session_id, send)
+        if handle is None:
+            ctx.log.error("no slot on the restarted engine; ending the session")
+            self.resources.released = True
+            self.owner.released(self.machine.session_id)
+            for connection in self.connections.values():
+                self._notify_lost(connection)
+            ctx.stop()
+            return
+        self.resources = SessionResources(driver, handle, recv)
+        ctx.start_soon(self._pump_engine, ctx, recv, self.resources.pump)
+        await self._apply(ctx, ModelFailed(f"the engine restarted ({reason})"))
 
     def _notify_lost(self, connection: ActorRef[Any]) -> None:
         err = ErrorEvent.from_exception(InternalError("the session ended unexpectedly"))
@@ -201,6 +237,8 @@ class SessionActor(Actor[Any]):
             case Detach(generation):
                 self.connections.pop(generation, None)
                 await self._apply(ctx, ConnectionDetached(generation))
+            case EngineReplaced(driver, reason):
+                await self._replace_engine(ctx, driver, reason)
             case LeaseTimer():
                 self.armed = None
                 await self._apply(ctx, Tick())

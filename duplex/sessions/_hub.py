@@ -16,9 +16,9 @@ import trio
 from duplex import exceptions as errors
 from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.metrics import MetricsRegistry, Sample
-from duplex.models import EngineDriver, SlotOutput
+from duplex.models import EngineDriver, ModelSpec, SlotOutput
 
-from ._actor import Inspect, SessionActor, SessionResources
+from ._actor import EngineReplaced, Inspect, SessionActor, SessionResources
 from ._admission import Admission
 from ._config import Capabilities, SessionConfig, SessionOptions
 from ._state import SessionMachine
@@ -36,12 +36,16 @@ class Opened:
 
 @final
 class SessionHub:
-    """Opens sessions against one engine driver and finds them again for resume."""
+    """Opens sessions against one engine and finds them again for resume.
+
+    The engine actor hands over each driver it starts (`engine_started`); a
+    replacement after a crash moves every live session onto the new one.
+    """
 
     def __init__(
         self,
         system: ActorSystem,
-        driver: EngineDriver,
+        spec: ModelSpec,
         *,
         config: SessionConfig,
         capabilities: Capabilities,
@@ -49,10 +53,12 @@ class SessionHub:
         registry: MetricsRegistry,
     ):
         self.system = system
-        self.driver = driver
+        self.spec = spec
+        self.driver: EngineDriver | None = None
+        self.engine_starts = 0
         self.config = config
         self.capabilities = capabilities
-        capacity = driver.spec.max_slots
+        capacity = spec.max_slots
         if max_sessions:
             capacity = min(capacity, max_sessions)
         self.admission = Admission(capacity)
@@ -69,6 +75,20 @@ class SessionHub:
     def _collect(self) -> list[Sample]:
         return [Sample("duplex_sessions_live", {}, self.admission.statistics().live)]
 
+    @property
+    def ready(self) -> bool:
+        """An engine is running: sessions can be admitted."""
+        return self.driver is not None
+
+    async def engine_started(self, driver: EngineDriver) -> None:
+        """A (new) engine runs; after a crash, every live session moves onto it."""
+        previous, self.driver = self.driver, driver
+        self.engine_starts += 1
+        if previous is None:
+            return
+        for ref in list(self._sessions.values()):
+            await ref.tell(EngineReplaced(driver, "engine crashed"))
+
     def next_generation(self) -> int:
         """A fresh socket generation (unique per process)."""
         return next(self._generations)
@@ -83,6 +103,9 @@ class SessionHub:
             BadEvent: the options make an invalid configuration.
             ResourceExhausted: no capacity (engine slots, step time or ``max_sessions``).
         """
+        driver = self.driver
+        if driver is None:
+            raise errors.ResourceExhausted("the engine is not running yet")
         config = self.config
         if options is not None:
             try:
@@ -97,14 +120,14 @@ class SessionHub:
             self._refused.inc()
             raise errors.ResourceExhausted(f"duplex_session_capacity_exhausted: limit={limit}")
         send, recv = trio.open_memory_channel[SlotOutput](ENGINE_OUTPUT_BUFFER)
-        handle = self.driver.attach(session_id, send)
+        handle = driver.attach(session_id, send)
         if handle is None:
             self.admission.release(session_id)
             self._refused.inc()
             raise errors.ResourceExhausted(
                 "duplex_session_capacity_exhausted: the engine admits no more sessions"
             )
-        resources = SessionResources(self.driver, handle, recv)
+        resources = SessionResources(driver, handle, recv)
         try:
             ref = await self.system.spawn(
                 SessionActor,
@@ -116,7 +139,7 @@ class SessionHub:
                 lanes=SessionActor.lanes_for(config),
             )
         except BaseException:
-            self.driver.detach(handle)
+            driver.detach(handle)
             self.admission.release(session_id)
             raise
         self._sessions[session_id] = ref

@@ -26,17 +26,19 @@ PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 def build_app(hub: SessionHub, *, registry: MetricsRegistry, max_frame_bytes: int) -> Starlette:
     """The app for one running hub (engine + sessions)."""
-    model = hub.driver.spec
+    model = hub.spec
 
     async def health(request: Request) -> Response:
         stats = hub.admission.statistics()
         return JSONResponse(
             {
-                "status": "ok",
+                "status": "ok" if hub.ready else "starting",
+                "engine_starts": hub.engine_starts,
                 "version": __version__,
                 "model": model.name,
                 "sessions": {"live": stats.live, "capacity": stats.capacity},
-            }
+            },
+            status_code=200 if hub.ready else 503,
         )
 
     async def models(request: Request) -> Response:

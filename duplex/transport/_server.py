@@ -10,7 +10,7 @@ from duplex.actors import ActorSystem, open_actor_system, run_until_signal
 from duplex.config import Config
 from duplex.logs import configure_logging, get_logger
 from duplex.metrics import REGISTRY, MetricsRegistry
-from duplex.models import Engine, EngineDriver, ModelSpec, get_model
+from duplex.models import Engine, EngineActor, EngineDriver, ModelSpec, get_model
 from duplex.sessions import Capabilities
 from duplex.sessions._hub import SessionHub
 
@@ -38,19 +38,25 @@ async def serve_duplex(
     spec, factory = get_model(config.server.model)
     session_cfg = config.session
     frame_bytes = spec.frame_samples * 2
-    engine = Engine(
-        factory(spec),
-        max_input_frames=session_cfg.max_pending_input_bytes // frame_bytes + 2,
-        max_video_frames=session_cfg.video_lane_size,
-    )
-    driver = EngineDriver(engine)
     hub = SessionHub(
         system,
-        driver,
+        spec,
         config=session_cfg,
         capabilities=capabilities_for(spec),
         max_sessions=config.server.max_sessions,
         registry=registry,
+    )
+
+    def build_engine() -> EngineDriver:
+        engine = Engine(
+            factory(spec),
+            max_input_frames=session_cfg.max_pending_input_bytes // frame_bytes + 2,
+            max_video_frames=session_cfg.video_lane_size,
+        )
+        return EngineDriver(engine)
+
+    engine_ref = await system.spawn(
+        EngineActor, build_engine, hub.engine_started, name=f"engine-{spec.name}"
     )
     app = build_app(hub, registry=registry, max_frame_bytes=config.server.max_frame_bytes)
     hyper = HypercornConfig()
@@ -60,13 +66,14 @@ async def serve_duplex(
     hyper.accesslog = None
     hyper.errorlog = None
     log.info("starting", bind=hyper.bind, model=spec.name)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(driver.run)
+    try:
         # hypercorn returns after its graceful shutdown; then the engine stops
         await serve(
             app, hyper, shutdown_trigger=system.wait_shutdown_requested, task_status=task_status
         )
-        nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await system.stop(engine_ref)
     log.info("stopped")
 
 

@@ -1,0 +1,39 @@
+"""The engine actor: one engine's tick loop under supervision.
+
+A crash inside a step (the runner raised, or the driver did) crashes this
+actor; its supervisor starts a fresh engine, and ``on_engine`` tells the
+owner (the session hub), which moves every live session onto it. Sessions
+are told, never left waiting on a dead engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from duplex.actors import Actor, ActorContext
+
+from ._driver import EngineDriver
+
+
+class EngineActor(Actor[Any]):
+    """Builds a driver on every (re)start, runs its tick loop, hands it to ``on_engine``."""
+
+    def __init__(
+        self,
+        build: Callable[[], EngineDriver],
+        on_engine: Callable[[EngineDriver], Awaitable[None]],
+    ):
+        self.build = build
+        self.on_engine = on_engine
+
+    async def on_restart(self, ctx: ActorContext, exc: BaseException) -> None:
+        ctx.log.error("engine crashed; starting a fresh one", error=repr(exc))
+
+    async def on_start(self, ctx: ActorContext) -> None:
+        driver = self.build()
+        ctx.start_soon(driver.run)
+        await self.on_engine(driver)
+
+    async def receive(self, ctx: ActorContext, message: Any) -> Any:
+        return None
