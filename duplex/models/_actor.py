@@ -9,13 +9,14 @@ are told, never left waiting on a dead engine.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, final
 
 from duplex.actors import Actor, ActorContext
 
 from ._driver import EngineDriver
 
 
+@final
 class EngineActor(Actor[Any]):
     """Builds a driver on every (re)start, runs its tick loop, hands it to ``on_engine``."""
 

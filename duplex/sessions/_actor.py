@@ -131,6 +131,7 @@ class SessionResources:
     pump: trio.CancelScope = field(default_factory=trio.CancelScope)
 
 
+@final
 class SessionActor(Actor[Any]):
     """One session: a machine, an engine slot, and the sockets attached over time."""
 

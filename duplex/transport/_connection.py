@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, ClassVar
+from typing import Any, ClassVar, final
 
 import trio
 from starlette.websockets import WebSocket, WebSocketState
@@ -34,6 +34,7 @@ DETACH_TIMEOUT_S = 5.0
 """How long the reader waits to tell the session it left, on its way out."""
 
 
+@final
 class ConnectionActor(Actor[Any]):
     """One socket of one session (or of a session that was never opened)."""
 
