@@ -42,8 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from duplex.config import load_config
-    from duplex.models import get_model
     from duplex.transport import run_server
+    from duplex.transport._server import resolve_model
 
     overrides: dict[str, Any] = {
         f"server.{key}": value
@@ -58,7 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
     }
     try:
         config = load_config(args.config, overrides=overrides)
-        get_model(config.server.model)
+        resolve_model(config)
     except (ConfigError, UnknownModel) as exc:
         print(f"duplex: configuration error: {exc}", file=sys.stderr)
         return 2

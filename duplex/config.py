@@ -55,17 +55,15 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
-            raise ConfigError(f"server.port: must be 0..65535, got {self.port}")
+            raise ConfigError(f"port: must be 0..65535, got {self.port}")
         if not self.host:
-            raise ConfigError("server.host: must not be empty")
+            raise ConfigError("host: must not be empty")
         if self.max_sessions < 0:
-            raise ConfigError(f"server.max_sessions: must be >= 0, got {self.max_sessions}")
+            raise ConfigError(f"max_sessions: must be >= 0, got {self.max_sessions}")
         if self.max_frame_bytes < 1024:
-            raise ConfigError(
-                f"server.max_frame_bytes: must be at least 1024, got {self.max_frame_bytes}"
-            )
+            raise ConfigError(f"max_frame_bytes: must be at least 1024, got {self.max_frame_bytes}")
         if self.shutdown_grace_s < 0:
-            raise ConfigError("server.shutdown_grace_s: must be >= 0")
+            raise ConfigError("shutdown_grace_s: must be >= 0")
 
 
 @final
@@ -107,6 +105,7 @@ def load_config(
             built[section] = cls(**kwargs)
         except ConfigError as exc:
             sources = {k: s for k, (_, s) in layers[section].items()}
+            # the section's own checks name the key; the prefix says which section
             raise ConfigError(f"{section}.{exc} (sources: {sources or 'defaults'})") from None
     return Config(**built)
 

@@ -79,3 +79,13 @@ def test_cli_rejects_an_unknown_model(capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["serve", "--model", "no-such-model", "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert "no-such-model" in err and "loopback" in err
+
+
+def test_cli_rejects_a_model_rate_mismatch(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DUPLEX_SESSION__MODEL_SAMPLE_RATE", "16000")
+    monkeypatch.setenv("DUPLEX_SESSION__OUTPUT_SAMPLE_RATE", "16000")
+    assert main(["serve", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "model_sample_rate" in err and "24000" in err

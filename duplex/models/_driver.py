@@ -12,6 +12,7 @@ the output and counts it, so one slow session never holds up the tick.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -86,6 +87,9 @@ class EngineDriver:
         self._dropped_full = 0
         self._dropped_closed = 0
         self._orphaned = 0
+        self._carry: dict[SlotHandle, int] = {}
+        """Input samples of dropped outputs, added to the slot's next delivered output so
+        the session's input accounting never drifts."""
 
     @property
     def spec(self) -> ModelSpec:
@@ -115,6 +119,7 @@ class EngineDriver:
             ``True`` if released now, ``False`` if it already was.
         """
         self._subscribers.pop(handle, None)
+        self._carry.pop(handle, None)
         return self._engine.release_slot(handle)
 
     def push_input(self, handle: SlotHandle, pcm: PcmFrame) -> InputPush:
@@ -125,9 +130,9 @@ class EngineDriver:
         """Queue a video frame; see `Engine.push_video`."""
         return self._engine.push_video(handle, frame_id, pts_ms, payload)
 
-    def reset(self, handle: SlotHandle, epoch: int) -> None:
+    def reset(self, handle: SlotHandle, epoch: int, *, clear_input: bool = True) -> None:
         """Start a new epoch for one slot; see `Engine.reset`."""
-        self._engine.reset(handle, epoch)
+        self._engine.reset(handle, epoch, clear_input=clear_input)
 
     def statistics(self) -> DriverStatistics:
         """Snapshot of the loop and delivery counters."""
@@ -171,10 +176,14 @@ class EngineDriver:
             if channel is None:
                 self._orphaned += 1
                 continue
+            carried = self._carry.pop(handle, 0)
+            if carried:
+                output = dataclasses.replace(output, input_samples=output.input_samples + carried)
             try:
                 channel.send_nowait(output)
             except trio.WouldBlock:
                 self._dropped_full += 1
+                self._carry[handle] = output.input_samples
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._dropped_closed += 1
                 self.detach(handle)

@@ -304,8 +304,9 @@ class Engine:
             self._video_dropped += dropped
             return dropped
 
-    def reset(self, handle: SlotHandle, epoch: int) -> None:
-        """Start a new epoch: drop the slot's queued input and reset its runner state.
+    def reset(self, handle: SlotHandle, epoch: int, *, clear_input: bool = True) -> None:
+        """Start a new epoch: reset the slot's runner state, and drop its queued input
+        unless ``clear_input`` is false (a barge-in keeps what the user is saying).
 
         Other slots are untouched. Outputs of a step already running carry the
         previous epoch, so the session can fence them off.
@@ -315,7 +316,8 @@ class Engine:
         """
         with self._lock:
             slot = self._require(handle)
-            slot.clear_input()
+            if clear_input:
+                slot.clear_input()
             slot.epoch = epoch
             slot.reset_pending = True
 

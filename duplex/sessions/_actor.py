@@ -277,8 +277,8 @@ class SessionActor(Actor[Any]):
                     await self._apply(ctx, ModelFailed("engine input queue overflow"))
             case ModelAppendVideo(_, frame, _):
                 res.driver.push_video(res.handle, frame.frame_id, frame.pts_ms, frame.frame)
-            case ModelReset(epoch, _, _):
-                res.driver.reset(res.handle, epoch)
+            case ModelReset(epoch, _, clear_input):
+                res.driver.reset(res.handle, epoch, clear_input=clear_input)
             case ModelSignal():
                 pass  # frame-synchronous models take turns from the audio itself
             case ReleaseResources():

@@ -85,7 +85,6 @@ class SessionConfig:
     idle_ttl_s: float = 300.0
     disconnect_grace_s: float = 30.0
     input_sample_rate: int = MODEL_SAMPLE_RATE
-    input_audio_format: str = "pcm16"
     output_sample_rate: int = MODEL_SAMPLE_RATE
     model_sample_rate: int = MODEL_SAMPLE_RATE
     vad: str = "energy"
@@ -100,7 +99,6 @@ class SessionConfig:
     def __post_init__(self) -> None:
         _choice("overlap_policy", self.overlap_policy, OVERLAP_POLICIES)
         _choice("playback_commit_policy", self.playback_commit_policy, PLAYBACK_COMMIT_POLICIES)
-        _choice("input_audio_format", self.input_audio_format, AUDIO_INPUT_FORMATS)
         _choice("vad", self.vad, VAD_MODES)
         _choice("input_sample_rate", self.input_sample_rate, SUPPORTED_SAMPLE_RATES)
         _choice("model_sample_rate", self.model_sample_rate, SUPPORTED_SAMPLE_RATES)
@@ -164,14 +162,12 @@ class SessionOptions:
     false_interruption_timeout_s: float | None = None
     playback_commit_policy: str | None = None
     input_sample_rate: int | None = None
-    input_audio_format: str | None = None
 
     def __post_init__(self) -> None:
         checks: tuple[tuple[str, tuple[Any, ...] | None], ...] = (
             ("overlap_policy", OVERLAP_POLICIES),
             ("playback_commit_policy", PLAYBACK_COMMIT_POLICIES),
             ("input_sample_rate", SUPPORTED_SAMPLE_RATES),
-            ("input_audio_format", AUDIO_INPUT_FORMATS),
         )
         for key, choices in checks:
             value = getattr(self, key)

@@ -42,6 +42,16 @@ class InputPath:
         """The input audio clock in ms."""
         return self.samples * 1000.0 / self.config.model_sample_rate
 
+    @property
+    def speech_ms(self) -> float:
+        """Where the latest speech ended on the input clock (the clock itself without a VAD).
+
+        Overlap is measured up to here, so the VAD's hangover never counts as speech.
+        """
+        if self._vad is None or not self._vad.speaking:
+            return self.input_ms
+        return self._vad_offset_ms + self._vad.last_speech_ms
+
     def reconfigure(self, config: SessionConfig) -> None:
         """Take a new config; a changed VAD mode restarts the VAD."""
         vad_changed = config.vad != self.config.vad

@@ -526,6 +526,7 @@ class SessionMachine:
     def _on_audio_append(self, event: AudioAppend, out: list[Effect]) -> None:
         pcm, start_ms, speech = self._inputs.append(event)
         self._turns.input_ms = self._inputs.input_ms
+        self._turns.speech_ms = self._inputs.speech_ms
         for found in speech:
             if isinstance(found, SpeechStarted):
                 self._on_speech_started(found, out)

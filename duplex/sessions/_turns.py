@@ -99,6 +99,7 @@ class TurnTaking:
         self.capabilities = capabilities
         self.now = 0.0
         self.input_ms = 0.0
+        self.speech_ms = 0.0
         self.turn = TurnState.LISTENING
         self.epoch = 0
         self.history = History(config.max_history_items)
@@ -188,7 +189,7 @@ class TurnTaking:
             or self.config.overlap_policy != "barge_in_on_speech"
         ):
             return
-        overlap = self.input_ms - start
+        overlap = self.speech_ms - start
         if overlap >= self.config.barge_in_ms:
             self.barge_in(out, "speech_over_barge_in_ms", overlap)
 
@@ -200,7 +201,8 @@ class TurnTaking:
             self._decide(out, "drop", "no_active_response", 0.0)
             return
         start = self._overlap_start
-        self.barge_in(out, "client_turn_signal", self.input_ms - start if start else 0.0)
+        overlap = self.speech_ms - start if start is not None else 0.0
+        self.barge_in(out, "client_turn_signal", overlap)
 
     def barge_in(self, out: list[Effect], reason: str, overlap_ms: float) -> None:
         """Interrupt: decision, ``response.done`` cancelled/barge_in, new epoch."""

@@ -47,6 +47,12 @@ class EnergyVad:
         self._speaking = False
         self._speech_run = 0
         self._silence_run = 0
+        self._last_loud_ms = 0.0
+
+    @property
+    def last_speech_ms(self) -> float:
+        """End of the most recent loud frame: where speech really stopped (no hangover)."""
+        return self._last_loud_ms
 
     @property
     def speaking(self) -> bool:
@@ -67,6 +73,7 @@ class EnergyVad:
             self._frames += 1
             end_ms = self._frames * self._frame_ms
             if is_loud:
+                self._last_loud_ms = end_ms
                 self._silence_run = 0
                 self._speech_run += 1
                 if not self._speaking and self._speech_run >= self._min_frames:

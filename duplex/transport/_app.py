@@ -15,7 +15,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketState
 
 from duplex import __version__
-from duplex.actors import Restart
+from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.metrics import MetricsRegistry
 from duplex.sessions._hub import SessionHub
 
@@ -24,7 +24,25 @@ from ._connection import ConnectionActor
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def build_app(hub: SessionHub, *, registry: MetricsRegistry, max_frame_bytes: int) -> Starlette:
+class Connections:
+    """The live connection actors, so a shutdown can close every socket first (1001)."""
+
+    def __init__(self, system: ActorSystem) -> None:
+        self.system = system
+        self.live: set[ActorRef[Any]] = set()
+
+    async def close_all(self) -> None:
+        for ref in list(self.live):
+            await self.system.stop(ref)
+
+
+def build_app(
+    hub: SessionHub,
+    connections: Connections,
+    *,
+    registry: MetricsRegistry,
+    max_frame_bytes: int,
+) -> Starlette:
     """The app for one running hub (engine + sessions)."""
     model = hub.spec
 
@@ -66,7 +84,11 @@ def build_app(hub: SessionHub, *, registry: MetricsRegistry, max_frame_bytes: in
             name=f"connection-{generation}",
             restart=Restart.TEMPORARY,
         )
-        await ref.wait_stopped()
+        connections.live.add(ref)
+        try:
+            await ref.wait_stopped()
+        finally:
+            connections.live.discard(ref)
         if websocket.application_state is WebSocketState.CONNECTED:  # the actor crashed
             await websocket.close(1011, "internal_error")
 

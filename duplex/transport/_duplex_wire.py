@@ -102,7 +102,6 @@ _SESSION_FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "false_interruption_timeout_s": ("false_interruption_timeout_s", (int, float)),
     "playback_commit_policy": ("playback_commit_policy", str),
     "input_sample_rate": ("input_sample_rate", int),
-    "input_audio_format": ("input_audio_format", str),
 }
 
 
@@ -172,6 +171,12 @@ def _decode_audio(raw: bytes, fmt: str) -> np.ndarray:
 
 def _session_options(obj: Mapping[str, Any]) -> SessionOptions:
     session = _get(obj, "session", dict, required=False) or {}
+    unknown = sorted(set(session) - set(_SESSION_FIELDS))
+    if unknown:  # refused, never silently ignored
+        raise BadEvent(
+            f"unknown session field {unknown[0]!r}; known: {', '.join(sorted(_SESSION_FIELDS))}",
+            param=f"session.{unknown[0]}",
+        )
     values: dict[str, Any] = {}
     for key, (name, kind) in _SESSION_FIELDS.items():
         try:
@@ -315,7 +320,6 @@ def _config(config: SessionConfig) -> dict[str, Any]:
         "false_interruption_timeout_s": config.false_interruption_timeout_s,
         "playback_commit_policy": config.playback_commit_policy,
         "input_sample_rate": config.input_sample_rate,
-        "input_audio_format": config.input_audio_format,
         "output_audio_format": "pcm16",
         "output_sample_rate": config.output_sample_rate,
         "idle_timeout_s": config.idle_ttl_s,

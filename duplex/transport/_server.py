@@ -8,13 +8,37 @@ from hypercorn.trio import serve
 
 from duplex.actors import ActorSystem, open_actor_system, run_until_signal
 from duplex.config import Config
+from duplex.exceptions import ConfigError
 from duplex.logs import configure_logging, get_logger
 from duplex.metrics import REGISTRY, MetricsRegistry
-from duplex.models import Engine, EngineActor, EngineDriver, ModelSpec, get_model
+from duplex.models import (
+    Engine,
+    EngineActor,
+    EngineDriver,
+    ModelSpec,
+    RunnerFactory,
+    get_model,
+)
 from duplex.sessions import Capabilities
 from duplex.sessions._hub import SessionHub
 
-from ._app import build_app
+from ._app import Connections, build_app
+
+
+def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
+    """The configured model, checked against the session config.
+
+    Raises:
+        UnknownModel: no such model.
+        ConfigError: the session's model rate is not the model's.
+    """
+    spec, factory = get_model(config.server.model)
+    if config.session.model_sample_rate != spec.sample_rate:
+        raise ConfigError(
+            f"session.model_sample_rate: {config.session.model_sample_rate} does not match "
+            f"model {spec.name!r}, which runs at {spec.sample_rate} Hz"
+        )
+    return spec, factory
 
 
 def capabilities_for(spec: ModelSpec) -> Capabilities:
@@ -35,7 +59,7 @@ async def serve_duplex(
 ) -> None:
     """Run engine and HTTP server until ``system.request_shutdown()``; reports the binds."""
     log = get_logger(component="server")
-    spec, factory = get_model(config.server.model)
+    spec, factory = resolve_model(config)
     session_cfg = config.session
     frame_bytes = spec.frame_samples * 2
     hub = SessionHub(
@@ -58,7 +82,15 @@ async def serve_duplex(
     engine_ref = await system.spawn(
         EngineActor, build_engine, hub.engine_started, name=f"engine-{spec.name}"
     )
-    app = build_app(hub, registry=registry, max_frame_bytes=config.server.max_frame_bytes)
+    connections = Connections(system)
+    app = build_app(
+        hub, connections, registry=registry, max_frame_bytes=config.server.max_frame_bytes
+    )
+
+    async def shutdown_trigger() -> None:
+        await system.wait_shutdown_requested()
+        await connections.close_all()  # each socket closes with 1001 before hypercorn drains
+
     hyper = HypercornConfig()
     hyper.bind = [f"{config.server.host}:{config.server.port}"]
     hyper.websocket_max_message_size = 2 * config.server.max_frame_bytes
@@ -68,9 +100,7 @@ async def serve_duplex(
     log.info("starting", bind=hyper.bind, model=spec.name)
     try:
         # hypercorn returns after its graceful shutdown; then the engine stops
-        await serve(
-            app, hyper, shutdown_trigger=system.wait_shutdown_requested, task_status=task_status
-        )
+        await serve(app, hyper, shutdown_trigger=shutdown_trigger, task_status=task_status)
     finally:
         with trio.CancelScope(shield=True):
             await system.stop(engine_ref)

@@ -200,3 +200,23 @@ async def test_engine_failure_propagates(autojump_clock: trio.testing.MockClock)
     with pytest.RaisesGroup(RunnerContractError):
         async with trio.open_nursery() as nursery:
             await nursery.start(driver.run)
+
+
+async def test_dropped_outputs_carry_their_input_samples_forward(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    driver = EngineDriver(loopback_engine(), offload=inline)
+    send, recv = _channel(1)
+    handle = driver.attach("slow", send)
+    assert handle is not None
+    for k in range(5):
+        driver.push_input(handle, tone(1, 10 * k))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await trio.sleep(PERIOD * 2.5)  # ticks 0..2: one delivered, two dropped
+        first = recv.receive_nowait()
+        await trio.sleep(PERIOD)  # tick 3 is delivered with the dropped ones' samples
+        second = recv.receive_nowait()
+        nursery.cancel_scope.cancel()
+    assert driver.statistics().dropped_full == 2
+    assert (first.input_samples, second.input_samples) == (FRAME, 3 * FRAME)

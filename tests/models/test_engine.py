@@ -372,3 +372,16 @@ def test_commands_from_another_thread_never_race_a_step() -> None:
     engine.step(0.0)
     stats = engine.statistics().scheduler
     assert (stats.live, stats.releasing, stats.free) == (0, 0, 4)
+
+
+def test_reset_can_keep_queued_input() -> None:
+    engine = loopback_engine()
+    a = engine.acquire_slot("a")
+    assert a is not None
+    for k in range(3):
+        engine.push_input(a, tone(1, 10 * k))
+    engine.reset(a, epoch=1, clear_input=False)  # a barge-in keeps what the user said
+    assert engine.slot_statistics(a).queue_depth == 3
+    outs = [engine.step(float(k))[a] for k in range(3)]
+    assert [o.epoch for o in outs] == [1, 1, 1]
+    assert [o.input_samples for o in outs] == [FRAME] * 3

@@ -151,3 +151,36 @@ def test_client_turn_signal_barges_in():
     assert _decisions(effects) == [("barge_in", "client_turn_signal")]
     assert of(effects, ModelReset)[0].reason == "barge_in"
     assert _decisions(m.handle(TurnSignal(), 0.3)) == [("drop", "no_active_response")]
+
+
+@pytest.mark.parametrize(
+    ("speech_ms", "expected"),
+    [(400, ("drop", "backchannel")), (800, ("listen", "short_overlap"))],
+)
+def test_energy_vad_hangover_never_counts_as_overlap(speech_ms, expected):
+    m = machine(false_interruption_enabled=False)  # the built-in energy VAD
+    m.handle(speaking(m, "a"), 0.0)
+    effects = []
+    t = 0.0
+    for _ in range(speech_ms // 80):
+        effects += m.handle(loud(80), t)
+        t += 0.08
+    for _ in range(10):  # 800 ms of silence: the 300 ms hangover ends the speech
+        effects += m.handle(silence(80), t)
+        t += 0.08
+    assert _decisions(effects) == [expected]
+    decided = of(effects, OverlapDecision)[0]
+    assert decided.overlap_ms == pytest.approx(speech_ms, abs=40)
+    assert m.epoch == 0 and m.turn_state is TurnState.RESPONDING
+
+
+def test_energy_vad_barges_in_after_barge_in_ms_of_real_speech():
+    m = machine(false_interruption_enabled=False)
+    m.handle(speaking(m, "a"), 0.0)
+    t, effects = 0.0, []
+    while not of(effects, ResponseDone):
+        effects = m.handle(loud(80), t)
+        t += 0.08
+    assert _decisions(effects) == [("barge_in", "speech_over_barge_in_ms")]
+    assert of(effects, OverlapDecision)[0].overlap_ms == pytest.approx(1000, abs=80)
+    assert t == pytest.approx(1.04, abs=0.09)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from duplex.exceptions import ProtocolError
+from duplex.exceptions import BadEvent, ProtocolError
 from duplex.sessions import (
     SERVER_EVENT_TYPES,
     AudioAppend,
@@ -148,9 +148,13 @@ def test_other_client_events():
         '{"type": "turn.signal", "event": "barge_in", "payload": {"source": "client_vad"}}'
     ) == TurnSignal("barge_in", "client_vad")
     update = parse_client_event(
-        '{"type": "session.update", "session": {"overlap_short_ack_ms": 500, "voice": "x"}}'
+        '{"type": "session.update", "session": {"overlap_short_ack_ms": 500}}'
     )
     assert isinstance(update, SessionUpdate) and update.options.short_ack_ms == 500
+    # an unknown session field is refused, never silently ignored
+    with pytest.raises(BadEvent) as refused:
+        parse_client_event('{"type": "session.update", "session": {"voice": "x"}}')
+    assert refused.value.param == "session.voice"
     video = parse_client_event(json.dumps({
         "type": "input_video.append", "frame": _b64(bytes(12)), "frame_id": 4, "pts_ms": 80,
         "format": "rgb", "width": 2, "height": 2,

@@ -63,7 +63,7 @@ async def test_engine_crash_mid_response_restarts_engine_and_sessions_continue()
         assert kinds.index("response.done") < len(kinds) - 1
         # the session lives on, on a fresh engine: speak again, get an answer
         c.events.clear()
-        await c.stream(tone(6) + silence(6))
+        await c.stream(tone(6) + silence(6), realtime=False)
         done = await c.until("response.done")
         assert done["response"]["status"] == "completed"
         assert c.of("response.audio.delta")
