@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, final
 
@@ -16,12 +17,41 @@ import trio
 from duplex import exceptions as errors
 from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.metrics import MetricsRegistry, Sample
-from duplex.models import EngineDriver, ModelSpec, SlotOutput
+from duplex.models import DriverStatistics, EngineDriver, ModelSpec, SlotOutput
 
 from ._actor import EngineReplaced, Inspect, SessionActor, SessionResources
 from ._admission import Admission
 from ._config import Capabilities, SessionConfig, SessionOptions
 from ._state import SessionMachine
+
+_ENGINE_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("duplex_engine_ticks_total", "counter", "Engine ticks (current engine)"),
+    ("duplex_engine_late_ticks_total", "counter", "Ticks whose step ended after the next tick"),
+    ("duplex_engine_underruns_total", "counter", "Slot-ticks with no input (played as silence)"),
+    ("duplex_engine_outputs_dropped_total", "counter", "Outputs dropped: a session fell behind"),
+    ("duplex_engine_input_frames_rejected_total", "counter", "Input frames refused (queue full)"),
+    ("duplex_engine_video_frames_dropped_total", "counter", "Video frames dropped (queue full)"),
+    ("duplex_engine_live_slots", "gauge", "Slots in use"),
+    ("duplex_engine_capacity_slots", "gauge", "Slots admission allows now (memory, step time)"),
+    ("duplex_engine_step_p99_seconds", "gauge", "p99 step time over the recent window"),
+)
+
+
+def _engine_value(name: str, stats: DriverStatistics) -> float | None:
+    engine, sched = stats.engine, stats.engine.scheduler
+    values: dict[str, float | None] = {
+        "duplex_engine_ticks_total": stats.ticks,
+        "duplex_engine_late_ticks_total": stats.late_ticks,
+        "duplex_engine_underruns_total": engine.underruns,
+        "duplex_engine_outputs_dropped_total": stats.dropped_full + stats.dropped_closed,
+        "duplex_engine_input_frames_rejected_total": engine.frames_rejected,
+        "duplex_engine_video_frames_dropped_total": engine.video_dropped,
+        "duplex_engine_live_slots": engine.live_slots,
+        "duplex_engine_capacity_slots": sched.capacity,
+        "duplex_engine_step_p99_seconds": sched.p99_step_s,
+    }
+    return values[name]
+
 
 ENGINE_OUTPUT_BUFFER = 8
 """Frames of engine output a session may fall behind before the driver drops (counted)."""
@@ -71,9 +101,22 @@ class SessionHub:
         registry.add_collector(
             "duplex_sessions_live", "gauge", "Sessions holding engine resources", self._collect
         )
+        for name, kind, help_text in _ENGINE_METRICS:
+            registry.add_collector(name, kind, help_text, self._engine_sampler(name))
 
     def _collect(self) -> list[Sample]:
         return [Sample("duplex_sessions_live", {}, self.admission.statistics().live)]
+
+    def _engine_sampler(self, name: str) -> Callable[[], list[Sample]]:
+        def collect() -> list[Sample]:
+            if self.driver is None:
+                return []
+            value = _engine_value(name, self.driver.statistics())
+            if value is None:
+                return []
+            return [Sample(name, {"model": self.spec.name}, value)]
+
+        return collect
 
     @property
     def ready(self) -> bool:

@@ -238,6 +238,7 @@ async def test_http_routes() -> None:
         metrics = await http.get(server.http + "/metrics")
         assert metrics.headers["content-type"].startswith("text/plain")
         assert "duplex_sessions_live 0" in metrics.text
+        assert 'duplex_engine_capacity_slots{model="loopback"} 256' in metrics.text
 
 
 async def test_shutdown_closes_open_sockets_with_1001() -> None:
