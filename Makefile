@@ -12,10 +12,13 @@ $(STAMP): pyproject.toml scripts/bootstrap.sh
 serve: $(STAMP)
 	$(VENV)/bin/duplex serve --host $(HOST) --port $(PORT)
 
+# pytest exits 5 when it collects nothing: for us that is a failure, never a pass.
 test: $(STAMP)
 	$(VENV)/bin/ruff check duplex tests bench
 	$(VENV)/bin/ruff format --check duplex tests bench
-	$(VENV)/bin/python -m pytest
+	@$(VENV)/bin/python -m pytest; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$rc
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check --fix duplex tests bench
