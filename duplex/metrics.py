@@ -46,19 +46,14 @@ class _Metric:
         raise NotImplementedError
 
 
-@final
-class Counter(_Metric):
-    """A monotonically increasing count."""
-
-    kind = "counter"
+class _Scalar(_Metric):
+    """One float per label set: what counters and gauges share."""
 
     def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()):
         super().__init__(name, help, labelnames)
         self._values: dict[LabelValues, float] = {}
 
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        if amount < 0:
-            raise ValueError("counters only go up")
+    def _add(self, amount: float, labels: dict[str, str]) -> None:
         key = self._key(labels)
         self._values[key] = self._values.get(key, 0.0) + amount
 
@@ -71,31 +66,31 @@ class Counter(_Metric):
 
 
 @final
-class Gauge(_Metric):
+class Counter(_Scalar):
+    """A monotonically increasing count."""
+
+    kind = "counter"
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        if amount < 0:
+            raise ValueError("counters only go up")
+        self._add(amount, labels)
+
+
+@final
+class Gauge(_Scalar):
     """A value that goes up and down."""
 
     kind = "gauge"
-
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()):
-        super().__init__(name, help, labelnames)
-        self._values: dict[LabelValues, float] = {}
 
     def set(self, value: float, **labels: str) -> None:
         self._values[self._key(labels)] = float(value)
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = self._key(labels)
-        self._values[key] = self._values.get(key, 0.0) + amount
+        self._add(amount, labels)
 
     def dec(self, amount: float = 1.0, **labels: str) -> None:
-        self.inc(-amount, **labels)
-
-    def value(self, **labels: str) -> float:
-        return self._values.get(self._key(labels), 0.0)
-
-    def samples(self) -> Iterable[Sample]:
-        for key, v in sorted(self._values.items()):
-            yield Sample(self.name, dict(zip(self.labelnames, key, strict=True)), v)
+        self._add(-amount, labels)
 
 
 @final

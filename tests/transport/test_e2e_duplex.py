@@ -15,6 +15,16 @@ from .wsclient import FRAME, Client, client, running_server, silence, tone
 MODEL = {"session.overlap_policy": "model"}
 
 
+def resume(created: dict, cursor: int) -> dict:
+    """``session.resume`` for the session ``created`` describes, after ``cursor``."""
+    return {
+        "type": "session.resume",
+        "session_id": created["session"]["id"],
+        "resume_token": created["resume_token"],
+        "last_received_server_event_seq": cursor,
+    }
+
+
 async def open_session(c: Client, **session: object) -> dict:
     await c.send({"type": "session.create", "event_id": "create-1", "session": session})
     created = await c.recv()
@@ -95,14 +105,7 @@ async def test_disconnect_mid_response_then_resume_replays_in_order() -> None:
         # dropped mid-response; the session keeps going while we are away
         await trio.sleep(0.5)
         async with client(server) as c2:
-            await c2.send(
-                {
-                    "type": "session.resume",
-                    "session_id": created["session"]["id"],
-                    "resume_token": created["resume_token"],
-                    "last_received_server_event_seq": cursor,
-                }
-            )
+            await c2.send(resume(created, cursor))
             resumed = await c2.recv()
             assert resumed["type"] == "session.resumed"
             assert resumed["resume_token"] != created["resume_token"]  # rotated
@@ -121,14 +124,7 @@ async def test_takeover_replaces_the_old_socket() -> None:
     async with running_server(**MODEL) as server, client(server) as old:
         created = await open_session(old)
         async with client(server) as new:
-            await new.send(
-                {
-                    "type": "session.resume",
-                    "session_id": created["session"]["id"],
-                    "resume_token": created["resume_token"],
-                    "last_received_server_event_seq": 0,
-                }
-            )
+            await new.send(resume(created, 0))
             assert (await new.recv())["type"] == "session.resumed"
             replaced = await old.until("session.replaced")
             assert replaced["type"] == "session.replaced"
@@ -137,14 +133,7 @@ async def test_takeover_replaces_the_old_socket() -> None:
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 4001
             # the old token is spent: resuming with it fails
         async with client(server) as third:
-            await third.send(
-                {
-                    "type": "session.resume",
-                    "session_id": created["session"]["id"],
-                    "resume_token": created["resume_token"],
-                    "last_received_server_event_seq": 0,
-                }
-            )
+            await third.send(resume(created, 0))
             error = await third.until("error")
             assert error["error"]["code"] == "unknown_session"
 
@@ -180,14 +169,7 @@ async def test_disconnect_grace_expires_the_session() -> None:
             created = await open_session(c)
         await trio.sleep(0.8)
         async with client(server) as c2:
-            await c2.send(
-                {
-                    "type": "session.resume",
-                    "session_id": created["session"]["id"],
-                    "resume_token": created["resume_token"],
-                    "last_received_server_event_seq": 0,
-                }
-            )
+            await c2.send(resume(created, 0))
             error = await c2.recv()
             assert error["error"]["code"] == "session_resume_expired"
             with pytest.raises(ConnectionClosed):
