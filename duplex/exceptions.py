@@ -97,6 +97,9 @@ InputBackpressure = _code("InputBackpressure", "input_backpressure", "rate_limit
 ResourceExhausted = _code("ResourceExhausted", "resource_exhausted", "rate_limit_error")
 InternalError = _code("InternalError", "internal_error", "server_error")
 EngineError = _code("EngineError", "engine_error", "server_error")
+UnsupportedEvent = _code("UnsupportedEvent", "unsupported_event")
+UnsupportedParameter = _code("UnsupportedParameter", "unsupported_parameter")
+UnsupportedTurnDetection = _code("UnsupportedTurnDetection", "unsupported_turn_detection")
 
 ERROR_CLASSES: dict[str, type[ProtocolError]] = {
     cls.code: cls
@@ -105,7 +108,8 @@ ERROR_CLASSES: dict[str, type[ProtocolError]] = {
         UnsupportedAudioFormat, InputAudioBufferEmpty, ResponseAlreadyActive, ResponseNotActive,
         PlaybackItemNotFound, PlaybackAckTooLate, VideoInputUnsupported, InvalidVideoFrames,
         UnknownSession, SessionResumeExpired, SessionClosed, IllegalState, InputBackpressure,
-        ResourceExhausted, InternalError, EngineError,
+        ResourceExhausted, InternalError, EngineError, UnsupportedEvent, UnsupportedParameter,
+        UnsupportedTurnDetection,
     )
 }  # fmt: skip
 

@@ -1,0 +1,390 @@
+"""Session server events -> OpenAI Realtime server events (GA or beta names).
+
+The outbound half of the Realtime projection (`RealtimeProjection` composes
+it with the parser). One session event may stand for several wire events: a
+`ResponseCreated` is ``response.created`` + ``response.output_item.added`` +
+``conversation.item.added`` (GA; beta ``conversation.item.created``) +
+``response.content_part.added``, and a `ResponseDone` closes them all in
+reverse. The only state is the output resampler (24 kHz model audio to 8 kHz
+G.711), reset at each response; ids, epochs and transcripts come from the events.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Callable
+from typing import Any, Literal, final
+
+import numpy as np
+
+from duplex.sessions import (
+    AudioDelta,
+    ErrorEvent,
+    InputAudioCleared,
+    InputAudioCommitted,
+    InputSpeechStarted,
+    InputSpeechStopped,
+    ResponseCreated,
+    ResponseDone,
+    ServerEvent,
+    SessionConfig,
+    SessionCreated,
+    SessionUpdated,
+    StreamingResampler,
+    TranscriptDelta,
+)
+
+from ._duplex_wire import encode_server_event
+from ._g711 import alaw_encode, float_to_pcm16, pcm16_to_float, ulaw_encode
+from ._realtime_session import FORMAT_SAMPLE_RATES, GA_FORMATS, WireFormats
+
+__all__ = ["DUPLEX_SERVER_EVENTS", "RealtimeEncoder"]
+
+Schema = Literal["ga", "beta"]
+
+DUPLEX_SERVER_EVENTS: tuple[str, ...] = (
+    "response.listen",
+    "overlap.decision",
+    "playback.acknowledged",
+    "session.resumed",
+    "session.replaced",
+    "session.resync_required",
+    "session.expired",
+    "session.closed",
+    "input_video.consumed",
+)
+_CANCEL_REASONS = {  # session reason -> RealtimeResponseStatus.reason
+    "barge_in": "turn_detected",
+    "client_cancelled": "client_cancelled",
+    "input_cleared": "client_cancelled",
+    "session_closed": "client_cancelled",
+}
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _ms(value: float) -> int:
+    return round(value)
+
+
+@final
+class RealtimeEncoder:
+    """Projects server events onto Realtime events for one connection.
+
+    Args:
+        schema: ``"ga"`` or ``"beta"`` event names and session shapes.
+        duplex: emit the duplex extensions (native shapes) and their extra fields.
+        model: echoed as ``session.model`` (GA only: beta's field is a closed list).
+        random_bytes: randomness for the ``event_<hex>`` ids.
+    """
+
+    def __init__(
+        self,
+        *,
+        schema: Schema = "ga",
+        duplex: bool = False,
+        model: str | None = None,
+        random_bytes: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        self.schema: Schema = schema
+        self.duplex = duplex
+        self.model = model
+        self._random_bytes = random_bytes
+        self._formats = WireFormats()
+        self._resampler: StreamingResampler | None = None
+
+    def encode(
+        self, event: ServerEvent, seq: int | None, formats: WireFormats
+    ) -> list[dict[str, Any]]:
+        """The Realtime server events that ``event`` stands for, JSON-ready, in order.
+
+        Args:
+            event: a server event from ``duplex.sessions``.
+            seq: its ``server_event_seq`` (``None``: connection-scoped). With
+                ``duplex=True`` it is stamped on the *last* wire event of the
+                group, so a client cursor at ``seq`` means the whole group arrived.
+            formats: the connection's audio formats now (the parser owns them).
+
+        Returns:
+            Zero or more dicts with ``type`` and ``event_id``. Session events with
+            no Realtime counterpart become their native form with ``duplex=True``
+            and nothing otherwise.
+        """
+        self._formats = formats
+        events = self._project(event)
+        if self.duplex and events:
+            events[-1]["server_event_seq"] = seq
+        return events
+
+    def _new(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return {"type": kind, "event_id": f"event_{self._random_bytes(12).hex()}", **fields}
+
+    def _name(self, ga: str, beta: str) -> str:
+        return ga if self.schema == "ga" else beta
+
+    def _project(self, event: ServerEvent) -> list[dict[str, Any]]:
+        match event:
+            case SessionCreated():
+                return self._session_created(event)
+            case SessionUpdated():
+                session = self._session(event.session_id, event.config)
+                return [self._new("session.updated", session=session)]
+            case InputAudioCommitted():
+                return self._committed(event)
+            case InputAudioCleared():
+                extra = {"epoch": event.epoch} if self.duplex else {}
+                return [self._new("input_audio_buffer.cleared", **extra)]
+            case InputSpeechStarted():
+                # The session names no user item before the commit; item_id stays empty.
+                started = _ms(event.audio_start_ms)
+                return [
+                    self._new(
+                        "input_audio_buffer.speech_started", audio_start_ms=started, item_id=""
+                    )
+                ]
+            case InputSpeechStopped():
+                stopped = _ms(event.audio_end_ms)
+                return [
+                    self._new("input_audio_buffer.speech_stopped", audio_end_ms=stopped, item_id="")
+                ]
+            case ResponseCreated():
+                return self._response_created(event)
+            case AudioDelta():
+                return self._audio_delta(event)
+            case TranscriptDelta():
+                kind = self._name(
+                    "response.output_audio_transcript.delta", "response.audio_transcript.delta"
+                )
+                extra = {"epoch": event.epoch, "audio_start_ms": event.audio_start_ms}
+                body = self._part_ids(event.response_id, event.item_id)
+                return [
+                    self._new(kind, **body, delta=event.delta, **(extra if self.duplex else {}))
+                ]
+            case ResponseDone():
+                return self._response_done(event)
+            case ErrorEvent():
+                error = {
+                    "type": event.type,
+                    "code": event.code,
+                    "message": event.message,
+                    "param": event.param,
+                    "event_id": event.event_id,
+                }
+                return [self._new("error", error=error)]
+        if not self.duplex:
+            return []
+        native = encode_server_event(event, None, random_bytes=self._random_bytes)
+        native.pop("server_event_seq")
+        return [native]
+
+    # --------------------------------------------------------------- session echo
+
+    def _session(self, session_id: str, config: SessionConfig) -> dict[str, Any]:
+        fin, fout = self._formats.input, self._formats.output
+        if self.schema == "ga":
+            session: dict[str, Any] = {"type": "realtime", "object": "realtime.session"}
+            session["id"] = session_id
+            if self.model is not None:
+                session["model"] = self.model
+            session["output_modalities"] = ["audio"]
+            session["audio"] = {
+                "input": {
+                    "format": GA_FORMATS[fin],
+                    "transcription": None,
+                    "noise_reduction": None,
+                },
+                "output": {"format": GA_FORMATS[fout], "speed": 1.0},
+            }
+            session["max_output_tokens"] = "inf"
+        else:
+            session = {"id": session_id, "object": "realtime.session"}
+            session["modalities"] = ["audio", "text"]
+            session["input_audio_format"] = fin
+            session["output_audio_format"] = fout
+            session["input_audio_transcription"] = None
+            session["input_audio_noise_reduction"] = None
+            session["speed"] = 1.0
+            session["max_response_output_tokens"] = "inf"
+        if self.duplex:
+            session.update(
+                overlap_policy=config.overlap_policy,
+                overlap_short_ack_ms=config.short_ack_ms,
+                overlap_barge_in_ms=config.barge_in_ms,
+                false_interruption_enabled=config.false_interruption_enabled,
+                false_interruption_timeout_s=config.false_interruption_timeout_s,
+                playback_commit_policy=config.playback_commit_policy,
+                idle_timeout_s=config.idle_ttl_s,
+                disconnect_grace_s=config.disconnect_grace_s,
+            )
+        return session
+
+    def _session_created(self, event: SessionCreated) -> list[dict[str, Any]]:
+        session = self._session(event.session_id, event.config)
+        extra: dict[str, Any] = {}
+        if self.duplex:
+            session["epoch"] = event.epoch
+            session["capabilities"] = event.capabilities.as_dict()
+            extra = {
+                "resume_token": event.resume_token,
+                "attachment_generation": event.attachment_generation,
+            }
+        conversation = {"id": f"conv_{event.session_id}", "object": "realtime.conversation"}
+        return [
+            self._new("session.created", session=session, **extra),
+            self._new("conversation.created", conversation=conversation),
+        ]
+
+    # ------------------------------------------------------------------- items
+
+    def _item_events(self, item: dict[str, Any], *, done: bool) -> list[dict[str, Any]]:
+        """GA announces an item twice (added, done); beta once (created, when added)."""
+        if self.schema == "beta":
+            return [] if done else [self._new("conversation.item.created", item=item)]
+        kind = "conversation.item.done" if done else "conversation.item.added"
+        return [self._new(kind, item=item)]
+
+    def _committed(self, event: InputAudioCommitted) -> list[dict[str, Any]]:
+        extra = {"turn_id": event.turn_id, "audio_end_ms": event.audio_end_ms}
+        committed = self._new(
+            "input_audio_buffer.committed", item_id=event.item_id, **(extra if self.duplex else {})
+        )
+        item = {
+            "id": event.item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": "user",
+            "status": "completed",
+            "content": [{"type": "input_audio", "transcript": None}],
+        }
+        return [
+            committed,
+            *self._item_events(item, done=False),
+            *self._item_events(item, done=True),
+        ]
+
+    def _assistant(self, item_id: str, status: str, transcript: str | None) -> dict[str, Any]:
+        content = []
+        if transcript is not None:
+            content.append({"type": self._name("output_audio", "audio"), "transcript": transcript})
+        return {
+            "id": item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+            "content": content,
+        }
+
+    def _response(self, response_id: str, status: str, **fields: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"id": response_id, "object": "realtime.response", "status": status}
+        if self.schema == "ga":
+            body["output_modalities"] = ["audio"]
+            body["audio"] = {"output": {"format": GA_FORMATS[self._formats.output]}}
+        else:
+            body["modalities"] = ["audio", "text"]
+            body["output_audio_format"] = self._formats.output
+        body["max_output_tokens"] = "inf"
+        return {**body, **fields}
+
+    def _part_ids(self, response_id: str, item_id: str) -> dict[str, Any]:
+        return {
+            "response_id": response_id,
+            "item_id": item_id,
+            "output_index": 0,
+            "content_index": 0,
+        }
+
+    # --------------------------------------------------------------- responses
+
+    def _response_created(self, event: ResponseCreated) -> list[dict[str, Any]]:
+        self._resampler = None  # a new response starts with fresh filter state
+        item = self._assistant(event.item_id, "in_progress", None)
+        metadata = {"epoch": str(event.epoch)} if self.duplex else None
+        response = self._response(
+            event.response_id, "in_progress", output=[], status_details=None, metadata=metadata
+        )
+        part = {"type": "audio", "transcript": ""}
+        return [
+            self._new("response.created", response=response),
+            self._new(
+                "response.output_item.added",
+                response_id=event.response_id,
+                output_index=0,
+                item=item,
+            ),
+            *self._item_events(item, done=False),
+            self._new(
+                "response.content_part.added",
+                **self._part_ids(event.response_id, event.item_id),
+                part=part,
+            ),
+        ]
+
+    def _audio_delta(self, event: AudioDelta) -> list[dict[str, Any]]:
+        fmt = self._formats.output
+        rate = FORMAT_SAMPLE_RATES[fmt]
+        if fmt == "pcm16" and event.sample_rate == rate:
+            payload = event.pcm  # the model's PCM16 passes through untouched
+        else:
+            resampler = self._resampler
+            if resampler is None or (resampler.in_rate, resampler.out_rate) != (
+                event.sample_rate,
+                rate,
+            ):
+                self._resampler = StreamingResampler(event.sample_rate, rate)
+            pcm = self._resampler.process(pcm16_to_float(np.frombuffer(event.pcm, dtype="<i2")))
+            pcm16 = float_to_pcm16(pcm)
+            if fmt == "pcm16":
+                payload = pcm16.astype("<i2").tobytes()
+            else:
+                payload = ulaw_encode(pcm16) if fmt == "g711_ulaw" else alaw_encode(pcm16)
+        if not payload:
+            return []
+        kind = self._name("response.output_audio.delta", "response.audio.delta")
+        extra: dict[str, Any] = {}
+        if self.duplex:
+            extra = {
+                "epoch": event.epoch,
+                "audio_start_ms": event.audio_start_ms,
+                "format": fmt,
+                "sample_rate_hz": rate,
+            }
+        ids = self._part_ids(event.response_id, event.item_id)
+        return [self._new(kind, **ids, delta=_b64(payload), **extra)]
+
+    def _response_done(self, event: ResponseDone) -> list[dict[str, Any]]:
+        rid, iid = event.response_id, event.item_id
+        item_status = "completed" if event.status == "completed" else "incomplete"
+        item = self._assistant(iid, item_status, event.transcript)
+        details: dict[str, Any] = {"type": event.status}
+        if event.status == "cancelled" and event.reason in _CANCEL_REASONS:
+            details["reason"] = _CANCEL_REASONS[event.reason]
+        if event.status == "failed":
+            details["error"] = {"type": "server_error", "code": event.reason}
+        metadata = None
+        if self.duplex:
+            metadata = {
+                "epoch": str(event.epoch),
+                "reason": event.reason,
+                "audio_ms": str(event.audio_ms),
+            }
+        response = self._response(
+            rid, event.status, output=[item], status_details=details, metadata=metadata
+        )
+        ids = self._part_ids(rid, iid)
+        part = {"type": "audio", "transcript": event.transcript}
+        audio_done = self._name("response.output_audio.done", "response.audio.done")
+        transcript_done = self._name(
+            "response.output_audio_transcript.done", "response.audio_transcript.done"
+        )
+        return [
+            self._new(audio_done, **ids),
+            self._new(transcript_done, **ids, transcript=event.transcript),
+            self._new("response.content_part.done", **ids, part=part),
+            self._new("response.output_item.done", response_id=rid, output_index=0, item=item),
+            *self._item_events(item, done=True),
+            self._new("response.done", response=response),
+        ]

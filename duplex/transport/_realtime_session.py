@@ -1,0 +1,299 @@
+"""The ``session`` object of a Realtime ``session.update``, read into session options.
+
+Both spellings are read: GA's nested ``audio.input/output`` with format objects
+(``{"type": "audio/pcm", "rate": 24000}``) and beta's flat
+``input_audio_format: "pcm16"``. Every known Realtime field has a rule: it is
+used (formats), accepted because it restates what the session already does
+(``output_modalities: ["audio"]``, ``tools: []``, ``tracing: null``, ...), or
+refused with a typed error naming the missing feature. Unknown fields are
+refused too, as OpenAI does; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, final
+
+from duplex.exceptions import (
+    BadEvent,
+    UnsupportedAudioFormat,
+    UnsupportedParameter,
+    UnsupportedTurnDetection,
+)
+from duplex.sessions import SessionOptions
+
+__all__ = [
+    "AUDIO_FORMATS",
+    "FORMAT_SAMPLE_RATES",
+    "GA_FORMATS",
+    "SessionPatch",
+    "WireFormats",
+    "check_audio_modalities",
+    "parse_session",
+]
+
+AUDIO_FORMATS: tuple[str, ...] = ("pcm16", "g711_ulaw", "g711_alaw")
+FORMAT_SAMPLE_RATES: dict[str, int] = {"pcm16": 24_000, "g711_ulaw": 8_000, "g711_alaw": 8_000}
+GA_FORMATS: dict[str, dict[str, Any]] = {
+    "pcm16": {"type": "audio/pcm", "rate": 24_000},
+    "g711_ulaw": {"type": "audio/pcmu"},
+    "g711_alaw": {"type": "audio/pcma"},
+}
+_GA_TYPES = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}
+
+# Duplex-only flat fields (the native protocol's names) -> (SessionOptions field, JSON types).
+_DUPLEX_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
+    "overlap_policy": ("overlap_policy", (str,)),
+    "overlap_short_ack_ms": ("short_ack_ms", (int,)),
+    "overlap_barge_in_ms": ("barge_in_ms", (int,)),
+    "false_interruption_enabled": ("false_interruption_enabled", (bool,)),
+    "false_interruption_timeout_s": ("false_interruption_timeout_s", (int, float)),
+    "playback_commit_policy": ("playback_commit_policy", (str,)),
+}
+_NESTED_ALIASES = {  # GA audio.input.X -> the beta flat field with the same rule
+    "transcription": "input_audio_transcription",
+    "noise_reduction": "input_audio_noise_reduction",
+}
+_UNSUPPORTED: dict[str, str] = {
+    "instructions": "instructions are not supported yet",
+    "voice": "voices are not selectable; the model has one voice",
+    "temperature": "temperature is not supported",
+    "truncation": "context truncation settings are not supported",
+    "include": "include (input transcription logprobs) is not supported",
+    "reasoning": "reasoning settings are not supported",
+    "parallel_tool_calls": "tools are not supported yet",
+}
+_NULL_ONLY: dict[str, str] = {  # the feature is off in this server; only "off" is accepted
+    "input_audio_transcription": "input audio transcription is not supported yet",
+    "input_audio_noise_reduction": "input noise reduction is not supported",
+    "tracing": "tracing is not supported",
+    "prompt": "stored prompts are not supported",
+}
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class WireFormats:
+    """The audio encodings of one connection (beta spellings; see `AUDIO_FORMATS`)."""
+
+    input: str = "pcm16"
+    output: str = "pcm16"
+
+    def __post_init__(self) -> None:
+        for key in ("input", "output"):
+            if getattr(self, key) not in AUDIO_FORMATS:
+                raise ValueError(f"{key} format must be one of {AUDIO_FORMATS}")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SessionPatch:
+    """What a ``session.update`` changes: wire formats (``None``: unchanged) and session options."""
+
+    input_format: str | None = None
+    output_format: str | None = None
+    options: SessionOptions = field(default_factory=SessionOptions)
+
+
+@dataclass(slots=True)
+class _Builder:
+    """Collects one update's choices while the fields are read."""
+
+    duplex: bool
+    model: str | None
+    formats: dict[str, str] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def set_format(self, which: str, fmt: str, param: str) -> None:
+        previous = self.formats.get(which)
+        if previous is not None and previous != fmt:
+            raise BadEvent(f"{param} conflicts with another {which} format field", param=param)
+        self.formats[which] = fmt
+
+
+def _object(value: object, param: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise BadEvent(f"{param} must be an object", param=param)
+    return value
+
+
+def _audio_format(value: object, param: str) -> str:
+    """A beta format name or a GA format object, as its beta name."""
+    if isinstance(value, str):
+        if value in AUDIO_FORMATS:
+            return value
+        raise UnsupportedAudioFormat(
+            f"{param}={value!r} is not supported; use one of {AUDIO_FORMATS}", param=param
+        )
+    obj = _object(value, param)
+    for key in obj:
+        if key not in ("type", "rate"):
+            raise BadEvent(f"unknown parameter '{param}.{key}'", param=f"{param}.{key}")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise BadEvent(f"{param}.type must be a string", param=f"{param}.type")
+    if kind not in _GA_TYPES:
+        raise UnsupportedAudioFormat(
+            f"{param}.type={kind!r} is not supported; use one of {tuple(_GA_TYPES)}",
+            param=f"{param}.type",
+        )
+    rate = obj.get("rate")
+    if rate is not None and (kind != "audio/pcm" or rate != 24_000 or isinstance(rate, bool)):
+        raise UnsupportedAudioFormat(
+            f"{param}.rate={rate!r}: audio/pcm is 24000 Hz; G.711 has no rate field",
+            param=f"{param}.rate",
+        )
+    return _GA_TYPES[kind]
+
+
+def _turn_detection(value: object, param: str) -> None:
+    """Refused whatever it says: the session's VAD is not configurable from this API yet."""
+    if value is None:
+        raise UnsupportedTurnDetection(
+            f"{param}=null is not supported: the session always runs its own voice "
+            "activity detection (energy-based; barge-in follows overlap_policy)",
+            param=param,
+        )
+    kind = _object(value, param).get("type")
+    if kind == "server_vad":
+        raise UnsupportedTurnDetection(
+            f"{param}.type=server_vad is not supported yet: the session's VAD is built in "
+            "and not configurable through the Realtime API",
+            param=f"{param}.type",
+        )
+    if kind == "semantic_vad":
+        raise UnsupportedTurnDetection(
+            f"{param}.type=semantic_vad is not supported", param=f"{param}.type"
+        )
+    raise BadEvent(f"{param}.type must be server_vad or semantic_vad", param=f"{param}.type")
+
+
+def check_audio_modalities(value: object, param: str) -> None:
+    """Output modalities must include audio (a transcript always comes with it)."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise BadEvent(f"{param} must be a list of strings", param=param)
+    if "audio" not in value or not set(value) <= {"audio", "text"}:
+        raise UnsupportedParameter(
+            f"{param}={value!r}: only audio responses (with a transcript) are supported",
+            param=param,
+        )
+
+
+def _restates(ok: Callable[[object], bool], message: str) -> Callable[[object, str], None]:
+    """A rule that accepts only the value the session already behaves as."""
+
+    def rule(value: object, param: str) -> None:
+        if not ok(value):
+            raise UnsupportedParameter(f"{param}={value!r}: {message}", param=param)
+
+    return rule
+
+
+_SIMPLE: dict[str, Callable[[object, str], None]] = {
+    "output_modalities": check_audio_modalities,
+    "modalities": check_audio_modalities,
+    "turn_detection": _turn_detection,
+    "tools": _restates(lambda v: v == [], "tools are not supported yet"),
+    "tool_choice": _restates(lambda v: v in ("auto", "none"), "tools are not supported yet"),
+    "max_output_tokens": _restates(lambda v: v == "inf", "output token limits are not supported"),
+    "max_response_output_tokens": _restates(
+        lambda v: v == "inf", "output token limits are not supported"
+    ),
+    "speed": _restates(lambda v: v == 1 and not isinstance(v, bool), "only speed 1.0 is supported"),
+}
+
+
+def _field(key: str, value: object, param: str) -> None:
+    """Apply one field (``param`` is its full path) or raise naming it."""
+    if key in _SIMPLE:
+        _SIMPLE[key](value, param)
+    elif key in _UNSUPPORTED:
+        raise UnsupportedParameter(f"{param}: {_UNSUPPORTED[key]}", param=param)
+    elif key in _NULL_ONLY:
+        if value is not None:
+            raise UnsupportedParameter(f"{param}: {_NULL_ONLY[key]} (only null)", param=param)
+    else:
+        raise BadEvent(f"unknown parameter '{param}'", param=param)
+
+
+def _audio(value: object, param: str, out: _Builder) -> None:
+    """GA ``session.audio``: ``input{format, transcription, noise_reduction, turn_detection}``,
+    ``output{format, voice, speed}``."""
+    allowed = {
+        "input": ("format", "transcription", "noise_reduction", "turn_detection"),
+        "output": ("format", "voice", "speed"),
+    }
+    for side, side_value in _object(value, param).items():
+        side_param = f"{param}.{side}"
+        if side not in allowed:
+            raise BadEvent(f"unknown parameter '{side_param}'", param=side_param)
+        for key, item in _object(side_value, side_param).items():
+            item_param = f"{side_param}.{key}"
+            if key not in allowed[side]:
+                raise BadEvent(f"unknown parameter '{item_param}'", param=item_param)
+            if key == "format":
+                out.set_format(side, _audio_format(item, item_param), item_param)
+            else:
+                _field(_NESTED_ALIASES.get(key, key), item, item_param)
+
+
+def _top(key: str, value: object, out: _Builder) -> None:
+    param = f"session.{key}"
+    if key == "type":
+        if value == "transcription":
+            raise UnsupportedParameter("transcription sessions are not supported", param=param)
+        if value != "realtime":
+            raise BadEvent("session.type must be 'realtime'", param=param)
+    elif key == "model":
+        if not isinstance(value, str):
+            raise BadEvent("session.model must be a string", param=param)
+        if value != out.model:
+            raise UnsupportedParameter(
+                "the model is chosen when connecting (?model=) and cannot change", param=param
+            )
+    elif key == "audio":
+        _audio(value, param, out)
+    elif key in ("input_audio_format", "output_audio_format"):
+        side = key.split("_", 1)[0]
+        out.set_format(side, _audio_format(value, param), param)
+    elif out.duplex and key in _DUPLEX_FIELDS:
+        name, kinds = _DUPLEX_FIELDS[key]
+        if value is not None:
+            if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+                raise BadEvent(f"{param} has the wrong type", param=param)
+            out.options[name] = value
+    else:
+        _field(key, value, param)
+
+
+def parse_session(value: object, *, duplex: bool, model: str | None) -> SessionPatch:
+    """Read the ``session`` object of a ``session.update``.
+
+    Args:
+        value: the decoded JSON value (must be an object).
+        duplex: accept the native protocol's flat session fields (``?duplex=1``).
+        model: the connection's model; ``session.model`` may only restate it.
+
+    Returns:
+        The formats to switch to and the session options (a G.711 input format
+        also sets ``input_sample_rate`` to 8000, PCM to 24000).
+
+    Raises:
+        ProtocolError: ``bad_event``, ``unsupported_parameter``,
+            ``unsupported_turn_detection`` or ``unsupported_audio_format``,
+            with ``param`` naming the field.
+    """
+    out = _Builder(duplex=duplex, model=model)
+    for key, item in _object(value, "session").items():
+        _top(key, item, out)
+    input_format = out.formats.get("input")
+    if input_format is not None:
+        out.options["input_sample_rate"] = FORMAT_SAMPLE_RATES[input_format]
+    try:
+        options = SessionOptions(**out.options)
+    except BadEvent as exc:
+        wire = {name: key for key, (name, _) in _DUPLEX_FIELDS.items()}
+        field_name = (exc.param or "").removeprefix("session.")
+        raise BadEvent(exc.message, param=f"session.{wire.get(field_name, field_name)}") from exc
+    return SessionPatch(input_format, out.formats.get("output"), options)

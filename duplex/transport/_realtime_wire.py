@@ -1,0 +1,357 @@
+"""The OpenAI Realtime projection (``/v1/realtime``), sans-I/O.
+
+A projection, not a second session: `RealtimeProjection.parse` turns one
+Realtime client frame into the same typed client events the native codec
+yields, and `RealtimeProjection.encode` turns one session server event into
+the Realtime server events it stands for (``_realtime_encode``).
+
+The projection holds only wire-level choices of one connection: the schema
+(GA names and nested ``session.audio``, or beta names and flat fields), whether
+the duplex extensions are on, the G.711/PCM formats chosen by
+``session.update`` and the output resampler's filter state. Ids, epochs,
+transcripts and history come from the server events.
+
+Inbound, both spellings of the session fields are accepted
+(``_realtime_session``). A Realtime feature the session does not have yet is
+refused with a typed error naming it (``unsupported_event``,
+``unsupported_parameter``, ``unsupported_turn_detection``), never accepted and
+ignored. The duplex extensions (``playback.ack``, ``turn.signal``,
+``session.resume``, ``session.event_ack``, ``session.close`` in;
+``response.listen``, ``overlap.decision``, ``playback.acknowledged``,
+``session.resumed|replaced|resync_required|expired|closed`` out) exist only with
+``duplex=True`` and use the native codec's shapes, so both routes agree.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any, final
+
+import numpy as np
+
+from duplex.exceptions import (
+    BadAudio,
+    BadEvent,
+    BinaryFrameUnsupported,
+    EventTooLarge,
+    InvalidJson,
+    ProtocolError,
+    UnknownEvent,
+    UnsupportedEvent,
+    UnsupportedParameter,
+)
+from duplex.sessions import (
+    AudioAppend,
+    AudioClear,
+    AudioCommit,
+    ClientEvent,
+    ResponseCancel,
+    ResponseCreate,
+    ServerEvent,
+    SessionUpdate,
+)
+
+from ._duplex_wire import DEFAULT_MAX_EVENT_BYTES, parse_client_event
+from ._g711 import alaw_decode, pcm16_to_float, ulaw_decode
+from ._realtime_encode import DUPLEX_SERVER_EVENTS, RealtimeEncoder, Schema
+from ._realtime_session import (
+    AUDIO_FORMATS,
+    FORMAT_SAMPLE_RATES,
+    SessionPatch,
+    WireFormats,
+    check_audio_modalities,
+    parse_session,
+)
+
+__all__ = [
+    "AUDIO_FORMATS",
+    "DUPLEX_CLIENT_EVENTS",
+    "DUPLEX_SERVER_EVENTS",
+    "FORMAT_SAMPLE_RATES",
+    "REALTIME_CLIENT_EVENTS",
+    "UNSUPPORTED_CLIENT_EVENTS",
+    "RealtimeProjection",
+    "Schema",
+    "WireFormats",
+    "duplex_flag",
+    "parse_realtime_event",
+    "schema_from_headers",
+]
+
+REALTIME_CLIENT_EVENTS: tuple[str, ...] = (
+    "session.update",
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "input_audio_buffer.clear",
+    "output_audio_buffer.clear",
+    "response.create",
+    "response.cancel",
+)
+DUPLEX_CLIENT_EVENTS: tuple[str, ...] = (
+    "playback.ack",
+    "turn.signal",
+    "session.resume",
+    "session.event_ack",
+    "session.close",
+)
+UNSUPPORTED_CLIENT_EVENTS: dict[str, str] = {
+    "conversation.item.create": "conversation items (text or audio messages) are not supported yet",
+    "conversation.item.retrieve": "retrieving conversation items is not supported yet",
+    "conversation.item.truncate": (
+        "conversation.item.truncate is not supported yet; with ?duplex=1 send playback.ack"
+    ),
+    "conversation.item.delete": "deleting conversation items is not supported yet",
+    "transcription_session.update": "transcription-only sessions are not supported",
+}
+_TOP_LEVEL = frozenset({"type", "event_id"})
+_FIELDS: dict[str, frozenset[str]] = {
+    "session.update": frozenset({"session"}),
+    "input_audio_buffer.append": frozenset({"audio"}),
+    "response.create": frozenset({"response"}),
+    "response.cancel": frozenset({"response_id"}),
+}
+
+
+def schema_from_headers(openai_beta: str | None) -> Schema:
+    """``beta`` when the ``OpenAI-Beta`` header lists ``realtime=v1`` (the beta SDK sends it)."""
+    if openai_beta is None:
+        return "ga"
+    parts = {part.strip().lower() for part in openai_beta.split(",")}
+    return "beta" if "realtime=v1" in parts else "ga"
+
+
+def duplex_flag(value: str | None) -> bool:
+    """Read ``?duplex=``: ``1|true|on`` turn the extensions on, ``0|false|off`` or absent keep
+    them off (vllm-omni's spelling).
+
+    Raises:
+        BadEvent: any other value (``param`` is ``duplex``), so a typo is not silently turn-based.
+    """
+    if value is None:
+        return False
+    word = value.strip().lower()
+    if word in ("1", "true", "on"):
+        return True
+    if word in ("0", "false", "off", ""):
+        return False
+    raise BadEvent(
+        f"duplex must be one of 1, true, on, 0, false, off; got {value!r}", param="duplex"
+    )
+
+
+# ----------------------------------------------------------------------- parsing
+
+
+def _event_id(obj: dict[str, Any]) -> str | None:
+    event_id = obj.get("event_id")
+    if event_id is not None and not isinstance(event_id, str):
+        raise BadEvent("event_id must be a string", param="event_id")
+    return event_id
+
+
+def _check_keys(obj: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    """OpenAI refuses unknown parameters; so do we (nothing is silently dropped)."""
+    for key in obj:
+        if key not in allowed:
+            raise BadEvent(f"unknown parameter '{key}'", param=key)
+
+
+def _decode_append(obj: Mapping[str, Any], fmt: str, event_id: str | None) -> AudioAppend:
+    audio = obj.get("audio")
+    if not isinstance(audio, str):
+        raise BadEvent("audio must be a base64 string", param="audio")
+    try:
+        raw = base64.b64decode(audio.encode("ascii"), validate=True)
+    except (binascii.Error, ValueError, UnicodeEncodeError) as exc:
+        raise BadAudio("audio is not valid base64", param="audio") from exc
+    if fmt == "pcm16":
+        if len(raw) % 2:
+            raise BadAudio("pcm16 audio must be a whole number of samples", param="audio")
+        pcm = np.frombuffer(raw, dtype="<i2")
+    else:
+        pcm = ulaw_decode(raw) if fmt == "g711_ulaw" else alaw_decode(raw)
+    return AudioAppend(pcm16_to_float(pcm), FORMAT_SAMPLE_RATES[fmt], event_id)
+
+
+def _response_options(obj: Mapping[str, Any]) -> None:
+    """``response.create`` may restate what a response already is, nothing more."""
+    response = obj.get("response")
+    if response is None:
+        return
+    if not isinstance(response, dict):
+        raise BadEvent("response must be an object", param="response")
+    for key, value in response.items():
+        param = f"response.{key}"
+        if key in ("output_modalities", "modalities"):
+            check_audio_modalities(value, param)
+            continue
+        raise UnsupportedParameter(f"{param} is not supported yet", param=param)
+
+
+@final
+class RealtimeProjection:
+    """One connection's Realtime codec: frames in, session events out, and back.
+
+    Args:
+        schema: ``"ga"`` (GA event names, nested ``session.audio``) or ``"beta"``.
+        duplex: add the duplex extensions and ``session.capabilities`` (``?duplex=1``).
+        model: the model named in ``?model=``, echoed in ``session.created``; a
+            ``session.update`` may restate it but not change it.
+        max_size: the largest accepted frame, in bytes of UTF-8.
+        formats: the audio formats before any ``session.update`` (OpenAI's default is PCM16).
+        random_bytes: randomness for the ``event_<hex>`` ids.
+    """
+
+    def __init__(
+        self,
+        *,
+        schema: Schema = "ga",
+        duplex: bool = False,
+        model: str | None = None,
+        max_size: int = DEFAULT_MAX_EVENT_BYTES,
+        formats: WireFormats | None = None,
+        random_bytes: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        if schema not in ("ga", "beta"):
+            raise ValueError(f"schema must be 'ga' or 'beta', got {schema!r}")
+        self.schema: Schema = schema
+        self.duplex = duplex
+        self.model = model
+        self.max_size = max_size
+        self._formats = formats or WireFormats()
+        self._encoder = RealtimeEncoder(
+            schema=schema, duplex=duplex, model=model, random_bytes=random_bytes
+        )
+
+    @property
+    def formats(self) -> WireFormats:
+        """The audio formats in effect (changed by an accepted ``session.update``)."""
+        return self._formats
+
+    # ------------------------------------------------------------------ inbound
+
+    def parse(self, data: str | bytes) -> ClientEvent:
+        """Parse one WebSocket message.
+
+        A ``session.update`` that parses switches the wire formats at once, so
+        appends sent right after it decode in the new format. (A later refusal
+        of its session options by the session does not switch them back.)
+
+        Args:
+            data: a text frame; ``bytes`` (a binary frame) is refused.
+
+        Returns:
+            The typed client event for the session.
+
+        Raises:
+            ProtocolError: a subclass per wire code, ``event_id`` set when readable.
+        """
+        if not isinstance(data, str):
+            if len(data) > self.max_size:
+                raise EventTooLarge(f"message is over {self.max_size} bytes")
+            raise BinaryFrameUnsupported("binary frames are not accepted; send JSON text")
+        if len(data) > self.max_size or (
+            len(data) * 4 > self.max_size
+            and len(data.encode("utf-8", "surrogatepass")) > self.max_size
+        ):
+            raise EventTooLarge(f"message is over {self.max_size} bytes")
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise InvalidJson(f"invalid JSON: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise BadEvent("an event must be a JSON object")
+        event_id = _event_id(obj)
+        try:
+            return self._parse(obj, data, event_id)
+        except ProtocolError as exc:
+            exc.event_id = exc.event_id or event_id
+            raise
+
+    def _parse(self, obj: dict[str, Any], data: str, event_id: str | None) -> ClientEvent:
+        kind = obj.get("type")
+        if not isinstance(kind, str):
+            raise BadEvent("type must be a string", param="type")
+        if kind in UNSUPPORTED_CLIENT_EVENTS:
+            raise UnsupportedEvent(f"{kind}: {UNSUPPORTED_CLIENT_EVENTS[kind]}", param="type")
+        if kind in DUPLEX_CLIENT_EVENTS:
+            if not self.duplex:
+                raise UnknownEvent(
+                    f"{kind} is a duplex extension; connect with ?duplex=1", param="type"
+                )
+            return parse_client_event(data, max_size=self.max_size)
+        if kind not in REALTIME_CLIENT_EVENTS:
+            raise UnknownEvent(f"unknown event type {kind!r}", param="type")
+        _check_keys(obj, _TOP_LEVEL | _FIELDS.get(kind, frozenset()))
+        match kind:
+            case "session.update":
+                patch = parse_session(obj.get("session"), duplex=self.duplex, model=self.model)
+                return self._session_update(patch, event_id)
+            case "input_audio_buffer.append":
+                return _decode_append(obj, self._formats.input, event_id)
+            case "input_audio_buffer.commit":
+                return AudioCommit(event_id)
+            case "input_audio_buffer.clear":
+                return AudioClear(event_id)
+            case "output_audio_buffer.clear":
+                return ResponseCancel(None, event_id)
+            case "response.create":
+                _response_options(obj)
+                return ResponseCreate(event_id)
+            case _:  # "response.cancel"
+                response_id = obj.get("response_id")
+                if response_id is not None and not isinstance(response_id, str):
+                    raise BadEvent("response_id must be a string", param="response_id")
+                return ResponseCancel(response_id, event_id)
+
+    def _session_update(self, patch: SessionPatch, event_id: str | None) -> SessionUpdate:
+        self._formats = replace(
+            self._formats,
+            input=patch.input_format or self._formats.input,
+            output=patch.output_format or self._formats.output,
+        )
+        return SessionUpdate(patch.options, event_id)
+
+    # ----------------------------------------------------------------- outbound
+
+    def encode(self, event: ServerEvent, seq: int | None) -> list[dict[str, Any]]:
+        """The Realtime server events that ``event`` stands for, JSON-ready, in order.
+
+        Args:
+            event: a server event from ``duplex.sessions``.
+            seq: its ``server_event_seq`` from the `Send` effect (``None``:
+                connection-scoped). With ``duplex=True`` it is stamped on the
+                last wire event of the group, so a client cursor at ``seq`` means
+                the whole group arrived; without it no seq is sent.
+
+        Returns:
+            Zero or more dicts with ``type`` and ``event_id``: the wire edge.
+        """
+        return self._encoder.encode(event, seq, self._formats)
+
+
+def parse_realtime_event(
+    data: str | bytes,
+    *,
+    schema: Schema = "ga",
+    duplex: bool = False,
+    max_size: int = DEFAULT_MAX_EVENT_BYTES,
+    formats: WireFormats | None = None,
+) -> ClientEvent:
+    """Parse one frame without connection state (appends decode in ``formats``).
+
+    A convenience over `RealtimeProjection.parse` for tools and tests; a server
+    keeps one `RealtimeProjection` per connection so ``session.update`` sticks.
+
+    Raises:
+        ProtocolError: as `RealtimeProjection.parse`.
+    """
+    projection = RealtimeProjection(
+        schema=schema, duplex=duplex, max_size=max_size, formats=formats or WireFormats()
+    )
+    return projection.parse(data)
