@@ -42,6 +42,8 @@ class _Child:
     done: trio.Event = field(default_factory=trio.Event)
     running: bool = False
     stopping: bool = False
+    starting: bool = False
+    """Its first start is under way (outside the lock); restarts leave it alone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +115,19 @@ class Supervisor:
                 hooks=self._hooks,
             )
             child = _Child(cell, restart or self.spec.default_restart, shutdown_timeout)
+            child.starting = True
             self._children.append(child)
+        # Started outside the lock: an on_start that spawns a sibling must not deadlock,
+        # and one slow on_start must not hold up every other spawn.
+        try:
             failure = await self._start(child, None)
-            if failure is not None:
+        finally:
+            child.starting = False
+        if failure is not None:
+            async with self._lock:
                 self._remove(child)
-                raise failure
-            return cell.ref
+            raise failure
+        return cell.ref
 
     async def stop_child(self, ref: ActorRef[Any]) -> None:
         """Stop one child gracefully and forget it (no restart, whatever its type)."""
@@ -230,6 +239,7 @@ class Supervisor:
             group = list(self._children)
         else:
             group = self._children[index:]
+        group = [member for member in group if not member.starting]
         for other in reversed(group):
             await self._stop(other)
         if self.spec.backoff is not None:

@@ -6,6 +6,7 @@ the socket to a connection actor and waits for it to end.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from starlette.applications import Starlette
@@ -16,10 +17,14 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from duplex import __version__
 from duplex.actors import ActorRef, ActorSystem, Restart
+from duplex.exceptions import ProtocolError
 from duplex.metrics import MetricsRegistry
+from duplex.sessions import ErrorEvent
 from duplex.sessions._hub import SessionHub
 
-from ._connection import ConnectionActor
+from ._connection import ConnectionActor, Projection
+from ._duplex_wire import NativeProjection
+from ._realtime_wire import RealtimeProjection, duplex_flag, schema_from_headers
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -72,15 +77,17 @@ def build_app(
     async def metrics(request: Request) -> Response:
         return PlainTextResponse(registry.render(), media_type=PROMETHEUS_CONTENT_TYPE)
 
-    async def duplex_socket(websocket: WebSocket) -> None:
-        await websocket.accept()
+    async def run_connection(
+        websocket: WebSocket, projection: Projection, *, autostart: bool
+    ) -> None:
         generation = hub.next_generation()
         ref = await hub.system.spawn(
             ConnectionActor,
             websocket,
             hub,
             generation,
-            max_frame_bytes,
+            projection,
+            autostart,
             name=f"connection-{generation}",
             restart=Restart.TEMPORARY,
         )
@@ -92,11 +99,40 @@ def build_app(
         if websocket.application_state is WebSocketState.CONNECTED:  # the actor crashed
             await websocket.close(1011, "internal_error")
 
+    async def duplex_socket(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await run_connection(websocket, NativeProjection(max_size=max_frame_bytes), autostart=False)
+
+    async def realtime_socket(websocket: WebSocket) -> None:
+        """OpenAI Realtime: the session opens on connect, as OpenAI's does.
+
+        ``?duplex=1`` adds the duplex extensions; ``?resume=1`` waits for a
+        ``session.resume`` instead of opening a session.
+        """
+        await websocket.accept()
+        params = websocket.query_params
+        try:
+            duplex = duplex_flag(params.get("duplex"))
+            resume_only = duplex_flag(params.get("resume"))
+        except ProtocolError as exc:
+            body = NativeProjection().encode(ErrorEvent.from_exception(exc), None)[0]
+            await websocket.send_text(json.dumps(body))
+            await websocket.close(1008, "bad_query")
+            return
+        projection = RealtimeProjection(
+            schema=schema_from_headers(websocket.headers.get("openai-beta")),
+            duplex=duplex,
+            model=params.get("model"),
+            max_size=max_frame_bytes,
+        )
+        await run_connection(websocket, projection, autostart=not resume_only)
+
     return Starlette(
         routes=[
             Route("/health", health),
             Route("/v1/models", models),
             Route("/metrics", metrics),
             WebSocketRoute("/v1/duplex", duplex_socket),
+            WebSocketRoute("/v1/realtime", realtime_socket),
         ]
     )

@@ -17,21 +17,38 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, ClassVar, final
+from typing import Any, ClassVar, Protocol, final
 
 import trio
 from starlette.websockets import WebSocket, WebSocketState
 
 from duplex import exceptions as errors
 from duplex.actors import Actor, ActorContext, ActorRef, LaneSpec
-from duplex.sessions import ErrorEvent, ServerEvent, SessionCreate, SessionResume
+from duplex.sessions import (
+    ClientEvent,
+    ErrorEvent,
+    ServerEvent,
+    SessionCreate,
+    SessionOptions,
+    SessionResume,
+)
 from duplex.sessions._actor import Attach, CloseSocket, Detach, FromClient, Outbound
 from duplex.sessions._hub import SessionHub
 
-from ._duplex_wire import encode_server_event, parse_client_event
-
 DETACH_TIMEOUT_S = 5.0
 """How long the reader waits to tell the session it left, on its way out."""
+
+
+class Projection(Protocol):
+    """A wire protocol, per connection: frames to session events and back (sans-I/O)."""
+
+    def parse(self, data: str | bytes) -> ClientEvent:
+        """One frame to one event; raises only ``ProtocolError``."""
+        ...
+
+    def encode(self, event: ServerEvent, seq: int | None) -> list[dict[str, Any]]:
+        """One session event to the wire events that carry it (JSON-ready)."""
+        ...
 
 
 @final
@@ -43,14 +60,24 @@ class ConnectionActor(Actor[Any]):
         LaneSpec("data", capacity=1024, priority=10),
     )
 
-    def __init__(self, websocket: WebSocket, hub: SessionHub, generation: int, max_bytes: int):
+    def __init__(
+        self,
+        websocket: WebSocket,
+        hub: SessionHub,
+        generation: int,
+        projection: Projection,
+        autostart: bool,
+    ):
         self.ws = websocket
         self.hub = hub
         self.generation = generation
-        self.max_bytes = max_bytes
+        self.projection = projection
+        self.autostart = autostart
         self.session: ActorRef[Any] | None = None
 
     async def on_start(self, ctx: ActorContext) -> None:
+        if self.autostart:  # OpenAI clients expect session.created before they speak
+            await self._open(ctx, None, None)
         ctx.start_soon(self._read, ctx)
 
     async def on_stop(self, ctx: ActorContext) -> None:
@@ -71,9 +98,9 @@ class ConnectionActor(Actor[Any]):
     async def _write(self, ctx: ActorContext, event: ServerEvent, seq: int | None) -> None:
         if self.ws.application_state is not WebSocketState.CONNECTED:
             return
-        text = json.dumps(encode_server_event(event, seq), separators=(",", ":"))
         try:
-            await self.ws.send_text(text)
+            for wire_event in self.projection.encode(event, seq):
+                await self.ws.send_text(json.dumps(wire_event, separators=(",", ":")))
         except (OSError, RuntimeError, trio.BrokenResourceError):
             ctx.stop()  # the peer is gone; the reader tells the session
 
@@ -96,7 +123,7 @@ class ConnectionActor(Actor[Any]):
                 text, data = message.get("text"), message.get("bytes")
                 raw: str | bytes = text if text is not None else (data or b"")
                 try:
-                    event = parse_client_event(raw, max_size=self.max_bytes)
+                    event = self.projection.parse(raw)
                     await self._dispatch(ctx, event)
                 except errors.ProtocolError as exc:
                     await self._refuse(ctx, exc, close=None)
@@ -121,17 +148,25 @@ class ConnectionActor(Actor[Any]):
             await session.tell(Attach(self.generation, ctx.self, event))
             return
         options = event.options if isinstance(event, SessionCreate) else None
+        opened = await self._open(ctx, options, getattr(event, "event_id", None))
+        if opened and not isinstance(event, SessionCreate):  # any other first event autostarts
+            assert self.session is not None
+            await self.session.tell(FromClient(self.generation, event))
+
+    async def _open(
+        self, ctx: ActorContext, options: SessionOptions | None, event_id: str | None
+    ) -> bool:
+        """Admit a new session and attach this socket; refuse with a typed error if not."""
         try:
             opened = await self.hub.open(options)
         except errors.ProtocolError as exc:
-            exc.event_id = exc.event_id or getattr(event, "event_id", None)
+            exc.event_id = exc.event_id or event_id
             full = isinstance(exc, errors.ResourceExhausted)
             await self._refuse(ctx, exc, close=(1013, "resource_exhausted") if full else None)
-            return
+            return False
         self.session = opened.ref
         await opened.ref.tell(Attach(self.generation, ctx.self))
-        if not isinstance(event, SessionCreate):  # any other first event autostarts
-            await opened.ref.tell(FromClient(self.generation, event))
+        return True
 
     async def _refuse(
         self, ctx: ActorContext, exc: errors.ProtocolError, *, close: tuple[int, str] | None

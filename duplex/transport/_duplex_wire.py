@@ -517,3 +517,16 @@ def encode_server_event(
         "server_event_seq": seq,
         **body,
     }
+
+
+class NativeProjection:
+    """The native protocol as a connection's codec; it keeps no state of its own."""
+
+    def __init__(self, *, max_size: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self.max_size = max_size
+
+    def parse(self, data: str | bytes) -> ClientEvent:
+        return parse_client_event(data, max_size=self.max_size)
+
+    def encode(self, event: ServerEvent, seq: int | None) -> list[dict[str, Any]]:
+        return [encode_server_event(event, seq)]

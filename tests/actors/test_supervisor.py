@@ -273,3 +273,46 @@ async def test_no_task_outlives_the_system(
         assert system.paths() == ["/user/p", "/user/p/child"]
     assert trio.lowlevel.current_statistics().tasks_living == before
     assert system.paths() == []
+
+
+class SpawnsSibling(Actor[Any]):
+    """Its on_start spawns another top-level actor (as a connection opens a session)."""
+
+    def __init__(self, system: Any, journal: Journal):
+        self.system = system
+        self.journal = journal
+
+    async def on_start(self, ctx: ActorContext) -> None:
+        await self.system.spawn(Recorder, self.journal, "sibling", name="sibling")
+
+    async def receive(self, ctx: ActorContext, message: Any) -> Any:
+        return None
+
+
+class SlowStart(Actor[Any]):
+    async def on_start(self, ctx: ActorContext) -> None:
+        await trio.sleep(5)
+
+    async def receive(self, ctx: ActorContext, message: Any) -> Any:
+        return None
+
+
+async def test_on_start_may_spawn_a_sibling_and_spawns_do_not_wait_for_each_other(
+    autojump_clock: trio.testing.MockClock, registry: MetricsRegistry
+) -> None:
+    journal = Journal()
+    async with open_actor_system(registry=registry) as system:
+        with trio.fail_after(1):
+            await system.spawn(SpawnsSibling, system, journal, name="opener")
+        assert system.lookup("sibling") is not None
+        done: list[str] = []
+        async with trio.open_nursery() as nursery:
+
+            async def spawn(cls: type[Actor[Any]], name: str, *args: Any) -> None:
+                await system.spawn(cls, *args, name=name)
+                done.append(f"{name}@{trio.current_time():.0f}")
+
+            nursery.start_soon(spawn, SlowStart, "slow")
+            await trio.sleep(0.1)
+            nursery.start_soon(spawn, Recorder, "fast", journal, "fast")
+        assert done == ["fast@0", "slow@5"]
