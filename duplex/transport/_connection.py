@@ -74,6 +74,7 @@ class ConnectionActor(Actor[Any]):
         self.projection = projection
         self.autostart = autostart
         self.session: ActorRef[Any] | None = None
+        self.closing = False
 
     async def on_start(self, ctx: ActorContext) -> None:
         if self.autostart:  # OpenAI clients expect session.created before they speak
@@ -106,6 +107,7 @@ class ConnectionActor(Actor[Any]):
 
     async def _close(self, ctx: ActorContext, code: int, reason: str) -> None:
         self.session = None  # the session closed us: it needs no Detach
+        self.closing = True  # and frames still in flight must not open a new one
         if self.ws.application_state is WebSocketState.CONNECTED:
             # already gone is fine: there is nothing left to close
             with contextlib.suppress(OSError, RuntimeError, trio.BrokenResourceError):
@@ -116,9 +118,12 @@ class ConnectionActor(Actor[Any]):
 
     async def _read(self, ctx: ActorContext) -> None:
         try:
-            while True:
-                message = await self.ws.receive()
-                if message["type"] == "websocket.disconnect":
+            while not self.closing:
+                try:
+                    message = await self.ws.receive()
+                except RuntimeError:  # starlette: the socket was closed under us
+                    break
+                if message["type"] == "websocket.disconnect" or self.closing:
                     break
                 text, data = message.get("text"), message.get("bytes")
                 raw: str | bytes = text if text is not None else (data or b"")
