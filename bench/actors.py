@@ -5,7 +5,8 @@
 tell: one producer ``await ref.tell(msg)``s N messages to an actor that counts
 them; the baseline sends the same messages on a ``trio.open_memory_channel``
 of the same capacity (1024) to a task that counts them. ask: sequential
-round trips (``await ref.ask``) against a request channel + reply channel pair.
+round trips (``await ref.ask(..., timeout=5)``) against a request channel + reply
+channel pair, without and with the same 5 s timeout scope around each round trip.
 Each figure is the median of R repeats; ratios are ours / bare.
 """
 
@@ -89,7 +90,7 @@ async def actor_ask(n: int) -> list[float]:
         return out
 
 
-async def bare_ask(n: int) -> list[float]:
+async def bare_ask(n: int, timeout: float | None = None) -> list[float]:
     req_send, req_recv = trio.open_memory_channel[Msg](CAPACITY)
     rep_send, rep_recv = trio.open_memory_channel[int](1)
 
@@ -102,8 +103,13 @@ async def bare_ask(n: int) -> list[float]:
         nursery.start_soon(serve)
         for i in range(n):
             t0 = time.perf_counter()
-            await req_send.send(Msg(i))
-            await rep_recv.receive()
+            if timeout is None:
+                await req_send.send(Msg(i))
+                await rep_recv.receive()
+            else:  # what an ask with a timeout costs on bare channels
+                with trio.move_on_after(timeout):
+                    await req_send.send(Msg(i))
+                    await rep_recv.receive()
             out.append(time.perf_counter() - t0)
         nursery.cancel_scope.cancel()
     return out
@@ -121,14 +127,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
-    ours_t, bare_t, ours_a, bare_a = [], [], [], []
+    ours_t, bare_t, ours_a, bare_a, bare_at = [], [], [], [], []
     for _ in range(args.repeats):  # interleaved so drift hits both equally
         bare_t.append(args.messages / trio.run(bare_tell, args.messages))
         ours_t.append(args.messages / trio.run(actor_tell, args.messages))
         bare_a.append(trio.run(bare_ask, args.asks))
+        bare_at.append(trio.run(bare_ask, args.asks, 5.0))
         ours_a.append(trio.run(actor_ask, args.asks))
     ours_lat = [x for run in ours_a for x in run]
     bare_lat = [x for run in bare_a for x in run]
+    bare_t_lat = [x for run in bare_at for x in run]
     result = {
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "python": platform.python_version(),
@@ -137,13 +145,19 @@ def main() -> None:
         "ask_rtt_us": {
             "actor": {"p50": pct(ours_lat, 0.5) * 1e6, "p99": pct(ours_lat, 0.99) * 1e6},
             "bare": {"p50": pct(bare_lat, 0.5) * 1e6, "p99": pct(bare_lat, 0.99) * 1e6},
+            "bare_with_timeout": {
+                "p50": pct(bare_t_lat, 0.5) * 1e6,
+                "p99": pct(bare_t_lat, 0.99) * 1e6,
+            },
         },
     }
     result["tell_throughput_ratio"] = (
         result["tell_msgs_per_s"]["actor"] / result["tell_msgs_per_s"]["bare"]
     )
-    result["ask_p50_ratio"] = (
-        result["ask_rtt_us"]["actor"]["p50"] / result["ask_rtt_us"]["bare"]["p50"]
+    rtt = result["ask_rtt_us"]
+    result["ask_p50_ratio"] = rtt["actor"]["p50"] / rtt["bare"]["p50"]
+    result["ask_p50_ratio_vs_bare_with_timeout"] = (
+        rtt["actor"]["p50"] / rtt["bare_with_timeout"]["p50"]
     )
     print(json.dumps(result, indent=2))
 
