@@ -89,3 +89,15 @@ def test_cli_rejects_a_model_rate_mismatch(
     assert main(["serve", "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert "model_sample_rate" in err and "24000" in err
+
+
+def test_cli_port_in_use_is_one_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot serve on 127.0.0.1:{port}" in err and "Traceback" not in err

@@ -87,9 +87,10 @@ class EngineDriver:
         self._dropped_full = 0
         self._dropped_closed = 0
         self._orphaned = 0
-        self._carry: dict[SlotHandle, int] = {}
-        """Input samples of dropped outputs, added to the slot's next delivered output so
-        the session's input accounting never drifts."""
+        self._carry: dict[SlotHandle, SlotOutput] = {}
+        """The last dropped output per slot (already holding what it carried): its input
+        samples and consumed video frames go out with the slot's next delivered output,
+        so the session's input accounting never drifts."""
 
     @property
     def spec(self) -> ModelSpec:
@@ -176,16 +177,34 @@ class EngineDriver:
             if channel is None:
                 self._orphaned += 1
                 continue
-            carried = self._carry.pop(handle, 0)
-            if carried:
-                output = dataclasses.replace(output, input_samples=output.input_samples + carried)
+            carried = self._carry.pop(handle, None)
+            if carried is not None:
+                output = _merge(carried, output)
             try:
                 channel.send_nowait(output)
             except trio.WouldBlock:
                 self._dropped_full += 1
-                self._carry[handle] = output.input_samples
+                self._carry[handle] = output
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._dropped_closed += 1
                 self.detach(handle)
             else:
                 self._delivered += 1
+
+
+def _merge(dropped: SlotOutput, output: SlotOutput) -> SlotOutput:
+    """``output`` plus the input accounting of outputs dropped before it."""
+    frame = output.frame
+    if dropped.frame.video_frame_ids:
+        frame = dataclasses.replace(
+            frame,
+            video_frame_ids=(*dropped.frame.video_frame_ids, *frame.video_frame_ids),
+            latest_video_pts_ms=(
+                frame.latest_video_pts_ms
+                if frame.latest_video_pts_ms is not None
+                else dropped.frame.latest_video_pts_ms
+            ),
+        )
+    return dataclasses.replace(
+        output, input_samples=output.input_samples + dropped.input_samples, frame=frame
+    )

@@ -187,6 +187,8 @@ class SessionHub:
             raise
         self._sessions[session_id] = ref
         self._opened.inc()
+        if self.driver is not driver:  # the engine restarted while the session was starting
+            await ref.tell(EngineReplaced(self.driver, "engine crashed"))  # type: ignore[arg-type]
         return Opened(session_id, ref)
 
     def released(self, session_id: str) -> None:

@@ -35,9 +35,17 @@ class Connections:
     def __init__(self, system: ActorSystem) -> None:
         self.system = system
         self.live: set[ActorRef[Any]] = set()
+        self.closing = False
 
     async def close_all(self) -> None:
+        """Close every socket, and from now on every socket that is still arriving."""
+        self.closing = True
         for ref in list(self.live):
+            await self.system.stop(ref)
+
+    async def add(self, ref: ActorRef[Any]) -> None:
+        self.live.add(ref)
+        if self.closing:  # accepted just as the shutdown began
             await self.system.stop(ref)
 
 
@@ -91,7 +99,7 @@ def build_app(
             name=f"connection-{generation}",
             restart=Restart.TEMPORARY,
         )
-        connections.live.add(ref)
+        await connections.add(ref)
         try:
             await ref.wait_stopped()
         finally:

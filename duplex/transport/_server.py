@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
 from duplex.actors import ActorSystem, open_actor_system, run_until_signal
+from duplex.actors._supervisor import unwrap
 from duplex.config import Config
 from duplex.exceptions import ConfigError
 from duplex.logs import configure_logging, get_logger
@@ -117,5 +120,13 @@ def run_server(config: Config) -> int:
             await run_until_signal(system)
             nursery.cancel_scope.deadline = trio.current_time() + config.server.shutdown_grace_s + 1
 
-    trio.run(main)
+    failure: BaseException | None = None
+    try:
+        trio.run(main)
+    except* OSError as group:  # e.g. the port is taken: say so in one line
+        failure = unwrap(group)
+    if failure is not None:
+        server = config.server
+        print(f"duplex: cannot serve on {server.host}:{server.port}: {failure}", file=sys.stderr)
+        return 1
     return 0

@@ -213,10 +213,13 @@ async def test_dropped_outputs_carry_their_input_samples_forward(
         driver.push_input(handle, tone(1, 10 * k))
     async with trio.open_nursery() as nursery:
         await nursery.start(driver.run)
-        await trio.sleep(PERIOD * 2.5)  # ticks 0..2: one delivered, two dropped
+        await trio.sleep(PERIOD * 0.5)  # tick 0 delivered: the channel is now full
+        driver.push_video(handle, "v1", 40, b"jpeg")  # consumed by a dropped tick
+        await trio.sleep(PERIOD * 2)  # ticks 1..2 dropped
         first = recv.receive_nowait()
         await trio.sleep(PERIOD)  # tick 3 is delivered with the dropped ones' samples
         second = recv.receive_nowait()
         nursery.cancel_scope.cancel()
     assert driver.statistics().dropped_full == 2
     assert (first.input_samples, second.input_samples) == (FRAME, 3 * FRAME)
+    assert second.frame.video_frame_ids == ("v1",) and second.frame.latest_video_pts_ms == 40
