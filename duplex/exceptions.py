@@ -100,6 +100,8 @@ EngineError = _code("EngineError", "engine_error", "server_error")
 UnsupportedEvent = _code("UnsupportedEvent", "unsupported_event")
 UnsupportedParameter = _code("UnsupportedParameter", "unsupported_parameter")
 UnsupportedTurnDetection = _code("UnsupportedTurnDetection", "unsupported_turn_detection")
+ItemNotFound = _code("ItemNotFound", "item_not_found")
+AudioEndOutOfRange = _code("AudioEndOutOfRange", "audio_end_ms_out_of_range")
 
 ERROR_CLASSES: dict[str, type[ProtocolError]] = {
     cls.code: cls
@@ -109,7 +111,7 @@ ERROR_CLASSES: dict[str, type[ProtocolError]] = {
         PlaybackItemNotFound, PlaybackAckTooLate, VideoInputUnsupported, InvalidVideoFrames,
         UnknownSession, SessionResumeExpired, SessionClosed, IllegalState, InputBackpressure,
         ResourceExhausted, InternalError, EngineError, UnsupportedEvent, UnsupportedParameter,
-        UnsupportedTurnDetection,
+        UnsupportedTurnDetection, ItemNotFound, AudioEndOutOfRange,
     )
 }  # fmt: skip
 

@@ -34,9 +34,20 @@ def configure_logging(renderer: Renderer = "console", level: str = "info") -> No
             final,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
     )
+
+
+class _CurrentStderr:
+    """Whatever ``sys.stderr`` is when a line is written (it is swapped by test capture,
+    daemons and embedding apps; a stream bound once would outlive its owner)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def get_logger(**context: object) -> structlog.typing.FilteringBoundLogger:

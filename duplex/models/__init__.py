@@ -3,6 +3,11 @@
 A runner (`ModelRunner`) executes batched steps over slots; the `Scheduler`
 decides admission on numbers; the `Engine` owns both and steps synchronously;
 the `EngineDriver` ticks it on trio's clock and fans outputs out to sessions.
+
+Voice activity: `SileroVad` scores 32 ms windows of every session's 16 kHz
+input in one batched silero-vad forward per step; the `VadDriver` steps it on
+trio's clock and delivers `VadWindow`s; a per-session `SpeechSegmenter` turns
+them into OpenAI server_vad events.
 """
 
 from ._actor import EngineActor
@@ -29,15 +34,40 @@ from ._interface import (
 from ._loopback import LOOPBACK_SPEC, LoopbackRunner
 from ._registry import get_model, model_names, register_model
 from ._scheduler import Scheduler, SchedulerStatistics, SlotState
+from ._segmenter import (
+    IdleTimeout,
+    SegmenterEvent,
+    ServerVadConfig,
+    SpeechSegmenter,
+    SpeechStarted,
+    SpeechStopped,
+)
+from ._silero import (
+    VAD_SAMPLE_RATE,
+    VAD_WINDOW_MS,
+    VAD_WINDOW_SAMPLES,
+    SileroVad,
+    VadHandle,
+    VadPush,
+    VadStatistics,
+    VadStreamStatistics,
+    VadWindow,
+    silero_weights_path,
+)
+from ._vad_driver import VadDriver, VadDriverStatistics
 
 __all__ = [
     "LOOPBACK_SPEC",
+    "VAD_SAMPLE_RATE",
+    "VAD_WINDOW_MS",
+    "VAD_WINDOW_SAMPLES",
     "DriverStatistics",
     "Engine",
     "EngineActor",
     "EngineDriver",
     "EngineStatistics",
     "FrameOutput",
+    "IdleTimeout",
     "InputPush",
     "LoopbackRunner",
     "ModelRunner",
@@ -47,15 +77,29 @@ __all__ = [
     "RunnerFactory",
     "Scheduler",
     "SchedulerStatistics",
+    "SegmenterEvent",
+    "ServerVadConfig",
+    "SileroVad",
     "SlotHandle",
     "SlotInput",
     "SlotOutput",
     "SlotState",
     "SlotStatistics",
+    "SpeechSegmenter",
+    "SpeechStarted",
+    "SpeechStopped",
     "StepOutput",
     "StepPlan",
+    "VadDriver",
+    "VadDriverStatistics",
+    "VadHandle",
+    "VadPush",
+    "VadStatistics",
+    "VadStreamStatistics",
+    "VadWindow",
     "VideoFrame",
     "get_model",
     "model_names",
     "register_model",
+    "silero_weights_path",
 ]

@@ -10,6 +10,8 @@ from ._admission import Admission, AdmissionStatistics
 from ._config import (
     MODEL_SAMPLE_RATE,
     SUPPORTED_SAMPLE_RATES,
+    TURN_DETECTION_TYPES,
+    TURN_POLICIES,
     Capabilities,
     SessionConfig,
     SessionOptions,
@@ -46,8 +48,17 @@ from ._events import (
     EventAck,
     InputAudioCleared,
     InputAudioCommitted,
+    InputAudioTimeout,
     InputSpeechStarted,
     InputSpeechStopped,
+    ItemAdded,
+    ItemCreate,
+    ItemDelete,
+    ItemDeleted,
+    ItemRetrieve,
+    ItemRetrieved,
+    ItemTruncate,
+    ItemTruncated,
     ModelFailed,
     ModelFrame,
     OverlapDecision,
@@ -79,9 +90,11 @@ from ._events import (
     VideoAppend,
     VideoConsumed,
 )
+from ._items import HistoryItem
 from ._journal import Journal, JournalStatistics, Replay, ReplayGap
-from ._ledger import HistoryItem, InputStatistics, SessionStatistics
+from ._ledger import InputStatistics, SessionStatistics
 from ._resample import StreamingResampler
+from ._responder import ResponderSource, TurnResponder
 from ._state import SessionMachine, SessionState, TurnState
 from ._vad import EnergyVad
 
@@ -97,6 +110,8 @@ __all__ = [
     "RUNTIME_EVENT_TYPES",
     "SERVER_EVENT_TYPES",
     "SUPPORTED_SAMPLE_RATES",
+    "TURN_DETECTION_TYPES",
+    "TURN_POLICIES",
     "Admission",
     "AdmissionStatistics",
     "AudioAppend",
@@ -116,9 +131,18 @@ __all__ = [
     "HistoryItem",
     "InputAudioCleared",
     "InputAudioCommitted",
+    "InputAudioTimeout",
     "InputSpeechStarted",
     "InputSpeechStopped",
     "InputStatistics",
+    "ItemAdded",
+    "ItemCreate",
+    "ItemDelete",
+    "ItemDeleted",
+    "ItemRetrieve",
+    "ItemRetrieved",
+    "ItemTruncate",
+    "ItemTruncated",
     "Journal",
     "JournalStatistics",
     "ModelAppendAudio",
@@ -133,6 +157,7 @@ __all__ = [
     "ReleaseResources",
     "Replay",
     "ReplayGap",
+    "ResponderSource",
     "ResponseCancel",
     "ResponseCreate",
     "ResponseCreated",
@@ -162,6 +187,7 @@ __all__ = [
     "StreamingResampler",
     "Tick",
     "TranscriptDelta",
+    "TurnResponder",
     "TurnSignal",
     "TurnState",
     "VideoAppend",

@@ -20,6 +20,8 @@ __all__ = [
     "OVERLAP_POLICIES",
     "PLAYBACK_COMMIT_POLICIES",
     "SUPPORTED_SAMPLE_RATES",
+    "TURN_DETECTION_TYPES",
+    "TURN_POLICIES",
     "VAD_MODES",
     "Capabilities",
     "SessionConfig",
@@ -32,6 +34,8 @@ OVERLAP_POLICIES: tuple[str, ...] = ("model", "barge_in_on_speech", "ignore")
 PLAYBACK_COMMIT_POLICIES: tuple[str, ...] = ("ack_only", "commit_all_on_done")
 AUDIO_INPUT_FORMATS: tuple[str, ...] = ("pcm16", "float32")
 VAD_MODES: tuple[str, ...] = ("energy", "external")
+TURN_POLICIES: tuple[str, ...] = ("duplex", "turn_based")
+TURN_DETECTION_TYPES: tuple[str, ...] = ("none", "server_vad")
 
 _MIB = 1024 * 1024
 
@@ -45,6 +49,16 @@ def _config_error(key: str, rule: str) -> ConfigError:
 def _positive(key: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
         raise _config_error(key, f"must be a positive finite number, got {value!r}")
+
+
+def _non_negative_int(key: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _config_error(key, f"must be an integer >= 0, got {value!r}")
+
+
+def _unit(key: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise _config_error(key, f"must be a number from 0 to 1, got {value!r}")
 
 
 def _choice(key: str, value: object, choices: tuple[Any, ...]) -> None:
@@ -62,6 +76,29 @@ class SessionConfig:
     jitter of a few 80 ms frames; and it should cut a reply within about a
     second, vllm-omni's ``target_barge_in_latency_ms``. (vllm-omni's own 1200 ms
     default is tuned for 1 s input chunks; our model frames are 80 ms.)
+
+    Turn taking. ``turn_policy="duplex"``: the model decides when to speak (its
+    frames open responses) and barge-in follows ``overlap_policy``.
+    ``"turn_based"``: OpenAI's turn-based Realtime; model frames never open a
+    response, a response is requested (``response.create``, or a VAD stop with
+    ``vad_create_response``) and the built-in turn responder speaks it
+    (``_responder``), and ``vad_interrupt_response`` cancels it on speech start.
+
+    Turn detection (Realtime ``turn_detection``): ``"none"`` runs no VAD (no
+    speech events; commits are manual); ``"server_vad"`` runs the session's VAD
+    (``vad="energy"``: the built-in `EnergyVad`; ``"external"``: a VAD actor
+    sends `SpeechStarted`/`SpeechStopped`). Its knobs: ``vad_threshold`` (0..1;
+    the energy VAD maps it to an RMS threshold, ``vad_threshold_rms`` at 0.5,
+    x10 per +0.5), ``vad_prefix_padding_ms`` (speech_started's
+    ``audio_start_ms`` is the detected start minus this, at least 0, and the
+    committed user audio starts there), ``vad_hangover_ms`` (Realtime's
+    ``silence_duration_ms``), ``vad_create_response`` (a speech stop commits the
+    turn and requests a response), ``vad_interrupt_response`` (turn-based: a
+    speech start cancels the active response, reason ``turn_detected``; duplex
+    requires it true, since barge-in there follows ``overlap_policy``) and
+    ``vad_idle_timeout_ms`` (0: off; else that much input audio without speech
+    after the last turn or response commits the silence and fires
+    ``input_audio_buffer.timeout_triggered``).
 
     ``playback_commit_policy`` defaults to ``commit_all_on_done`` because a
     client that never sends ``playback.ack`` (a stock Realtime SDK) would
@@ -91,6 +128,14 @@ class SessionConfig:
     vad_threshold_rms: float = 0.003
     vad_hangover_ms: int = 300
     vad_min_speech_ms: int = 60
+    turn_policy: str = "duplex"
+    turn_detection: str = "server_vad"
+    vad_threshold: float = 0.5
+    vad_prefix_padding_ms: int = 0
+    vad_create_response: bool = False
+    vad_interrupt_response: bool = True
+    vad_idle_timeout_ms: int = 0
+    max_turn_audio_ms: int = 120_000
     max_held_frames: int = 64
     video_lane_size: int = 8
     max_history_items: int = 256
@@ -100,6 +145,17 @@ class SessionConfig:
         _choice("overlap_policy", self.overlap_policy, OVERLAP_POLICIES)
         _choice("playback_commit_policy", self.playback_commit_policy, PLAYBACK_COMMIT_POLICIES)
         _choice("vad", self.vad, VAD_MODES)
+        _choice("turn_policy", self.turn_policy, TURN_POLICIES)
+        _choice("turn_detection", self.turn_detection, TURN_DETECTION_TYPES)
+        _unit("vad_threshold", self.vad_threshold)
+        _non_negative_int("vad_prefix_padding_ms", self.vad_prefix_padding_ms)
+        _non_negative_int("vad_idle_timeout_ms", self.vad_idle_timeout_ms)
+        if self.turn_policy == "duplex" and not self.vad_interrupt_response:
+            raise _config_error(
+                "vad_interrupt_response",
+                "must be true when turn_policy is duplex (barge-in follows overlap_policy; "
+                "use overlap_policy=ignore to never interrupt)",
+            )
         _choice("input_sample_rate", self.input_sample_rate, SUPPORTED_SAMPLE_RATES)
         _choice("model_sample_rate", self.model_sample_rate, SUPPORTED_SAMPLE_RATES)
         if self.output_sample_rate != self.model_sample_rate:
@@ -123,6 +179,7 @@ class SessionConfig:
             "video_lane_size",
             "max_history_items",
             "max_tracked_responses",
+            "max_turn_audio_ms",
         ):
             _positive(key, getattr(self, key))
         if self.barge_in_ms <= self.short_ack_ms:
@@ -131,6 +188,17 @@ class SessionConfig:
                 f"must be greater than short_ack_ms ({self.short_ack_ms}) "
                 "so a backchannel never interrupts",
             )
+
+    @property
+    def energy_threshold_rms(self) -> float:
+        """The energy VAD's RMS threshold for ``vad_threshold``: ``vad_threshold_rms`` at
+        0.5, ten times higher per +0.5 (0.3 mRMS at 0, 30 mRMS at 1 with the defaults)."""
+        return self.vad_threshold_rms * 10.0 ** (2.0 * (self.vad_threshold - 0.5))
+
+    @property
+    def vad_enabled(self) -> bool:
+        """Turn detection is on (``server_vad``)."""
+        return self.turn_detection != "none"
 
     def updated(self, options: SessionOptions) -> SessionConfig:
         """A copy with the options that are set; raises ``ConfigError`` if the result is bad."""
@@ -162,18 +230,28 @@ class SessionOptions:
     false_interruption_timeout_s: float | None = None
     playback_commit_policy: str | None = None
     input_sample_rate: int | None = None
+    turn_policy: str | None = None
+    turn_detection: str | None = None
+    vad_threshold: float | None = None
+    vad_prefix_padding_ms: int | None = None
+    vad_hangover_ms: int | None = None
+    vad_create_response: bool | None = None
+    vad_interrupt_response: bool | None = None
+    vad_idle_timeout_ms: int | None = None
 
     def __post_init__(self) -> None:
         checks: tuple[tuple[str, tuple[Any, ...] | None], ...] = (
             ("overlap_policy", OVERLAP_POLICIES),
             ("playback_commit_policy", PLAYBACK_COMMIT_POLICIES),
             ("input_sample_rate", SUPPORTED_SAMPLE_RATES),
+            ("turn_policy", TURN_POLICIES),
+            ("turn_detection", TURN_DETECTION_TYPES),
         )
         for key, choices in checks:
             value = getattr(self, key)
             if value is not None and choices is not None and value not in choices:
                 raise BadEvent(f"session.{key} must be one of {choices}", param=f"session.{key}")
-        for key in ("short_ack_ms", "barge_in_ms"):
+        for key in ("short_ack_ms", "barge_in_ms", "vad_hangover_ms"):
             value = getattr(self, key)
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value <= 0
@@ -189,12 +267,25 @@ class SessionOptions:
                 "session.false_interruption_timeout_s must be a positive number",
                 param="session.false_interruption_timeout_s",
             )
-        enabled = self.false_interruption_enabled
-        if enabled is not None and not isinstance(enabled, bool):
+        for key in ("vad_prefix_padding_ms", "vad_idle_timeout_ms"):
+            value = getattr(self, key)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise BadEvent(f"session.{key} must be an integer >= 0", param=f"session.{key}")
+        threshold = self.vad_threshold
+        if threshold is not None and (
+            isinstance(threshold, bool)
+            or not isinstance(threshold, int | float)
+            or not 0 <= threshold <= 1
+        ):
             raise BadEvent(
-                "session.false_interruption_enabled must be a boolean",
-                param="session.false_interruption_enabled",
+                "session.vad_threshold must be a number from 0 to 1", param="session.vad_threshold"
             )
+        for key in ("false_interruption_enabled", "vad_create_response", "vad_interrupt_response"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, bool):
+                raise BadEvent(f"session.{key} must be a boolean", param=f"session.{key}")
 
 
 @final

@@ -2,7 +2,8 @@
 
 Client events (parsed by a wire projection) and runtime events (model, VAD,
 connection, timers) go into `SessionMachine.handle`; server events come out
-wrapped in `Send` effects (``_effects``). Constructors check their fields and
+wrapped in `Send` effects (``_effects``); they are defined in ``_server_events``
+and re-exported here. Constructors check their fields and
 raise a `ProtocolError` subclass (h11's habit), so a parser can build them
 directly. Audio-carrying classes compare by identity (``eq=False``). Do not
 subclass these classes.
@@ -14,38 +15,50 @@ from dataclasses import dataclass, field
 from typing import final
 
 import numpy as np
-import numpy.typing as npt
 
-from duplex.exceptions import BadAudio, BadEvent, InvalidVideoFrames, ProtocolError
+from duplex.exceptions import BadAudio, InvalidVideoFrames
 
-from ._config import SUPPORTED_SAMPLE_RATES, Capabilities, SessionConfig, SessionOptions
-
-Pcm = npt.NDArray[np.float32]
+from ._checks import Pcm
+from ._checks import check as _check
+from ._checks import float_pcm as _float_pcm
+from ._checks import is_int as _is_int
+from ._config import SUPPORTED_SAMPLE_RATES, SessionOptions
+from ._items import ITEM_ROLES
+from ._server_events import (
+    OVERLAP_ACTIONS,
+    RESPONSE_STATUSES,
+    SERVER_EVENT_TYPES,
+    AudioDelta,
+    ErrorEvent,
+    InputAudioCleared,
+    InputAudioCommitted,
+    InputAudioTimeout,
+    InputSpeechStarted,
+    InputSpeechStopped,
+    ItemAdded,
+    ItemDeleted,
+    ItemRetrieved,
+    ItemTruncated,
+    OverlapDecision,
+    PlaybackAcknowledged,
+    ResponseCreated,
+    ResponseDone,
+    ResponseListen,
+    ServerEvent,
+    SessionClosed,
+    SessionCreated,
+    SessionExpired,
+    SessionReplaced,
+    SessionResumed,
+    SessionResyncRequired,
+    SessionUpdated,
+    TranscriptDelta,
+    VideoConsumed,
+    audio_ms,
+)
 
 TURN_SIGNALS = ("barge_in",)
 VIDEO_FORMATS = ("jpeg", "png", "rgb")
-RESPONSE_STATUSES = ("completed", "cancelled", "incomplete", "failed")
-OVERLAP_ACTIONS = ("drop", "listen", "barge_in", "pause", "resume")
-
-
-def _check(ok: bool, message: str, param: str, exc: type[ProtocolError] = BadEvent) -> None:
-    if not ok:
-        raise exc(message, param=param)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _float_pcm(pcm: object, param: str) -> Pcm:
-    """Normalise to a read-only 1-D float32 array with finite samples."""
-    try:
-        arr = np.array(pcm, dtype=np.float32, copy=True).reshape(-1)
-    except (TypeError, ValueError) as exc:
-        raise BadAudio(f"{param} must be numeric samples", param=param) from exc
-    _check(bool(np.isfinite(arr).all()), f"{param} has NaN or infinite samples", param, BadAudio)
-    arr.flags.writeable = False
-    return arr
 
 
 @final
@@ -235,6 +248,96 @@ class VideoAppend:
             )
 
 
+@final
+@dataclass(frozen=True, slots=True, eq=False)
+class ItemCreate:
+    """``conversation.item.create``: add a message to the history.
+
+    A user item holds text or audio (``pcm`` at ``sample_rate``, ``None``: the
+    session's input rate; the machine resamples it); assistant and system items
+    hold text. ``previous_item_id``: insert after that item (``None``: append;
+    ``"root"``: first). ``item_id``: the client's id (``None``: the server makes one).
+    """
+
+    role: str
+    text: str | None = None
+    pcm: Pcm | None = field(default=None, repr=False)
+    sample_rate: int | None = None
+    item_id: str | None = None
+    previous_item_id: str | None = None
+    event_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.role in ITEM_ROLES, f"item.role must be one of {ITEM_ROLES}", "item.role")
+        if self.pcm is not None:
+            object.__setattr__(self, "pcm", _float_pcm(self.pcm, "item.content"))
+        _check(
+            (self.text is None) != (self.pcm is None),
+            "an item holds exactly one content part: text or audio",
+            "item.content",
+        )
+        _check(
+            self.pcm is None or self.role == "user",
+            "only user items may hold audio",
+            "item.content",
+        )
+        if self.sample_rate is not None:
+            _check(
+                self.sample_rate in SUPPORTED_SAMPLE_RATES,
+                f"sample_rate must be one of {SUPPORTED_SAMPLE_RATES}",
+                "sample_rate",
+            )
+        _check(self.item_id is None or bool(self.item_id), "item.id must not be empty", "item.id")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ItemRetrieve:
+    """``conversation.item.retrieve``."""
+
+    item_id: str
+    event_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _check(bool(self.item_id), "item_id must not be empty", "item_id")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ItemDelete:
+    """``conversation.item.delete``."""
+
+    item_id: str
+    event_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _check(bool(self.item_id), "item_id must not be empty", "item_id")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ItemTruncate:
+    """``conversation.item.truncate``: the client heard ``audio_end_ms`` of an assistant item."""
+
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+    event_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _check(bool(self.item_id), "item_id must not be empty", "item_id")
+        _check(
+            _is_int(self.content_index) and self.content_index >= 0,
+            "content_index must be >= 0",
+            "content_index",
+        )
+        _check(
+            _is_int(self.audio_end_ms) and self.audio_end_ms >= 0,
+            "audio_end_ms must be >= 0",
+            "audio_end_ms",
+        )
+
+
 ClientEvent = (
     SessionCreate
     | SessionUpdate
@@ -249,6 +352,10 @@ ClientEvent = (
     | EventAck
     | SessionClose
     | VideoAppend
+    | ItemCreate
+    | ItemRetrieve
+    | ItemDelete
+    | ItemTruncate
 )
 CLIENT_EVENT_TYPES: tuple[type, ...] = ClientEvent.__args__  # type: ignore[attr-defined]
 
@@ -294,7 +401,12 @@ class ModelFrame:
 @final
 @dataclass(frozen=True, slots=True)
 class SpeechStarted:
-    """A VAD found speech starting at ``audio_ms`` on the session's input clock."""
+    """A VAD found speech starting at ``audio_ms`` on the session's input clock.
+
+    The seam for a model VAD (``vad="external"``): a VAD actor sends these and
+    `SpeechStopped` as runtime events, unpadded; the machine applies
+    ``vad_prefix_padding_ms`` and the turn-detection policy.
+    """
 
     audio_ms: float
 
@@ -344,254 +456,67 @@ RuntimeEvent = (
 RUNTIME_EVENT_TYPES: tuple[type, ...] = RuntimeEvent.__args__  # type: ignore[attr-defined]
 Event = ClientEvent | RuntimeEvent
 
-
-@final
-@dataclass(frozen=True, slots=True)
-class SessionCreated:
-    """``session.created``: connection-scoped (carries the credential, never replayed)."""
-
-    session_id: str
-    config: SessionConfig
-    capabilities: Capabilities
-    resume_token: str = field(repr=False)
-    attachment_generation: int
-    epoch: int
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class SessionUpdated:
-    """``session.updated``."""
-
-    session_id: str
-    config: SessionConfig
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class SessionResumed:
-    """``session.resumed``: connection-scoped; the rotated token and what gets replayed."""
-
-    session_id: str
-    resume_token: str = field(repr=False)
-    attachment_generation: int
-    epoch: int
-    replay_count: int
-    last_server_event_seq: int
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class SessionReplaced:
-    """``session.replaced``: sent to the superseded socket before it is closed."""
-
-    session_id: str
-    attachment_generation: int
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class SessionExpired:
-    """``session.expired``: ``idle_ttl_expired`` or ``disconnect_grace_expired``."""
-
-    session_id: str
-    reason: str
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class SessionResyncRequired:
-    """``session.resync_required``: the replay cursor fell out of the journal."""
-
-    session_id: str
-    reason: str
-    last_server_event_seq: int
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class SessionClosed:
-    """``session.closed``."""
-
-    session_id: str
-    reason: str
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class InputAudioCommitted:
-    """``input_audio_buffer.committed``."""
-
-    item_id: str
-    turn_id: int
-    audio_end_ms: float
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class InputAudioCleared:
-    """``input_audio_buffer.cleared``."""
-
-    epoch: int
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class InputSpeechStarted:
-    """``input_audio_buffer.speech_started``."""
-
-    audio_start_ms: float
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class InputSpeechStopped:
-    """``input_audio_buffer.speech_stopped``."""
-
-    audio_end_ms: float
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class ResponseCreated:
-    """``response.created``: exactly once per response, before its deltas."""
-
-    response_id: str
-    item_id: str
-    epoch: int
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class AudioDelta:
-    """``response.audio.delta``: PCM16 LE at ``sample_rate`` (the model rate)."""
-
-    response_id: str
-    item_id: str
-    epoch: int
-    pcm: bytes = field(repr=False)
-    sample_rate: int
-    audio_start_ms: float
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class TranscriptDelta:
-    """``response.audio_transcript.delta``."""
-
-    response_id: str
-    item_id: str
-    epoch: int
-    delta: str
-    audio_start_ms: float
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class ResponseDone:
-    """``response.done``: exactly one per response; ``transcript`` == concat of its deltas."""
-
-    response_id: str
-    item_id: str
-    epoch: int
-    status: str
-    reason: str
-    transcript: str
-    audio_ms: float
-
-    def __post_init__(self) -> None:
-        _check(self.status in RESPONSE_STATUSES, "unknown response status", "status")
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class ResponseListen:
-    """``response.listen``: the model chose to listen."""
-
-    epoch: int
-    reason: str
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class OverlapDecision:
-    """``overlap.decision``: one per overlap-policy decision."""
-
-    policy: str
-    action: str
-    reason: str
-    overlap_ms: float
-    response_id: str | None = None
-
-    def __post_init__(self) -> None:
-        _check(self.action in OVERLAP_ACTIONS, "unknown overlap action", "action")
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class PlaybackAcknowledged:
-    """``playback.acknowledged``: the ledger after an ack."""
-
-    response_id: str
-    item_id: str
-    played_ms: float
-    committed_ms: float
-    generated_ms: float
-    sent_ms: float
-    history_committed: bool
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class VideoConsumed:
-    """``input_video.consumed``: frames the model took (an input fact, not epoch-fenced)."""
-
-    frame_ids: tuple[str, ...]
-    latest_pts_ms: int | None
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class ErrorEvent:
-    """``error``: one per refused client event, naming its ``event_id``."""
-
-    code: str
-    type: str
-    message: str
-    event_id: str | None = None
-    param: str | None = None
-
-    @classmethod
-    def from_exception(cls, exc: ProtocolError, event_id: str | None = None) -> ErrorEvent:
-        """The wire form of a refused event; ``event_id`` fills a missing one."""
-        return cls(exc.code, exc.error_type, exc.message, exc.event_id or event_id, exc.param)
-
-
-ServerEvent = (
-    SessionCreated
-    | SessionUpdated
-    | SessionResumed
-    | SessionReplaced
-    | SessionExpired
-    | SessionResyncRequired
-    | SessionClosed
-    | InputAudioCommitted
-    | InputAudioCleared
-    | InputSpeechStarted
-    | InputSpeechStopped
-    | ResponseCreated
-    | AudioDelta
-    | TranscriptDelta
-    | ResponseDone
-    | ResponseListen
-    | OverlapDecision
-    | PlaybackAcknowledged
-    | VideoConsumed
-    | ErrorEvent
-)
-SERVER_EVENT_TYPES: tuple[type, ...] = ServerEvent.__args__  # type: ignore[attr-defined]
-
-
-def audio_ms(pcm16: bytes, sample_rate: int) -> float:
-    """Duration of mono PCM16 bytes in milliseconds."""
-    return len(pcm16) / 2 * 1000.0 / sample_rate
+__all__ = [
+    "CLIENT_EVENT_TYPES",
+    "OVERLAP_ACTIONS",
+    "RESPONSE_STATUSES",
+    "RUNTIME_EVENT_TYPES",
+    "SERVER_EVENT_TYPES",
+    "TURN_SIGNALS",
+    "VIDEO_FORMATS",
+    "AudioAppend",
+    "AudioClear",
+    "AudioCommit",
+    "AudioDelta",
+    "ClientEvent",
+    "ConnectionAttached",
+    "ConnectionDetached",
+    "ErrorEvent",
+    "Event",
+    "EventAck",
+    "InputAudioCleared",
+    "InputAudioCommitted",
+    "InputAudioTimeout",
+    "InputSpeechStarted",
+    "InputSpeechStopped",
+    "ItemAdded",
+    "ItemCreate",
+    "ItemDelete",
+    "ItemDeleted",
+    "ItemRetrieve",
+    "ItemRetrieved",
+    "ItemTruncate",
+    "ItemTruncated",
+    "ModelFailed",
+    "ModelFrame",
+    "OverlapDecision",
+    "Pcm",
+    "PlaybackAck",
+    "PlaybackAcknowledged",
+    "ResponseCancel",
+    "ResponseCreate",
+    "ResponseCreated",
+    "ResponseDone",
+    "ResponseListen",
+    "RuntimeEvent",
+    "ServerEvent",
+    "SessionClose",
+    "SessionClosed",
+    "SessionCreate",
+    "SessionCreated",
+    "SessionExpired",
+    "SessionReplaced",
+    "SessionResume",
+    "SessionResumed",
+    "SessionResyncRequired",
+    "SessionUpdate",
+    "SessionUpdated",
+    "SpeechStarted",
+    "SpeechStopped",
+    "Tick",
+    "TranscriptDelta",
+    "TurnSignal",
+    "VideoAppend",
+    "VideoConsumed",
+    "audio_ms",
+]

@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import final
 
+from ._items import HistoryItem
 from ._journal import JournalStatistics
 
 __all__ = [
@@ -34,7 +35,7 @@ class PlaybackLedger:
 
     response_id: str
     item_id: str
-    order: int
+    order: float
     generated_ms: float = 0.0
     sent_ms: float = 0.0
     played_ms: float = 0.0
@@ -63,18 +64,6 @@ class PlaybackLedger:
         return "".join(text for start, text in self._text if start < self.committed_ms)
 
 
-@final
-@dataclass(frozen=True, slots=True)
-class HistoryItem:
-    """One conversation item as the model's context should see it."""
-
-    item_id: str
-    role: str  # "user" | "assistant"
-    order: int
-    audio_ms: float
-    text: str = ""
-
-
 class History:
     """Conversation items in ``order``; bounded, oldest dropped and counted."""
 
@@ -88,11 +77,11 @@ class History:
         """A read-only snapshot, oldest first."""
         return tuple(self._items)
 
-    def has_user_after(self, order: int) -> bool:
+    def has_user_after(self, order: float) -> bool:
         """Whether a user item newer than ``order`` is already in the history."""
         return any(i.role == "user" and i.order > order for i in self._items)
 
-    def add_user(self, item_id: str, order: int, audio_ms: float) -> None:
+    def add_user(self, item_id: str, order: float, audio_ms: float) -> None:
         """Append a committed user turn."""
         self._put(HistoryItem(item_id, "user", order, audio_ms))
 
@@ -110,6 +99,18 @@ class History:
                 self._items[index] = item
                 return
         self._put(item)
+
+    def insert(self, item: HistoryItem) -> None:
+        """Place an item at its ``order`` (client-created items)."""
+        self._put(item)
+
+    def remove(self, item_id: str) -> bool:
+        """Delete the item with that id; ``False`` if there is none."""
+        for index, existing in enumerate(self._items):
+            if existing.item_id == item_id:
+                del self._items[index]
+                return True
+        return False
 
     def _put(self, item: HistoryItem) -> None:
         items = list(self._items)
@@ -216,6 +217,9 @@ class SessionStatistics:
     session_resumes: int
     takeovers: int
     resume_failures: int
+    model_frames_ignored: int
+    auto_turns_skipped: int
+    responder_frames_dropped: int
     history_dropped: int
     input: InputStatistics
     journal: JournalStatistics

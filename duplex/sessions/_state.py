@@ -20,6 +20,10 @@ Turn, inside ACTIVE/DETACHED::
     LISTENING --speaking frame--> RESPONDING --speech, false-interruption on--> PAUSED
     PAUSED --timeout, no real turn--> RESPONDING
     RESPONDING | PAUSED --done | cancel | barge-in | clear | failure--> LISTENING
+
+Under ``turn_policy="turn_based"`` model frames open nothing: a request
+(``response.create``, a VAD stop) opens the response and the turn responder
+speaks it (``_user_turns``, ``_responder``); speech start may cancel it.
 """
 
 from __future__ import annotations
@@ -40,9 +44,7 @@ from ._effects import (
     CLOSE_SESSION_REPLACED,
     CloseConnection,
     Effect,
-    ModelAppendAudio,
     ModelAppendVideo,
-    ModelSignal,
     ReleaseResources,
     Send,
 )
@@ -56,8 +58,10 @@ from ._events import (
     ErrorEvent,
     Event,
     EventAck,
-    InputAudioCleared,
-    InputAudioCommitted,
+    ItemCreate,
+    ItemDelete,
+    ItemRetrieve,
+    ItemTruncate,
     ModelFailed,
     ModelFrame,
     PlaybackAck,
@@ -82,11 +86,12 @@ from ._events import (
     VideoAppend,
     VideoConsumed,
 )
-from ._input import InputPath
+from ._items import HistoryItem
 from ._journal import Journal, Replay
-from ._ledger import HistoryItem, SessionStatistics
+from ._ledger import SessionStatistics
 from ._resume import ResumeCredential
 from ._turns import TurnState, TurnTaking
+from ._user_turns import USER_TURN_COUNTERS, ItemEvent, UserTurns
 
 __all__ = [
     "SESSION_TABLE",
@@ -154,16 +159,21 @@ _LIVE_CLIENT: dict[type, Rule] = {
     EventAck: Handle("_on_event_ack"),
     SessionClose: Handle("_on_session_close"),
     VideoAppend: Handle("_on_video_append"),
+    ItemCreate: Handle("_on_item"),
+    ItemRetrieve: Handle("_on_item"),
+    ItemDelete: Handle("_on_item"),
+    ItemTruncate: Handle("_on_item"),
 }
 _LIVE_RUNTIME: dict[type, Rule] = {
     ModelFrame: Handle("_on_model_frame"),
-    SpeechStarted: Handle("_on_speech_started"),
-    SpeechStopped: Handle("_on_speech_stopped"),
+    SpeechStarted: Handle("_on_speech"),
+    SpeechStopped: Handle("_on_speech"),
     ConnectionAttached: Handle("_on_resume_attach"),
     ConnectionDetached: Handle("_on_detach"),
     Tick: Handle("_on_tick"),
     ModelFailed: Handle("_on_model_failed"),
 }
+_MODEL_EVENTS = (ModelFrame, SpeechStarted, SpeechStopped, ModelFailed)
 _NO_SOCKET: dict[type, Rule] = {t: Ignore("no_connection") for t in CLIENT_EVENT_TYPES}
 _CLOSED: dict[type, Rule] = {
     t: Reject(errors.SessionClosed, "the session is closed") for t in CLIENT_EVENT_TYPES
@@ -172,25 +182,19 @@ _CLOSED: dict[type, Rule] = {
 SESSION_TABLE: dict[SessionState, dict[type, Rule]] = {
     SessionState.AWAITING: {
         **_NO_SOCKET,
-        ModelFrame: Ignore("not_started"),
-        SpeechStarted: Ignore("not_started"),
-        SpeechStopped: Ignore("not_started"),
+        **{t: Ignore("not_started") for t in _MODEL_EVENTS},
         ConnectionAttached: Handle("_on_first_attach"),
         ConnectionDetached: Ignore("not_started"),
         Tick: Handle("_on_tick"),
-        ModelFailed: Ignore("not_started"),
     },
     SessionState.ACTIVE: {**_LIVE_CLIENT, **_LIVE_RUNTIME},
     SessionState.DETACHED: {**_NO_SOCKET, **_LIVE_RUNTIME},
     SessionState.CLOSED: {
         **_CLOSED,
-        ModelFrame: Ignore("closed"),
-        SpeechStarted: Ignore("closed"),
-        SpeechStopped: Ignore("closed"),
+        **{t: Ignore("closed") for t in _MODEL_EVENTS},
         ConnectionAttached: Handle("_on_closed_attach"),
         ConnectionDetached: Ignore("closed"),
         Tick: Handle("_on_tick"),
-        ModelFailed: Ignore("closed"),
     },
 }
 
@@ -245,16 +249,23 @@ class SessionMachine:
         self._generation: int | None = None
         self._sender: int | None = None
         self._now = 0.0
-        self._turn_id = 0
         self._journal = Journal(
             ttl_s=self._config.journal_ttl_s, max_bytes=self._config.journal_max_bytes
         )
-        self._inputs = InputPath(self._config)
         self._turns = TurnTaking(self._config, self._caps, emit=self._emit, new_id=self._new_id)
+        self._counts = dict.fromkeys(_COUNTERS + USER_TURN_COUNTERS, 0)
+        self._user = UserTurns(
+            self._config,
+            self._caps,
+            self._turns,
+            self._counts,
+            emit=self._emit,
+            new_id=self._new_id,
+        )
+        self._inputs = self._user.inputs
         self._credential = ResumeCredential(random_bytes)
         self._last_activity = 0.0
         self._detached_at: float | None = None
-        self._counts = dict.fromkeys(_COUNTERS, 0)
 
     # ----------------------------------------------------------- read-only view
 
@@ -332,12 +343,14 @@ class SessionMachine:
         deadlines = [self._last_activity + self._config.idle_ttl_s]
         if self._detached_at is not None:
             deadlines.append(self._detached_at + self._config.disconnect_grace_s)
-        for deadline in (self._turns.pause_deadline(), self._journal.next_deadline()):
+        for deadline in (
+            self._turns.pause_deadline(),
+            self._journal.next_deadline(),
+            self._user.deadline(),
+        ):
             if deadline is not None:
                 deadlines.append(deadline)
         return min(deadlines)
-
-    # ------------------------------------------------------------------ driving
 
     def handle(self, event: Event, now: float, *, generation: int | None = None) -> list[Effect]:
         """Apply one event at time ``now`` (seconds) and return the effects, in order.
@@ -352,7 +365,7 @@ class SessionMachine:
             Effects for the session actor to perform in order. A refused client
             event yields exactly one ``error`` naming its ``event_id``; nothing raises.
         """
-        self._now = self._turns.now = now
+        self._now = self._turns.now = self._user.now = now
         out: list[Effect] = []
         self._fire_timers(out)
         if isinstance(event, CLIENT_EVENT_TYPES) and self._state is SessionState.ACTIVE:
@@ -371,9 +384,9 @@ class SessionMachine:
                 getattr(self, rule.method)(event, out)
             except errors.ProtocolError as exc:  # handlers raise before changing anything
                 self._error(out, exc, event)
+        if self._turns.response_id is not None:  # idle time counts from the response's end
+            self._user.responding()
         return out
-
-    # ----------------------------------------------------------------- emitting
 
     def _emit(self, out: list[Effect], event: ServerEvent) -> None:
         seq = self._journal.append(event, self._now)
@@ -416,6 +429,7 @@ class SessionMachine:
             self._expire(out, "idle_ttl_expired")
         else:
             self._turns.fire_pause_timer(out)
+            self._user.play(out)
 
     def _expire(self, out: list[Effect], reason: str) -> None:
         self._turns.finish(out, "incomplete", "session_expired")
@@ -511,7 +525,7 @@ class SessionMachine:
             param = f"session.{getattr(exc, 'key', '')}".rstrip(".")
             raise errors.BadEvent(str(exc), param=param) from exc
         self._config = self._turns.config = config
-        self._inputs.reconfigure(config)
+        self._user.reconfigure(config)
         self._emit(out, SessionUpdated(self._session_id, config))
 
     def _on_event_ack(self, event: EventAck, out: list[Effect]) -> None:
@@ -521,48 +535,25 @@ class SessionMachine:
             )
         self._journal.ack(event.server_event_seq)
 
-    # --------------------------------------------------------------------- input
-
     def _on_audio_append(self, event: AudioAppend, out: list[Effect]) -> None:
-        pcm, start_ms, speech = self._inputs.append(event)
-        self._turns.input_ms = self._inputs.input_ms
-        self._turns.speech_ms = self._inputs.speech_ms
-        for found in speech:
-            if isinstance(found, SpeechStarted):
-                self._on_speech_started(found, out)
-            else:
-                self._on_speech_stopped(found, out)
-        self._turns.check_overlap(out)
-        if pcm.size:
-            out.append(ModelAppendAudio(self.epoch, pcm, start_ms))
+        self._user.append(out, event)
 
     def _on_audio_commit(self, event: AudioCommit, out: list[Effect]) -> None:
-        turn_ms = self._inputs.commit()
-        self._turn_id += 1
-        item_id = self._new_id("item")
-        self._turns.history.add_user(item_id, self._turns.next_order(), turn_ms)
-        self._emit(out, InputAudioCommitted(item_id, self._turn_id, self.input_ms))
-        out.append(ModelSignal(self.epoch, "commit", self._turn_id))
+        self._user.commit(out)
 
     def _on_audio_clear(self, event: AudioClear, out: list[Effect]) -> None:
-        self._turns.reset_speech()
-        self._turns.finish(out, "cancelled", "input_cleared")
-        self._turns.advance_epoch(out, "input_cleared", clear_input=True)
-        self._inputs.clear()
-        self._emit(out, InputAudioCleared(self.epoch))
+        self._user.clear(out)
 
     def _on_video_append(self, event: VideoAppend, out: list[Effect]) -> None:
         if not self._caps.supports_video_input:
             raise errors.VideoInputUnsupported("this model takes no video input", param="frame")
         out.append(ModelAppendVideo(self.epoch, event, self.input_ms))
 
-    def _on_speech_started(self, event: SpeechStarted, out: list[Effect]) -> None:
-        if not self._turns.speech_started(out, event.audio_ms):
-            self._counts["ignored_events"] += 1  # already inside speech
-
-    def _on_speech_stopped(self, event: SpeechStopped, out: list[Effect]) -> None:
-        if not self._turns.speech_stopped(out, event.audio_ms):
-            self._counts["ignored_events"] += 1  # no speech to stop
+    def _on_speech(self, event: SpeechStarted | SpeechStopped, out: list[Effect]) -> None:
+        if isinstance(event, SpeechStarted):
+            self._user.speech_started(out, event)
+        else:
+            self._user.speech_stopped(out, event)
 
     # ------------------------------------------------------- responses, playback
 
@@ -570,9 +561,12 @@ class SessionMachine:
         self._turns.turn_signal(out)
 
     def _on_response_create(self, event: ResponseCreate, out: list[Effect]) -> None:
-        if self._inputs.samples == 0:
+        if self._config.turn_policy == "duplex" and self._inputs.samples == 0:
             raise errors.InputAudioBufferEmpty("response.create needs input audio first")
-        out.append(ModelSignal(self.epoch, "response_create", self._turn_id))
+        self._user.request_response(out)
+
+    def _on_item(self, event: ItemEvent, out: list[Effect]) -> None:
+        self._user.item(out, event)
 
     def _on_response_cancel(self, event: ResponseCancel, out: list[Effect]) -> None:
         self._turns.cancel(out, event.response_id)
@@ -592,6 +586,9 @@ class SessionMachine:
         if event.consumed_video_frame_ids:
             ids = event.consumed_video_frame_ids
             self._emit(out, VideoConsumed(ids, event.latest_video_pts_ms))
+        if self._config.turn_policy == "turn_based":  # the turn responder speaks instead
+            self._counts["model_frames_ignored"] += 1
+            return
         opened = self._turns.counts["responses_created"]
         self._turns.frame(out, event)
         if self._turns.counts["responses_created"] != opened:

@@ -20,7 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from duplex.exceptions import (
+    AudioEndOutOfRange,
+    BadEvent,
     IllegalState,
+    ItemNotFound,
     PlaybackAckTooLate,
     PlaybackItemNotFound,
     ResponseNotActive,
@@ -32,6 +35,8 @@ from ._events import (
     AudioDelta,
     InputSpeechStarted,
     InputSpeechStopped,
+    ItemTruncate,
+    ItemTruncated,
     ModelFrame,
     OverlapDecision,
     PlaybackAck,
@@ -144,17 +149,35 @@ class TurnTaking:
         self.speech_active = False
         self._overlap_start = None
 
-    def speech_started(self, out: list[Effect], at_ms: float) -> bool:
-        """A VAD saw speech start; ``False`` if already inside speech (ignored)."""
+    @property
+    def turn_based(self) -> bool:
+        """``turn_policy="turn_based"``: responses only on request; no overlap policy."""
+        return self.config.turn_policy == "turn_based"
+
+    def speech_started(
+        self, out: list[Effect], at_ms: float, *, shown_ms: float | None = None, item_id: str = ""
+    ) -> bool:
+        """A VAD saw speech start at ``at_ms``; ``False`` if already inside speech (ignored).
+
+        ``shown_ms`` is the padded start sent to the client (default ``at_ms``).
+        Duplex: an overlap with a response starts (``overlap_policy``).
+        Turn-based: ``vad_interrupt_response`` cancels the response (``turn_detected``).
+        """
         if self.speech_active:
             return False
         self.speech_active = True
-        self._emit(out, InputSpeechStarted(at_ms))
-        if self._response is not None:
+        self._emit(out, InputSpeechStarted(at_ms if shown_ms is None else shown_ms, item_id))
+        if self._response is None:
+            return True
+        if not self.turn_based:
             self._start_overlap(out, at_ms)
+        elif self.config.vad_interrupt_response:
+            self.counts["barge_ins"] += 1
+            self.finish(out, "cancelled", "turn_detected")
+            self.advance_epoch(out, "turn_detected", clear_input=False)
         return True
 
-    def speech_stopped(self, out: list[Effect], at_ms: float) -> bool:
+    def speech_stopped(self, out: list[Effect], at_ms: float, *, item_id: str = "") -> bool:
         """A VAD saw speech end: classify the overlap (backchannel / listen / barge-in).
 
         Returns ``False`` if no speech was active (ignored).
@@ -162,7 +185,7 @@ class TurnTaking:
         if not self.speech_active:
             return False
         self.speech_active = False
-        self._emit(out, InputSpeechStopped(at_ms))
+        self._emit(out, InputSpeechStopped(at_ms, item_id))
         start, self._overlap_start = self._overlap_start, None
         if start is None or self._response is None:
             self.fire_pause_timer(out)
@@ -270,7 +293,9 @@ class TurnTaking:
             ledger.sent_ms,
         )
         self._emit(out, done)
-        if self.config.playback_commit_policy == "commit_all_on_done" and ledger.sent_ms > 0:
+        if self.config.playback_commit_policy == "commit_all_on_done" and (
+            ledger.sent_ms > 0 or ledger.transcript
+        ):
             ledger.committed_ms = ledger.sent_ms
             self.history.commit_assistant(ledger)
 
@@ -283,6 +308,12 @@ class TurnTaking:
             self._resume_output(out, "hold_overflow")
         self._route(out, frame)
 
+    def open_response(self, out: list[Effect]) -> str:
+        """Open a response now (the turn responder's request); returns its id."""
+        self._open(out)
+        assert self._response is not None
+        return self._response.response_id
+
     def _open(self, out: list[Effect]) -> None:
         response_id = self._new_id("resp")
         ledger = PlaybackLedger(response_id, f"item_{response_id}", self.next_order())
@@ -293,7 +324,7 @@ class TurnTaking:
         self.turn = TurnState.RESPONDING
         self.counts["responses_created"] += 1
         self._emit(out, ResponseCreated(response_id, ledger.item_id, self.epoch))
-        if self.speech_active:
+        if self.speech_active and not self.turn_based:
             self._start_overlap(out, self.input_ms)
 
     def _route(self, out: list[Effect], frame: ModelFrame) -> None:
@@ -369,3 +400,37 @@ class TurnTaking:
             ledger.committed_ms > 0,
         )
         self._emit(out, acked)
+
+    def truncate(self, out: list[Effect], event: ItemTruncate) -> None:
+        """``conversation.item.truncate``: the client heard ``audio_end_ms`` of an assistant item.
+
+        The playback ledger moves to it (played and committed) and the history
+        keeps that much audio and the transcript spoken before it. Truncating the
+        item of the active response cancels the response first (the client
+        stopped playing it).
+
+        Raises:
+            ItemNotFound: no tracked assistant audio item has that id.
+            BadEvent: ``content_index`` is not 0 (items have one content part).
+            AudioEndOutOfRange: ``audio_end_ms`` is past the audio sent for the item.
+        """
+        ledger = next((x for x in self._ledgers.values() if x.item_id == event.item_id), None)
+        if ledger is None:
+            raise ItemNotFound(
+                f"no assistant audio item {event.item_id!r} (or no longer tracked)",
+                param="item_id",
+            )
+        if event.content_index != 0:
+            raise BadEvent("assistant items have one content part (0)", param="content_index")
+        if event.audio_end_ms > round(ledger.sent_ms):
+            raise AudioEndOutOfRange(
+                f"audio_end_ms {event.audio_end_ms} is past the item's "
+                f"{round(ledger.sent_ms)} ms of audio",
+                param="audio_end_ms",
+            )
+        if self._response is not None and self._response.item_id == event.item_id:
+            self.finish(out, "cancelled", "client_cancelled")
+            self.advance_epoch(out, "response_cancelled", clear_input=False)
+        ledger.played_ms = ledger.committed_ms = float(event.audio_end_ms)
+        self.history.commit_assistant(ledger)
+        self._emit(out, ItemTruncated(event.item_id, 0, event.audio_end_ms))

@@ -50,6 +50,11 @@ class Projection(Protocol):
         """One session event to the wire events that carry it (JSON-ready)."""
         ...
 
+    @property
+    def initial_options(self) -> SessionOptions | None:
+        """Options for a session this protocol opens without a ``session.create``."""
+        ...
+
 
 @final
 class ConnectionActor(Actor[Any]):
@@ -78,7 +83,7 @@ class ConnectionActor(Actor[Any]):
 
     async def on_start(self, ctx: ActorContext) -> None:
         if self.autostart:  # OpenAI clients expect session.created before they speak
-            await self._open(ctx, None, None)
+            await self._open(ctx, self.projection.initial_options, None)
         ctx.start_soon(self._read, ctx)
 
     async def on_stop(self, ctx: ActorContext) -> None:
@@ -152,7 +157,9 @@ class ConnectionActor(Actor[Any]):
             self.session = session
             await session.tell(Attach(self.generation, ctx.self, event))
             return
-        options = event.options if isinstance(event, SessionCreate) else None
+        options = (
+            event.options if isinstance(event, SessionCreate) else self.projection.initial_options
+        )
         opened = await self._open(ctx, options, getattr(event, "event_id", None))
         if opened and not isinstance(event, SessionCreate):  # any other first event autostarts
             assert self.session is not None

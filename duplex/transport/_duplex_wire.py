@@ -46,10 +46,16 @@ from duplex.sessions import (
     ClientEvent,
     ErrorEvent,
     EventAck,
+    HistoryItem,
     InputAudioCleared,
     InputAudioCommitted,
+    InputAudioTimeout,
     InputSpeechStarted,
     InputSpeechStopped,
+    ItemAdded,
+    ItemDeleted,
+    ItemRetrieved,
+    ItemTruncated,
     OverlapDecision,
     PlaybackAck,
     PlaybackAcknowledged,
@@ -374,6 +380,27 @@ def _body(event: ServerEvent) -> tuple[str, dict[str, Any]]:
             return "input_audio_buffer.speech_started", {"audio_start_ms": event.audio_start_ms}
         case InputSpeechStopped():
             return "input_audio_buffer.speech_stopped", {"audio_end_ms": event.audio_end_ms}
+        case InputAudioTimeout():
+            return "input_audio_buffer.timeout_triggered", {
+                "audio_start_ms": event.audio_start_ms,
+                "audio_end_ms": event.audio_end_ms,
+                "item_id": event.item_id,
+            }
+        case ItemAdded():
+            return "conversation.item.created", {
+                "previous_item_id": event.previous_item_id,
+                "item": _item(event.item),
+            }
+        case ItemRetrieved():
+            return "conversation.item.retrieved", {"item": _item(event.item)}
+        case ItemDeleted():
+            return "conversation.item.deleted", {"item_id": event.item_id}
+        case ItemTruncated():
+            return "conversation.item.truncated", {
+                "item_id": event.item_id,
+                "content_index": event.content_index,
+                "audio_end_ms": event.audio_end_ms,
+            }
         case ResponseCreated():
             return "response.created", {
                 "response": {
@@ -460,6 +487,19 @@ def _body(event: ServerEvent) -> tuple[str, dict[str, Any]]:
     raise TypeError(f"not a server event: {type(event).__name__}")
 
 
+def _item(item: HistoryItem) -> dict[str, Any]:
+    return {
+        "id": item.item_id,
+        "object": "realtime.item",
+        "type": "message",
+        "role": item.role,
+        "status": item.status,
+        "content_type": item.content,
+        "audio_ms": item.audio_ms,
+        "text": item.text,
+    }
+
+
 def _delta_ids(response_id: str, item_id: str, epoch: int) -> dict[str, Any]:
     return {
         "response_id": response_id,
@@ -482,6 +522,11 @@ SERVER_EVENT_NAMES: tuple[str, ...] = (
     "input_audio_buffer.cleared",
     "input_audio_buffer.speech_started",
     "input_audio_buffer.speech_stopped",
+    "input_audio_buffer.timeout_triggered",
+    "conversation.item.created",
+    "conversation.item.retrieved",
+    "conversation.item.deleted",
+    "conversation.item.truncated",
     "response.created",
     "response.audio.delta",
     "response.audio_transcript.delta",
@@ -530,3 +575,8 @@ class NativeProjection:
 
     def encode(self, event: ServerEvent, seq: int | None) -> list[dict[str, Any]]:
         return [encode_server_event(event, seq)]
+
+    @property
+    def initial_options(self) -> SessionOptions | None:
+        """Sessions opened by a first event other than ``session.create`` use the defaults."""
+        return None

@@ -7,6 +7,12 @@ it with the parser). One session event may stand for several wire events: a
 ``response.content_part.added``, and a `ResponseDone` closes them all in
 reverse. The only state is the output resampler (24 kHz model audio to 8 kHz
 G.711), reset at each response; ids, epochs and transcripts come from the events.
+
+``rate_limits.updated`` follows every ``response.done`` with an empty list: this
+server meters no requests or tokens (capacity is admission: a session is
+admitted or refused when it connects, and input is bounded by
+``input_backpressure``), so there is no limit to report; an empty list says so
+rather than inventing numbers.
 """
 
 from __future__ import annotations
@@ -21,10 +27,16 @@ import numpy as np
 from duplex.sessions import (
     AudioDelta,
     ErrorEvent,
+    HistoryItem,
     InputAudioCleared,
     InputAudioCommitted,
+    InputAudioTimeout,
     InputSpeechStarted,
     InputSpeechStopped,
+    ItemAdded,
+    ItemDeleted,
+    ItemRetrieved,
+    ItemTruncated,
     ResponseCreated,
     ResponseDone,
     ServerEvent,
@@ -56,6 +68,7 @@ DUPLEX_SERVER_EVENTS: tuple[str, ...] = (
 )
 _CANCEL_REASONS = {  # session reason -> RealtimeResponseStatus.reason
     "barge_in": "turn_detected",
+    "turn_detected": "turn_detected",
     "client_cancelled": "client_cancelled",
     "input_cleared": "client_cancelled",
     "session_closed": "client_cancelled",
@@ -68,6 +81,23 @@ def _b64(data: bytes) -> str:
 
 def _ms(value: float) -> int:
     return round(value)
+
+
+def _turn_detection(config: SessionConfig, *, ga: bool) -> dict[str, Any] | None:
+    """The session's turn detection as Realtime's ``turn_detection`` (``None``: off)."""
+    if not config.vad_enabled:
+        return None
+    echo: dict[str, Any] = {
+        "type": "server_vad",
+        "threshold": float(config.vad_threshold),
+        "prefix_padding_ms": config.vad_prefix_padding_ms,
+        "silence_duration_ms": config.vad_hangover_ms,
+        "create_response": config.vad_create_response,
+        "interrupt_response": config.vad_interrupt_response,
+    }
+    if ga:  # beta's TurnDetection has no idle timeout
+        echo["idle_timeout_ms"] = config.vad_idle_timeout_ms or None
+    return echo
 
 
 @final
@@ -138,17 +168,44 @@ class RealtimeEncoder:
                 extra = {"epoch": event.epoch} if self.duplex else {}
                 return [self._new("input_audio_buffer.cleared", **extra)]
             case InputSpeechStarted():
-                # The session names no user item before the commit; item_id stays empty.
                 started = _ms(event.audio_start_ms)
-                return [
-                    self._new(
-                        "input_audio_buffer.speech_started", audio_start_ms=started, item_id=""
-                    )
-                ]
+                kind = "input_audio_buffer.speech_started"
+                return [self._new(kind, audio_start_ms=started, item_id=event.item_id)]
             case InputSpeechStopped():
                 stopped = _ms(event.audio_end_ms)
+                kind = "input_audio_buffer.speech_stopped"
+                return [self._new(kind, audio_end_ms=stopped, item_id=event.item_id)]
+            case InputAudioTimeout():
+                if self.schema == "beta":  # beta has no such event; the commit follows
+                    return []
                 return [
-                    self._new("input_audio_buffer.speech_stopped", audio_end_ms=stopped, item_id="")
+                    self._new(
+                        "input_audio_buffer.timeout_triggered",
+                        audio_start_ms=_ms(event.audio_start_ms),
+                        audio_end_ms=_ms(event.audio_end_ms),
+                        item_id=event.item_id,
+                    )
+                ]
+            case ItemAdded():
+                item = self._history_item(event.item)
+                previous = event.previous_item_id
+                return [
+                    *self._item_events(item, done=False, previous=previous),
+                    *self._item_events(item, done=True, previous=previous),
+                ]
+            case ItemRetrieved():
+                item = self._history_item(event.item)
+                return [self._new("conversation.item.retrieved", item=item)]
+            case ItemDeleted():
+                return [self._new("conversation.item.deleted", item_id=event.item_id)]
+            case ItemTruncated():
+                return [
+                    self._new(
+                        "conversation.item.truncated",
+                        item_id=event.item_id,
+                        content_index=event.content_index,
+                        audio_end_ms=event.audio_end_ms,
+                    )
                 ]
             case ResponseCreated():
                 return self._response_created(event)
@@ -195,6 +252,7 @@ class RealtimeEncoder:
                     "format": GA_FORMATS[fin],
                     "transcription": None,
                     "noise_reduction": None,
+                    "turn_detection": _turn_detection(config, ga=True),
                 },
                 "output": {"format": GA_FORMATS[fout], "speed": 1.0},
             }
@@ -206,6 +264,7 @@ class RealtimeEncoder:
             session["output_audio_format"] = fout
             session["input_audio_transcription"] = None
             session["input_audio_noise_reduction"] = None
+            session["turn_detection"] = _turn_detection(config, ga=False)
             session["speed"] = 1.0
             session["max_response_output_tokens"] = "inf"
         if self.duplex:
@@ -239,17 +298,48 @@ class RealtimeEncoder:
 
     # ------------------------------------------------------------------- items
 
-    def _item_events(self, item: dict[str, Any], *, done: bool) -> list[dict[str, Any]]:
-        """GA announces an item twice (added, done); beta once (created, when added)."""
+    def _item_events(
+        self, item: dict[str, Any], *, done: bool, previous: str | bool | None = False
+    ) -> list[dict[str, Any]]:
+        """GA announces an item twice (added, done); beta once (created, when added).
+
+        ``previous``: the ``previous_item_id`` to send (``False``: none sent).
+        """
+        extra = {} if previous is False else {"previous_item_id": previous}
         if self.schema == "beta":
-            return [] if done else [self._new("conversation.item.created", item=item)]
+            return [] if done else [self._new("conversation.item.created", item=item, **extra)]
         kind = "conversation.item.done" if done else "conversation.item.added"
-        return [self._new(kind, item=item)]
+        return [self._new(kind, item=item, **extra)]
+
+    def _history_item(self, item: HistoryItem) -> dict[str, Any]:
+        """A history item as a Realtime ``message`` item (one content part)."""
+        part: dict[str, Any]
+        if item.role == "assistant":
+            if item.content == "audio":
+                kind = self._name("output_audio", "audio")
+                part = {"type": kind, "transcript": item.text}
+            else:
+                part = {"type": self._name("output_text", "text"), "text": item.text}
+        elif item.content == "audio":
+            part = {"type": "input_audio", "transcript": None}
+        else:
+            part = {"type": "input_text", "text": item.text}
+        return {
+            "id": item.item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": item.role,
+            "status": item.status,
+            "content": [part],
+        }
 
     def _committed(self, event: InputAudioCommitted) -> list[dict[str, Any]]:
         extra = {"turn_id": event.turn_id, "audio_end_ms": event.audio_end_ms}
         committed = self._new(
-            "input_audio_buffer.committed", item_id=event.item_id, **(extra if self.duplex else {})
+            "input_audio_buffer.committed",
+            item_id=event.item_id,
+            previous_item_id=event.previous_item_id,
+            **(extra if self.duplex else {}),
         )
         item = {
             "id": event.item_id,
@@ -387,4 +477,5 @@ class RealtimeEncoder:
             self._new("response.output_item.done", response_id=rid, output_index=0, item=item),
             *self._item_events(item, done=True),
             self._new("response.done", response=response),
+            self._new("rate_limits.updated", rate_limits=[]),
         ]

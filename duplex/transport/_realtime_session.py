@@ -3,7 +3,7 @@
 Both spellings are read: GA's nested ``audio.input/output`` with format objects
 (``{"type": "audio/pcm", "rate": 24000}``) and beta's flat
 ``input_audio_format: "pcm16"``. Every known Realtime field has a rule: it is
-used (formats), accepted because it restates what the session already does
+used (formats, ``turn_detection``), accepted because it restates what the session already does
 (``output_modalities: ["audio"]``, ``tools: []``, ``tracing: null``, ...), or
 refused with a typed error naming the missing feature. Unknown fields are
 refused too, as OpenAI does; nothing is dropped silently.
@@ -27,10 +27,12 @@ __all__ = [
     "AUDIO_FORMATS",
     "FORMAT_SAMPLE_RATES",
     "GA_FORMATS",
+    "SERVER_VAD_DEFAULTS",
     "SessionPatch",
     "WireFormats",
     "check_audio_modalities",
     "parse_session",
+    "turn_detection_options",
 ]
 
 AUDIO_FORMATS: tuple[str, ...] = ("pcm16", "g711_ulaw", "g711_alaw")
@@ -104,12 +106,19 @@ class _Builder:
     model: str | None
     formats: dict[str, str] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    turn_detection_param: str | None = None
 
     def set_format(self, which: str, fmt: str, param: str) -> None:
         previous = self.formats.get(which)
         if previous is not None and previous != fmt:
             raise BadEvent(f"{param} conflicts with another {which} format field", param=param)
         self.formats[which] = fmt
+
+    def set_turn_detection(self, value: object, param: str) -> None:
+        if self.turn_detection_param is not None:
+            raise BadEvent(f"{param} conflicts with {self.turn_detection_param}", param=param)
+        self.turn_detection_param = param
+        self.options.update(turn_detection_options(value, param, duplex=self.duplex))
 
 
 def _object(value: object, param: str) -> Mapping[str, Any]:
@@ -147,26 +156,83 @@ def _audio_format(value: object, param: str) -> str:
     return _GA_TYPES[kind]
 
 
-def _turn_detection(value: object, param: str) -> None:
-    """Refused whatever it says: the session's VAD is not configurable from this API yet."""
+SERVER_VAD_DEFAULTS: dict[str, Any] = {
+    "threshold": 0.5,
+    "prefix_padding_ms": 300,
+    "silence_duration_ms": 500,
+    "create_response": True,
+    "interrupt_response": True,
+    "idle_timeout_ms": None,
+}
+"""OpenAI's ``server_vad`` defaults; a ``turn_detection`` object replaces the whole setting,
+so a field it leaves out takes its default."""
+
+_VAD_OPTIONS = {  # Realtime server_vad field -> SessionOptions field
+    "threshold": "vad_threshold",
+    "prefix_padding_ms": "vad_prefix_padding_ms",
+    "silence_duration_ms": "vad_hangover_ms",
+    "create_response": "vad_create_response",
+    "interrupt_response": "vad_interrupt_response",
+    "idle_timeout_ms": "vad_idle_timeout_ms",
+}
+
+
+def _vad_value(key: str, value: object, param: str) -> object:
+    """One ``server_vad`` field, checked; ``idle_timeout_ms: null`` is 0 (off)."""
+    if key == "threshold":
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise BadEvent(f"{param} must be a number from 0.0 to 1.0", param=param)
+        return float(value)
+    if key in ("create_response", "interrupt_response"):
+        if not isinstance(value, bool):
+            raise BadEvent(f"{param} must be a boolean", param=param)
+        return value
+    if key == "idle_timeout_ms" and value is None:
+        return 0
+    low = 1 if key == "silence_duration_ms" else 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise BadEvent(f"{param} must be an integer >= {low}", param=param)
+    return value
+
+
+def turn_detection_options(value: object, param: str, *, duplex: bool) -> dict[str, Any]:
+    """Read a ``turn_detection`` value into `SessionOptions` fields.
+
+    ``null`` turns detection off (no speech events; commits are manual);
+    ``server_vad`` sets every knob (absent ones take OpenAI's defaults);
+    ``semantic_vad`` is refused: this server has no semantic turn model.
+
+    Raises:
+        UnsupportedTurnDetection: ``semantic_vad``; or, with the duplex extensions,
+            ``interrupt_response: false`` (barge-in there follows ``overlap_policy``).
+        BadEvent: an unknown type, field or a value of the wrong type or range.
+    """
     if value is None:
-        raise UnsupportedTurnDetection(
-            f"{param}=null is not supported: the session always runs its own voice "
-            "activity detection (energy-based; barge-in follows overlap_policy)",
-            param=param,
-        )
-    kind = _object(value, param).get("type")
-    if kind == "server_vad":
-        raise UnsupportedTurnDetection(
-            f"{param}.type=server_vad is not supported yet: the session's VAD is built in "
-            "and not configurable through the Realtime API",
-            param=f"{param}.type",
-        )
+        return {"turn_detection": "none"}
+    obj = _object(value, param)
+    kind = obj.get("type")
     if kind == "semantic_vad":
         raise UnsupportedTurnDetection(
-            f"{param}.type=semantic_vad is not supported", param=f"{param}.type"
+            f"{param}.type=semantic_vad is not supported: there is no semantic turn model; "
+            "use server_vad or null",
+            param=f"{param}.type",
         )
-    raise BadEvent(f"{param}.type must be server_vad or semantic_vad", param=f"{param}.type")
+    if kind != "server_vad":
+        raise BadEvent(f"{param}.type must be server_vad or semantic_vad", param=f"{param}.type")
+    options: dict[str, Any] = {"turn_detection": "server_vad"}
+    for key in obj:
+        if key != "type" and key not in _VAD_OPTIONS:
+            raise BadEvent(f"unknown parameter '{param}.{key}'", param=f"{param}.{key}")
+    for key, name in _VAD_OPTIONS.items():
+        given = obj.get(key, SERVER_VAD_DEFAULTS[key])
+        options[name] = _vad_value(key, given, f"{param}.{key}")
+    if duplex and not options["vad_interrupt_response"]:
+        raise UnsupportedTurnDetection(
+            f"{param}.interrupt_response=false is not supported with ?duplex=1: "
+            "barge-in follows overlap_policy (set overlap_policy=ignore instead)",
+            param=f"{param}.interrupt_response",
+        )
+    return options
 
 
 def check_audio_modalities(value: object, param: str) -> None:
@@ -193,7 +259,6 @@ def _restates(ok: Callable[[object], bool], message: str) -> Callable[[object, s
 _SIMPLE: dict[str, Callable[[object, str], None]] = {
     "output_modalities": check_audio_modalities,
     "modalities": check_audio_modalities,
-    "turn_detection": _turn_detection,
     "tools": _restates(lambda v: v == [], "tools are not supported yet"),
     "tool_choice": _restates(lambda v: v in ("auto", "none"), "tools are not supported yet"),
     "max_output_tokens": _restates(lambda v: v == "inf", "output token limits are not supported"),
@@ -234,6 +299,8 @@ def _audio(value: object, param: str, out: _Builder) -> None:
                 raise BadEvent(f"unknown parameter '{item_param}'", param=item_param)
             if key == "format":
                 out.set_format(side, _audio_format(item, item_param), item_param)
+            elif key == "turn_detection":
+                out.set_turn_detection(item, item_param)
             else:
                 _field(_NESTED_ALIASES.get(key, key), item, item_param)
 
@@ -254,6 +321,8 @@ def _top(key: str, value: object, out: _Builder) -> None:
             )
     elif key == "audio":
         _audio(value, param, out)
+    elif key == "turn_detection":
+        out.set_turn_detection(value, param)
     elif key in ("input_audio_format", "output_audio_format"):
         side = key.split("_", 1)[0]
         out.set_format(side, _audio_format(value, param), param)

@@ -15,7 +15,11 @@ Inbound, both spellings of the session fields are accepted
 (``_realtime_session``). A Realtime feature the session does not have yet is
 refused with a typed error naming it (``unsupported_event``,
 ``unsupported_parameter``, ``unsupported_turn_detection``), never accepted and
-ignored. The duplex extensions (``playback.ack``, ``turn.signal``,
+ignored. Without ``?duplex=1`` the session is turn-based (`initial_options`):
+a commit or a VAD stop (``create_response``) or ``response.create`` produces
+one response, spoken by the session's turn responder.
+
+The duplex extensions (``playback.ack``, ``turn.signal``,
 ``session.resume``, ``session.event_ack``, ``session.close`` in;
 ``response.listen``, ``overlap.decision``, ``playback.acknowledged``,
 ``session.resumed|replaced|resync_required|expired|closed`` out) exist only with
@@ -33,6 +37,7 @@ from dataclasses import replace
 from typing import Any, final
 
 import numpy as np
+import numpy.typing as npt
 
 from duplex.exceptions import (
     BadAudio,
@@ -50,9 +55,14 @@ from duplex.sessions import (
     AudioClear,
     AudioCommit,
     ClientEvent,
+    ItemCreate,
+    ItemDelete,
+    ItemRetrieve,
+    ItemTruncate,
     ResponseCancel,
     ResponseCreate,
     ServerEvent,
+    SessionOptions,
     SessionUpdate,
 )
 
@@ -62,10 +72,12 @@ from ._realtime_encode import DUPLEX_SERVER_EVENTS, RealtimeEncoder, Schema
 from ._realtime_session import (
     AUDIO_FORMATS,
     FORMAT_SAMPLE_RATES,
+    SERVER_VAD_DEFAULTS,
     SessionPatch,
     WireFormats,
     check_audio_modalities,
     parse_session,
+    turn_detection_options,
 )
 
 __all__ = [
@@ -74,6 +86,7 @@ __all__ = [
     "DUPLEX_SERVER_EVENTS",
     "FORMAT_SAMPLE_RATES",
     "REALTIME_CLIENT_EVENTS",
+    "TURN_BASED_OPTIONS",
     "UNSUPPORTED_CLIENT_EVENTS",
     "RealtimeProjection",
     "Schema",
@@ -89,6 +102,10 @@ REALTIME_CLIENT_EVENTS: tuple[str, ...] = (
     "input_audio_buffer.commit",
     "input_audio_buffer.clear",
     "output_audio_buffer.clear",
+    "conversation.item.create",
+    "conversation.item.retrieve",
+    "conversation.item.truncate",
+    "conversation.item.delete",
     "response.create",
     "response.cancel",
 )
@@ -100,12 +117,6 @@ DUPLEX_CLIENT_EVENTS: tuple[str, ...] = (
     "session.close",
 )
 UNSUPPORTED_CLIENT_EVENTS: dict[str, str] = {
-    "conversation.item.create": "conversation items (text or audio messages) are not supported yet",
-    "conversation.item.retrieve": "retrieving conversation items is not supported yet",
-    "conversation.item.truncate": (
-        "conversation.item.truncate is not supported yet; with ?duplex=1 send playback.ack"
-    ),
-    "conversation.item.delete": "deleting conversation items is not supported yet",
     "transcription_session.update": "transcription-only sessions are not supported",
 }
 _TOP_LEVEL = frozenset({"type", "event_id"})
@@ -114,7 +125,25 @@ _FIELDS: dict[str, frozenset[str]] = {
     "input_audio_buffer.append": frozenset({"audio"}),
     "response.create": frozenset({"response"}),
     "response.cancel": frozenset({"response_id"}),
+    "conversation.item.create": frozenset({"item", "previous_item_id"}),
+    "conversation.item.retrieve": frozenset({"item_id"}),
+    "conversation.item.delete": frozenset({"item_id"}),
+    "conversation.item.truncate": frozenset({"item_id", "content_index", "audio_end_ms"}),
 }
+_ITEM_KEYS = frozenset({"id", "type", "object", "status", "role", "content"})
+_CONTENT_KEYS = frozenset({"type", "text", "audio", "transcript"})
+_CONTENT_TYPES = {  # role -> content types it may hold (GA and beta spellings)
+    "user": ("input_text", "input_audio"),
+    "system": ("input_text",),
+    "assistant": ("output_text", "text"),
+}
+TURN_BASED_OPTIONS = SessionOptions(
+    turn_policy="turn_based",
+    **turn_detection_options(SERVER_VAD_DEFAULTS | {"type": "server_vad"}, "", duplex=False),
+)
+"""How a Realtime session without ``?duplex=1`` starts: OpenAI's turn-based API with
+its default ``server_vad`` (threshold 0.5, 300 ms padding, 500 ms silence, respond and
+interrupt)."""
 
 
 def schema_from_headers(openai_beta: str | None) -> Schema:
@@ -154,28 +183,92 @@ def _event_id(obj: dict[str, Any]) -> str | None:
     return event_id
 
 
-def _check_keys(obj: Mapping[str, Any], allowed: frozenset[str]) -> None:
+def _check_keys(obj: Mapping[str, Any], allowed: frozenset[str], prefix: str = "") -> None:
     """OpenAI refuses unknown parameters; so do we (nothing is silently dropped)."""
     for key in obj:
         if key not in allowed:
-            raise BadEvent(f"unknown parameter '{key}'", param=key)
+            raise BadEvent(f"unknown parameter '{prefix}{key}'", param=f"{prefix}{key}")
 
 
-def _decode_append(obj: Mapping[str, Any], fmt: str, event_id: str | None) -> AudioAppend:
-    audio = obj.get("audio")
+def _decode_audio(audio: object, fmt: str, param: str) -> tuple[npt.NDArray[np.float32], int]:
+    """Base64 audio in the connection's input format, as float PCM and its rate."""
     if not isinstance(audio, str):
-        raise BadEvent("audio must be a base64 string", param="audio")
+        raise BadEvent(f"{param} must be a base64 string", param=param)
     try:
         raw = base64.b64decode(audio.encode("ascii"), validate=True)
     except (binascii.Error, ValueError, UnicodeEncodeError) as exc:
-        raise BadAudio("audio is not valid base64", param="audio") from exc
+        raise BadAudio(f"{param} is not valid base64", param=param) from exc
     if fmt == "pcm16":
         if len(raw) % 2:
-            raise BadAudio("pcm16 audio must be a whole number of samples", param="audio")
+            raise BadAudio(f"{param}: pcm16 audio must be a whole number of samples", param=param)
         pcm = np.frombuffer(raw, dtype="<i2")
     else:
         pcm = ulaw_decode(raw) if fmt == "g711_ulaw" else alaw_decode(raw)
-    return AudioAppend(pcm16_to_float(pcm), FORMAT_SAMPLE_RATES[fmt], event_id)
+    return pcm16_to_float(pcm), FORMAT_SAMPLE_RATES[fmt]
+
+
+def _decode_append(obj: Mapping[str, Any], fmt: str, event_id: str | None) -> AudioAppend:
+    pcm, rate = _decode_audio(obj.get("audio"), fmt, "audio")
+    return AudioAppend(pcm, rate, event_id)
+
+
+def _string(obj: Mapping[str, Any], key: str, *, required: bool = True) -> Any:
+    value = obj.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise BadEvent(f"{key} must be a non-empty string", param=key)
+    return value
+
+
+def _item_create(obj: Mapping[str, Any], fmt: str, event_id: str | None) -> ItemCreate:
+    """A ``message`` item with one content part: user text/audio, system or assistant text."""
+    item = obj.get("item")
+    if not isinstance(item, dict):
+        raise BadEvent("item must be an object", param="item")
+    _check_keys(item, _ITEM_KEYS, "item.")
+    if item.get("type", "message") != "message":
+        raise UnsupportedParameter(
+            f"item.type={item.get('type')!r}: only message items are supported (no tools)",
+            param="item.type",
+        )
+    role = item.get("role")
+    if role not in _CONTENT_TYPES:
+        raise BadEvent(f"item.role must be one of {tuple(_CONTENT_TYPES)}", param="item.role")
+    content = item.get("content")
+    if not isinstance(content, list) or not all(isinstance(c, dict) for c in content):
+        raise BadEvent("item.content must be a list of objects", param="item.content")
+    if len(content) != 1:
+        raise UnsupportedParameter(
+            "an item holds exactly one content part here", param="item.content"
+        )
+    part = content[0]
+    _check_keys(part, _CONTENT_KEYS, "item.content.0.")
+    kind = part.get("type")
+    if kind not in _CONTENT_TYPES[role]:
+        raise UnsupportedParameter(
+            f"item.content.0.type={kind!r}: {role} items hold {_CONTENT_TYPES[role]}",
+            param="item.content.0.type",
+        )
+    item_id = _string(item, "id", required=False)
+    previous = _string(obj, "previous_item_id", required=False)
+    if kind == "input_audio":
+        pcm, rate = _decode_audio(part.get("audio"), fmt, "item.content.0.audio")
+        return ItemCreate(role, None, pcm, rate, item_id, previous, event_id)
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise BadEvent("item.content.0.text must be a string", param="item.content.0.text")
+    return ItemCreate(role, text, None, None, item_id, previous, event_id)
+
+
+def _item_truncate(obj: Mapping[str, Any], event_id: str | None) -> ItemTruncate:
+    for key in ("content_index", "audio_end_ms"):
+        value = obj.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise BadEvent(f"{key} must be an integer >= 0", param=key)
+    return ItemTruncate(
+        _string(obj, "item_id"), obj["content_index"], obj["audio_end_ms"], event_id
+    )
 
 
 def _response_options(obj: Mapping[str, Any]) -> None:
@@ -227,6 +320,15 @@ class RealtimeProjection:
         self._encoder = RealtimeEncoder(
             schema=schema, duplex=duplex, model=model, random_bytes=random_bytes
         )
+
+    @property
+    def initial_options(self) -> SessionOptions | None:
+        """The options to open this connection's session with (``hub.open``).
+
+        Without the duplex extensions the session is OpenAI's turn-based API
+        (`TURN_BASED_OPTIONS`); with them, ``None``: the server's own defaults.
+        """
+        return None if self.duplex else TURN_BASED_OPTIONS
 
     @property
     def formats(self) -> WireFormats:
@@ -300,6 +402,14 @@ class RealtimeProjection:
                 return AudioClear(event_id)
             case "output_audio_buffer.clear":
                 return ResponseCancel(None, event_id)
+            case "conversation.item.create":
+                return _item_create(obj, self._formats.input, event_id)
+            case "conversation.item.retrieve":
+                return ItemRetrieve(_string(obj, "item_id"), event_id)
+            case "conversation.item.delete":
+                return ItemDelete(_string(obj, "item_id"), event_id)
+            case "conversation.item.truncate":
+                return _item_truncate(obj, event_id)
             case "response.create":
                 _response_options(obj)
                 return ResponseCreate(event_id)

@@ -9,16 +9,22 @@ FORBIDDEN = {"trio", "torch", "socket", "threading", "asyncio", "time", "select"
 # The sans-I/O core. The session actor modules in the same package wrap it and may use trio.
 CORE = [
     "_admission",
+    "_checks",
     "_config",
+    "_conversation",
     "_effects",
     "_events",
     "_input",
+    "_items",
     "_journal",
     "_ledger",
     "_resample",
+    "_responder",
     "_resume",
+    "_server_events",
     "_state",
     "_turns",
+    "_user_turns",
     "_vad",
 ]
 

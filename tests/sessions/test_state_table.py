@@ -33,6 +33,7 @@ from duplex.sessions import (
     TurnState,
     VideoAppend,
 )
+from duplex.sessions._events import ItemCreate, ItemDelete, ItemRetrieve, ItemTruncate
 from duplex.sessions._state import SESSION_TABLE, TURN_TABLE, Handle, Ignore, Reject
 
 from .sessionkit import counter_random, of, speaking
@@ -58,6 +59,10 @@ SAMPLES = {
     ConnectionDetached: ConnectionDetached(1),
     Tick: Tick(),
     ModelFailed: ModelFailed("boom"),
+    ItemCreate: ItemCreate("user", "hello", item_id="item_c", event_id="ev_icreate"),
+    ItemRetrieve: ItemRetrieve("item_x", "ev_iretrieve"),
+    ItemDelete: ItemDelete("item_x", "ev_idelete"),
+    ItemTruncate: ItemTruncate("item_x", 0, 10, "ev_itruncate"),
 }
 
 

@@ -18,6 +18,7 @@ from duplex.sessions import (
     Capabilities,
     ErrorEvent,
     EventAck,
+    HistoryItem,
     OverlapDecision,
     PlaybackAck,
     ResponseDone,
@@ -197,9 +198,12 @@ def _sample(cls):
         "frame_ids": (),
         "status": "completed",
         "action": "drop",
+        "item": HistoryItem("item_1", "user", 1, 80.0),
     }
     kwargs = {}
     for f in dataclasses.fields(cls):
+        if f.name == "previous_item_id":
+            continue
         numeric = "int" in str(f.type) or "float" in str(f.type)
         kwargs[f.name] = special.get(f.name, 0 if numeric else "x")
     return cls(**kwargs)

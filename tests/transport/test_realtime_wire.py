@@ -110,13 +110,34 @@ PCM = (np.sin(np.arange(480) / 24000 * 2 * np.pi * 440) * 8000).astype("<i2").to
 def session_story() -> list:
     """One of each server event, with the variants that change the projection."""
     caps, config = ds.Capabilities(), ds.SessionConfig()
+    off = ds.SessionConfig(turn_detection="none")
+    turn_based = ds.SessionConfig(
+        turn_policy="turn_based",
+        vad_interrupt_response=False,
+        vad_create_response=True,
+        vad_idle_timeout_ms=5000,
+        vad_threshold=1,
+        vad_prefix_padding_ms=300,
+    )
     story = [
         ds.SessionCreated("duplex-abc", config, caps, "tok", 1, 0),
         ds.SessionUpdated("duplex-abc", config),
-        ds.InputSpeechStarted(120.4),
-        ds.InputSpeechStopped(980.6),
+        ds.SessionUpdated("duplex-abc", off),
+        ds.SessionUpdated("duplex-abc", turn_based),
+        ds.InputSpeechStarted(120.4, "item_u1"),
+        ds.InputSpeechStopped(980.6, "item_u1"),
         ds.InputAudioCommitted("item_u1", 1, 980.6),
+        ds.InputAudioCommitted("item_u2", 2, 1980.6, "item_u1"),
+        ds.InputAudioTimeout(1980.6, 6980.6, "item_u3"),
         ds.InputAudioCleared(2),
+        ds.ItemAdded(ds.HistoryItem("item_t", "user", 3, 0.0, "hello", "text")),
+        ds.ItemAdded(ds.HistoryItem("item_s", "system", 0.5, 0.0, "be brief", "text"), None),
+        ds.ItemAdded(ds.HistoryItem("item_a", "assistant", 4, 0.0, "hi", "text"), "item_t"),
+        ds.ItemAdded(ds.HistoryItem("item_v", "user", 5, 480.0), "item_a"),
+        ds.ItemRetrieved(ds.HistoryItem("item_r", "assistant", 6, 480.0, "[0][80]")),
+        ds.ItemRetrieved(ds.HistoryItem("item_v", "user", 5, 480.0)),
+        ds.ItemDeleted("item_t"),
+        ds.ItemTruncated("item_r", 0, 80),
         ds.ResponseCreated("resp_1", "item_a1", 0),
         ds.AudioDelta("resp_1", "item_a1", 0, PCM, 24000, 0.0),
         ds.TranscriptDelta("resp_1", "item_a1", 0, "hi", 0.0),
@@ -138,6 +159,7 @@ def session_story() -> list:
         ("completed", "end_of_turn"),
         ("completed", "turn_detected"),
         ("cancelled", "barge_in"),
+        ("cancelled", "turn_detected"),
         ("cancelled", "client_cancelled"),
         ("cancelled", "input_cleared"),
         ("incomplete", "session_expired"),
@@ -194,7 +216,7 @@ def _types(events: list[dict]) -> list[str]:
 
 
 def test_response_lifecycle_order_ga_and_beta():
-    created, done = ds.ResponseCreated("r", "i", 0), session_story()[-7]
+    created, done = ds.ResponseCreated("r", "i", 0), session_story()[-8]
     ga, beta = RealtimeProjection(schema="ga"), RealtimeProjection(schema="beta")
     opened = ["response.created", "response.output_item.added", "conversation.item.added",
               "response.content_part.added"]  # fmt: skip
@@ -204,12 +226,13 @@ def test_response_lifecycle_order_ga_and_beta():
     assert _types(ga.encode(done, 2)) == [
         "response.output_audio.done", "response.output_audio_transcript.done",
         "response.content_part.done", "response.output_item.done", "conversation.item.done",
-        "response.done",
+        "response.done", "rate_limits.updated",
     ]  # fmt: skip
     assert _types(beta.encode(done, 2)) == [
         "response.audio.done", "response.audio_transcript.done", "response.content_part.done",
-        "response.output_item.done", "response.done",
+        "response.output_item.done", "response.done", "rate_limits.updated",
     ]  # fmt: skip
+    assert ga.encode(done, 2)[-1]["rate_limits"] == []  # nothing is metered (see the encoder)
     assert _types(ga.encode(ds.InputAudioCommitted("u", 1, 5.0), 3)) == [
         "input_audio_buffer.committed", "conversation.item.added", "conversation.item.done",
     ]  # fmt: skip
@@ -223,13 +246,14 @@ def test_response_done_status_details():
     by_reason = {}
     for event in session_story():
         if isinstance(event, ds.ResponseDone):
-            response = proj.encode(event, 1)[-1]["response"]
+            response = proj.encode(event, 1)[-2]["response"]
             by_reason[event.reason] = (response["status"], response["status_details"])
     assert by_reason["barge_in"] == ("cancelled", {"type": "cancelled", "reason": "turn_detected"})
+    assert by_reason["turn_detected"] == by_reason["barge_in"]
     assert by_reason["client_cancelled"][1]["reason"] == "client_cancelled"
     assert by_reason["end_of_turn"] == ("completed", {"type": "completed"})
     assert by_reason["engine_error"][1]["error"] == {"type": "server_error", "code": "engine_error"}
-    item = proj.encode(session_story()[-5], 1)[-1]["response"]["output"][0]
+    item = proj.encode(session_story()[-5], 1)[-2]["response"]["output"][0]
     assert item["status"] == "incomplete" and item["content"][0]["transcript"] == "hi there"
 
 
@@ -323,9 +347,8 @@ def test_frames_the_sdk_sends(schema):
     expected = [ds.AudioCommit, ds.AudioClear, ds.ResponseCreate, ds.ResponseCancel]
     assert kinds == [*expected, ds.ResponseCancel]  # output_audio_buffer.clear cancels
     assert proj.parse(frames[5]).response_id == "resp_1"
-    with pytest.raises(ProtocolError) as info:
-        proj.parse(frames[7])
-    assert (info.value.code, info.value.event_id) == ("unsupported_event", "t1")
+    truncate = proj.parse(frames[7])
+    assert truncate == ds.ItemTruncate("i", 0, 10, "t1")
 
 
 def _error(text: str, **kw) -> tuple[str, str | None]:
@@ -341,18 +364,35 @@ def _update(session: object, **kw) -> tuple[str, str | None]:
 @pytest.mark.parametrize(
     ("session", "code", "param"),
     [
-        ({"turn_detection": None}, "unsupported_turn_detection", "session.turn_detection"),
         (
-            {"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 0.5}}}},
+            {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
             "unsupported_turn_detection",
             "session.audio.input.turn_detection.type",
         ),
         (
-            {"turn_detection": {"type": "semantic_vad"}},
+            {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}},
             "unsupported_turn_detection",
             "session.turn_detection.type",
         ),
         ({"turn_detection": {"type": "magic"}}, "bad_event", "session.turn_detection.type"),
+        ({"turn_detection": {}}, "bad_event", "session.turn_detection.type"),
+        ({"turn_detection": "server_vad"}, "bad_event", "session.turn_detection"),
+        ({"turn_detection": {"type": "server_vad", "threshold": 1.5}}, "bad_event",
+         "session.turn_detection.threshold"),
+        ({"turn_detection": {"type": "server_vad", "threshold": True}}, "bad_event",
+         "session.turn_detection.threshold"),
+        ({"turn_detection": {"type": "server_vad", "silence_duration_ms": 0}}, "bad_event",
+         "session.turn_detection.silence_duration_ms"),
+        ({"turn_detection": {"type": "server_vad", "prefix_padding_ms": 2.5}}, "bad_event",
+         "session.turn_detection.prefix_padding_ms"),
+        ({"turn_detection": {"type": "server_vad", "create_response": 1}}, "bad_event",
+         "session.turn_detection.create_response"),
+        ({"turn_detection": {"type": "server_vad", "idle_timeout_ms": -1}}, "bad_event",
+         "session.turn_detection.idle_timeout_ms"),
+        ({"turn_detection": {"type": "server_vad", "eagerness": "low"}}, "bad_event",
+         "session.turn_detection.eagerness"),
+        ({"turn_detection": None, "audio": {"input": {"turn_detection": None}}}, "bad_event",
+         "session.audio.input.turn_detection"),
         ({"instructions": "be brief"}, "unsupported_parameter", "session.instructions"),
         ({"audio": {"output": {"voice": "marin"}}}, "unsupported_parameter",
          "session.audio.output.voice"),
@@ -548,12 +588,29 @@ json_values = st.recursive(
 )
 SESSION_KEYS = [
     "type", "model", "audio", "input", "output", "format", "rate", "turn_detection",
+    "threshold", "silence_duration_ms", "create_response", "role", "content", "text", "id",
     "input_audio_format", "output_audio_format", "modalities", "output_modalities", "voice",
     "speed", "tools", "tool_choice", "tracing", "instructions", "overlap_policy",
     "overlap_short_ack_ms", "transcription", "noise_reduction", "max_output_tokens",
 ]  # fmt: skip
 session_values = st.recursive(
-    json_values | st.sampled_from(["realtime", "audio/pcmu", "pcm16", "g711_alaw", "inf", 24000]),
+    json_values
+    | st.sampled_from(
+        [
+            "realtime",
+            "audio/pcmu",
+            "pcm16",
+            "g711_alaw",
+            "inf",
+            24000,
+            "server_vad",
+            "message",
+            "user",
+            "input_text",
+            "input_audio",
+            "assistant",
+        ]
+    ),
     lambda inner: (
         st.dictionaries(st.sampled_from(SESSION_KEYS), inner, max_size=4)
         | st.lists(inner, max_size=2)
@@ -576,7 +633,8 @@ def test_fuzz_arbitrary_frames_only_raise_protocol_errors(data, duplex):
     ),
     fields=st.dictionaries(
         st.sampled_from(["event_id", "session", "audio", "response", "response_id", "played_ms",
-                         "event", "session_id", "resume_token", "server_event_seq"]),
+                         "event", "session_id", "resume_token", "server_event_seq", "item",
+                         "item_id", "content_index", "audio_end_ms", "previous_item_id"]),
         session_values | st.sampled_from(["AAAA", "AQA=", "/w==", "barge_in"]),
         max_size=4,
     ),

@@ -1,0 +1,185 @@
+"""`SpeechSegmenter`: OpenAI ``server_vad`` turn detection over speech probabilities.
+
+Pure: it sees ``(start_ms, end_ms, probability)`` per window, in order, on one
+audio clock (a `VadWindow`'s stream clock), and returns events. It reads no
+time of its own, imports no model, and is tested without one.
+
+Rules (``ServerVadConfig``):
+
+- A window is speech when ``probability >= threshold``.
+- Idle -> speaking on the first speech window: `SpeechStarted` with
+  ``audio_start_ms = window start - prefix_padding_ms``, clamped at 0 and at the
+  previous segment's ``audio_end_ms`` (two segments never overlap; the audio
+  before that end was already committed with the previous turn).
+- Speaking -> idle once a non-speech window ends ``silence_duration_ms`` or
+  more after the end of the last speech window: `SpeechStopped` with
+  ``audio_end_ms`` = the end of the last speech window. A gap in the windows
+  (dropped audio) counts as silence: only the clock matters.
+- Idle timeout (``idle_timeout_ms``): the caller arms it with
+  `arm_idle_timeout` at the point of the input clock where the last response's
+  audio finished playing. The first window ending ``idle_timeout_ms`` or more
+  after that point, with no speech detected since, yields `IdleTimeout` once
+  (``audio_start_ms`` = the armed point, ``audio_end_ms`` = that window's end)
+  and disarms. Detected speech (start or stop) disarms it. It runs on the
+  input audio clock, so it fires only while the client keeps sending audio,
+  which a realtime client does (silence included).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import final
+
+__all__ = [
+    "IdleTimeout",
+    "SegmenterEvent",
+    "ServerVadConfig",
+    "SpeechSegmenter",
+    "SpeechStarted",
+    "SpeechStopped",
+]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ServerVadConfig:
+    """OpenAI ``turn_detection: {type: server_vad}`` numbers, with OpenAI's defaults.
+
+    Raises:
+        ValueError: ``threshold`` outside [0, 1], or a negative duration.
+    """
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    idle_timeout_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.threshold) and 0.0 <= self.threshold <= 1.0):
+            raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+        if self.prefix_padding_ms < 0 or self.silence_duration_ms < 0:
+            raise ValueError("prefix_padding_ms and silence_duration_ms must be >= 0")
+        if self.idle_timeout_ms is not None and self.idle_timeout_ms <= 0:
+            raise ValueError(f"idle_timeout_ms must be positive, got {self.idle_timeout_ms}")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SpeechStarted:
+    """Speech began (``input_audio_buffer.speech_started``).
+
+    Args:
+        audio_start_ms: where the turn's audio starts (prefix padding included).
+        detected_at_ms: end of the window that decided it (how far the clock had run).
+    """
+
+    audio_start_ms: int
+    detected_at_ms: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SpeechStopped:
+    """Speech ended (``input_audio_buffer.speech_stopped``).
+
+    Args:
+        audio_end_ms: end of the last speech window.
+        detected_at_ms: end of the window that completed the silence.
+    """
+
+    audio_end_ms: int
+    detected_at_ms: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class IdleTimeout:
+    """No speech for ``idle_timeout_ms`` after the armed point
+    (``input_audio_buffer.timeout_triggered``)."""
+
+    audio_start_ms: int
+    audio_end_ms: int
+
+
+SegmenterEvent = SpeechStarted | SpeechStopped | IdleTimeout
+"""What `SpeechSegmenter.push` returns."""
+
+
+@final
+class SpeechSegmenter:
+    """The server_vad state machine of one session (see the module docstring)."""
+
+    def __init__(self, config: ServerVadConfig | None = None) -> None:
+        self._config = config if config is not None else ServerVadConfig()
+        self._speaking = False
+        self._last_speech_end = 0
+        self._floor = 0
+        self._idle_from: int | None = None
+
+    @property
+    def config(self) -> ServerVadConfig:
+        """The rules in force."""
+        return self._config
+
+    @property
+    def speaking(self) -> bool:
+        """Between a `SpeechStarted` and its `SpeechStopped`."""
+        return self._speaking
+
+    @property
+    def idle_armed_at(self) -> int | None:
+        """Where the idle timeout was armed, or ``None``."""
+        return self._idle_from
+
+    def reconfigure(self, config: ServerVadConfig) -> None:
+        """Apply new numbers from the next window on (``session.update``); state is kept."""
+        self._config = config
+
+    def reset(self, floor_ms: int = 0) -> None:
+        """Back to idle, disarmed; no ``audio_start_ms`` will fall before ``floor_ms``."""
+        self._speaking = False
+        self._last_speech_end = 0
+        self._floor = floor_ms
+        self._idle_from = None
+
+    def arm_idle_timeout(self, at_ms: int) -> None:
+        """Start the idle timer at ``at_ms`` on the input clock (playback of the last
+        response ended there). A no-op effect while ``idle_timeout_ms`` is ``None``."""
+        self._idle_from = at_ms
+
+    def disarm_idle_timeout(self) -> None:
+        """Stop the idle timer (a response started, or the session decided otherwise)."""
+        self._idle_from = None
+
+    def push(self, start_ms: int, end_ms: int, probability: float) -> tuple[SegmenterEvent, ...]:
+        """Feed one window, in clock order; returns the events it decides.
+
+        Raises:
+            ValueError: ``end_ms <= start_ms``.
+        """
+        if end_ms <= start_ms:
+            raise ValueError(f"empty window [{start_ms}, {end_ms})")
+        cfg = self._config
+        events: list[SegmenterEvent] = []
+        if probability >= cfg.threshold:
+            if not self._speaking:
+                self._speaking = True
+                self._idle_from = None
+                start = max(0, self._floor, start_ms - cfg.prefix_padding_ms)
+                events.append(SpeechStarted(start, end_ms))
+            self._last_speech_end = end_ms
+        elif self._speaking and end_ms - self._last_speech_end >= cfg.silence_duration_ms:
+            self._speaking = False
+            self._idle_from = None
+            self._floor = self._last_speech_end
+            events.append(SpeechStopped(self._last_speech_end, end_ms))
+        if (
+            not self._speaking
+            and self._idle_from is not None
+            and cfg.idle_timeout_ms is not None
+            and end_ms - self._idle_from >= cfg.idle_timeout_ms
+        ):
+            events.append(IdleTimeout(self._idle_from, end_ms))
+            self._idle_from = None
+        return tuple(events)

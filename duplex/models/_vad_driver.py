@@ -1,0 +1,195 @@
+"""`VadDriver`: the trio loop around the shared `SileroVad`.
+
+Tick k is scheduled at ``t0 + k * period`` on trio's clock (no drift, runs
+under ``MockClock``). A tick with no full window pending runs nothing. Else it
+leaves the trio thread once and runs up to ``max_steps_per_tick`` steps there
+(each step scores one window per ready stream, so a stream with a backlog
+catches up at that many windows per tick), then hands every `VadWindow` to its
+stream's subscriber with ``send_nowait``: a full channel drops the window and
+counts it, so a slow session never holds up the others. A tick whose work ends
+after the next tick's scheduled time is late and counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import final
+
+import numpy as np
+import numpy.typing as npt
+import trio
+
+from ._driver import Offload
+from ._silero import (
+    VAD_SAMPLE_RATE,
+    VAD_WINDOW_SAMPLES,
+    SileroVad,
+    VadHandle,
+    VadPush,
+    VadStatistics,
+    VadWindow,
+)
+
+__all__ = ["VadDriver", "VadDriverStatistics"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class VadDriverStatistics:
+    """Tick-loop and delivery counters, with the VAD's own record.
+
+    Args:
+        ticks: loop iterations (idle ones included).
+        idle_ticks: iterations with no full window pending.
+        late_ticks: ticks whose steps finished after the next tick's scheduled time.
+        subscribers: attached streams.
+        delivered: windows handed to subscriber channels.
+        dropped_full: windows dropped because a subscriber's channel was full.
+        dropped_closed: windows dropped because a subscriber closed its channel
+            (its stream is then detached).
+        orphaned: windows of streams detached while their step was running.
+        vad: the VAD's statistics.
+    """
+
+    ticks: int
+    idle_ticks: int
+    late_ticks: int
+    subscribers: int
+    delivered: int
+    dropped_full: int
+    dropped_closed: int
+    orphaned: int
+    vad: VadStatistics
+
+
+@final
+class VadDriver:
+    """Steps one shared `SileroVad` on a fixed cadence and fans windows out to sessions.
+
+    Every method but `run` is sync and non-blocking.
+
+    Args:
+        vad: the batched VAD.
+        period_s: tick period; one window (32 ms) by default.
+        max_steps_per_tick: most steps (windows per stream) one tick runs.
+        offload: how steps leave the trio thread; tests may pass an inline runner.
+    """
+
+    def __init__(
+        self,
+        vad: SileroVad,
+        *,
+        period_s: float = VAD_WINDOW_SAMPLES / VAD_SAMPLE_RATE,
+        max_steps_per_tick: int = 8,
+        offload: Offload = trio.to_thread.run_sync,
+    ) -> None:
+        if period_s <= 0 or max_steps_per_tick <= 0:
+            raise ValueError("period_s and max_steps_per_tick must be positive")
+        self._vad = vad
+        self._period = period_s
+        self._max_steps = max_steps_per_tick
+        self._offload = offload
+        self._subscribers: dict[VadHandle, trio.MemorySendChannel[VadWindow]] = {}
+        self._ticks = 0
+        self._idle_ticks = 0
+        self._late_ticks = 0
+        self._delivered = 0
+        self._dropped_full = 0
+        self._dropped_closed = 0
+        self._orphaned = 0
+
+    def attach(
+        self, owner: str, send_channel: trio.MemorySendChannel[VadWindow]
+    ) -> VadHandle | None:
+        """Open a stream and deliver its windows to ``send_channel``.
+
+        The channel stays the caller's: the driver never closes it. Size it for
+        a tick's worth of windows (``max_steps_per_tick`` or more); windows that
+        find it full are dropped and counted.
+
+        Returns:
+            The stream's handle, or ``None`` when the pool is full.
+        """
+        handle = self._vad.acquire(owner)
+        if handle is not None:
+            self._subscribers[handle] = send_channel
+        return handle
+
+    def detach(self, handle: VadHandle) -> bool:
+        """Close the stream; windows of a step already running are dropped as orphaned.
+
+        Returns:
+            ``True`` if released now, ``False`` if it already was.
+        """
+        self._subscribers.pop(handle, None)
+        return self._vad.release(handle)
+
+    def push(self, handle: VadHandle, pcm: npt.NDArray[np.float32]) -> VadPush:
+        """Queue 16 kHz mono float32 audio; see `SileroVad.push`."""
+        return self._vad.push(handle, pcm)
+
+    def reset(self, handle: VadHandle, epoch: int, *, clear_input: bool = True) -> None:
+        """Fresh state for one stream from the next step; see `SileroVad.reset`."""
+        self._vad.reset(handle, epoch, clear_input=clear_input)
+
+    def statistics(self) -> VadDriverStatistics:
+        """Snapshot of the loop and delivery counters."""
+        return VadDriverStatistics(
+            ticks=self._ticks,
+            idle_ticks=self._idle_ticks,
+            late_ticks=self._late_ticks,
+            subscribers=len(self._subscribers),
+            delivered=self._delivered,
+            dropped_full=self._dropped_full,
+            dropped_closed=self._dropped_closed,
+            orphaned=self._orphaned,
+            vad=self._vad.statistics(),
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Tick forever; run it in a nursery. VAD errors propagate.
+
+        Cancelling waits for steps in flight to finish, so none outlives the loop.
+        """
+        start = trio.current_time()
+        task_status.started()
+        tick = 0
+        while True:
+            scheduled = start + tick * self._period
+            await trio.sleep_until(scheduled)
+            self._ticks += 1
+            tick += 1
+            if not self._vad.has_pending():
+                self._idle_ticks += 1
+                continue
+            windows = await self._offload(partial(self._steps, self._max_steps))
+            if trio.current_time() > scheduled + self._period:
+                self._late_ticks += 1
+            self._deliver(windows)
+
+    def _steps(self, limit: int) -> list[VadWindow]:
+        """Worker thread: up to ``limit`` steps, stopping early when nothing is pending."""
+        windows: list[VadWindow] = []
+        for _ in range(limit):
+            scored = self._vad.step()
+            if not scored:
+                break
+            windows.extend(scored)
+        return windows
+
+    def _deliver(self, windows: list[VadWindow]) -> None:
+        for window in windows:
+            channel = self._subscribers.get(window.handle)
+            if channel is None:
+                self._orphaned += 1
+                continue
+            try:
+                channel.send_nowait(window)
+            except trio.WouldBlock:
+                self._dropped_full += 1
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._dropped_closed += 1
+                self.detach(window.handle)
+            else:
+                self._delivered += 1

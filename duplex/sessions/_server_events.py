@@ -1,0 +1,334 @@
+"""Server events: what the session says, wrapped in `Send` effects (``_effects``).
+
+Split from ``_events`` only to keep modules small; ``_events`` re-exports every
+name here, so callers import from one place. Frozen, slotted, checked when
+built. Do not subclass these classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import final
+
+from duplex.exceptions import ProtocolError
+
+from ._checks import check as _check
+from ._config import Capabilities, SessionConfig
+from ._items import HistoryItem
+
+RESPONSE_STATUSES = ("completed", "cancelled", "incomplete", "failed")
+OVERLAP_ACTIONS = ("drop", "listen", "barge_in", "pause", "resume")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SessionCreated:
+    """``session.created``: connection-scoped (carries the credential, never replayed)."""
+
+    session_id: str
+    config: SessionConfig
+    capabilities: Capabilities
+    resume_token: str = field(repr=False)
+    attachment_generation: int
+    epoch: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SessionUpdated:
+    """``session.updated``."""
+
+    session_id: str
+    config: SessionConfig
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SessionResumed:
+    """``session.resumed``: connection-scoped; the rotated token and what gets replayed."""
+
+    session_id: str
+    resume_token: str = field(repr=False)
+    attachment_generation: int
+    epoch: int
+    replay_count: int
+    last_server_event_seq: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SessionReplaced:
+    """``session.replaced``: sent to the superseded socket before it is closed."""
+
+    session_id: str
+    attachment_generation: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SessionExpired:
+    """``session.expired``: ``idle_ttl_expired`` or ``disconnect_grace_expired``."""
+
+    session_id: str
+    reason: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SessionResyncRequired:
+    """``session.resync_required``: the replay cursor fell out of the journal."""
+
+    session_id: str
+    reason: str
+    last_server_event_seq: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SessionClosed:
+    """``session.closed``."""
+
+    session_id: str
+    reason: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class InputAudioCommitted:
+    """``input_audio_buffer.committed``: the user item ``item_id`` holds the turn's audio.
+
+    ``previous_item_id`` is the item before it in the history (``None``: the first).
+    """
+
+    item_id: str
+    turn_id: int
+    audio_end_ms: float
+    previous_item_id: str | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class InputAudioCleared:
+    """``input_audio_buffer.cleared``."""
+
+    epoch: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class InputSpeechStarted:
+    """``input_audio_buffer.speech_started``: ``audio_start_ms`` on the input clock
+    (session start = 0) includes ``vad_prefix_padding_ms``; ``item_id`` names the
+    user item a commit of this speech will create."""
+
+    audio_start_ms: float
+    item_id: str = ""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class InputSpeechStopped:
+    """``input_audio_buffer.speech_stopped``: where speech ended on the input clock."""
+
+    audio_end_ms: float
+    item_id: str = ""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class InputAudioTimeout:
+    """``input_audio_buffer.timeout_triggered``: ``vad_idle_timeout_ms`` of input audio
+    without speech (from ``audio_start_ms`` to ``audio_end_ms`` on the input clock);
+    the silence is committed as the user item ``item_id``."""
+
+    audio_start_ms: float
+    audio_end_ms: float
+    item_id: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ItemAdded:
+    """``conversation.item.created`` (beta) / ``.added`` + ``.done`` (GA): a client-created
+    item is in the history after ``previous_item_id`` (``None``: first)."""
+
+    item: HistoryItem
+    previous_item_id: str | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ItemRetrieved:
+    """``conversation.item.retrieved``: the history's view of one item."""
+
+    item: HistoryItem
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ItemDeleted:
+    """``conversation.item.deleted``."""
+
+    item_id: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ItemTruncated:
+    """``conversation.item.truncated``: the assistant item keeps ``audio_end_ms`` of audio
+    (what was heard) and only the transcript spoken before it."""
+
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ResponseCreated:
+    """``response.created``: exactly once per response, before its deltas."""
+
+    response_id: str
+    item_id: str
+    epoch: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AudioDelta:
+    """``response.audio.delta``: PCM16 LE at ``sample_rate`` (the model rate)."""
+
+    response_id: str
+    item_id: str
+    epoch: int
+    pcm: bytes = field(repr=False)
+    sample_rate: int
+    audio_start_ms: float
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class TranscriptDelta:
+    """``response.audio_transcript.delta``."""
+
+    response_id: str
+    item_id: str
+    epoch: int
+    delta: str
+    audio_start_ms: float
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ResponseDone:
+    """``response.done``: exactly one per response; ``transcript`` == concat of its deltas."""
+
+    response_id: str
+    item_id: str
+    epoch: int
+    status: str
+    reason: str
+    transcript: str
+    audio_ms: float
+
+    def __post_init__(self) -> None:
+        _check(self.status in RESPONSE_STATUSES, "unknown response status", "status")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ResponseListen:
+    """``response.listen``: the model chose to listen."""
+
+    epoch: int
+    reason: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class OverlapDecision:
+    """``overlap.decision``: one per overlap-policy decision."""
+
+    policy: str
+    action: str
+    reason: str
+    overlap_ms: float
+    response_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.action in OVERLAP_ACTIONS, "unknown overlap action", "action")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class PlaybackAcknowledged:
+    """``playback.acknowledged``: the ledger after an ack."""
+
+    response_id: str
+    item_id: str
+    played_ms: float
+    committed_ms: float
+    generated_ms: float
+    sent_ms: float
+    history_committed: bool
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class VideoConsumed:
+    """``input_video.consumed``: frames the model took (an input fact, not epoch-fenced)."""
+
+    frame_ids: tuple[str, ...]
+    latest_pts_ms: int | None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ErrorEvent:
+    """``error``: one per refused client event, naming its ``event_id``."""
+
+    code: str
+    type: str
+    message: str
+    event_id: str | None = None
+    param: str | None = None
+
+    @classmethod
+    def from_exception(cls, exc: ProtocolError, event_id: str | None = None) -> ErrorEvent:
+        """The wire form of a refused event; ``event_id`` fills a missing one."""
+        return cls(exc.code, exc.error_type, exc.message, exc.event_id or event_id, exc.param)
+
+
+ServerEvent = (
+    SessionCreated
+    | SessionUpdated
+    | SessionResumed
+    | SessionReplaced
+    | SessionExpired
+    | SessionResyncRequired
+    | SessionClosed
+    | InputAudioCommitted
+    | InputAudioCleared
+    | InputSpeechStarted
+    | InputSpeechStopped
+    | InputAudioTimeout
+    | ItemAdded
+    | ItemRetrieved
+    | ItemDeleted
+    | ItemTruncated
+    | ResponseCreated
+    | AudioDelta
+    | TranscriptDelta
+    | ResponseDone
+    | ResponseListen
+    | OverlapDecision
+    | PlaybackAcknowledged
+    | VideoConsumed
+    | ErrorEvent
+)
+SERVER_EVENT_TYPES: tuple[type, ...] = ServerEvent.__args__  # type: ignore[attr-defined]
+
+
+def audio_ms(pcm16: bytes, sample_rate: int) -> float:
+    """Duration of mono PCM16 bytes in milliseconds."""
+    return len(pcm16) / 2 * 1000.0 / sample_rate

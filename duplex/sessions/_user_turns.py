@@ -1,0 +1,267 @@
+"""The user's side of turn taking: input, turn detection, commits and response requests.
+
+`SessionMachine` (``_state``) owns one `UserTurns` next to its `TurnTaking`
+(the floor, responses and playback) and calls it with the effect list. Split
+from ``_state`` only to keep modules small; the session and turn tables stay there.
+
+Turn detection (``SessionConfig.turn_detection``):
+
+- ``none``: no speech events (a VAD actor's are ignored and counted); the
+  client commits (``input_audio_buffer.commit``) and asks (``response.create``).
+- ``server_vad``: speech boundaries come from the built-in energy VAD
+  (``vad="energy"``) or a VAD actor (``vad="external"``, the seam for silero:
+  it sends `SpeechStarted`/`SpeechStopped` with unpadded input-clock times).
+  ``speech_started`` shows the start minus ``vad_prefix_padding_ms`` (not
+  before the uncommitted buffer, not below 0) and names the user item the
+  speech becomes; with ``vad_create_response`` a stop commits that span
+  (``[padded start, stop)``; what follows stays in the buffer) and requests a
+  response; ``vad_idle_timeout_ms`` of input audio with no speech, turn or
+  response commits the silence after ``input_audio_buffer.timeout_triggered``.
+
+A response request is a `ModelSignal` for the model; under ``turn_based`` the
+turn responder (``_responder``) answers the newest user item itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from duplex import exceptions as errors
+
+from ._config import Capabilities, SessionConfig
+from ._conversation import Conversation
+from ._effects import Effect, ModelAppendAudio, ModelSignal
+from ._events import (
+    AudioAppend,
+    InputAudioCleared,
+    InputAudioCommitted,
+    InputAudioTimeout,
+    ItemCreate,
+    ItemDelete,
+    ItemDeleted,
+    ItemRetrieve,
+    ItemRetrieved,
+    ItemTruncate,
+    ServerEvent,
+    SpeechStarted,
+    SpeechStopped,
+)
+from ._input import InputPath
+from ._responder import TurnResponder
+from ._turns import TurnTaking
+
+__all__ = ["USER_TURN_COUNTERS", "ItemEvent", "UserTurns"]
+
+USER_TURN_COUNTERS = ("model_frames_ignored", "auto_turns_skipped", "responder_frames_dropped")
+
+Emit = Callable[[list[Effect], ServerEvent], None]
+ItemEvent = ItemCreate | ItemRetrieve | ItemDelete | ItemTruncate
+
+
+class UserTurns:
+    """Input, turn detection and requests for one session. The machine sets ``now``.
+
+    Args:
+        config: the session config (the machine replaces it on ``session.update``).
+        capabilities: the model's capabilities (the responder's frame period).
+        turns: the session's turn taking (the floor and responses).
+        counts: the machine's counters (``USER_TURN_COUNTERS`` and ``ignored_events``).
+        emit: journals and sends one server event (the machine's ``_emit``).
+        new_id: makes ``<prefix>_<hex>`` ids.
+    """
+
+    def __init__(
+        self,
+        config: SessionConfig,
+        capabilities: Capabilities,
+        turns: TurnTaking,
+        counts: dict[str, int],
+        *,
+        emit: Emit,
+        new_id: Callable[[str], str],
+    ) -> None:
+        self.config = config
+        self.now = 0.0
+        self.inputs = InputPath(config)
+        self.turns = turns
+        self.conversation = Conversation(
+            turns.history,
+            next_order=turns.next_order,
+            new_id=new_id,
+            model_rate=config.model_sample_rate,
+        )
+        self.responder = TurnResponder(config.model_sample_rate, capabilities.chunk_period_ms)
+        self.counts = counts
+        self.turn_id = 0
+        self._emit = emit
+        self._new_id = new_id
+        self._pending_item: str | None = None  # the user item the current speech becomes
+        self._speech_start_ms = 0.0  # padded start of the current speech (input clock)
+        self._idle_from_ms = 0.0  # the idle timeout counts input audio from here
+
+    @property
+    def turn_based(self) -> bool:
+        """``turn_policy="turn_based"``."""
+        return self.config.turn_policy == "turn_based"
+
+    def reconfigure(self, config: SessionConfig) -> None:
+        """Take a new config; a restarted VAD forgets the speech in progress."""
+        self.config = config
+        if self.inputs.reconfigure(config) and self.turns.speech_active:
+            self.turns.reset_speech()
+            self._pending_item = None
+
+    def deadline(self) -> float | None:
+        """When the responder's next frame is due, if any."""
+        return self.responder.deadline()
+
+    def responding(self) -> None:
+        """A response is open: idle time counts from now on."""
+        self._idle_from_ms = self.inputs.input_ms
+
+    # --------------------------------------------------------------------- input
+
+    def append(self, out: list[Effect], event: AudioAppend) -> None:
+        """``input_audio_buffer.append``: resample, detect speech, feed the model."""
+        pcm, start_ms, speech = self.inputs.append(event)
+        self.turns.input_ms = self.inputs.input_ms
+        self.turns.speech_ms = self.inputs.speech_ms
+        for found in speech:
+            if isinstance(found, SpeechStarted):
+                self.speech_started(out, found)
+            else:
+                self.speech_stopped(out, found)
+        self.turns.check_overlap(out)
+        if pcm.size:
+            out.append(ModelAppendAudio(self.turns.epoch, pcm, start_ms))
+        self._check_idle(out)
+
+    def commit(
+        self,
+        out: list[Effect],
+        start_ms: float | None = None,
+        end_ms: float | None = None,
+        item_id: str | None = None,
+    ) -> None:
+        """Close the user turn into a history item (raises before changing anything)."""
+        start, end, pcm = self.inputs.commit(start_ms, end_ms, count_turn=not self.turn_based)
+        self.turn_id += 1
+        item_id = item_id or self._pending_item or self._new_id("item")
+        self._pending_item = None
+        previous = self.conversation.last_item_id()
+        self.conversation.add_user_audio(item_id, end - start, pcm, start)
+        self._emit(out, InputAudioCommitted(item_id, self.turn_id, end, previous))
+        out.append(ModelSignal(self.turns.epoch, "commit", self.turn_id))
+        self._idle_from_ms = max(self._idle_from_ms, end)
+        if self.turns.speech_active:  # speech goes on: it becomes another item
+            self._pending_item = self._new_id("item")
+
+    def clear(self, out: list[Effect]) -> None:
+        """``input_audio_buffer.clear``: cancel, fence, drop the buffer."""
+        self.turns.reset_speech()
+        self.turns.finish(out, "cancelled", "input_cleared")
+        self.turns.advance_epoch(out, "input_cleared", clear_input=True)
+        self.inputs.clear()
+        self._pending_item = None
+        self._idle_from_ms = self.inputs.input_ms
+        self._emit(out, InputAudioCleared(self.turns.epoch))
+
+    def item(self, out: list[Effect], event: ItemEvent) -> None:
+        """``conversation.item.create|retrieve|delete|truncate`` (raise before changing)."""
+        match event:
+            case ItemCreate():
+                self._emit(out, self.conversation.create(event, self.config.input_sample_rate))
+            case ItemRetrieve():
+                self._emit(out, ItemRetrieved(self.conversation.get(event.item_id)))
+            case ItemDelete():
+                self.conversation.delete(event.item_id)
+                self._emit(out, ItemDeleted(event.item_id))
+            case ItemTruncate():
+                self.turns.truncate(out, event)
+
+    # ------------------------------------------------------------ turn detection
+
+    def speech_started(self, out: list[Effect], event: SpeechStarted) -> None:
+        """A VAD (built in or external) saw speech start."""
+        if not self.config.vad_enabled or self.turns.speech_active:
+            self.counts["ignored_events"] += 1  # no turn detection, or already inside speech
+            return
+        padded = event.audio_ms - self.config.vad_prefix_padding_ms
+        self._speech_start_ms = max(0.0, padded, self.inputs.buffer_start_ms)
+        self._pending_item = self._pending_item or self._new_id("item")
+        self.turns.speech_started(
+            out, event.audio_ms, shown_ms=self._speech_start_ms, item_id=self._pending_item
+        )
+
+    def speech_stopped(self, out: list[Effect], event: SpeechStopped) -> None:
+        """A VAD saw speech end; with ``vad_create_response`` the turn is committed and answered."""
+        item_id = self._pending_item or ""
+        if not self.config.vad_enabled or not self.turns.speech_stopped(
+            out, event.audio_ms, item_id=item_id
+        ):
+            self.counts["ignored_events"] += 1  # no turn detection, or no speech to stop
+            return
+        self._idle_from_ms = max(self._idle_from_ms, event.audio_ms)
+        if self.config.vad_create_response:
+            self._auto_turn(out, self._speech_start_ms, event.audio_ms, item_id or None)
+
+    def _check_idle(self, out: list[Effect]) -> None:
+        timeout = self.config.vad_idle_timeout_ms
+        if (
+            not timeout
+            or not self.config.vad_enabled
+            or self.turns.speech_active
+            or self.turns.response_id is not None
+        ):
+            return
+        start = max(self._idle_from_ms, self.inputs.buffer_start_ms)
+        end = self.inputs.input_ms
+        if end - start < timeout:
+            return
+        item_id = self._new_id("item")
+        self._idle_from_ms = end
+        self._emit(out, InputAudioTimeout(start, end, item_id))
+        self._auto_turn(out, start, end, item_id)
+
+    def _auto_turn(self, out: list[Effect], start: float, end: float, item_id: str | None) -> None:
+        """Commit and (with ``vad_create_response``) request; skipped and counted if refused."""
+        try:
+            self.commit(out, start, end, item_id)
+            if self.config.vad_create_response:
+                self.request_response(out)
+        except errors.ProtocolError:  # empty buffer, backpressure, already responding
+            self.counts["auto_turns_skipped"] += 1
+
+    # ----------------------------------------------------------------- responses
+
+    def request_response(self, out: list[Effect]) -> None:
+        """Duplex: hint the model. Turn-based: the responder answers the newest user item.
+
+        Raises:
+            ResponseAlreadyActive: turn-based and a response is open.
+            InputAudioBufferEmpty: turn-based and there is no user item to answer.
+        """
+        source = None
+        if self.turn_based:
+            if self.turns.response_id is not None:
+                raise errors.ResponseAlreadyActive("a response is already active")
+            source = self.conversation.latest_user_source()
+            if source is None:
+                raise errors.InputAudioBufferEmpty("response.create needs a user item first")
+        out.append(ModelSignal(self.turns.epoch, "response_create", self.turn_id))
+        if source is None:
+            return
+        response_id = self.turns.open_response(out)
+        self.inputs.ledger.answered()
+        self.responder.start(source, self.turns.epoch, response_id, self.now)
+        self.play(out)
+
+    def play(self, out: list[Effect]) -> None:
+        """Route the responder's due frames; drop them if their response ended."""
+        if not self.responder.active:
+            return
+        if self.responder.response_id != self.turns.response_id:
+            self.counts["responder_frames_dropped"] += self.responder.stop()
+            return
+        for frame in self.responder.due(self.now):
+            self.turns.frame(out, frame)

@@ -1,0 +1,608 @@
+"""The shared silero VAD: the batched runner, the server_vad segmenter and the trio driver.
+
+Speech here is synthetic (espeak-ng is not guaranteed on test machines): a
+voiced source-filter signal, `voiced`, on which silero fires (> 0.5 on nearly
+every window); silence and white noise stay under 0.1.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import socket
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from typing import TypeVar
+
+import numpy as np
+import pytest
+import torch
+import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+
+from duplex.exceptions import SlotReleased
+from duplex.models import (
+    VAD_SAMPLE_RATE,
+    VAD_WINDOW_MS,
+    VAD_WINDOW_SAMPLES,
+    IdleTimeout,
+    ServerVadConfig,
+    SileroVad,
+    SpeechSegmenter,
+    SpeechStarted,
+    SpeechStopped,
+    VadDriver,
+    VadWindow,
+    silero_weights_path,
+)
+
+SR = VAD_SAMPLE_RATE
+W = VAD_WINDOW_SAMPLES
+T = TypeVar("T")
+
+# -- signals ---------------------------------------------------------------
+
+_VOWELS = ((730, 1090, 2440), (270, 2290, 3010), (300, 870, 2240), (530, 1840, 2480))
+
+
+def voiced(seconds: float, seed: int = 0, f0: float = 120.0) -> np.ndarray:
+    """Speech-like audio: a glottal harmonic series (f0 with drift and vibrato) shaped by
+    three formant resonances that glide between vowels, in 250 ms syllables."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * SR)
+    t = np.arange(n) / SR
+    pitch = f0 * (1 + 0.08 * np.sin(2 * np.pi * 0.7 * t) + 0.02 * np.sin(2 * np.pi * 5.5 * t))
+    phase = 2 * np.pi * np.cumsum(pitch) / SR
+    syllable = (t // 0.25).astype(int)
+    frac = (t % 0.25) / 0.25
+    formants = np.array(_VOWELS, float)[rng.integers(0, len(_VOWELS), syllable.max() + 2)]
+    track = formants[syllable] * (1 - frac[:, None]) + formants[syllable + 1] * frac[:, None]
+    bandwidth = np.array([80.0, 100.0, 140.0])
+    out = np.zeros(n)
+    for k in range(1, 40):
+        fk = k * pitch
+        gain = (1 / (1 + ((fk[:, None] - track) / bandwidth) ** 2)).sum(axis=1) / np.sqrt(k)
+        out += gain * (fk < 5000) * np.sin(k * phase)
+    out *= np.sin(np.pi * frac) ** 0.6  # syllable amplitude modulation
+    out += 0.01 * rng.standard_normal(n)
+    return (0.3 * out / np.abs(out).max()).astype(np.float32)
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * SR), dtype=np.float32)
+
+
+def noise(seconds: float, seed: int = 1, level: float = 0.05) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (level * rng.standard_normal(int(seconds * SR))).astype(np.float32)
+
+
+LONG = 10_000  # max_pending_ms for tests that push a whole clip at once
+
+
+def scored(vad: SileroVad) -> list[VadWindow]:
+    out: list[VadWindow] = []
+    while batch := vad.step():
+        out.extend(batch)
+    return out
+
+
+def reference_probs(audio: np.ndarray) -> np.ndarray:
+    """silero's own streaming model (its TorchScript module, its internal state)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.load
+        model = torch.jit.load(str(silero_weights_path())).eval()
+    model.reset_states()
+    with torch.no_grad():
+        return np.array(
+            [
+                model(torch.from_numpy(audio[k * W : (k + 1) * W]).unsqueeze(0), SR).item()
+                for k in range(len(audio) // W)
+            ]
+        )
+
+
+@pytest.fixture(scope="module")
+def speech() -> np.ndarray:
+    """1 s silence, 2 s voiced, 1 s silence, 1 s white noise."""
+    return np.concatenate([silence(1.0), voiced(2.0), silence(1.0), noise(1.0)])
+
+
+# -- the runner ------------------------------------------------------------
+
+
+def test_weights_load_from_the_wheel_without_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    had_silero = "silero_vad" in sys.modules
+    threads = torch.get_num_threads()
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the VAD tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    vad = SileroVad(max_streams=2)
+    dist = importlib.metadata.distribution("silero-vad")
+    assert silero_weights_path() == dist.locate_file("silero_vad/data/silero_vad.jit")
+    assert vad.max_streams == 2
+    assert torch.get_num_threads() == threads  # silero_vad's import side effect is avoided
+    assert had_silero or "silero_vad" not in sys.modules
+
+
+def test_matches_silero_streaming_reference(speech: np.ndarray) -> None:
+    vad = SileroVad(max_streams=1, max_pending_ms=LONG)
+    handle = vad.acquire("a")
+    assert handle is not None
+    vad.push(handle, speech)
+    windows = scored(vad)
+    assert [w.index for w in windows] == list(range(len(speech) // W))
+    ours = np.array([w.probability for w in windows])
+    np.testing.assert_allclose(ours, reference_probs(speech), atol=1e-5)
+
+
+def test_detects_voiced_speech_not_silence_or_noise(speech: np.ndarray) -> None:
+    vad = SileroVad(max_streams=1, max_pending_ms=LONG)
+    handle = vad.acquire("a")
+    assert handle is not None
+    vad.push(handle, speech)
+    probs = np.array([w.probability for w in scored(vad)])
+    per_s = SR // W  # 31.25 windows per second
+    voiced_part = probs[int(1.0 * per_s) + 2 : int(3.0 * per_s) - 1]
+    assert np.median(voiced_part) > 0.8 and np.mean(voiced_part > 0.5) > 0.9
+    assert probs[: int(1.0 * per_s)].max() < 0.1  # leading silence
+    assert probs[int(3.0 * per_s) + 4 : int(4.0 * per_s)].max() < 0.1  # trailing silence
+    assert probs[int(4.0 * per_s) + 1 :].max() < 0.1  # white noise
+
+
+def test_batched_steps_equal_each_stream_alone() -> None:
+    """Streams join late, push uneven chunks and leave; each sees what it would see alone."""
+    signals = [
+        np.concatenate([silence(0.3), voiced(1.2, seed=i, f0=100 + 25 * i), noise(0.3, seed=i)])
+        for i in range(5)
+    ]
+    alone = []
+    for signal in signals:
+        solo = SileroVad(max_streams=1, max_pending_ms=LONG)
+        h = solo.acquire("solo")
+        assert h is not None
+        solo.push(h, signal)
+        alone.append([w.probability for w in scored(solo)])
+
+    vad = SileroVad(max_streams=8, max_pending_ms=LONG)
+    squatter = vad.acquire("squatter")  # fills slot 0 with state, then leaves it to stream 3
+    assert squatter is not None
+    vad.push(squatter, voiced(0.5, seed=9))
+    got: dict[int, list[float]] = {i: [] for i in range(5)}
+    handles: dict[int, object] = {}
+    offsets = [0] * 5
+    batch_sizes = []
+    for step in range(200):
+        for i in range(5):
+            if step == 3 * i and i != 3:
+                handles[i] = vad.acquire(f"s{i}")
+            if step == 20 and i == 3:
+                assert vad.release(squatter)
+                handles[i] = vad.acquire("s3")
+                assert handles[i].slot == squatter.slot  # type: ignore[attr-defined]
+            if i in handles and offsets[i] < len(signals[i]):
+                chunk = 300 + 170 * i  # uneven: windows complete on different steps
+                vad.push(handles[i], signals[i][offsets[i] : offsets[i] + chunk])  # type: ignore[arg-type]
+                offsets[i] += chunk
+        batch = vad.step()
+        batch_sizes.append(len(batch))
+        owner = {h: i for i, h in handles.items()}
+        for window in batch:
+            if window.handle in owner:
+                got[owner[window.handle]].append(window.probability)
+    assert max(batch_sizes) >= 4  # windows really were batched
+    for i in range(5):
+        assert len(got[i]) == len(alone[i])
+        np.testing.assert_allclose(got[i], alone[i], atol=1e-5)
+
+
+def test_overflow_drops_oldest_windows_and_keeps_the_clock() -> None:
+    vad = SileroVad(max_streams=1, max_pending_ms=3 * VAD_WINDOW_MS)
+    handle = vad.acquire("a")
+    assert handle is not None
+    push = vad.push(handle, noise(5 * W / SR + 0.001))
+    assert (push.windows_queued, push.windows_dropped, push.queue_depth) == (5, 2, 3)
+    assert push.overflowed and push.buffered_samples == 16
+    windows = scored(vad)
+    assert [w.index for w in windows] == [2, 3, 4]
+    assert (windows[0].start_ms, windows[-1].end_ms) == (64, 160)
+    stats = vad.stream_statistics(handle)
+    assert (stats.windows_pushed, stats.windows_scored, stats.windows_dropped) == (5, 3, 2)
+    assert stats.peak_queue_depth == stats.max_windows == 3
+    assert vad.statistics().windows_dropped == 2
+
+
+def test_reset_gives_fresh_state_and_a_new_epoch() -> None:
+    tail = voiced(0.6, seed=4)
+    vad = SileroVad(max_streams=2)
+    used, fresh = vad.acquire("used"), vad.acquire("fresh")
+    assert used is not None and fresh is not None
+    vad.push(used, voiced(15 * W / SR, seed=3))
+    scored(vad)
+    vad.push(used, noise(3 * W / SR))  # queued, then cleared by the reset
+    vad.reset(used, epoch=7)
+    vad.push(used, tail[:100])  # uneven pushes: windows complete mid-chunk
+    vad.push(fresh, tail[:100])
+    vad.push(used, tail[100:])
+    vad.push(fresh, tail[100:])
+    windows = scored(vad)
+    a = [w for w in windows if w.handle == used]
+    b = [w for w in windows if w.handle == fresh]
+    assert all(w.epoch == 7 for w in a) and all(w.epoch == 0 for w in b)
+    assert a[0].index == 15 + 3 + 0  # 15 scored, 3 cleared: the clock counts pushed audio
+    np.testing.assert_allclose([w.probability for w in a], [w.probability for w in b], atol=1e-6)
+    assert vad.stream_statistics(used).windows_dropped == 3
+
+
+def test_a_partial_window_survives_a_reset_so_the_clock_holds() -> None:
+    vad = SileroVad(max_streams=1)
+    handle = vad.acquire("a")
+    assert handle is not None
+    vad.push(handle, noise(2 * W / SR))
+    vad.push(handle, silence(100 / SR))
+    vad.reset(handle, 1)
+    assert vad.push(handle, silence((W - 100) / SR)).windows_queued == 1
+    assert [(w.index, w.epoch) for w in scored(vad)] == [(2, 1)]
+
+
+def test_pool_bounds_handles_and_input_checks() -> None:
+    vad = SileroVad(max_streams=2)
+    a, b = vad.acquire("a"), vad.acquire("b")
+    assert a is not None and b is not None and vad.acquire("c") is None
+    assert vad.release(a) and not vad.release(a)
+    with pytest.raises(SlotReleased):
+        vad.push(a, silence(0.1))
+    with pytest.raises(SlotReleased):
+        vad.reset(a, 1)
+    c = vad.acquire("c")
+    assert c is not None and c.slot == a.slot and c != a
+    with pytest.raises(TypeError):
+        vad.push(c, np.zeros(W, dtype=np.float64))
+    with pytest.raises(TypeError):
+        vad.push(c, np.zeros((2, W), dtype=np.float32))
+    assert not vad.has_pending() and vad.step() == ()
+    vad.push(c, silence(0.02))
+    assert not vad.has_pending()
+    vad.push(c, silence(0.02))
+    assert vad.has_pending()
+    with pytest.raises(ValueError):
+        SileroVad(max_streams=0)
+    with pytest.raises(ValueError):
+        SileroVad(max_pending_ms=10)
+
+
+def test_statistics_count_steps_and_batches() -> None:
+    clock = iter(np.arange(0.0, 100.0, 0.5))
+    vad = SileroVad(max_streams=4, timer=lambda: float(next(clock)))
+    handles = [vad.acquire(str(i)) for i in range(3)]
+    for i, handle in enumerate(handles):
+        assert handle is not None
+        vad.push(handle, silence((i + 1) * W / SR))
+    assert [len(vad.step()) for _ in range(4)] == [3, 2, 1, 0]
+    stats = vad.statistics()
+    assert (stats.streams, stats.steps, stats.windows_scored) == (3, 3, 6)
+    assert (stats.last_batch, stats.peak_batch) == (1, 3)
+    assert stats.last_step_s == 0.5 and stats.total_step_s == 1.5
+
+
+# -- the segmenter (pure) ----------------------------------------------------
+
+WIN = VAD_WINDOW_MS
+
+
+def feed(seg: SpeechSegmenter, probs: list[float], first: int = 0) -> list[object]:
+    """Push windows ``first, first + 1, ...``; returns all events in order."""
+    events: list[object] = []
+    for k, p in enumerate(probs, start=first):
+        events.extend(seg.push(k * WIN, (k + 1) * WIN, p))
+    return events
+
+
+def test_speech_starts_at_threshold_with_prefix_padding() -> None:
+    seg = SpeechSegmenter(ServerVadConfig(threshold=0.5, prefix_padding_ms=300))
+    assert feed(seg, [0.49] * 20) == []
+    assert not seg.speaking
+    assert feed(seg, [0.5], first=20) == [SpeechStarted(20 * WIN - 300, 21 * WIN)]
+    assert seg.speaking
+    assert feed(seg, [0.9] * 5, first=21) == []  # no second start while speaking
+
+
+def test_prefix_padding_clamps_at_zero() -> None:
+    seg = SpeechSegmenter(ServerVadConfig(prefix_padding_ms=300))
+    assert feed(seg, [0.1, 0.1, 0.8]) == [SpeechStarted(0, 3 * WIN)]
+
+
+def test_speech_stops_after_the_silence_duration() -> None:
+    seg = SpeechSegmenter(ServerVadConfig(silence_duration_ms=5 * WIN))
+    events = feed(seg, [0.9] * 10 + [0.1] * 4)
+    assert events == [SpeechStarted(0, WIN)] and seg.speaking  # 4 windows: not yet
+    assert feed(seg, [0.1], first=14) == [SpeechStopped(10 * WIN, 15 * WIN)]
+    assert not seg.speaking
+
+
+def test_a_dip_shorter_than_the_silence_keeps_the_turn() -> None:
+    seg = SpeechSegmenter(ServerVadConfig(silence_duration_ms=500))
+    probs = [0.9] * 5 + [0.2] * 15 + [0.9] * 5 + [0.2] * 16  # 480 ms dip, then 512 ms
+    events = feed(seg, probs)
+    assert events == [SpeechStarted(0, WIN), SpeechStopped(25 * WIN, 41 * WIN)]
+
+
+def test_silence_uses_the_clock_so_a_gap_counts() -> None:
+    seg = SpeechSegmenter(ServerVadConfig(silence_duration_ms=500))
+    feed(seg, [0.9] * 3)
+    # windows 3..19 were dropped; the next one ends 544 ms after the last speech
+    assert seg.push(20 * WIN, 21 * WIN, 0.0) == (SpeechStopped(3 * WIN, 21 * WIN),)
+
+
+def test_next_turn_never_starts_before_the_previous_end() -> None:
+    seg = SpeechSegmenter(ServerVadConfig(prefix_padding_ms=300, silence_duration_ms=64))
+    events = feed(seg, [0.9] * 10 + [0.0, 0.0] + [0.9])
+    assert events == [
+        SpeechStarted(0, WIN),
+        SpeechStopped(10 * WIN, 12 * WIN),
+        SpeechStarted(10 * WIN, 13 * WIN),  # 12 * WIN - 300 would overlap the last turn
+    ]
+    seg.reset(floor_ms=1000)
+    assert not seg.speaking
+    assert seg.push(1024, 1056, 0.9) == (SpeechStarted(1000, 1056),)
+
+
+def test_reconfigure_applies_from_the_next_window() -> None:
+    seg = SpeechSegmenter()
+    assert feed(seg, [0.6]) == [SpeechStarted(0, WIN)]
+    seg.reconfigure(ServerVadConfig(threshold=0.7, silence_duration_ms=0))
+    assert seg.config.threshold == 0.7
+    assert feed(seg, [0.6], first=1) == [SpeechStopped(WIN, 2 * WIN)]
+
+
+def test_idle_timeout_fires_once_after_silence() -> None:
+    seg = SpeechSegmenter(ServerVadConfig(idle_timeout_ms=10 * WIN))
+    seg.arm_idle_timeout(2 * WIN)
+    assert seg.idle_armed_at == 2 * WIN
+    assert feed(seg, [0.1] * 11) == []
+    assert feed(seg, [0.1], first=11) == [IdleTimeout(2 * WIN, 12 * WIN)]
+    assert seg.idle_armed_at is None
+    assert feed(seg, [0.1] * 40, first=12) == []
+
+
+def test_idle_timeout_is_disarmed_by_speech_and_inert_without_a_value() -> None:
+    seg = SpeechSegmenter(ServerVadConfig(idle_timeout_ms=10 * WIN, silence_duration_ms=WIN))
+    seg.arm_idle_timeout(0)
+    events = feed(seg, [0.1] * 5 + [0.9] + [0.1] * 30)
+    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped]
+    seg.arm_idle_timeout(36 * WIN)
+    seg.disarm_idle_timeout()
+    assert feed(seg, [0.1] * 30, first=36) == []
+    inert = SpeechSegmenter(ServerVadConfig(idle_timeout_ms=None))
+    inert.arm_idle_timeout(0)
+    assert feed(inert, [0.0] * 100) == []
+
+
+def test_idle_timeout_waits_while_speaking() -> None:
+    seg = SpeechSegmenter(ServerVadConfig(idle_timeout_ms=3 * WIN, silence_duration_ms=2 * WIN))
+    feed(seg, [0.9])
+    seg.arm_idle_timeout(WIN)  # armed mid-speech: the stop disarms it
+    assert [type(e) for e in feed(seg, [0.9] * 5 + [0.0] * 10, first=1)] == [SpeechStopped]
+
+
+def test_config_validation() -> None:
+    for bad in (
+        {"threshold": 1.5},
+        {"threshold": float("nan")},
+        {"prefix_padding_ms": -1},
+        {"silence_duration_ms": -1},
+        {"idle_timeout_ms": 0},
+    ):
+        with pytest.raises(ValueError):
+            ServerVadConfig(**bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        SpeechSegmenter().push(10, 10, 0.5)
+
+
+@given(st.lists(st.floats(0.0, 1.0), max_size=200), st.integers(0, 640), st.integers(0, 640))
+def test_segments_alternate_and_never_overlap(probs: list[float], pad: int, hold: int) -> None:
+    seg = SpeechSegmenter(ServerVadConfig(prefix_padding_ms=pad, silence_duration_ms=hold))
+    events = feed(seg, probs)
+    starts = [e for e in events if isinstance(e, SpeechStarted)]
+    stops = [e for e in events if isinstance(e, SpeechStopped)]
+    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped] * len(stops) + [
+        SpeechStarted
+    ] * (len(starts) - len(stops))
+    previous_end = 0
+    for start, stop in zip(starts, [*stops, None], strict=False):
+        assert previous_end <= start.audio_start_ms < start.detected_at_ms
+        if stop is not None:
+            assert start.detected_at_ms <= stop.audio_end_ms <= stop.detected_at_ms
+            assert stop.detected_at_ms - stop.audio_end_ms >= hold
+            previous_end = stop.audio_end_ms
+
+
+def test_segmenter_on_the_model_finds_the_voiced_turn(speech: np.ndarray) -> None:
+    vad = SileroVad(max_streams=1, max_pending_ms=LONG)
+    handle = vad.acquire("a")
+    assert handle is not None
+    vad.push(handle, speech)
+    seg = SpeechSegmenter()
+    events = [e for w in scored(vad) for e in seg.push(w.start_ms, w.end_ms, w.probability)]
+    assert len(events) == 2
+    started, stopped = events
+    assert isinstance(started, SpeechStarted) and isinstance(stopped, SpeechStopped)
+    assert abs(started.audio_start_ms - (1000 - 300)) <= 2 * WIN  # voice starts at 1.0 s
+    assert abs(stopped.audio_end_ms - 3000) <= 3 * WIN  # and ends at 3.0 s
+    assert stopped.detected_at_ms - stopped.audio_end_ms >= 500
+
+
+# -- the driver --------------------------------------------------------------
+
+PERIOD = W / SR
+
+
+async def inline(sync_fn: Callable[[], T]) -> T:
+    """Run steps on the trio thread, so MockClock cannot jump while one runs."""
+    await trio.lowlevel.checkpoint()
+    return sync_fn()
+
+
+def _channel(size: int) -> tuple[trio.MemorySendChannel[VadWindow], trio.MemoryReceiveChannel]:
+    return trio.open_memory_channel[VadWindow](size)
+
+
+async def test_driver_ticks_on_a_grid_and_catches_up_in_bounded_steps(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    driver = VadDriver(SileroVad(max_streams=2), max_steps_per_tick=4, offload=inline)
+    send, recv = _channel(64)
+    handle = driver.attach("a", send)
+    assert handle is not None
+    driver.push(handle, noise(10 * W / SR))
+    seen: list[tuple[float, int]] = []
+    async with trio.open_nursery() as nursery:
+        start = trio.current_time()
+        await nursery.start(driver.run)
+        await trio.sleep(PERIOD * 4.5)  # ticks 0..4
+        while True:
+            try:
+                window = recv.receive_nowait()
+            except trio.WouldBlock:
+                break
+            seen.append((window.index, window.end_ms))
+        nursery.cancel_scope.cancel()
+    assert seen == [(k, (k + 1) * WIN) for k in range(10)]
+    stats = driver.statistics()
+    assert (stats.ticks, stats.idle_ticks, stats.late_ticks) == (5, 2, 0)
+    assert stats.vad.steps == 10 and stats.delivered == 10
+    assert trio.current_time() - start == pytest.approx(PERIOD * 4.5)
+
+
+async def test_driver_delivers_each_window_one_tick_after_it_is_pushed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    driver = VadDriver(SileroVad(max_streams=2), offload=inline)
+    send, recv = _channel(8)
+    handle = driver.attach("a", send)
+    assert handle is not None
+    async with trio.open_nursery() as nursery:
+        start = trio.current_time()
+        await nursery.start(driver.run)
+        for k in range(6):
+            await trio.sleep_until(start + (k + 0.5) * PERIOD)  # half a window between ticks
+            driver.push(handle, noise(W / SR, seed=k))
+            window = await recv.receive()
+            assert window.index == k
+            assert trio.current_time() - start == pytest.approx((k + 1) * PERIOD)
+        nursery.cancel_scope.cancel()
+
+
+async def test_driver_full_subscriber_drops_without_blocking_others(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    driver = VadDriver(SileroVad(max_streams=2), offload=inline)
+    slow_send, slow_recv = _channel(1)
+    fast_send, fast_recv = _channel(16)
+    slow, fast = driver.attach("slow", slow_send), driver.attach("fast", fast_send)
+    assert slow is not None and fast is not None
+    driver.push(slow, noise(3 * W / SR))
+    driver.push(fast, noise(3 * W / SR))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await trio.sleep(PERIOD / 2)
+        nursery.cancel_scope.cancel()
+    stats = driver.statistics()
+    assert (stats.delivered, stats.dropped_full) == (4, 2)
+    assert slow_recv.receive_nowait().index == 0
+    assert [fast_recv.receive_nowait().index for _ in range(3)] == [0, 1, 2]
+
+
+async def test_driver_detaches_closed_subscribers_and_counts_orphans(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    driver: VadDriver
+
+    async def detach_mid_step(sync_fn: Callable[[], T]) -> T:
+        result = sync_fn()
+        driver.detach(leaving)  # while its windows are in flight
+        return result
+
+    driver = VadDriver(SileroVad(max_streams=3), offload=detach_mid_step)
+    closed_send, closed_recv = _channel(4)
+    leaving_send, _leaving_recv = _channel(4)
+    closed = driver.attach("closed", closed_send)
+    leaving = driver.attach("leaving", leaving_send)
+    assert closed is not None and leaving is not None
+    await closed_recv.aclose()
+    driver.push(closed, noise(2 * W / SR))
+    driver.push(leaving, noise(W / SR))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await trio.sleep(PERIOD / 2)
+        nursery.cancel_scope.cancel()
+    stats = driver.statistics()
+    assert (stats.dropped_closed, stats.orphaned, stats.subscribers) == (1, 2, 0)
+    assert stats.vad.streams == 0
+
+
+async def test_driver_steps_run_on_a_worker_thread(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    threads: set[int] = set()
+
+    def timer() -> float:  # the VAD times each forward: note where it runs
+        threads.add(threading.get_ident())
+        return 0.0
+
+    driver = VadDriver(SileroVad(max_streams=2, timer=timer))  # offload: trio.to_thread
+    send, recv = _channel(8)
+    handle = driver.attach("a", send)
+    assert handle is not None
+    driver.push(handle, noise(4 * W / SR))  # before the loop: mock time jumps while a thread runs
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        indices = [(await recv.receive()).index for _ in range(4)]
+        nursery.cancel_scope.cancel()
+    assert indices == [0, 1, 2, 3]
+    assert threads and threading.get_ident() not in threads
+
+
+async def test_driver_and_segmenter_find_a_turn_in_streamed_audio(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    driver = VadDriver(SileroVad(max_streams=2), offload=inline)
+    send, recv = _channel(16)
+    handle = driver.attach("a", send)
+    assert handle is not None
+    audio = np.concatenate([silence(0.5), voiced(1.0), silence(1.0)])
+    seg = SpeechSegmenter()
+    events: list[object] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        for k in range(0, len(audio), 1600):  # 100 ms chunks every 100 ms, as a client sends
+            driver.push(handle, audio[k : k + 1600])
+            await trio.sleep(0.1)
+            while True:
+                try:
+                    w = recv.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                events.extend(seg.push(w.start_ms, w.end_ms, w.probability))
+        nursery.cancel_scope.cancel()
+    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped]
+    started, stopped = events
+    assert isinstance(started, SpeechStarted) and isinstance(stopped, SpeechStopped)
+    assert abs(started.audio_start_ms - 200) <= 2 * WIN
+    assert abs(stopped.audio_end_ms - 1500) <= 3 * WIN
+    stats = driver.statistics()
+    assert stats.dropped_full == 0 and stats.vad.windows_dropped == 0 and stats.late_ticks == 0
+
+
+def test_driver_rejects_bad_numbers() -> None:
+    vad = SileroVad(max_streams=1)
+    with pytest.raises(ValueError):
+        VadDriver(vad, period_s=0)
+    with pytest.raises(ValueError):
+        VadDriver(vad, max_steps_per_tick=0)
