@@ -50,7 +50,10 @@ from ._events import (
 )
 from ._ledger import History, PlaybackLedger
 
-__all__ = ["TURN_COUNTERS", "TurnState", "TurnTaking"]
+__all__ = ["STILL_SPEAKING_MS", "TURN_COUNTERS", "TurnState", "TurnTaking"]
+
+STILL_SPEAKING_MS = 40.0
+"""Quiet tail (two 20 ms VAD frames) under which a speaker still counts as speaking."""
 
 TURN_COUNTERS = (
     "stale_frames_dropped",
@@ -314,6 +317,14 @@ class TurnTaking:
         assert self._response is not None
         return self._response.response_id
 
+    def user_speaking_now(self) -> bool:
+        """Speech is active and not just in the VAD's hangover: the newest input was loud.
+
+        A response that opens while the user has already gone quiet (but the VAD is still
+        waiting out its hangover) is not an overlap.
+        """
+        return self.speech_active and self.input_ms - self.speech_ms <= STILL_SPEAKING_MS
+
     def _open(self, out: list[Effect]) -> None:
         response_id = self._new_id("resp")
         ledger = PlaybackLedger(response_id, f"item_{response_id}", self.next_order())
@@ -324,7 +335,7 @@ class TurnTaking:
         self.turn = TurnState.RESPONDING
         self.counts["responses_created"] += 1
         self._emit(out, ResponseCreated(response_id, ledger.item_id, self.epoch))
-        if self.speech_active and not self.turn_based:
+        if self.user_speaking_now() and not self.turn_based:
             self._start_overlap(out, self.input_ms)
 
     def _route(self, out: list[Effect], frame: ModelFrame) -> None:
@@ -362,7 +373,7 @@ class TurnTaking:
     def _resume_output(self, out: list[Effect], reason: str) -> None:
         start = self._overlap_start
         self.counts["resumes"] += 1
-        self._decide(out, "resume", reason, self.input_ms - start if start is not None else 0.0)
+        self._decide(out, "resume", reason, self.speech_ms - start if start is not None else 0.0)
         self.turn = TurnState.RESPONDING if self._response else TurnState.LISTENING
         self._paused_at = None
         held, self._held = self._held, []

@@ -184,3 +184,24 @@ def test_energy_vad_barges_in_after_barge_in_ms_of_real_speech():
     assert _decisions(effects) == [("barge_in", "speech_over_barge_in_ms")]
     assert of(effects, OverlapDecision)[0].overlap_ms == pytest.approx(1000, abs=80)
     assert t == pytest.approx(1.04, abs=0.09)
+
+
+def test_response_opening_in_the_vad_hangover_is_not_an_overlap():
+    m = machine()  # the built-in energy VAD, false interruption on
+    t = 0.0
+    m.handle(loud(80), t)
+    m.handle(loud(80), t + 0.08)  # 160 ms utterance; speech is active
+    m.handle(silence(80), t + 0.16)  # quiet, but still inside the 300 ms hangover
+    effects = m.handle(speaking(m, "a"), 0.25)  # the answer starts 80 ms after the user
+    assert _decisions(effects) == []  # no pause, no overlap
+    assert m.turn_state is TurnState.RESPONDING
+    assert of(effects, AudioDelta)  # audio goes out at once, not held
+
+
+def test_response_opening_while_the_user_still_speaks_is_an_overlap():
+    m = machine()
+    m.handle(loud(80), 0.0)
+    m.handle(loud(80), 0.08)
+    effects = m.handle(speaking(m, "a"), 0.17)
+    assert _decisions(effects) == [("pause", "speech_started")]
+    assert m.turn_state is TurnState.PAUSED
