@@ -49,6 +49,12 @@ class ServerConfig:
     """Cap on concurrent sessions below the engine's own capacity; 0 means the engine decides."""
     max_frame_bytes: int = 16 * _MIB
     """Largest WebSocket message accepted; larger ones get ``event_too_large``."""
+    realtime_vad: Literal["silero", "energy"] = "silero"
+    """The VAD behind ``server_vad`` in Realtime turn-based sessions (``/v1/realtime``
+    without ``?duplex=1``): the shared silero model, or the built-in energy VAD.
+    Native ``/v1/duplex`` sessions use ``session.vad`` (``energy`` by default)."""
+    vad_streams: int = 256
+    """Stream pool of the shared silero VAD: sessions using it at once (more are refused)."""
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     shutdown_grace_s: float = 5.0
@@ -62,6 +68,8 @@ class ServerConfig:
             raise ConfigError(f"max_sessions: must be >= 0, got {self.max_sessions}")
         if self.max_frame_bytes < 1024:
             raise ConfigError(f"max_frame_bytes: must be at least 1024, got {self.max_frame_bytes}")
+        if self.vad_streams < 1:
+            raise ConfigError(f"vad_streams: must be >= 1, got {self.vad_streams}")
         if self.shutdown_grace_s < 0:
             raise ConfigError("shutdown_grace_s: must be >= 0")
 

@@ -7,7 +7,7 @@ the `EngineDriver` ticks it on trio's clock and fans outputs out to sessions.
 Voice activity: `SileroVad` scores 32 ms windows of every session's 16 kHz
 input in one batched silero-vad forward per step; the `VadDriver` steps it on
 trio's clock and delivers `VadWindow`s; a per-session `SpeechSegmenter` turns
-them into OpenAI server_vad events.
+them into OpenAI server_vad events; the `VadActor` supervises the driver.
 """
 
 from ._actor import EngineActor
@@ -54,6 +54,7 @@ from ._silero import (
     VadWindow,
     silero_weights_path,
 )
+from ._vad_actor import VadActor
 from ._vad_driver import VadDriver, VadDriverStatistics
 
 __all__ = [
@@ -90,6 +91,7 @@ __all__ = [
     "SpeechStopped",
     "StepOutput",
     "StepPlan",
+    "VadActor",
     "VadDriver",
     "VadDriverStatistics",
     "VadHandle",

@@ -2,8 +2,15 @@
 
 It holds no session facts of its own. Everything from a connection (attach,
 client events, detach) arrives on one ``client`` lane, so wire order is kept
-(a close never overtakes an earlier append); engine output arrives on the
-``model`` lane; the lease timer on ``control``.
+(a close never overtakes an earlier append); engine output and the shared
+VAD's windows arrive on the ``model`` lane; the lease timer on ``control``.
+
+A session with ``vad="silero"`` holds a stream on the shared VAD for its whole
+life (taken at admission, like its engine slot): every ``ModelAppendAudio``
+chunk also goes to its `VadLink`, a pump task brings the scored windows back
+(`FromVad`), and the link turns them into the machine's ``SpeechStarted`` /
+``SpeechStopped``. A clearing ``ModelReset`` or a turn-detection change restarts
+the stream; a VAD restart moves it onto the new VAD (`VadReplaced`).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import trio
 
 from duplex.actors import Actor, ActorContext, ActorRef, ControlMessage, LaneSpec, Overflow
 from duplex.exceptions import InternalError, MailboxFull
-from duplex.models import EngineDriver, SlotHandle, SlotOutput
+from duplex.models import EngineDriver, SlotHandle, SlotOutput, VadDriver, VadWindow
 
 from ._config import SessionConfig
 from ._effects import (
@@ -43,6 +50,7 @@ from ._events import (
     VideoAppend,
 )
 from ._state import SessionMachine
+from ._vad_link import VadLink
 
 # -- messages to the session actor ----------------------------------------
 
@@ -77,6 +85,12 @@ class FromEngine:
 
 
 @final
+@dataclass(frozen=True, slots=True, eq=False)
+class FromVad:
+    window: VadWindow
+
+
+@final
 @dataclass(frozen=True, slots=True)
 class LeaseTimer(ControlMessage):
     pass
@@ -89,6 +103,14 @@ class EngineReplaced(ControlMessage):
 
     driver: EngineDriver
     reason: str
+
+
+@final
+@dataclass(frozen=True, slots=True, eq=False)
+class VadReplaced(ControlMessage):
+    """The shared VAD crashed and restarted: move the session's stream onto ``driver``."""
+
+    driver: VadDriver
 
 
 @final
@@ -120,15 +142,30 @@ class Releaser(Protocol):
     def released(self, session_id: str) -> None: ...
 
 
+VAD_WINDOW_BUFFER = 32
+"""Scored windows (32 ms each) a session may fall behind before the VAD drops (counted)."""
+
+
+@dataclass(eq=False)
+class VadResources:
+    """A session's stream on the shared VAD and where its windows arrive."""
+
+    link: VadLink
+    windows: trio.MemoryReceiveChannel[VadWindow]
+    pump: trio.CancelScope = field(default_factory=trio.CancelScope)
+    overflow_logged: bool = False
+
+
 @dataclass(eq=False)
 class SessionResources:
-    """The engine slot a session holds and where its output arrives."""
+    """The engine slot (and VAD stream) a session holds and where their output arrives."""
 
     driver: EngineDriver
     handle: SlotHandle
     outputs: trio.MemoryReceiveChannel[SlotOutput]
     released: bool = field(default=False)
     pump: trio.CancelScope = field(default_factory=trio.CancelScope)
+    vad: VadResources | None = None
 
 
 @final
@@ -158,7 +195,7 @@ class SessionActor(Actor[Any]):
     def route(cls, message: object) -> str:
         if isinstance(message, ControlMessage):
             return "control"
-        if isinstance(message, FromEngine):
+        if isinstance(message, FromEngine | FromVad):
             return "model"
         if isinstance(message, FromClient) and isinstance(message.event, VideoAppend):
             return "video"
@@ -173,6 +210,9 @@ class SessionActor(Actor[Any]):
 
     async def on_start(self, ctx: ActorContext) -> None:
         ctx.start_soon(self._pump_engine, ctx, self.resources.outputs, self.resources.pump)
+        vad = self.resources.vad
+        if vad is not None:
+            ctx.start_soon(self._pump_vad, ctx, vad.windows, vad.pump)
         ctx.start_soon(self._guard)
 
     async def on_stop(self, ctx: ActorContext) -> None:
@@ -189,6 +229,18 @@ class SessionActor(Actor[Any]):
             async with outputs:
                 async for output in outputs:
                     await ctx.self.tell(FromEngine(output))
+
+    async def _pump_vad(
+        self,
+        ctx: ActorContext,
+        windows: trio.MemoryReceiveChannel[VadWindow],
+        scope: trio.CancelScope,
+    ) -> None:
+        """VAD windows into the mailbox, until the actor stops or the VAD is replaced."""
+        with scope:
+            async with windows:
+                async for window in windows:
+                    await ctx.self.tell(FromVad(window))
 
     async def _guard(self) -> None:
         """Frees the slot and tells the sockets when the actor ends without a session end."""
@@ -209,14 +261,39 @@ class SessionActor(Actor[Any]):
         if handle is None:
             ctx.log.error("no slot on the restarted engine; ending the session")
             self.resources.released = True
+            if res.vad is not None:
+                res.vad.link.close()
             self.owner.released(self.machine.session_id)
             for connection in self.connections.values():
                 self._notify_lost(connection)
             ctx.stop()
             return
-        self.resources = SessionResources(driver, handle, recv)
+        self.resources = SessionResources(driver, handle, recv, vad=res.vad)
         ctx.start_soon(self._pump_engine, ctx, recv, self.resources.pump)
         await self._apply(ctx, ModelFailed(f"the engine restarted ({reason})"))
+
+    async def _replace_vad(self, ctx: ActorContext, driver: VadDriver) -> None:
+        vad = self.resources.vad
+        if vad is None or self.resources.released:
+            return
+        vad.pump.cancel()
+        vad.link.close()  # the old VAD is gone; its pool goes with it
+        send, recv = trio.open_memory_channel[VadWindow](VAD_WINDOW_BUFFER)
+        handle = driver.attach(self.machine.session_id, send)
+        if handle is None:  # the new pool is as large as the old one: never expected
+            ctx.log.error("no stream on the restarted VAD; ending the session")
+            self.resources.vad = None
+            self._release()
+            for connection in self.connections.values():
+                self._notify_lost(connection)
+            ctx.stop()
+            return
+        ended = vad.link.replace(driver, handle)
+        self.resources.vad = VadResources(vad.link, recv)
+        ctx.start_soon(self._pump_vad, ctx, recv, self.resources.vad.pump)
+        ctx.log.warning("the VAD restarted; the session moved onto it")
+        for event in ended:
+            await self._apply(ctx, event)
 
     def _notify_lost(self, connection: ActorRef[Any]) -> None:
         err = ErrorEvent.from_exception(InternalError("the session ended unexpectedly"))
@@ -232,6 +309,11 @@ class SessionActor(Actor[Any]):
                 await self._apply(ctx, event, generation)
             case FromEngine(output):
                 await self._apply(ctx, _model_frame(output))
+            case FromVad(window):
+                vad = self.resources.vad
+                if vad is not None:
+                    for event in vad.link.on_window(window):
+                        await self._apply(ctx, event)
             case Attach(generation, connection, resume):
                 self.connections[generation] = connection
                 await self._apply(ctx, ConnectionAttached(generation, resume))
@@ -240,6 +322,8 @@ class SessionActor(Actor[Any]):
                 await self._apply(ctx, ConnectionDetached(generation))
             case EngineReplaced(driver, reason):
                 await self._replace_engine(ctx, driver, reason)
+            case VadReplaced(driver):
+                await self._replace_vad(ctx, driver)
             case LeaseTimer():
                 self.armed = None
                 await self._apply(ctx, Tick())
@@ -249,6 +333,9 @@ class SessionActor(Actor[Any]):
 
     async def _apply(self, ctx: ActorContext, event: Event, generation: int | None = None) -> None:
         effects = self.machine.handle(event, trio.current_time(), generation=generation)
+        vad = self.resources.vad
+        if vad is not None and vad.link.config is not self.machine.config:
+            vad.link.reconfigure(self.machine.config)  # before any audio of the new config
         for effect in effects:
             await self._perform(ctx, effect)
         deadline = self.machine.next_deadline()
@@ -270,8 +357,11 @@ class SessionActor(Actor[Any]):
                 connection = self.connections.pop(generation, None)
                 if connection is not None:
                     await connection.tell(CloseSocket(code, reason))
-            case ModelAppendAudio(_, pcm, _):
-                push = res.driver.push_input(res.handle, np.asarray(pcm, dtype=np.float32))
+            case ModelAppendAudio(_, pcm, start_ms):
+                pcm = np.asarray(pcm, dtype=np.float32)
+                if res.vad is not None:
+                    self._push_vad(ctx, res.vad, pcm, start_ms)
+                push = res.driver.push_input(res.handle, pcm)
                 if push.overflowed:  # the machine's input ledger bounds this; never expected
                     ctx.log.error("engine input queue overflow", rejected=push.frames_rejected)
                     await self._apply(ctx, ModelFailed("engine input queue overflow"))
@@ -279,16 +369,28 @@ class SessionActor(Actor[Any]):
                 res.driver.push_video(res.handle, frame.frame_id, frame.pts_ms, frame.frame)
             case ModelReset(epoch, _, clear_input):
                 res.driver.reset(res.handle, epoch, clear_input=clear_input)
+                if clear_input and res.vad is not None:  # the machine forgot the speech too
+                    res.vad.link.restart()
             case ModelSignal():
                 pass  # frame-synchronous models take turns from the audio itself
             case ReleaseResources():
                 self._release()
                 ctx.stop()
 
+    def _push_vad(
+        self, ctx: ActorContext, vad: VadResources, pcm: np.ndarray, start_ms: float
+    ) -> None:
+        push = vad.link.push(pcm, start_ms)
+        if push is not None and push.overflowed and not vad.overflow_logged:
+            vad.overflow_logged = True  # counted in the link's statistics from here on
+            ctx.log.warning("VAD stream fell behind; oldest windows dropped (scored as silence)")
+
     def _release(self) -> None:
         if not self.resources.released:
             self.resources.released = True
             self.resources.driver.detach(self.resources.handle)
+            if self.resources.vad is not None:
+                self.resources.vad.link.close()
             self.owner.released(self.machine.session_id)
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "MODEL_SAMPLE_RATE",
     "OVERLAP_POLICIES",
     "PLAYBACK_COMMIT_POLICIES",
+    "SESSION_VAD_MODES",
     "SUPPORTED_SAMPLE_RATES",
     "TURN_DETECTION_TYPES",
     "TURN_POLICIES",
@@ -33,7 +34,9 @@ SUPPORTED_SAMPLE_RATES: tuple[int, ...] = (8_000, 16_000, 24_000, 48_000)
 OVERLAP_POLICIES: tuple[str, ...] = ("model", "barge_in_on_speech", "ignore")
 PLAYBACK_COMMIT_POLICIES: tuple[str, ...] = ("ack_only", "commit_all_on_done")
 AUDIO_INPUT_FORMATS: tuple[str, ...] = ("pcm16", "float32")
-VAD_MODES: tuple[str, ...] = ("energy", "external")
+VAD_MODES: tuple[str, ...] = ("energy", "external", "silero")
+SESSION_VAD_MODES: tuple[str, ...] = ("energy", "silero")
+"""The VADs a session may be opened with (``SessionOptions.vad``); ``external`` is for tests."""
 TURN_POLICIES: tuple[str, ...] = ("duplex", "turn_based")
 TURN_DETECTION_TYPES: tuple[str, ...] = ("none", "server_vad")
 
@@ -87,7 +90,9 @@ class SessionConfig:
     Turn detection (Realtime ``turn_detection``): ``"none"`` runs no VAD (no
     speech events; commits are manual); ``"server_vad"`` runs the session's VAD
     (``vad="energy"``: the built-in `EnergyVad`; ``"external"``: a VAD actor
-    sends `SpeechStarted`/`SpeechStopped`). Its knobs: ``vad_threshold`` (0..1;
+    sends `SpeechStarted`/`SpeechStopped`; ``"silero"``: the server's shared
+    batched silero VAD, fed by the session actor (``_vad_link``); the machine
+    treats it as ``"external"``). Its knobs: ``vad_threshold`` (0..1;
     the energy VAD maps it to an RMS threshold, ``vad_threshold_rms`` at 0.5,
     x10 per +0.5), ``vad_prefix_padding_ms`` (speech_started's
     ``audio_start_ms`` is the detected start minus this, at least 0, and the
@@ -238,6 +243,10 @@ class SessionOptions:
     vad_create_response: bool | None = None
     vad_interrupt_response: bool | None = None
     vad_idle_timeout_ms: int | None = None
+    vad: str | None = None
+    """Which VAD backs ``server_vad`` (``SESSION_VAD_MODES``). Set when a session opens
+    (the Realtime projection asks for ``silero``); a ``session.update`` may not change it.
+    No wire protocol exposes it."""
 
     def __post_init__(self) -> None:
         checks: tuple[tuple[str, tuple[Any, ...] | None], ...] = (
@@ -246,6 +255,7 @@ class SessionOptions:
             ("input_sample_rate", SUPPORTED_SAMPLE_RATES),
             ("turn_policy", TURN_POLICIES),
             ("turn_detection", TURN_DETECTION_TYPES),
+            ("vad", SESSION_VAD_MODES),
         )
         for key, choices in checks:
             value = getattr(self, key)

@@ -2,6 +2,10 @@
 
 Sessions take an engine slot when they are admitted and give it back when
 the session actor releases its resources; only then does capacity return.
+A session with ``vad="silero"`` also takes a stream on the shared VAD at
+admission (held for its whole life, so a later ``session.update`` that turns
+detection on never waits on capacity); no stream refuses the session with
+``resource_exhausted``, never a silent fall-back to another VAD.
 """
 
 from __future__ import annotations
@@ -17,12 +21,29 @@ import trio
 from duplex import exceptions as errors
 from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.metrics import MetricsRegistry, Sample
-from duplex.models import DriverStatistics, EngineDriver, ModelSpec, SlotOutput
+from duplex.models import (
+    DriverStatistics,
+    EngineDriver,
+    ModelSpec,
+    SlotOutput,
+    VadDriver,
+    VadDriverStatistics,
+    VadWindow,
+)
 
-from ._actor import EngineReplaced, Inspect, SessionActor, SessionResources
+from ._actor import (
+    VAD_WINDOW_BUFFER,
+    EngineReplaced,
+    Inspect,
+    SessionActor,
+    SessionResources,
+    VadReplaced,
+    VadResources,
+)
 from ._admission import Admission
 from ._config import Capabilities, SessionConfig, SessionOptions
 from ._state import SessionMachine
+from ._vad_link import VadLink
 
 _ENGINE_METRICS: tuple[tuple[str, str, str], ...] = (
     ("duplex_engine_ticks_total", "counter", "Engine ticks (current engine)"),
@@ -49,6 +70,26 @@ def _engine_value(name: str, stats: DriverStatistics) -> float | None:
         "duplex_engine_live_slots": engine.live_slots,
         "duplex_engine_capacity_slots": sched.capacity,
         "duplex_engine_step_p99_seconds": sched.p99_step_s,
+    }
+    return values[name]
+
+
+_VAD_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("duplex_vad_streams", "gauge", "Sessions holding a stream on the shared VAD"),
+    ("duplex_vad_capacity_streams", "gauge", "Size of the shared VAD's stream pool"),
+    ("duplex_vad_late_ticks_total", "counter", "VAD ticks whose steps ended after the next tick"),
+    ("duplex_vad_windows_dropped_total", "counter", "VAD windows dropped (queue or mailbox full)"),
+    ("duplex_vad_step_seconds", "gauge", "Compute time of the last VAD forward"),
+)
+
+
+def _vad_value(name: str, stats: VadDriverStatistics) -> float:
+    values: dict[str, float] = {
+        "duplex_vad_streams": stats.vad.streams,
+        "duplex_vad_capacity_streams": stats.vad.max_streams,
+        "duplex_vad_late_ticks_total": stats.late_ticks,
+        "duplex_vad_windows_dropped_total": stats.vad.windows_dropped + stats.dropped_full,
+        "duplex_vad_step_seconds": stats.vad.last_step_s,
     }
     return values[name]
 
@@ -86,6 +127,8 @@ class SessionHub:
         self.spec = spec
         self.driver: EngineDriver | None = None
         self.engine_starts = 0
+        self.vad: VadDriver | None = None
+        self.vad_starts = 0
         self.config = config
         self.capabilities = capabilities
         capacity = spec.max_slots
@@ -103,6 +146,8 @@ class SessionHub:
         )
         for name, kind, help_text in _ENGINE_METRICS:
             registry.add_collector(name, kind, help_text, self._engine_sampler(name))
+        for name, kind, help_text in _VAD_METRICS:
+            registry.add_collector(name, kind, help_text, self._vad_sampler(name))
 
     def _collect(self) -> list[Sample]:
         return [Sample("duplex_sessions_live", {}, self.admission.statistics().live)]
@@ -115,6 +160,14 @@ class SessionHub:
             if value is None:
                 return []
             return [Sample(name, {"model": self.spec.name}, value)]
+
+        return collect
+
+    def _vad_sampler(self, name: str) -> Callable[[], list[Sample]]:
+        def collect() -> list[Sample]:
+            if self.vad is None:
+                return []
+            return [Sample(name, {"model": "silero"}, _vad_value(name, self.vad.statistics()))]
 
         return collect
 
@@ -132,6 +185,34 @@ class SessionHub:
         for ref in list(self._sessions.values()):
             await ref.tell(EngineReplaced(driver, "engine crashed"))
 
+    async def vad_started(self, driver: VadDriver) -> None:
+        """A (new) shared VAD runs; after a crash, every live session moves onto it
+        (sessions without a VAD stream ignore the message)."""
+        previous, self.vad = self.vad, driver
+        self.vad_starts += 1
+        if previous is None:
+            return
+        for ref in list(self._sessions.values()):
+            await ref.tell(VadReplaced(driver))
+
+    def _attach_vad(self, session_id: str, config: SessionConfig) -> VadResources | None:
+        """A stream on the shared VAD when the session's config uses it.
+
+        Raises:
+            ResourceExhausted: the VAD is not running, or its stream pool is full.
+        """
+        if config.vad != "silero":
+            return None
+        vad = self.vad
+        if vad is None:
+            raise errors.ResourceExhausted("duplex_vad_unavailable: the VAD is not running")
+        send, recv = trio.open_memory_channel[VadWindow](VAD_WINDOW_BUFFER)
+        handle = vad.attach(session_id, send)
+        if handle is None:
+            limit = vad.statistics().vad.max_streams
+            raise errors.ResourceExhausted(f"duplex_vad_capacity_exhausted: limit={limit}")
+        return VadResources(VadLink(vad, handle, config), recv)
+
     def next_generation(self) -> int:
         """A fresh socket generation (unique per process)."""
         return next(self._generations)
@@ -144,7 +225,8 @@ class SessionHub:
 
         Raises:
             BadEvent: the options make an invalid configuration.
-            ResourceExhausted: no capacity (engine slots, step time or ``max_sessions``).
+            ResourceExhausted: no capacity (engine slots, step time, ``max_sessions``,
+                or VAD streams for a ``vad="silero"`` session).
         """
         driver = self.driver
         if driver is None:
@@ -170,7 +252,14 @@ class SessionHub:
             raise errors.ResourceExhausted(
                 "duplex_session_capacity_exhausted: the engine admits no more sessions"
             )
-        resources = SessionResources(driver, handle, recv)
+        try:
+            vad = self._attach_vad(session_id, config)
+        except errors.ResourceExhausted:
+            driver.detach(handle)
+            self.admission.release(session_id)
+            self._refused.inc()
+            raise
+        resources = SessionResources(driver, handle, recv, vad=vad)
         try:
             ref = await self.system.spawn(
                 SessionActor,
@@ -183,12 +272,16 @@ class SessionHub:
             )
         except BaseException:
             driver.detach(handle)
+            if vad is not None:
+                vad.link.close()
             self.admission.release(session_id)
             raise
         self._sessions[session_id] = ref
         self._opened.inc()
         if self.driver is not driver:  # the engine restarted while the session was starting
             await ref.tell(EngineReplaced(self.driver, "engine crashed"))  # type: ignore[arg-type]
+        if vad is not None and self.vad is not vad.link.streams:  # so did the VAD
+            await ref.tell(VadReplaced(self.vad))  # type: ignore[arg-type]
         return Opened(session_id, ref)
 
     def released(self, session_id: str) -> None:

@@ -27,7 +27,7 @@ from ._vad import EnergyVad
 
 __all__ = ["InputPath"]
 
-_VAD_KEYS = ("vad", "turn_detection", "vad_threshold", "vad_threshold_rms", "vad_hangover_ms")
+VAD_KEYS = ("vad", "turn_detection", "vad_threshold", "vad_threshold_rms", "vad_hangover_ms")
 
 
 class InputPath:
@@ -88,7 +88,7 @@ class InputPath:
 
     def reconfigure(self, config: SessionConfig) -> bool:
         """Take a new config; returns whether the VAD restarted (a VAD setting changed)."""
-        vad_changed = any(getattr(config, k) != getattr(self.config, k) for k in _VAD_KEYS)
+        vad_changed = any(getattr(config, k) != getattr(self.config, k) for k in VAD_KEYS)
         self.config = config
         if config.turn_policy != "turn_based":
             self._drop_kept(self.samples)

@@ -519,6 +519,11 @@ class SessionMachine:
         self._shutdown(out, CLOSE_NORMAL, "client_close")
 
     def _on_session_update(self, event: SessionUpdate, out: list[Effect]) -> None:
+        vad = event.options.vad
+        if vad is not None and vad != self._config.vad:  # the VAD stream is held from the start
+            raise errors.BadEvent(
+                f"session.vad is {self._config.vad!r} for the whole session", param="session.vad"
+            )
         try:
             config = self._config.updated(event.options)
         except errors.ConfigError as exc:

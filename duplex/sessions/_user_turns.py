@@ -9,8 +9,9 @@ Turn detection (``SessionConfig.turn_detection``):
 - ``none``: no speech events (a VAD actor's are ignored and counted); the
   client commits (``input_audio_buffer.commit``) and asks (``response.create``).
 - ``server_vad``: speech boundaries come from the built-in energy VAD
-  (``vad="energy"``) or a VAD actor (``vad="external"``, the seam for silero:
-  it sends `SpeechStarted`/`SpeechStopped` with unpadded input-clock times).
+  (``vad="energy"``) or from outside (``vad="external"``, or ``"silero"``: the
+  session actor's link to the shared silero VAD, ``_vad_link``), as
+  `SpeechStarted`/`SpeechStopped` runtime events with unpadded input-clock times.
   ``speech_started`` shows the start minus ``vad_prefix_padding_ms`` (not
   before the uncommitted buffer, not below 0) and names the user item the
   speech becomes; with ``vad_create_response`` a stop commits that span

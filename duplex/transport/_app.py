@@ -55,8 +55,13 @@ def build_app(
     *,
     registry: MetricsRegistry,
     max_frame_bytes: int,
+    realtime_vad: str | None = None,
 ) -> Starlette:
-    """The app for one running hub (engine + sessions)."""
+    """The app for one running hub (engine + sessions).
+
+    ``realtime_vad`` backs ``server_vad`` in Realtime turn-based sessions
+    (``server.realtime_vad``); ``None`` leaves it to the session defaults.
+    """
     model = hub.spec
 
     async def health(request: Request) -> Response:
@@ -65,6 +70,7 @@ def build_app(
             {
                 "status": "ok" if hub.ready else "starting",
                 "engine_starts": hub.engine_starts,
+                "vad_starts": hub.vad_starts,
                 "version": __version__,
                 "model": model.name,
                 "sessions": {"live": stats.live, "capacity": stats.capacity},
@@ -132,6 +138,7 @@ def build_app(
             duplex=duplex,
             model=params.get("model"),
             max_size=max_frame_bytes,
+            vad=realtime_vad,
         )
         await run_connection(websocket, projection, autostart=not resume_only)
 

@@ -298,6 +298,8 @@ class RealtimeProjection:
         max_size: the largest accepted frame, in bytes of UTF-8.
         formats: the audio formats before any ``session.update`` (OpenAI's default is PCM16).
         random_bytes: randomness for the ``event_<hex>`` ids.
+        vad: the VAD behind ``server_vad`` in a turn-based session (``SessionOptions.vad``;
+            the server passes ``server.realtime_vad``); ``None``: the server's session default.
     """
 
     def __init__(
@@ -309,6 +311,7 @@ class RealtimeProjection:
         max_size: int = DEFAULT_MAX_EVENT_BYTES,
         formats: WireFormats | None = None,
         random_bytes: Callable[[int], bytes] = os.urandom,
+        vad: str | None = None,
     ) -> None:
         if schema not in ("ga", "beta"):
             raise ValueError(f"schema must be 'ga' or 'beta', got {schema!r}")
@@ -316,6 +319,9 @@ class RealtimeProjection:
         self.duplex = duplex
         self.model = model
         self.max_size = max_size
+        self._turn_based = (
+            TURN_BASED_OPTIONS if vad is None else replace(TURN_BASED_OPTIONS, vad=vad)
+        )
         self._formats = formats or WireFormats()
         self._encoder = RealtimeEncoder(
             schema=schema, duplex=duplex, model=model, random_bytes=random_bytes
@@ -326,9 +332,10 @@ class RealtimeProjection:
         """The options to open this connection's session with (``hub.open``).
 
         Without the duplex extensions the session is OpenAI's turn-based API
-        (`TURN_BASED_OPTIONS`); with them, ``None``: the server's own defaults.
+        (`TURN_BASED_OPTIONS`, with the projection's ``vad``); with them, ``None``:
+        the server's own defaults.
         """
-        return None if self.duplex else TURN_BASED_OPTIONS
+        return None if self.duplex else self._turn_based
 
     @property
     def formats(self) -> WireFormats:

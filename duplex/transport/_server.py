@@ -1,4 +1,4 @@
-"""Server assembly: actor system, engine, hub and hypercorn in one trio process."""
+"""Server assembly: actor system, engine, shared VAD, hub and hypercorn in one trio process."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ from duplex.models import (
     EngineDriver,
     ModelSpec,
     RunnerFactory,
+    SileroVad,
+    VadActor,
+    VadDriver,
     get_model,
 )
 from duplex.sessions import Capabilities
@@ -51,6 +54,32 @@ def capabilities_for(spec: ModelSpec) -> Capabilities:
         supports_model_native_turn_policy=spec.supports_model_native_turn_policy,
         chunk_period_ms=int(spec.frame_ms),
     )
+
+
+VAD_MAX_PENDING_MS = 4096
+"""Unscored audio one VAD stream may queue before its oldest windows drop (counted). A
+client may send faster than real time (a file, a reconnect's backlog); the driver catches
+up at 8 windows a tick (8x real time). 4 s is 256 KiB a stream, 64 MiB if all 256 burst."""
+
+
+def uses_silero(config: Config) -> bool:
+    """Some session may run on the shared silero VAD (Realtime turn-based or ``session.vad``)."""
+    return config.server.realtime_vad == "silero" or config.session.vad == "silero"
+
+
+def limit_torch_threads() -> None:
+    """One intra-op torch thread for the process; called at server startup, when the VAD runs.
+
+    The VAD's forward is small matrix products (at most ``vad_streams`` x 128);
+    more threads only contend with the trio thread and the engine's thread. On a
+    2-core machine, 256 streams took 11-15 ms per 32 ms step with 1 thread and
+    had a p90 of 40-60 ms with 2 under load (``bench/vad.py``). It is process-wide,
+    so it is set here, at startup, and never by importing a library (the
+    ``silero_vad`` package would do it on import; we read its weights instead).
+    """
+    import torch
+
+    torch.set_num_threads(1)
 
 
 async def serve_duplex(
@@ -85,9 +114,27 @@ async def serve_duplex(
     engine_ref = await system.spawn(
         EngineActor, build_engine, hub.engine_started, name=f"engine-{spec.name}"
     )
+    vad_ref = None
+    if uses_silero(config):
+        limit_torch_threads()
+        streams = config.server.vad_streams
+
+        def build_vad() -> VadDriver:
+            return VadDriver(SileroVad(max_streams=streams, max_pending_ms=VAD_MAX_PENDING_MS))
+
+        try:
+            vad_ref = await system.spawn(VadActor, build_vad, hub.vad_started, name="vad-silero")
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await system.stop(engine_ref)
+            raise
     connections = Connections(system)
     app = build_app(
-        hub, connections, registry=registry, max_frame_bytes=config.server.max_frame_bytes
+        hub,
+        connections,
+        registry=registry,
+        max_frame_bytes=config.server.max_frame_bytes,
+        realtime_vad=config.server.realtime_vad,
     )
 
     async def shutdown_trigger() -> None:
@@ -100,12 +147,14 @@ async def serve_duplex(
     hyper.graceful_timeout = config.server.shutdown_grace_s
     hyper.accesslog = None
     hyper.errorlog = None
-    log.info("starting", bind=hyper.bind, model=spec.name)
+    log.info("starting", bind=hyper.bind, model=spec.name, vad="silero" if vad_ref else None)
     try:
         # hypercorn returns after its graceful shutdown; then the engine stops
         await serve(app, hyper, shutdown_trigger=shutdown_trigger, task_status=task_status)
     finally:
         with trio.CancelScope(shield=True):
+            if vad_ref is not None:
+                await system.stop(vad_ref)
             await system.stop(engine_ref)
     log.info("stopped")
 

@@ -1,8 +1,9 @@
 """The shared silero VAD: the batched runner, the server_vad segmenter and the trio driver.
 
 Speech here is synthetic (espeak-ng is not guaranteed on test machines): a
-voiced source-filter signal, `voiced`, on which silero fires (> 0.5 on nearly
-every window); silence and white noise stay under 0.1.
+voiced source-filter signal, `voiced` (``tests/signals.py``, shared with the
+session and end-to-end tests), on which silero fires (> 0.5 on nearly every
+window); silence and white noise stay under 0.1.
 """
 
 from __future__ import annotations
@@ -39,36 +40,13 @@ from duplex.models import (
     silero_weights_path,
 )
 
+from ..signals import voiced
+
 SR = VAD_SAMPLE_RATE
 W = VAD_WINDOW_SAMPLES
 T = TypeVar("T")
 
 # -- signals ---------------------------------------------------------------
-
-_VOWELS = ((730, 1090, 2440), (270, 2290, 3010), (300, 870, 2240), (530, 1840, 2480))
-
-
-def voiced(seconds: float, seed: int = 0, f0: float = 120.0) -> np.ndarray:
-    """Speech-like audio: a glottal harmonic series (f0 with drift and vibrato) shaped by
-    three formant resonances that glide between vowels, in 250 ms syllables."""
-    rng = np.random.default_rng(seed)
-    n = int(seconds * SR)
-    t = np.arange(n) / SR
-    pitch = f0 * (1 + 0.08 * np.sin(2 * np.pi * 0.7 * t) + 0.02 * np.sin(2 * np.pi * 5.5 * t))
-    phase = 2 * np.pi * np.cumsum(pitch) / SR
-    syllable = (t // 0.25).astype(int)
-    frac = (t % 0.25) / 0.25
-    formants = np.array(_VOWELS, float)[rng.integers(0, len(_VOWELS), syllable.max() + 2)]
-    track = formants[syllable] * (1 - frac[:, None]) + formants[syllable + 1] * frac[:, None]
-    bandwidth = np.array([80.0, 100.0, 140.0])
-    out = np.zeros(n)
-    for k in range(1, 40):
-        fk = k * pitch
-        gain = (1 / (1 + ((fk[:, None] - track) / bandwidth) ** 2)).sum(axis=1) / np.sqrt(k)
-        out += gain * (fk < 5000) * np.sin(k * phase)
-    out *= np.sin(np.pi * frac) ** 0.6  # syllable amplitude modulation
-    out += 0.01 * rng.standard_normal(n)
-    return (0.3 * out / np.abs(out).max()).astype(np.float32)
 
 
 def silence(seconds: float) -> np.ndarray:

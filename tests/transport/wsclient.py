@@ -20,6 +20,9 @@ from duplex.metrics import MetricsRegistry
 from duplex.transport import serve_duplex
 
 FRAME = 1920  # 80 ms at 24 kHz
+ENERGY_VAD = {"server.realtime_vad": "energy"}
+"""Realtime turn-based sessions on the energy VAD: for tests that speak in `tone`s, which
+silero (the default) rightly takes for no speech."""
 
 
 @dataclass
