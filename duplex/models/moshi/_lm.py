@@ -1,0 +1,215 @@
+"""The Moshi LM: temporal transformer + text head + depth transformer (math only).
+
+`MoshiLM` holds weights and computes; it keeps no per-slot state. The runner
+passes in the KV rings, the slot indices and the frame positions of a batch,
+so any set of slots can be stepped together at any frame (vllm's split: the
+model is a function, the runner owns tensors).
+
+Per frame, for a batch of rows:
+
+1. `temporal_step`: sum of the text and ``n_q`` audio embeddings of the input
+   column -> ``num_layers`` x (RMSNorm, RoPE attention over the slot's ring,
+   RMSNorm, gated SiLU FFN) -> ``out_norm`` -> ``text_linear`` logits.
+2. `depth_step`: ``agent_q`` autoregressive steps; step ``s`` adds
+   ``depformer_in.{s}(hidden)`` to the embedding of the previous token (the
+   text token for ``s = 0``), runs the depth layers with step ``s``'s weights
+   attending to steps ``0..s`` of this frame only (no positional embedding),
+   and ``linears.{s}`` gives codebook ``s``'s logits.
+
+`forward_sequence` is the non-streaming oracle (full causal attention with
+the same ``context`` window) used by tests and, later, by prompt prefill.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import final
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._config import MoshiConfig
+from ._kv import KVRing
+from ._layers import Attention, GatedFFN, RMSNorm, apply_rope, embed
+
+__all__ = ["MoshiLM", "TokenChooser"]
+
+TokenChooser = Callable[[int, torch.Tensor], torch.Tensor]
+"""``(depth step, logits [B, card]) -> tokens [B]``: samples or forces the step's codebook."""
+
+
+@final
+class _TemporalLayer(nn.Module):
+    def __init__(self, config: MoshiConfig) -> None:
+        super().__init__()
+        self.norm1 = RMSNorm(config.dim, config.norm_eps)
+        self.self_attn = Attention(config.dim, config.num_heads)
+        self.norm2 = RMSNorm(config.dim, config.norm_eps)
+        self.gating = GatedFFN(config.dim, config.ffn_hidden)
+
+
+@final
+class _DepthLayer(nn.Module):
+    def __init__(self, config: MoshiConfig) -> None:
+        super().__init__()
+        dim = config.depformer_dim
+        self.norm1 = RMSNorm(dim, config.norm_eps)
+        self.self_attn = Attention(dim, config.depformer_num_heads, steps=config.dep_q)
+        self.norm2 = RMSNorm(dim, config.norm_eps)
+        self.gating = nn.ModuleList(
+            GatedFFN(dim, config.depformer_ffn_hidden) for _ in range(config.dep_q)
+        )
+
+
+@final
+class _Stack(nn.Module):
+    """Holds ``layers`` so keys read ``transformer.layers.{i}`` / ``depformer.layers.{i}``."""
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+
+@final
+class MoshiLM(nn.Module):
+    """Weights of one Moshi-architecture LM under the reference tensor names.
+
+    Build it under ``torch.device("meta")`` to get names and shapes without
+    memory; `load_lm` and `save_random_lm` fill it.
+    """
+
+    def __init__(self, config: MoshiConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.text_emb = nn.Embedding(c.text_card + 1, c.dim)
+        self.emb = nn.ModuleList(nn.Embedding(c.card + 1, c.dim) for _ in range(c.n_q))
+        self.transformer = _Stack([_TemporalLayer(c) for _ in range(c.num_layers)])
+        self.out_norm = RMSNorm(c.dim, c.norm_eps)
+        self.text_linear = nn.Linear(c.dim, c.text_card, bias=False)
+        self.depformer_in = nn.ModuleList(
+            nn.Linear(c.dim, c.depformer_dim, bias=False) for _ in range(c.dep_q)
+        )
+        self.depformer_text_emb = nn.Embedding(c.text_card + 1, c.depformer_dim)
+        self.depformer_emb = nn.ModuleList(
+            nn.Embedding(c.card + 1, c.depformer_dim) for _ in range(c.dep_q - 1)
+        )
+        self.depformer = _Stack([_DepthLayer(c) for _ in range(c.depformer_num_layers)])
+        self.linears = nn.ModuleList(
+            nn.Linear(c.depformer_dim, c.card, bias=False) for _ in range(c.dep_q)
+        )
+
+    @property
+    def initial_tokens(self) -> list[int]:
+        """Start token of every stream: ``text_card`` for text, ``card`` for audio."""
+        return [self.config.text_card] + [self.config.card] * self.config.n_q
+
+    def embed_column(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Sum of the stream embeddings of ``[..., K]`` token columns -> ``[..., dim]``."""
+        x = embed(self.text_emb.weight, tokens[..., 0])
+        for q, table in enumerate(self.emb):
+            x = x + embed(table.weight, tokens[..., q + 1])
+        return x
+
+    def temporal_step(
+        self,
+        tokens: torch.Tensor,
+        ring: KVRing,
+        slots: torch.Tensor,
+        frames: torch.Tensor,
+        max_len: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One frame of the temporal transformer for a batch of slots.
+
+        Args:
+            tokens: ``[B, K]`` input column per row.
+            ring: the runner's KV rings; this frame's keys/values are written into them.
+            slots: ``[B]`` slot index per row.
+            frames: ``[B]`` frame index per row (RoPE position; ring row ``frame % context``).
+            max_len: ``max(min(frames + 1, context))``, computed on the host.
+
+        Returns:
+            ``hidden [B, dim]`` after ``out_norm`` and ``text_logits [B, text_card]`` (float32).
+        """
+        lengths = torch.clamp(frames + 1, max=ring.context)
+        x = self.embed_column(tokens)
+        for index, layer in enumerate(self.transformer.layers):
+            assert isinstance(layer, _TemporalLayer)
+            q, k, v = layer.self_attn.qkv(layer.norm1(x))  # [B, H, D] each
+            q, k = apply_rope(q, k, frames, self.config.max_period)
+            ring.write(index, slots, frames, k, v)
+            attended = ring.attend(index, q, slots, lengths, max_len)
+            x = x + layer.self_attn.out(attended)
+            x = x + layer.gating(layer.norm2(x))
+        hidden = self.out_norm(x)
+        return hidden, self.text_linear(hidden).float()
+
+    def depth_step(
+        self, hidden: torch.Tensor, text_token: torch.Tensor, choose: TokenChooser
+    ) -> torch.Tensor:
+        """Generate the ``agent_q`` audio codebooks of one frame.
+
+        Args:
+            hidden: ``[B, dim]`` temporal output of this frame.
+            text_token: ``[B]`` this frame's text token (sampled or forced).
+            choose: turns step ``s``'s float32 logits into the token fed to step ``s + 1``.
+
+        Returns:
+            ``[B, agent_q]`` chosen tokens.
+        """
+        c = self.config
+        batch = hidden.shape[0]
+        steps = c.agent_q
+        shape = (batch, c.depformer_num_heads, steps, c.depformer_head_dim)
+        caches = [(hidden.new_zeros(shape), hidden.new_zeros(shape)) for _ in self.depformer.layers]
+        scale = 1.0 / math.sqrt(c.depformer_head_dim)
+        previous = text_token
+        chosen: list[torch.Tensor] = []
+        for step in range(steps):
+            table = self.depformer_text_emb if step == 0 else self.depformer_emb[step - 1]
+            assert isinstance(table, nn.Embedding)
+            x = F.linear(hidden, self.depformer_in[step].weight) + embed(table.weight, previous)
+            for layer, (keys, values) in zip(self.depformer.layers, caches, strict=True):
+                assert isinstance(layer, _DepthLayer)
+                q, k, v = layer.self_attn.qkv(layer.norm1(x), step)
+                keys[:, :, step] = k
+                values[:, :, step] = v
+                scores = torch.einsum("bhd,bhsd->bhs", q.float(), keys[:, :, : step + 1].float())
+                probs = torch.softmax(scores * scale, dim=-1)
+                attended = torch.einsum("bhs,bhsd->bhd", probs, values[:, :, : step + 1].float())
+                x = x + layer.self_attn.out(attended.to(x.dtype), step)
+                x = x + layer.gating[step](layer.norm2(x))
+            logits = self.linears[step](x).float()
+            previous = choose(step, logits)
+            chosen.append(previous)
+        return torch.stack(chosen, dim=1)
+
+    def forward_sequence(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Non-streaming temporal pass over ``[B, T, K]`` input columns starting at frame 0.
+
+        Attention is causal with the ring's window (a frame sees the last
+        ``context`` frames, itself included), so it is the oracle for the ring.
+
+        Returns:
+            ``hidden [B, T, dim]`` and ``text_logits [B, T, text_card]`` (float32).
+        """
+        c = self.config
+        length = tokens.shape[1]
+        positions = torch.arange(length, device=tokens.device)
+        delta = positions[:, None] - positions[None, :]
+        allowed = (delta >= 0) & (delta < c.context)
+        x = self.embed_column(tokens)
+        for layer in self.transformer.layers:
+            assert isinstance(layer, _TemporalLayer)
+            q, k, v = layer.self_attn.qkv(layer.norm1(x))  # [B, T, H, D]
+            q, k = apply_rope(q, k, positions, c.max_period)
+            scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float())
+            scores = scores / math.sqrt(c.head_dim)
+            probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+            attended = torch.einsum("bhqk,bkhd->bqhd", probs, v.float()).to(x.dtype)
+            x = x + layer.self_attn.out(attended)
+            x = x + layer.gating(layer.norm2(x))
+        hidden = self.out_norm(x)
+        return hidden, self.text_linear(hidden).float()
