@@ -22,6 +22,7 @@ import trio
 
 from ._engine import Engine, EngineStatistics, InputPush, SlotHandle, SlotOutput
 from ._interface import ModelSpec, PcmFrame
+from ._ticker import Fanout, Ticker
 
 __all__ = ["DriverStatistics", "EngineDriver", "Offload"]
 
@@ -79,14 +80,8 @@ class EngineDriver:
     def __init__(self, engine: Engine, *, offload: Offload = trio.to_thread.run_sync) -> None:
         self._engine = engine
         self._offload = offload
-        self._subscribers: dict[SlotHandle, trio.MemorySendChannel[SlotOutput]] = {}
-        self._ticks = 0
-        self._idle_ticks = 0
-        self._late_ticks = 0
-        self._delivered = 0
-        self._dropped_full = 0
-        self._dropped_closed = 0
-        self._orphaned = 0
+        self._ticker = Ticker(engine.spec.frame_period_s)
+        self._fanout: Fanout[SlotHandle, SlotOutput] = Fanout(self.detach)
         self._carry: dict[SlotHandle, SlotOutput] = {}
         """The last dropped output per slot (already holding what it carried): its input
         samples and consumed video frames go out with the slot's next delivered output,
@@ -110,7 +105,7 @@ class EngineDriver:
         """
         handle = self._engine.acquire_slot(owner)
         if handle is not None:
-            self._subscribers[handle] = send_channel
+            self._fanout.subscribers[handle] = send_channel
         return handle
 
     def detach(self, handle: SlotHandle) -> bool:
@@ -119,7 +114,7 @@ class EngineDriver:
         Returns:
             ``True`` if released now, ``False`` if it already was.
         """
-        self._subscribers.pop(handle, None)
+        self._fanout.subscribers.pop(handle, None)
         self._carry.pop(handle, None)
         return self._engine.release_slot(handle)
 
@@ -138,14 +133,14 @@ class EngineDriver:
     def statistics(self) -> DriverStatistics:
         """Snapshot of the loop and delivery counters."""
         return DriverStatistics(
-            ticks=self._ticks,
-            idle_ticks=self._idle_ticks,
-            late_ticks=self._late_ticks,
-            subscribers=len(self._subscribers),
-            delivered=self._delivered,
-            dropped_full=self._dropped_full,
-            dropped_closed=self._dropped_closed,
-            orphaned=self._orphaned,
+            ticks=self._ticker.ticks,
+            idle_ticks=self._ticker.idle_ticks,
+            late_ticks=self._ticker.late_ticks,
+            subscribers=len(self._fanout.subscribers),
+            delivered=self._fanout.delivered,
+            dropped_full=self._fanout.dropped_full,
+            dropped_closed=self._fanout.dropped_closed,
+            orphaned=self._fanout.orphaned,
             engine=self._engine.statistics(),
         )
 
@@ -154,42 +149,16 @@ class EngineDriver:
 
         Cancelling waits for a step in flight to finish, so no step outlives the loop.
         """
-        period = self._engine.spec.frame_period_s
-        start = trio.current_time()
-        task_status.started()
-        tick = 0
-        while True:
-            scheduled = start + tick * period
-            await trio.sleep_until(scheduled)
-            self._ticks += 1
-            tick += 1
-            if not self._engine.has_work():
-                self._idle_ticks += 1
-                continue
-            outputs = await self._offload(partial(self._engine.step, scheduled))
-            if trio.current_time() > scheduled + period:
-                self._late_ticks += 1
-            self._deliver(outputs)
+        await self._ticker.run(self._engine.has_work, self._tick, task_status=task_status)
 
-    def _deliver(self, outputs: dict[SlotHandle, SlotOutput]) -> None:
+    async def _tick(self, scheduled: float) -> None:
+        outputs = await self._offload(partial(self._engine.step, scheduled))
         for handle, output in outputs.items():
-            channel = self._subscribers.get(handle)
-            if channel is None:
-                self._orphaned += 1
-                continue
             carried = self._carry.pop(handle, None)
             if carried is not None:
                 output = _merge(carried, output)
-            try:
-                channel.send_nowait(output)
-            except trio.WouldBlock:
-                self._dropped_full += 1
+            if not self._fanout.send(handle, output):
                 self._carry[handle] = output
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self._dropped_closed += 1
-                self.detach(handle)
-            else:
-                self._delivered += 1
 
 
 def _merge(dropped: SlotOutput, output: SlotOutput) -> SlotOutput:

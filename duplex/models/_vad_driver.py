@@ -30,6 +30,7 @@ from ._silero import (
     VadStatistics,
     VadWindow,
 )
+from ._ticker import Fanout, Ticker
 
 __all__ = ["VadDriver", "VadDriverStatistics"]
 
@@ -84,20 +85,13 @@ class VadDriver:
         max_steps_per_tick: int = 8,
         offload: Offload = trio.to_thread.run_sync,
     ) -> None:
-        if period_s <= 0 or max_steps_per_tick <= 0:
-            raise ValueError("period_s and max_steps_per_tick must be positive")
+        if max_steps_per_tick <= 0:
+            raise ValueError("max_steps_per_tick must be positive")
         self._vad = vad
-        self._period = period_s
         self._max_steps = max_steps_per_tick
         self._offload = offload
-        self._subscribers: dict[VadHandle, trio.MemorySendChannel[VadWindow]] = {}
-        self._ticks = 0
-        self._idle_ticks = 0
-        self._late_ticks = 0
-        self._delivered = 0
-        self._dropped_full = 0
-        self._dropped_closed = 0
-        self._orphaned = 0
+        self._ticker = Ticker(period_s)
+        self._fanout: Fanout[VadHandle, VadWindow] = Fanout(self.detach)
 
     def attach(
         self, owner: str, send_channel: trio.MemorySendChannel[VadWindow]
@@ -113,7 +107,7 @@ class VadDriver:
         """
         handle = self._vad.acquire(owner)
         if handle is not None:
-            self._subscribers[handle] = send_channel
+            self._fanout.subscribers[handle] = send_channel
         return handle
 
     def detach(self, handle: VadHandle) -> bool:
@@ -122,7 +116,7 @@ class VadDriver:
         Returns:
             ``True`` if released now, ``False`` if it already was.
         """
-        self._subscribers.pop(handle, None)
+        self._fanout.subscribers.pop(handle, None)
         return self._vad.release(handle)
 
     def push(self, handle: VadHandle, pcm: npt.NDArray[np.float32]) -> VadPush:
@@ -136,14 +130,14 @@ class VadDriver:
     def statistics(self) -> VadDriverStatistics:
         """Snapshot of the loop and delivery counters."""
         return VadDriverStatistics(
-            ticks=self._ticks,
-            idle_ticks=self._idle_ticks,
-            late_ticks=self._late_ticks,
-            subscribers=len(self._subscribers),
-            delivered=self._delivered,
-            dropped_full=self._dropped_full,
-            dropped_closed=self._dropped_closed,
-            orphaned=self._orphaned,
+            ticks=self._ticker.ticks,
+            idle_ticks=self._ticker.idle_ticks,
+            late_ticks=self._ticker.late_ticks,
+            subscribers=len(self._fanout.subscribers),
+            delivered=self._fanout.delivered,
+            dropped_full=self._fanout.dropped_full,
+            dropped_closed=self._fanout.dropped_closed,
+            orphaned=self._fanout.orphaned,
             vad=self._vad.statistics(),
         )
 
@@ -152,21 +146,11 @@ class VadDriver:
 
         Cancelling waits for steps in flight to finish, so none outlives the loop.
         """
-        start = trio.current_time()
-        task_status.started()
-        tick = 0
-        while True:
-            scheduled = start + tick * self._period
-            await trio.sleep_until(scheduled)
-            self._ticks += 1
-            tick += 1
-            if not self._vad.has_pending():
-                self._idle_ticks += 1
-                continue
-            windows = await self._offload(partial(self._steps, self._max_steps))
-            if trio.current_time() > scheduled + self._period:
-                self._late_ticks += 1
-            self._deliver(windows)
+        await self._ticker.run(self._vad.has_pending, self._tick, task_status=task_status)
+
+    async def _tick(self, scheduled: float) -> None:
+        for window in await self._offload(partial(self._steps, self._max_steps)):
+            self._fanout.send(window.handle, window)
 
     def _steps(self, limit: int) -> list[VadWindow]:
         """Worker thread: up to ``limit`` steps, stopping early when nothing is pending."""
@@ -177,19 +161,3 @@ class VadDriver:
                 break
             windows.extend(scored)
         return windows
-
-    def _deliver(self, windows: list[VadWindow]) -> None:
-        for window in windows:
-            channel = self._subscribers.get(window.handle)
-            if channel is None:
-                self._orphaned += 1
-                continue
-            try:
-                channel.send_nowait(window)
-            except trio.WouldBlock:
-                self._dropped_full += 1
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self._dropped_closed += 1
-                self.detach(window.handle)
-            else:
-                self._delivered += 1

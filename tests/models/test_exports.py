@@ -20,9 +20,10 @@ SANS_TRIO = (
     "_silero.py",
     "_segmenter.py",
 )
-# The trio loops: the engine's tick driver and the shared VAD's tick driver. Each wraps
+# The trio loops: the engine's and the shared VAD's tick drivers, and the tick grid and
+# fan-out they share (`_ticker.py`). Each driver wraps
 # a synchronous, trio-free core (`Engine`, `SileroVad`) that is tested without trio.
-TRIO_DRIVERS = {"_driver.py", "_vad_driver.py"}
+TRIO_DRIVERS = {"_driver.py", "_vad_driver.py", "_ticker.py"}
 
 
 def _imports(path: Path) -> set[str]:
