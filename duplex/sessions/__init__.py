@@ -8,6 +8,7 @@ sockets, threads, clocks or models; a test holds them to that.
 
 from ._admission import Admission, AdmissionStatistics
 from ._config import (
+    AUDIO_CODECS,
     MODEL_SAMPLE_RATE,
     SUPPORTED_SAMPLE_RATES,
     TURN_DETECTION_TYPES,
@@ -99,6 +100,7 @@ from ._state import SessionMachine, SessionState, TurnState
 from ._vad import EnergyVad
 
 __all__ = [
+    "AUDIO_CODECS",
     "CLIENT_EVENT_TYPES",
     "CLOSE_GOING_AWAY",
     "CLOSE_NORMAL",

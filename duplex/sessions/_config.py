@@ -15,6 +15,7 @@ from typing import Any, final
 from duplex.exceptions import BadEvent, ConfigError
 
 __all__ = [
+    "AUDIO_CODECS",
     "AUDIO_INPUT_FORMATS",
     "MODEL_SAMPLE_RATE",
     "OVERLAP_POLICIES",
@@ -34,6 +35,8 @@ SUPPORTED_SAMPLE_RATES: tuple[int, ...] = (8_000, 16_000, 24_000, 48_000)
 OVERLAP_POLICIES: tuple[str, ...] = ("model", "barge_in_on_speech", "ignore")
 PLAYBACK_COMMIT_POLICIES: tuple[str, ...] = ("ack_only", "commit_all_on_done")
 AUDIO_INPUT_FORMATS: tuple[str, ...] = ("pcm16", "float32")
+AUDIO_CODECS: tuple[str, ...] = ("pcm16", "g711_ulaw", "g711_alaw")
+"""Wire audio encodings a session may negotiate (``input_audio_codec``, ``output_audio_codec``)."""
 VAD_MODES: tuple[str, ...] = ("energy", "external", "silero")
 SESSION_VAD_MODES: tuple[str, ...] = ("energy", "silero")
 """The VADs a session may be opened with (``SessionOptions.vad``); ``external`` is for tests."""
@@ -105,6 +108,12 @@ class SessionConfig:
     after the last turn or response commits the silence and fires
     ``input_audio_buffer.timeout_triggered``).
 
+    Wire audio: ``input_audio_codec`` and ``output_audio_codec`` (`AUDIO_CODECS`)
+    are the encodings a client negotiated with ``session.update`` (the Realtime
+    projection's G.711 formats; the native protocol names its format per append).
+    They are session facts like any option, so a resumed socket's projection
+    learns them from ``session.resumed``. G.711 input is 8 kHz (``input_sample_rate``).
+
     ``playback_commit_policy`` defaults to ``commit_all_on_done`` because a
     client that never sends ``playback.ack`` (a stock Realtime SDK) would
     otherwise keep no assistant turns at all; ack-aware clients choose
@@ -145,9 +154,15 @@ class SessionConfig:
     video_lane_size: int = 8
     max_history_items: int = 256
     max_tracked_responses: int = 16
+    input_audio_codec: str = "pcm16"
+    output_audio_codec: str = "pcm16"
 
     def __post_init__(self) -> None:
         _choice("overlap_policy", self.overlap_policy, OVERLAP_POLICIES)
+        _choice("input_audio_codec", self.input_audio_codec, AUDIO_CODECS)
+        _choice("output_audio_codec", self.output_audio_codec, AUDIO_CODECS)
+        if self.input_audio_codec != "pcm16" and self.input_sample_rate != 8_000:
+            raise _config_error("input_sample_rate", "must be 8000 for G.711 input")
         _choice("playback_commit_policy", self.playback_commit_policy, PLAYBACK_COMMIT_POLICIES)
         _choice("vad", self.vad, VAD_MODES)
         _choice("turn_policy", self.turn_policy, TURN_POLICIES)
@@ -214,6 +229,27 @@ class SessionConfig:
         }
         return dataclasses.replace(self, **changes)
 
+    def apply_update(self, options: SessionOptions) -> SessionConfig:
+        """The config a ``session.update`` with ``options`` makes (what the session adopts).
+
+        Pure, so a wire projection can tell whether the session will accept an update
+        before the session answers it.
+
+        Raises:
+            BadEvent: ``vad`` changes (it is fixed for the whole session) or the result
+                breaks a rule; ``param`` is ``session.<field>``.
+        """
+        vad = options.vad
+        if vad is not None and vad != self.vad:  # the VAD stream is held from the start
+            raise BadEvent(
+                f"session.vad is {self.vad!r} for the whole session", param="session.vad"
+            )
+        try:
+            return self.updated(options)
+        except ConfigError as exc:
+            param = f"session.{getattr(exc, 'key', '')}".rstrip(".")
+            raise BadEvent(str(exc), param=param) from exc
+
 
 @final
 @dataclass(frozen=True, slots=True)
@@ -243,6 +279,8 @@ class SessionOptions:
     vad_create_response: bool | None = None
     vad_interrupt_response: bool | None = None
     vad_idle_timeout_ms: int | None = None
+    input_audio_codec: str | None = None
+    output_audio_codec: str | None = None
     vad: str | None = None
     """Which VAD backs ``server_vad`` (``SESSION_VAD_MODES``). Set when a session opens
     (the Realtime projection asks for ``silero``); a ``session.update`` may not change it.
@@ -256,6 +294,8 @@ class SessionOptions:
             ("turn_policy", TURN_POLICIES),
             ("turn_detection", TURN_DETECTION_TYPES),
             ("vad", SESSION_VAD_MODES),
+            ("input_audio_codec", AUDIO_CODECS),
+            ("output_audio_codec", AUDIO_CODECS),
         )
         for key, choices in checks:
             value = getattr(self, key)

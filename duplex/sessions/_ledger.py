@@ -30,7 +30,9 @@ class PlaybackLedger:
     ``generated_ms`` counts current-epoch model output; ``sent_ms`` what went
     to the client (or its journal); ``played_ms`` the client's acks (never more
     than sent); ``committed_ms`` what the conversation history keeps.
-    ``order`` places the response among history items.
+    ``order`` places the response among history items. ``status`` is its item's
+    (``in_progress`` until the response ends, then ``completed`` or ``incomplete``);
+    ``deleted``: the client deleted the item, which never comes back.
     """
 
     response_id: str
@@ -41,6 +43,8 @@ class PlaybackLedger:
     played_ms: float = 0.0
     committed_ms: float = 0.0
     done: bool = False
+    status: str = "in_progress"
+    deleted: bool = False
     _text: list[tuple[float, str]] = field(default_factory=list, repr=False)
 
     def record(self, audio_ms: float, text: str) -> float:
@@ -85,20 +89,27 @@ class History:
         """Append a committed user turn."""
         self._put(HistoryItem(item_id, "user", order, audio_ms))
 
-    def commit_assistant(self, ledger: PlaybackLedger) -> None:
-        """Insert or update the assistant item of ``ledger`` at its place in order."""
+    def commit_assistant(self, ledger: PlaybackLedger, *, insert: bool = True) -> None:
+        """Insert or update the assistant item of ``ledger`` at its place in order.
+
+        ``insert=False`` only updates an item already there. A deleted item is left out.
+        """
+        if ledger.deleted:
+            return
         item = HistoryItem(
             ledger.item_id,
             "assistant",
             ledger.order,
             ledger.committed_ms,
             ledger.committed_transcript(),
+            status=ledger.status,
         )
         for index, existing in enumerate(self._items):
             if existing.item_id == item.item_id:
                 self._items[index] = item
                 return
-        self._put(item)
+        if insert:
+            self._put(item)
 
     def insert(self, item: HistoryItem) -> None:
         """Place an item at its ``order`` (client-created items)."""

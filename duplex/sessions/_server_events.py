@@ -45,7 +45,8 @@ class SessionUpdated:
 @final
 @dataclass(frozen=True, slots=True)
 class SessionResumed:
-    """``session.resumed``: connection-scoped; the rotated token and what gets replayed."""
+    """``session.resumed``: connection-scoped; the rotated token, what gets replayed and
+    the session's config now (a new socket's projection learns the negotiated formats)."""
 
     session_id: str
     resume_token: str = field(repr=False)
@@ -53,6 +54,7 @@ class SessionResumed:
     epoch: int
     replay_count: int
     last_server_event_seq: int
+    config: SessionConfig
 
 
 @final

@@ -492,7 +492,9 @@ class SessionMachine:
         replay = self._journal.replay_after(resume.last_received_server_event_seq)
         last = self._journal.last_seq
         count = len(replay.events) if isinstance(replay, Replay) else 0
-        resumed = SessionResumed(self._session_id, token, event.generation, self.epoch, count, last)
+        resumed = SessionResumed(
+            self._session_id, token, event.generation, self.epoch, count, last, self._config
+        )
         self._direct(out, resumed, event.generation)
         if isinstance(replay, Replay):
             out.extend(Send(ev, seq, event.generation) for seq, ev in replay.events)
@@ -519,16 +521,7 @@ class SessionMachine:
         self._shutdown(out, CLOSE_NORMAL, "client_close")
 
     def _on_session_update(self, event: SessionUpdate, out: list[Effect]) -> None:
-        vad = event.options.vad
-        if vad is not None and vad != self._config.vad:  # the VAD stream is held from the start
-            raise errors.BadEvent(
-                f"session.vad is {self._config.vad!r} for the whole session", param="session.vad"
-            )
-        try:
-            config = self._config.updated(event.options)
-        except errors.ConfigError as exc:
-            param = f"session.{getattr(exc, 'key', '')}".rstrip(".")
-            raise errors.BadEvent(str(exc), param=param) from exc
+        config = self._config.apply_update(event.options)
         self._config = self._turns.config = config
         self._user.reconfigure(config)
         self._emit(out, SessionUpdated(self._session_id, config))

@@ -286,6 +286,7 @@ class TurnTaking:
         self._paused_at = None
         ledger = resp.ledger
         ledger.done = True
+        ledger.status = "completed" if status == "completed" else "incomplete"
         done = ResponseDone(
             resp.response_id,
             resp.item_id,
@@ -301,6 +302,8 @@ class TurnTaking:
         ):
             ledger.committed_ms = ledger.sent_ms
             self.history.commit_assistant(ledger)
+        else:  # an item already committed by acks takes the response's final status
+            self.history.commit_assistant(ledger, insert=False)
 
     def frame(self, out: list[Effect], frame: ModelFrame) -> None:
         """Project one model frame: fence by epoch, hold while paused, else send."""
@@ -385,11 +388,31 @@ class TurnTaking:
 
     # ---------------------------------------------------------------- playback
 
+    def item_deleted(self, item_id: str) -> None:
+        """The client deleted ``item_id``: its response's item never comes back (acks and
+        truncates of it are refused)."""
+        for ledger in self._ledgers.values():
+            if ledger.item_id == item_id:
+                ledger.deleted = True
+
+    def _ledger_of_item(self, item_id: str) -> PlaybackLedger | None:
+        return next(
+            (x for x in self._ledgers.values() if x.item_id == item_id and not x.deleted), None
+        )
+
     def ack(self, out: list[Effect], event: PlaybackAck) -> None:
-        """``playback.ack``: advance the ledger; under ``ack_only`` commit to history."""
+        """``playback.ack``: advance the ledger; under ``ack_only`` commit to history.
+
+        Raises:
+            PlaybackItemNotFound: no tracked response has that id, its item was
+                deleted, or ``item_id`` is not its item.
+            PlaybackAckTooLate: ``ack_only`` and a newer user turn is in the history.
+        """
         ledger = self._ledgers.get(event.response_id)
         if ledger is None:
             raise PlaybackItemNotFound("no such response", param="response_id")
+        if ledger.deleted:
+            raise PlaybackItemNotFound("the response's item was deleted", param="response_id")
         if event.item_id is not None and event.item_id != ledger.item_id:
             raise PlaybackItemNotFound("item_id does not match the response", param="item_id")
         played = min(max(ledger.played_ms, float(event.played_ms)), ledger.sent_ms)
@@ -421,11 +444,11 @@ class TurnTaking:
         stopped playing it).
 
         Raises:
-            ItemNotFound: no tracked assistant audio item has that id.
+            ItemNotFound: no tracked assistant audio item has that id (or it was deleted).
             BadEvent: ``content_index`` is not 0 (items have one content part).
             AudioEndOutOfRange: ``audio_end_ms`` is past the audio sent for the item.
         """
-        ledger = next((x for x in self._ledgers.values() if x.item_id == event.item_id), None)
+        ledger = self._ledger_of_item(event.item_id)
         if ledger is None:
             raise ItemNotFound(
                 f"no assistant audio item {event.item_id!r} (or no longer tracked)",

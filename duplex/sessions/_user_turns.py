@@ -176,6 +176,7 @@ class UserTurns:
                 self._emit(out, ItemRetrieved(self.conversation.get(event.item_id)))
             case ItemDelete():
                 self.conversation.delete(event.item_id)
+                self.turns.item_deleted(event.item_id)
                 self._emit(out, ItemDeleted(event.item_id))
             case ItemTruncate():
                 self.turns.truncate(out, event)

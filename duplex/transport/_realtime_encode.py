@@ -135,8 +135,10 @@ class RealtimeEncoder:
             event: a server event from ``duplex.sessions``.
             seq: its ``server_event_seq`` (``None``: connection-scoped). With
                 ``duplex=True`` it is stamped on the *last* wire event of the
-                group, so a client cursor at ``seq`` means the whole group arrived.
-            formats: the connection's audio formats now (the parser owns them).
+                group, so a client cursor at ``seq`` means the whole group arrived;
+                the others carry ``null``.
+            formats: the audio formats to encode in (the session's, as the projection
+                last saw them; a `session.*` echo shows its own config's).
 
         Returns:
             Zero or more dicts with ``type`` and ``event_id``. Session events with
@@ -145,8 +147,11 @@ class RealtimeEncoder:
         """
         self._formats = formats
         events = self._project(event)
-        if self.duplex and events:
-            events[-1]["server_event_seq"] = seq
+        if self.duplex:  # every event has the key; null but on the group's last
+            for wire in events:
+                wire["server_event_seq"] = None
+            if events:
+                events[-1]["server_event_seq"] = seq
         return events
 
     def _new(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -240,7 +245,7 @@ class RealtimeEncoder:
     # --------------------------------------------------------------- session echo
 
     def _session(self, session_id: str, config: SessionConfig) -> dict[str, Any]:
-        fin, fout = self._formats.input, self._formats.output
+        fin, fout = config.input_audio_codec, config.output_audio_codec
         if self.schema == "ga":
             session: dict[str, Any] = {"type": "realtime", "object": "realtime.session"}
             session["id"] = session_id

@@ -21,21 +21,22 @@ from duplex.exceptions import (
     UnsupportedParameter,
     UnsupportedTurnDetection,
 )
-from duplex.sessions import SessionOptions
+from duplex.sessions import AUDIO_CODECS, SessionConfig, SessionOptions
 
 __all__ = [
     "AUDIO_FORMATS",
     "FORMAT_SAMPLE_RATES",
     "GA_FORMATS",
     "SERVER_VAD_DEFAULTS",
-    "SessionPatch",
     "WireFormats",
     "check_audio_modalities",
     "parse_session",
     "turn_detection_options",
+    "wire_param",
 ]
 
-AUDIO_FORMATS: tuple[str, ...] = ("pcm16", "g711_ulaw", "g711_alaw")
+AUDIO_FORMATS: tuple[str, ...] = AUDIO_CODECS
+"""The Realtime formats, beta spellings; the session keeps them as its audio codecs."""
 FORMAT_SAMPLE_RATES: dict[str, int] = {"pcm16": 24_000, "g711_ulaw": 8_000, "g711_alaw": 8_000}
 GA_FORMATS: dict[str, dict[str, Any]] = {
     "pcm16": {"type": "audio/pcm", "rate": 24_000},
@@ -77,7 +78,11 @@ _NULL_ONLY: dict[str, str] = {  # the feature is off in this server; only "off" 
 @final
 @dataclass(frozen=True, slots=True)
 class WireFormats:
-    """The audio encodings of one connection (beta spellings; see `AUDIO_FORMATS`)."""
+    """Audio encodings on the wire (beta spellings; see `AUDIO_FORMATS`).
+
+    A view of a session config's ``input_audio_codec``/``output_audio_codec``
+    (`of`); the session owns them.
+    """
 
     input: str = "pcm16"
     output: str = "pcm16"
@@ -87,15 +92,10 @@ class WireFormats:
             if getattr(self, key) not in AUDIO_FORMATS:
                 raise ValueError(f"{key} format must be one of {AUDIO_FORMATS}")
 
-
-@final
-@dataclass(frozen=True, slots=True)
-class SessionPatch:
-    """What a ``session.update`` changes: wire formats (``None``: unchanged) and session options."""
-
-    input_format: str | None = None
-    output_format: str | None = None
-    options: SessionOptions = field(default_factory=SessionOptions)
+    @classmethod
+    def of(cls, config: SessionConfig) -> WireFormats:
+        """The formats a session config negotiated."""
+        return cls(config.input_audio_codec, config.output_audio_codec)
 
 
 @dataclass(slots=True)
@@ -336,7 +336,7 @@ def _top(key: str, value: object, out: _Builder) -> None:
         _field(key, value, param)
 
 
-def parse_session(value: object, *, duplex: bool, model: str | None) -> SessionPatch:
+def parse_session(value: object, *, duplex: bool, model: str | None) -> SessionOptions:
     """Read the ``session`` object of a ``session.update``.
 
     Args:
@@ -345,8 +345,8 @@ def parse_session(value: object, *, duplex: bool, model: str | None) -> SessionP
         model: the connection's model; ``session.model`` may only restate it.
 
     Returns:
-        The formats to switch to and the session options (a G.711 input format
-        also sets ``input_sample_rate`` to 8000, PCM to 24000).
+        The session options: formats become ``input_audio_codec``/``output_audio_codec``
+        (a G.711 input format also sets ``input_sample_rate`` to 8000, PCM to 24000).
 
     Raises:
         ProtocolError: ``bad_event``, ``unsupported_parameter``,
@@ -358,11 +358,35 @@ def parse_session(value: object, *, duplex: bool, model: str | None) -> SessionP
         _top(key, item, out)
     input_format = out.formats.get("input")
     if input_format is not None:
+        out.options["input_audio_codec"] = input_format
         out.options["input_sample_rate"] = FORMAT_SAMPLE_RATES[input_format]
-    try:
-        options = SessionOptions(**out.options)
-    except BadEvent as exc:
-        wire = {name: key for key, (name, _) in _DUPLEX_FIELDS.items()}
-        field_name = (exc.param or "").removeprefix("session.")
-        raise BadEvent(exc.message, param=f"session.{wire.get(field_name, field_name)}") from exc
-    return SessionPatch(input_format, out.formats.get("output"), options)
+    if "output" in out.formats:
+        out.options["output_audio_codec"] = out.formats["output"]
+    return SessionOptions(**out.options)
+
+
+_WIRE_FIELDS: dict[str, tuple[str, str]] = {  # SessionOptions field -> (GA path, beta path)
+    **{name: (key, key) for key, (name, _) in _DUPLEX_FIELDS.items()},
+    **{
+        name: (f"audio.input.turn_detection.{key}", f"turn_detection.{key}")
+        for key, name in _VAD_OPTIONS.items()
+    },
+    "input_audio_codec": ("audio.input.format", "input_audio_format"),
+    "input_sample_rate": ("audio.input.format", "input_audio_format"),
+    "output_audio_codec": ("audio.output.format", "output_audio_format"),
+}
+
+
+def wire_param(param: str | None, schema: str) -> str | None:
+    """An error's ``param`` as a Realtime client spells it.
+
+    The session names its own fields (``session.barge_in_ms``); a Realtime client
+    sent ``session.overlap_barge_in_ms`` (or ``session.audio.input.format``, ...).
+    Paths already in wire spelling, and params outside ``session``, pass unchanged.
+    """
+    if param is None or not param.startswith("session."):
+        return param
+    paths = _WIRE_FIELDS.get(param.removeprefix("session."))
+    if paths is None:
+        return param
+    return f"session.{paths[0] if schema == 'ga' else paths[1]}"

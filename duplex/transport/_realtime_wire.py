@@ -7,9 +7,15 @@ the Realtime server events it stands for (``_realtime_encode``).
 
 The projection holds only wire-level choices of one connection: the schema
 (GA names and nested ``session.audio``, or beta names and flat fields), whether
-the duplex extensions are on, the G.711/PCM formats chosen by
-``session.update`` and the output resampler's filter state. Ids, epochs,
-transcripts and history come from the server events.
+the duplex extensions are on, and the output resampler's filter state. Ids,
+epochs, transcripts, history and the audio formats come from the server events:
+the G.711/PCM formats a ``session.update`` negotiates are session config
+(``input_audio_codec``, ``output_audio_codec``), and the projection adopts them
+from ``session.created|updated|resumed``, so a resumed socket keeps them.
+Between an update and the session's answer, appends decode in the new input
+format only if the session will accept the update (`SessionConfig.apply_update`
+on the config last seen). An error's ``param`` names the field as a Realtime
+client spells it (``wire_param``), also when the session refused the value.
 
 Inbound, both spellings of the session fields are accepted
 (``_realtime_session``). A Realtime feature the session does not have yet is
@@ -20,9 +26,10 @@ a commit or a VAD stop (``create_response``) or ``response.create`` produces
 one response, spoken by the session's turn responder.
 
 The duplex extensions (``playback.ack``, ``turn.signal``,
-``session.resume``, ``session.event_ack``, ``session.close`` in;
-``response.listen``, ``overlap.decision``, ``playback.acknowledged``,
-``session.resumed|replaced|resync_required|expired|closed`` out) exist only with
+``session.resume``, ``session.event_ack``, ``session.close``,
+``input_video.append`` in; ``response.listen``, ``overlap.decision``,
+``playback.acknowledged``, ``session.resumed|replaced|resync_required|expired|closed``,
+``input_video.consumed`` out) exist only with
 ``duplex=True`` and use the native codec's shapes, so both routes agree.
 """
 
@@ -55,6 +62,7 @@ from duplex.sessions import (
     AudioClear,
     AudioCommit,
     ClientEvent,
+    ErrorEvent,
     ItemCreate,
     ItemDelete,
     ItemRetrieve,
@@ -62,8 +70,12 @@ from duplex.sessions import (
     ResponseCancel,
     ResponseCreate,
     ServerEvent,
+    SessionConfig,
+    SessionCreated,
     SessionOptions,
+    SessionResumed,
     SessionUpdate,
+    SessionUpdated,
 )
 
 from ._duplex_wire import DEFAULT_MAX_EVENT_BYTES, parse_client_event
@@ -73,11 +85,11 @@ from ._realtime_session import (
     AUDIO_FORMATS,
     FORMAT_SAMPLE_RATES,
     SERVER_VAD_DEFAULTS,
-    SessionPatch,
     WireFormats,
     check_audio_modalities,
     parse_session,
     turn_detection_options,
+    wire_param,
 )
 
 __all__ = [
@@ -115,6 +127,7 @@ DUPLEX_CLIENT_EVENTS: tuple[str, ...] = (
     "session.resume",
     "session.event_ack",
     "session.close",
+    "input_video.append",
 )
 UNSUPPORTED_CLIENT_EVENTS: dict[str, str] = {
     "transcription_session.update": "transcription-only sessions are not supported",
@@ -131,7 +144,12 @@ _FIELDS: dict[str, frozenset[str]] = {
     "conversation.item.truncate": frozenset({"item_id", "content_index", "audio_end_ms"}),
 }
 _ITEM_KEYS = frozenset({"id", "type", "object", "status", "role", "content"})
-_CONTENT_KEYS = frozenset({"type", "text", "audio", "transcript"})
+_PART_KEYS = {  # content type -> the fields it is read from (nothing else is accepted)
+    "input_text": frozenset({"type", "text"}),
+    "output_text": frozenset({"type", "text"}),
+    "text": frozenset({"type", "text"}),
+    "input_audio": frozenset({"type", "audio"}),
+}
 _CONTENT_TYPES = {  # role -> content types it may hold (GA and beta spellings)
     "user": ("input_text", "input_audio"),
     "system": ("input_text",),
@@ -226,12 +244,12 @@ def _item_create(obj: Mapping[str, Any], fmt: str, event_id: str | None) -> Item
     item = obj.get("item")
     if not isinstance(item, dict):
         raise BadEvent("item must be an object", param="item")
-    _check_keys(item, _ITEM_KEYS, "item.")
-    if item.get("type", "message") != "message":
+    if item.get("type", "message") != "message":  # before the keys: tool items have others
         raise UnsupportedParameter(
             f"item.type={item.get('type')!r}: only message items are supported (no tools)",
             param="item.type",
         )
+    _check_keys(item, _ITEM_KEYS, "item.")
     role = item.get("role")
     if role not in _CONTENT_TYPES:
         raise BadEvent(f"item.role must be one of {tuple(_CONTENT_TYPES)}", param="item.role")
@@ -243,13 +261,19 @@ def _item_create(obj: Mapping[str, Any], fmt: str, event_id: str | None) -> Item
             "an item holds exactly one content part here", param="item.content"
         )
     part = content[0]
-    _check_keys(part, _CONTENT_KEYS, "item.content.0.")
     kind = part.get("type")
     if kind not in _CONTENT_TYPES[role]:
         raise UnsupportedParameter(
             f"item.content.0.type={kind!r}: {role} items hold {_CONTENT_TYPES[role]}",
             param="item.content.0.type",
         )
+    if kind == "input_audio" and part.get("transcript") is not None:
+        raise UnsupportedParameter(
+            "item.content.0.transcript: a transcript of user audio is not supported",
+            param="item.content.0.transcript",
+        )
+    allowed = _PART_KEYS[kind] | ({"transcript"} if kind == "input_audio" else set())
+    _check_keys(part, frozenset(allowed), "item.content.0.")
     item_id = _string(item, "id", required=False)
     previous = _string(obj, "previous_item_id", required=False)
     if kind == "input_audio":
@@ -296,7 +320,8 @@ class RealtimeProjection:
         model: the model named in ``?model=``, echoed in ``session.created``; a
             ``session.update`` may restate it but not change it.
         max_size: the largest accepted frame, in bytes of UTF-8.
-        formats: the audio formats before any ``session.update`` (OpenAI's default is PCM16).
+        formats: the audio formats until a session event says otherwise (OpenAI's
+            default is PCM16); from ``session.created|updated|resumed`` on, the session's.
         random_bytes: randomness for the ``event_<hex>`` ids.
         vad: the VAD behind ``server_vad`` in a turn-based session (``SessionOptions.vad``;
             the server passes ``server.realtime_vad``); ``None``: the server's session default.
@@ -322,7 +347,11 @@ class RealtimeProjection:
         self._turn_based = (
             TURN_BASED_OPTIONS if vad is None else replace(TURN_BASED_OPTIONS, vad=vad)
         )
-        self._formats = formats or WireFormats()
+        self._initial = formats or WireFormats()
+        self._config: SessionConfig | None = None  # the session's, as of the last event sent
+        self._pending: list[SessionOptions] = []  # updates sent, not answered yet
+        self._decode = self._initial  # formats after the updates the session will accept
+        self._replayed_through = 0  # events up to this seq are a resume's replay
         self._encoder = RealtimeEncoder(
             schema=schema, duplex=duplex, model=model, random_bytes=random_bytes
         )
@@ -339,17 +368,65 @@ class RealtimeProjection:
 
     @property
     def formats(self) -> WireFormats:
-        """The audio formats in effect (changed by an accepted ``session.update``)."""
-        return self._formats
+        """The formats the next client frame decodes in: the session's, with the
+        ``session.update`` s it has not answered yet but will accept."""
+        return self._decode
+
+    def _sent_formats(self) -> WireFormats:
+        """The formats server events encode in: the session's, as of the last event sent."""
+        return self._initial if self._config is None else WireFormats.of(self._config)
+
+    def _predict(self) -> None:
+        """Replay the unanswered updates on the session's config, as the session will.
+
+        An update the session will refuse is dropped (it changes nothing and
+        gets no ``session.updated``). Before any session event, the updates'
+        formats are taken as they are.
+        """
+        if self._config is None:
+            formats = self._initial
+            for options in self._pending:
+                formats = WireFormats(
+                    options.input_audio_codec or formats.input,
+                    options.output_audio_codec or formats.output,
+                )
+            self._decode = formats
+            return
+        config, kept = self._config, []
+        for options in self._pending:
+            try:
+                config = config.apply_update(options)
+            except ProtocolError:
+                continue
+            kept.append(options)
+        self._pending = kept
+        self._decode = WireFormats.of(config)
+
+    def _follow(self, event: ServerEvent, seq: int | None) -> None:
+        """Adopt the session's config from the events that carry it."""
+        match event:
+            case SessionCreated() | SessionResumed():
+                self._config = event.config
+                if isinstance(event, SessionResumed):
+                    self._replayed_through = event.last_server_event_seq
+            case SessionUpdated():
+                if seq is not None and seq <= self._replayed_through:
+                    return  # replayed: older than session.resumed's config
+                self._config = event.config
+                if self._pending:
+                    self._pending.pop(0)  # the session's answer to the oldest update
+            case _:
+                return
+        self._predict()
 
     # ------------------------------------------------------------------ inbound
 
     def parse(self, data: str | bytes) -> ClientEvent:
         """Parse one WebSocket message.
 
-        A ``session.update`` that parses switches the wire formats at once, so
-        appends sent right after it decode in the new format. (A later refusal
-        of its session options by the session does not switch them back.)
+        A ``session.update`` the session will accept switches the input format
+        at once, so appends sent right after it decode in the new format; one
+        it will refuse switches nothing. Encoding follows ``session.updated``.
 
         Args:
             data: a text frame; ``bytes`` (a binary frame) is refused.
@@ -380,6 +457,7 @@ class RealtimeProjection:
             return self._parse(obj, data, event_id)
         except ProtocolError as exc:
             exc.event_id = exc.event_id or event_id
+            exc.param = wire_param(exc.param, self.schema)
             raise
 
     def _parse(self, obj: dict[str, Any], data: str, event_id: str | None) -> ClientEvent:
@@ -399,10 +477,12 @@ class RealtimeProjection:
         _check_keys(obj, _TOP_LEVEL | _FIELDS.get(kind, frozenset()))
         match kind:
             case "session.update":
-                patch = parse_session(obj.get("session"), duplex=self.duplex, model=self.model)
-                return self._session_update(patch, event_id)
+                options = parse_session(obj.get("session"), duplex=self.duplex, model=self.model)
+                self._pending.append(options)
+                self._predict()
+                return SessionUpdate(options, event_id)
             case "input_audio_buffer.append":
-                return _decode_append(obj, self._formats.input, event_id)
+                return _decode_append(obj, self._decode.input, event_id)
             case "input_audio_buffer.commit":
                 return AudioCommit(event_id)
             case "input_audio_buffer.clear":
@@ -410,7 +490,7 @@ class RealtimeProjection:
             case "output_audio_buffer.clear":
                 return ResponseCancel(None, event_id)
             case "conversation.item.create":
-                return _item_create(obj, self._formats.input, event_id)
+                return _item_create(obj, self._decode.input, event_id)
             case "conversation.item.retrieve":
                 return ItemRetrieve(_string(obj, "item_id"), event_id)
             case "conversation.item.delete":
@@ -426,14 +506,6 @@ class RealtimeProjection:
                     raise BadEvent("response_id must be a string", param="response_id")
                 return ResponseCancel(response_id, event_id)
 
-    def _session_update(self, patch: SessionPatch, event_id: str | None) -> SessionUpdate:
-        self._formats = replace(
-            self._formats,
-            input=patch.input_format or self._formats.input,
-            output=patch.output_format or self._formats.output,
-        )
-        return SessionUpdate(patch.options, event_id)
-
     # ----------------------------------------------------------------- outbound
 
     def encode(self, event: ServerEvent, seq: int | None) -> list[dict[str, Any]]:
@@ -443,13 +515,17 @@ class RealtimeProjection:
             event: a server event from ``duplex.sessions``.
             seq: its ``server_event_seq`` from the `Send` effect (``None``:
                 connection-scoped). With ``duplex=True`` it is stamped on the
-                last wire event of the group, so a client cursor at ``seq`` means
-                the whole group arrived; without it no seq is sent.
+                last wire event of the group (the others carry ``null``), so a
+                client cursor at ``seq`` means the whole group arrived; without it
+                no seq is sent.
 
         Returns:
             Zero or more dicts with ``type`` and ``event_id``: the wire edge.
         """
-        return self._encoder.encode(event, seq, self._formats)
+        self._follow(event, seq)
+        if isinstance(event, ErrorEvent):
+            event = replace(event, param=wire_param(event.param, self.schema))
+        return self._encoder.encode(event, seq, self._sent_formats())
 
 
 def parse_realtime_event(

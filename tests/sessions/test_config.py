@@ -78,3 +78,28 @@ def test_capabilities_as_dict_is_json_ready():
         Capabilities(supports_model_native_turn_policy=True).as_dict()["implementation_level"]
         == "model_native_duplex"
     )
+
+
+def test_wire_audio_codecs_are_session_options():
+    """The formats a client negotiates are session facts, set through ``session.update``."""
+    g711 = SessionOptions(
+        input_audio_codec="g711_ulaw", input_sample_rate=8000, output_audio_codec="g711_alaw"
+    )
+    c = SessionConfig().apply_update(g711)
+    assert (c.input_audio_codec, c.output_audio_codec) == ("g711_ulaw", "g711_alaw")
+    assert (SessionConfig().input_audio_codec, SessionConfig().output_audio_codec) == (
+        "pcm16",
+        "pcm16",
+    )
+    with pytest.raises(BadEvent) as info:  # G.711 is 8 kHz
+        SessionConfig().apply_update(SessionOptions(input_audio_codec="g711_ulaw"))
+    assert info.value.param == "session.input_sample_rate"
+    with pytest.raises(BadEvent) as info:
+        SessionOptions(output_audio_codec="opus")
+    assert info.value.param == "session.output_audio_codec"
+    with pytest.raises(BadEvent) as info:  # the VAD is fixed for the whole session
+        SessionConfig().apply_update(SessionOptions(vad="silero"))
+    assert info.value.param == "session.vad"
+    with pytest.raises(BadEvent) as info:
+        SessionConfig().apply_update(SessionOptions(barge_in_ms=500))
+    assert info.value.param == "session.barge_in_ms"

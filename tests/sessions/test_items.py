@@ -136,3 +136,63 @@ def test_truncating_the_playing_item_cancels_its_response():
     assert of(effects, ItemTruncated)
     assert (m.history[-1].audio_ms, m.history[-1].text) == (80.0, "a")
     assert of(m.handle(speaking(m, "c", epoch=m.epoch - 1), 0.4), AudioDelta) == []
+
+
+def test_a_deleted_assistant_item_stays_deleted():
+    """Truncate must look at the history: a deleted item does not come back."""
+    m = machine(**TURN_BASED)
+    done = _answered(m)
+    m.handle(ItemDelete(done.item_id), 2.0)
+    effects = m.handle(ItemTruncate(done.item_id, 0, 100, "t1"), 2.1)
+    assert _error(effects) == ("item_not_found", "item_id", "t1")
+    assert done.item_id not in [i.item_id for i in m.history]
+
+
+def test_a_deleted_item_refuses_playback_acks_under_ack_only():
+    from duplex.sessions import PlaybackAck, PlaybackAcknowledged
+
+    m = machine(playback_commit_policy="ack_only")
+    m.handle(silence(80), 0.0)
+    m.handle(speaking(m, "a"), 0.1)
+    m.handle(speaking(m, "b"), 0.2)
+    response_id = m.active_response_id
+    assert of(m.handle(PlaybackAck(response_id, 80), 0.3), PlaybackAcknowledged)
+    item_id = m.history[-1].item_id
+    assert of(m.handle(ItemDelete(item_id), 0.4), ItemDeleted)
+    effects = m.handle(PlaybackAck(response_id, 160, event_id="a2"), 0.5)
+    assert _error(effects) == ("playback_item_not_found", "response_id", "a2")
+    assert item_id not in [i.item_id for i in m.history]
+    effects = m.handle(ItemTruncate(item_id, 0, 80, "t1"), 0.6)
+    assert _error(effects) == ("item_not_found", "item_id", "t1")
+    assert item_id not in [i.item_id for i in m.history]
+
+
+def test_a_cancelled_assistant_item_reads_back_incomplete():
+    """``conversation.item.retrieve`` agrees with ``response.output_item.done``."""
+    m = machine()
+    m.handle(silence(80), 0.0)
+    m.handle(speaking(m, "a"), 0.1)
+    response_id = m.active_response_id
+    from duplex.sessions import ResponseCancel
+
+    (done,) = of(m.handle(ResponseCancel(response_id), 0.2), ResponseDone)
+    assert done.status == "cancelled"
+    (got,) = of(m.handle(ItemRetrieve(done.item_id), 0.3), ItemRetrieved)
+    assert got.item.status == "incomplete"
+    completed = machine(**TURN_BASED)
+    done = _answered(completed)
+    (got,) = of(completed.handle(ItemRetrieve(done.item_id), 2.0), ItemRetrieved)
+    assert got.item.status == "completed"
+
+
+def test_an_acked_item_is_in_progress_until_its_response_ends():
+    from duplex.sessions import PlaybackAck
+
+    m = machine(playback_commit_policy="ack_only")
+    m.handle(silence(80), 0.0)
+    m.handle(speaking(m, "a"), 0.1)
+    response_id = m.active_response_id
+    m.handle(PlaybackAck(response_id, 80), 0.2)
+    assert m.history[-1].status == "in_progress"
+    m.handle(speaking(m, "b", end=True), 0.3)
+    assert m.history[-1].status == "completed"

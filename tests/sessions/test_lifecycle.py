@@ -134,6 +134,7 @@ def test_resume_replays_after_cursor_and_rotates_token():
     )
     resumed = effects[0].event
     assert isinstance(resumed, SessionResumed) and effects[0].seq is None
+    assert resumed.config is m.config  # a new socket's projection learns the session's formats
     replayed = effects[1:]
     assert [e.seq for e in replayed] == list(range(cursor + 1, m.statistics().journal.last_seq + 1))
     assert all(e.generation == 2 for e in replayed) and resumed.replay_count == len(replayed)

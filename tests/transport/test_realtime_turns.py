@@ -14,7 +14,7 @@ from openai.resources.realtime.realtime import RealtimeConnection as GAConnectio
 
 from duplex import sessions as ds
 from duplex.exceptions import ProtocolError
-from duplex.transport._realtime_wire import TURN_BASED_OPTIONS, RealtimeProjection
+from duplex.transport._realtime_wire import TURN_BASED_OPTIONS, RealtimeProjection, WireFormats
 
 from .test_realtime_wire import _Recorder, _update, check_wire
 
@@ -192,6 +192,24 @@ def test_items_through_the_sdk():
          "bad_event", "item.content.0.text"),
         ({"type": "message", "role": "user", "extra": 1, "content": []}, "bad_event",
          "item.extra"),
+        # a tool item is refused for its type, not for its tool fields
+        ({"type": "function_call_output", "call_id": "c1", "output": "{}"},
+         "unsupported_parameter", "item.type"),
+        ({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+         "unsupported_parameter", "item.type"),
+        # content fields the part type does not use are refused, never dropped
+        ({"type": "message", "role": "user",
+          "content": [{"type": "input_audio", "audio": "AAAA", "transcript": "hi"}]},
+         "unsupported_parameter", "item.content.0.transcript"),
+        ({"type": "message", "role": "user",
+          "content": [{"type": "input_text", "text": "hi", "audio": "AAAA"}]},
+         "bad_event", "item.content.0.audio"),
+        ({"type": "message", "role": "user",
+          "content": [{"type": "input_audio", "audio": "AAAA", "text": "hi"}]},
+         "bad_event", "item.content.0.text"),
+        ({"type": "message", "role": "assistant",
+          "content": [{"type": "output_text", "text": "hi", "transcript": "hi"}]},
+         "bad_event", "item.content.0.transcript"),
     ],
 )  # fmt: skip
 def test_item_create_refusals(item, code, param):
@@ -249,3 +267,85 @@ def test_idle_timeout_is_announced_then_answered():
     assert kinds.index("input_audio_buffer.timeout_triggered") < kinds.index(
         "input_audio_buffer.committed"
     ) < kinds.index("response.created")  # fmt: skip
+
+
+# ------------------------------------------------- formats are session state
+
+
+def _ulaw_frame() -> tuple[str, np.ndarray]:
+    from duplex.transport._g711 import pcm16_to_float, ulaw_decode, ulaw_encode
+
+    ulaw = ulaw_encode(TONE[:800:3].astype(np.int16))
+    audio = base64.b64encode(ulaw).decode()
+    return _frame("input_audio_buffer.append", audio=audio), pcm16_to_float(ulaw_decode(ulaw))
+
+
+def test_a_resumed_socket_keeps_the_negotiated_formats():
+    s = Session(duplex=True)
+    formats = {"input_audio_format": "g711_ulaw", "output_audio_format": "g711_ulaw"}
+    s.send(_frame("session.update", session=formats))
+    (updated,) = s.of("session.updated")
+    assert s.machine.config.input_audio_codec == s.machine.config.output_audio_codec == "g711_ulaw"
+    (created,) = s.of("session.created")
+    s.machine.handle(ds.ConnectionDetached(1), s.now)
+    for cursor in (updated["server_event_seq"], 0):  # 0: session.updated is replayed too
+        proj = RealtimeProjection(duplex=True, model="loopback")  # a new socket's projection
+        resume = proj.parse(_frame(
+            "session.resume", session_id=created["session"]["id"],
+            resume_token=created["resume_token"], last_received_server_event_seq=cursor,
+        ))  # fmt: skip
+        wire = []
+        generation = 2 + cursor
+        for effect in s.machine.handle(ds.ConnectionAttached(generation, resume), s.now):
+            if isinstance(effect, ds.Send) and effect.generation == generation:
+                wire += proj.encode(effect.event, effect.seq)
+        assert wire[0]["type"] == "session.resumed"
+        created["resume_token"] = wire[0]["resume_token"]
+        assert proj.formats == WireFormats("g711_ulaw", "g711_ulaw")
+        frame, pcm = _ulaw_frame()
+        append = proj.parse(frame)
+        assert append.sample_rate == 8000 and append.pcm.tolist() == pcm.tolist()
+        (delta,) = proj.encode(ds.AudioDelta("r", "i", 0, TONE[:480].tobytes(), 24000, 0.0), 99)
+        assert (delta["format"], delta["sample_rate_hz"]) == ("g711_ulaw", 8000)
+
+
+def test_a_refused_update_switches_nothing_and_names_the_wire_field():
+    s = Session(duplex=True)
+    session = {"input_audio_format": "g711_ulaw", "overlap_barge_in_ms": 500}  # <= short ack
+    s.send(_frame("session.update", event_id="u1", session=session))
+    (err,) = s.of("error")
+    error = err["error"]
+    assert (error["code"], error["param"], error["event_id"]) == (
+        "bad_event", "session.overlap_barge_in_ms", "u1",
+    )  # fmt: skip
+    assert s.proj.formats == WireFormats()
+    assert s.machine.config.input_audio_codec == "pcm16"
+    append = s.proj.parse(_frame("input_audio_buffer.append", audio="AAA="))
+    assert append.sample_rate == 24000 and append.pcm.size == 1  # still PCM16
+
+
+def test_an_update_applies_to_input_at_once_and_to_output_when_the_session_says():
+    """The projection decodes in a new format right after an update the session will take,
+    and encodes in it from ``session.updated`` on (the session's config is the truth)."""
+    proj = RealtimeProjection(duplex=True)
+    config = ds.SessionConfig()
+    proj.encode(ds.SessionCreated("duplex-abc", config, ds.Capabilities(), "tok", 1, 0), None)
+    refused = {"input_audio_format": "g711_alaw", "overlap_short_ack_ms": 5000}
+    update = proj.parse(_frame("session.update", session=refused))
+    assert proj.formats == WireFormats()  # the session will refuse it: nothing switches
+    with pytest.raises(ProtocolError):
+        config.apply_update(update.options)
+    update = proj.parse(
+        _frame(
+            "session.update",
+            session={"input_audio_format": "g711_ulaw", "output_audio_format": "g711_alaw"},
+        )
+    )
+    assert proj.formats.input == "g711_ulaw"  # appends sent right after it decode in μ-law
+    frame, _ = _ulaw_frame()
+    assert proj.parse(frame).sample_rate == 8000
+    delta = ds.AudioDelta("r", "i", 0, TONE[:480].tobytes(), 24000, 0.0)
+    assert proj.encode(delta, 5)[0]["format"] == "pcm16"  # sent before the session switched
+    proj.encode(ds.SessionUpdated("duplex-abc", config.apply_update(update.options)), 6)
+    assert proj.encode(delta, 7)[0]["format"] == "g711_alaw"
+    assert proj.formats == WireFormats("g711_ulaw", "g711_alaw")

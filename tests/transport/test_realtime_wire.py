@@ -107,11 +107,18 @@ def test_the_sdk_oracle_is_strict():
 PCM = (np.sin(np.arange(480) / 24000 * 2 * np.pi * 440) * 8000).astype("<i2").tobytes()
 
 
-def session_story() -> list:
-    """One of each server event, with the variants that change the projection."""
-    caps, config = ds.Capabilities(), ds.SessionConfig()
-    off = ds.SessionConfig(turn_detection="none")
+def session_story(config: ds.SessionConfig | None = None) -> list:
+    """One of each server event, with the variants that change the projection
+    (``config``: the session's, whose audio codecs every config here shares)."""
+    caps, config = ds.Capabilities(), config or ds.SessionConfig()
+    codecs = {
+        "input_audio_codec": config.input_audio_codec,
+        "output_audio_codec": config.output_audio_codec,
+        "input_sample_rate": config.input_sample_rate,
+    }
+    off = ds.SessionConfig(turn_detection="none", **codecs)
     turn_based = ds.SessionConfig(
+        **codecs,
         turn_policy="turn_based",
         vad_interrupt_response=False,
         vad_create_response=True,
@@ -148,7 +155,7 @@ def session_story() -> list:
             "barge_in_on_speech", "barge_in", "speech_over_barge_in_ms", 1200.0, "r"
         ),
         ds.PlaybackAcknowledged("resp_1", "item_a1", 400.0, 400.0, 800.0, 800.0, True),
-        ds.SessionResumed("duplex-abc", "tok2", 2, 1, 3, 17),
+        ds.SessionResumed("duplex-abc", "tok2", 2, 1, 3, 17, config),
         ds.SessionReplaced("duplex-abc", 3),
         ds.SessionResyncRequired("duplex-abc", "journal_gap", 17),
         ds.SessionExpired("duplex-abc", "idle_ttl_expired"),
@@ -193,8 +200,11 @@ def _projection(schema: str, duplex: bool, output: str) -> RealtimeProjection:
 def test_every_encoded_event_validates_against_the_sdk(schema, duplex, output):
     proj = _projection(schema, duplex, output)
     seen = set()
-    for seq, event in enumerate(session_story(), start=1):
+    config = ds.SessionConfig(output_audio_codec=output)
+    for seq, event in enumerate(session_story(config), start=1):
         wire = proj.encode(event, seq)
+        if isinstance(event, ds.AudioDelta) and duplex:
+            assert wire[0]["format"] == output
         for item in wire:
             check_wire(item, schema=schema, duplex=duplex)
             assert item["event_id"].startswith("event_")
@@ -502,12 +512,35 @@ def test_duplex_client_events_need_duplex():
         "session.resume": ({"session_id": "s", "resume_token": "t"}, ds.SessionResume),
         "session.event_ack": ({"server_event_seq": 3}, ds.EventAck),
         "session.close": ({}, ds.SessionClose),
+        "input_video.append": ({"frame": "AAAA", "frame_id": "f1", "pts_ms": 0}, ds.VideoAppend),
     }
     assert set(frames) == set(DUPLEX_CLIENT_EVENTS)
     for kind, (fields, cls) in frames.items():
         text = json.dumps({"type": kind, "event_id": "e", **fields})
         assert _error(text) == ("unknown_event", "type")
         assert isinstance(parse_realtime_event(text, duplex=True), cls)
+
+
+def test_every_duplex_event_has_a_server_event_seq_key():
+    """Connection-scoped events say ``null``; only the last event of a group has the seq."""
+    created = ds.SessionCreated("duplex-abc", ds.SessionConfig(), ds.Capabilities(), "tok", 1, 0)
+    proj = RealtimeProjection(duplex=True)
+    for event, seq in ((created, None), (ds.ResponseCreated("r", "i", 0), 7)):
+        wire = proj.encode(event, seq)
+        assert all("server_event_seq" in w for w in wire), [w["type"] for w in wire]
+        assert [w["server_event_seq"] for w in wire] == [None] * (len(wire) - 1) + [seq]
+    assert all("server_event_seq" not in w for w in RealtimeProjection().encode(created, None))
+
+
+def test_video_is_the_native_event_with_duplex():
+    """``supports_video_input`` is advertised under ``?duplex=1``; the event is accepted there."""
+    frame = {"type": "input_video.append", "event_id": "v1", "frame": "AAAA", "frame_id": "f1",
+             "pts_ms": 40}  # fmt: skip
+    event = RealtimeProjection(duplex=True).parse(json.dumps(frame))
+    assert isinstance(event, ds.VideoAppend)
+    assert (event.frame, event.frame_id, event.pts_ms, event.event_id) == (bytes(3), "f1", 40, "v1")
+    assert _error(json.dumps(frame)) == ("unknown_event", "type")
+    assert _error(json.dumps({**frame, "frame": "*"}), duplex=True)[0] == "invalid_video_frames"
 
 
 def test_handshake_helpers():
