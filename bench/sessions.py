@@ -1,13 +1,15 @@
 """Concurrent loopback sessions against ``duplex serve`` and a bare hypercorn echo, in one run.
 
     .venv/bin/python bench/sessions.py [--counts 10,25,50,...] [--warmup S] [--measure S]
+        [--duplex-rev REV | --duplex-src DIR] [--out PREFIX]
 
 The load generator is this process (asyncio + the ``websockets`` client); the
 two servers run as subprocesses on free local ports: ``duplex serve`` (model
 ``loopback``, ``DUPLEX_SESSION__OVERLAP_POLICY=model`` so every speaking frame
-is echoed) and ``bench/_echo_server.py`` (hypercorn + Starlette echo: no
-actors, sessions or engine). For each session count, first the bare echo, then
-duplex: N WebSockets each send ``session.create``, then one 80 ms 24 kHz PCM16
+is echoed; the working tree, or ``git archive`` of ``--duplex-rev``) and
+``bench/_echo_server.py`` (hypercorn + Starlette echo: no actors, sessions or
+engine). For each session count, first the bare echo, then duplex, each on a
+freshly started server: N WebSockets each send ``session.create``, then one 80 ms 24 kHz PCM16
 frame every 80 ms as ``input_audio_buffer.append`` (base64 JSON) on an
 absolute schedule, for ``--warmup`` + ``--measure`` seconds; only frames sent
 inside the measure window count. Each frame carries its index in its first
@@ -35,7 +37,12 @@ Capacity: the largest count whose p99 ``excess`` is under ``--budget-ms``
 (20) with under 1% of frames lost. A count where a target's p99 passes
 ``--collapse-ms`` or loses over 5% of its frames is its last. CPU: utime +
 stime of the server process (all its threads) over the measure window, from
-``/proc/<pid>/stat``, in % of one core; the load generator's own CPU too.
+``/proc/<pid>/stat``, in % of one core; the load generator's own CPU too, and
+the CPU other processes took (``/proc/stat``): before each count the script
+waits for a quiet machine (``--quiet-wait``) and measures again (``--retries``)
+when others took over ``--max-foreign-pct``, keeping the least disturbed try.
+Diagnostics: ``--duplex-env KEY=VALUE``, ``--duplex-gc off|freeze``
+(``bench/_duplex_gc.py``); ``--report-only A.json [B.json ...]`` redraws.
 
 Writes ``<out>.json``, ``<out>.md`` and, when matplotlib imports, ``<out>.png``.
 """
