@@ -384,7 +384,8 @@ class ModelFrame:
     def __post_init__(self) -> None:
         if not isinstance(self.pcm, bytes | bytearray):
             arr = _float_pcm(self.pcm, "pcm")
-            pcm16 = np.clip(np.round(arr * 32767.0), -32768, 32767).astype("<i2")
+            # the inverse of the wire decoding (int16 / 32768): PCM16 round-trips exactly
+            pcm16 = np.clip(np.round(arr * 32768.0), -32768, 32767).astype("<i2")
             object.__setattr__(self, "pcm", pcm16.tobytes())
         elif isinstance(self.pcm, bytearray):
             object.__setattr__(self, "pcm", bytes(self.pcm))

@@ -39,7 +39,7 @@ def _tone(ms: float, amplitude: float = 0.3) -> AudioAppend:
 
 
 def _pcm16(event: AudioAppend) -> bytes:
-    return np.clip(np.round(event.pcm * 32767.0), -32768, 32767).astype("<i2").tobytes()
+    return np.clip(np.round(event.pcm * 32768.0), -32768, 32767).astype("<i2").tobytes()
 
 
 def _play(m, until: float, step: float = 0.08):

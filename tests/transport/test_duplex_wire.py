@@ -254,3 +254,12 @@ def test_fuzz_structured_events_only_raise_protocol_errors(kind, fields):
             assert exc.event_id == fields["event_id"]
     else:
         assert type(event).__name__
+
+
+def test_pcm16_round_trips_exactly_through_a_model_frame() -> None:
+    from duplex.sessions import ModelFrame
+
+    every = np.arange(-32768, 32768, dtype="<i2").tobytes()
+    text = json.dumps({"type": "input_audio_buffer.append", "audio": _b64(every)})
+    append = parse_client_event(text)
+    assert ModelFrame(0, append.pcm).pcm == every
