@@ -10,6 +10,15 @@ touch bookkeeping under a short lock and queue their effect on the runner
 (new, reset, released slots); `step` applies the queue before it executes,
 as vllm applies aborts before the update. The runner is touched by `step`
 alone, so it needs no lock and never sees a half-applied command.
+
+Late input: a tick whose slot has no frame steps it on silence (an underrun).
+When the late frame then arrives, the slot runs one frame behind for good: one
+frame per tick can never drain it. So each underrun is remembered as a frame
+of *lag* (at most ``max_lag_frames``; a longer gap is the client pausing, and
+owes nothing), and while lag is owed and a second frame
+is already waiting, a queued frame that is itself silence (RMS under
+``silence_rms``) is skipped: the model's timeline gets back the silence it was
+given. Speech is never skipped; the lag is repaid in the user's next pause.
 """
 
 from __future__ import annotations
@@ -69,7 +78,8 @@ class SlotOutput:
         tick: engine tick number.
         at: the ``now`` passed to `Engine.step` (the tick's scheduled time).
         position: audio-clock position of this tick's input frame, in samples.
-        input_samples: real input samples consumed (0 on an underrun).
+        input_samples: real input samples consumed (0 on an underrun; two
+            frames' worth when a silent frame was skipped to repay lag).
         frame: what the model produced.
     """
 
@@ -114,6 +124,8 @@ class SlotStatistics:
     epoch: int
     ticks: int
     underruns: int
+    lag_frames: int
+    silence_skipped: int
     queue_depth: int
     peak_queue_depth: int
     max_input_frames: int
@@ -135,6 +147,7 @@ class EngineStatistics:
     ticks: int
     live_slots: int
     underruns: int
+    silence_skipped: int
     slot_underruns: Mapping[int, int]
     frames_rejected: int
     video_dropped: int
@@ -159,6 +172,9 @@ class _Slot:
     filled: int = 0
     video: deque[VideoFrame] = field(init=False)
     underruns: int = 0
+    lag: int = 0
+    gap: int = 0
+    silence_skipped: int = 0
     peak_queue_depth: int = 0
     frames_rejected: int = 0
     video_dropped: int = 0
@@ -171,6 +187,7 @@ class _Slot:
     def clear_input(self) -> None:
         self.queue.clear()
         self.filled = 0
+        self.lag = 0  # nothing is waiting, so nothing runs late
         self.video.clear()
 
 
@@ -183,6 +200,9 @@ class Engine:
         scheduler: slot pool and admission; built from the runner's spec if omitted.
         max_input_frames: bound of each slot's input queue, in frames.
         max_video_frames: bound of each slot's video queue (drop-oldest, counted).
+        max_lag_frames: most underruns a slot remembers as lag to repay (0: never skip).
+        silence_rms: a queued frame under this RMS (full scale 1.0) may be skipped
+            to repay lag; the default is -50 dBFS.
         timer: monotonic seconds used only to measure step compute time.
     """
 
@@ -193,15 +213,21 @@ class Engine:
         *,
         max_input_frames: int = 25,
         max_video_frames: int = 8,
+        max_lag_frames: int = 6,
+        silence_rms: float = 10 ** (-50 / 20),
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         if max_input_frames <= 0 or max_video_frames <= 0:
             raise ValueError("max_input_frames and max_video_frames must be positive")
+        if max_lag_frames < 0 or not silence_rms >= 0:
+            raise ValueError("max_lag_frames and silence_rms must be >= 0")
         self._runner = runner
         self._spec = runner.spec
         self._scheduler = scheduler or Scheduler(self._spec.max_slots, self._spec.frame_period_s)
         self._max_input_frames = max_input_frames
         self._max_video_frames = max_video_frames
+        self._max_lag = max_lag_frames
+        self._silence_energy = silence_rms * silence_rms * self._spec.frame_samples
         self._timer = timer
         self._lock = threading.Lock()
         self._stepping = threading.Lock()
@@ -210,6 +236,7 @@ class Engine:
         self._generation = 0
         self._ticks = 0
         self._underruns = 0
+        self._silence_skipped = 0
         self._frames_rejected = 0
         self._video_dropped = 0
         self._overruns = 0
@@ -350,6 +377,7 @@ class Engine:
                 ticks=self._ticks,
                 live_slots=len(self._slots),
                 underruns=self._underruns,
+                silence_skipped=self._silence_skipped,
                 slot_underruns=MappingProxyType({i: s.underruns for i, s in self._slots.items()}),
                 frames_rejected=self._frames_rejected,
                 video_dropped=self._video_dropped,
@@ -370,6 +398,8 @@ class Engine:
                 epoch=slot.epoch,
                 ticks=slot.ticks,
                 underruns=slot.underruns,
+                lag_frames=slot.lag,
+                silence_skipped=slot.silence_skipped,
                 queue_depth=len(slot.queue),
                 peak_queue_depth=slot.peak_queue_depth,
                 max_input_frames=slot.max_input_frames,
@@ -430,14 +460,21 @@ class Engine:
                 if slot.fresh or slot.reset_pending:
                     to_reset.append(slot_id)
                 slot.fresh = slot.reset_pending = False
+                skipped = self._repay_lag(slot)
                 frame = slot.queue.popleft() if slot.queue else None
                 if frame is None:
                     slot.underruns += 1
                     self._underruns += 1
+                    slot.gap += 1
+                    # a gap longer than max_lag is the client pausing, not running late
+                    slot.lag = min(slot.lag + 1, self._max_lag) if slot.gap <= self._max_lag else 0
+                else:
+                    slot.gap = 0
                 video = tuple(slot.video)
                 slot.video.clear()
                 inputs.append(SlotInput(slot_id, frame, slot.ticks * frame_samples, video))
-                tags.append((slot.handle, slot.epoch, 0 if frame is None else frame_samples))
+                consumed = (0 if frame is None else frame_samples) + skipped * frame_samples
+                tags.append((slot.handle, slot.epoch, consumed))
                 slot.ticks += 1
             if not inputs:
                 return None, released, to_reset, tags
@@ -451,6 +488,19 @@ class Engine:
             )
             self._ticks += 1
             return plan, released, to_reset, tags
+
+    def _repay_lag(self, slot: _Slot) -> int:
+        """Skip the oldest queued frame if lag is owed, it is silence and another waits."""
+        if not slot.lag or len(slot.queue) < 2:
+            return 0
+        head = slot.queue[0]
+        if float(np.dot(head, head)) >= self._silence_energy:
+            return 0
+        slot.queue.popleft()
+        slot.lag -= 1
+        slot.silence_skipped += 1
+        self._silence_skipped += 1
+        return 1
 
     def _update(self, plan: StepPlan | None, released: tuple[int, ...], duration: float) -> None:
         """Record the step; return the slot ids the runner has reset to the pool."""

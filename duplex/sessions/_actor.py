@@ -338,13 +338,13 @@ class SessionActor(Actor[Any]):
             vad.link.reconfigure(self.machine.config)  # before any audio of the new config
         for effect in effects:
             await self._perform(ctx, effect)
+        # Most events push the deadline later (every append renews the idle lease);
+        # the armed timer then fires early, finds nothing due and re-arms. Re-arming
+        # only for an earlier deadline keeps timer churn off the per-frame path.
         deadline = self.machine.next_deadline()
-        if deadline != self.armed:
+        if deadline is not None and (self.armed is None or deadline < self.armed):
             self.armed = deadline
-            if deadline is None:
-                ctx.cancel_timer("lease")
-            else:
-                ctx.start_timer("lease", max(0.0, deadline - trio.current_time()), LeaseTimer())
+            ctx.start_timer("lease", max(0.0, deadline - trio.current_time()), LeaseTimer())
 
     async def _perform(self, ctx: ActorContext, effect: Effect) -> None:
         res = self.resources

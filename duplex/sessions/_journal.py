@@ -16,7 +16,10 @@ from typing import final
 
 from ._events import ServerEvent
 
-__all__ = ["Journal", "JournalStatistics", "Replay", "ReplayGap", "event_size"]
+__all__ = ["EXPIRY_BATCH_S", "Journal", "JournalStatistics", "Replay", "ReplayGap", "event_size"]
+
+EXPIRY_BATCH_S = 1.0
+"""Slack on the expiry deadline: entries expire in batches, not one timer per event."""
 
 _OVERHEAD = 160  # envelope, ids and field names of a JSON event, roughly
 
@@ -131,8 +134,13 @@ class Journal:
             self._lost_through = max(self._lost_through, dropped.seq)
 
     def next_deadline(self) -> float | None:
-        """When the oldest entry expires, if any."""
-        return self._entries[0].at + self._ttl_s if self._entries else None
+        """When to run `expire` next, if anything is journaled.
+
+        ``EXPIRY_BATCH_S`` after the oldest entry's expiry, so that a streaming
+        session's timer fires about once a second, not once per event. `expire`
+        itself is exact: a resume after ``ttl_s`` never replays an expired entry.
+        """
+        return self._entries[0].at + self._ttl_s + EXPIRY_BATCH_S if self._entries else None
 
     def replay_after(self, cursor: int) -> Replay | ReplayGap:
         """Events with seq > ``cursor`` in order, or a gap if some are lost."""

@@ -385,3 +385,55 @@ def test_reset_can_keep_queued_input() -> None:
     outs = [engine.step(float(k))[a] for k in range(3)]
     assert [o.epoch for o in outs] == [1, 1, 1]
     assert [o.input_samples for o in outs] == [FRAME] * 3
+
+
+def _voiced(k: int) -> np.ndarray:
+    return (0.1 * np.random.default_rng(k).standard_normal(FRAME)).astype(np.float32)
+
+
+def test_a_late_frame_adds_one_frame_of_lag_repaid_in_the_next_silence() -> None:
+    engine = loopback_engine(delay_ms=0)
+    h = engine.acquire_slot("a")
+    assert h is not None
+    stream = [_voiced(k) for k in range(6)] + [np.zeros(FRAME, np.float32)] * 4
+    engine.push_input(h, stream[0])
+    assert engine.step(0.0)[h].input_samples == FRAME
+    assert engine.step(1.0)[h].input_samples == 0  # frame 1 is late: an underrun
+    assert engine.slot_statistics(h).lag_frames == 1
+    engine.push_input(h, stream[1])  # it arrives after its tick, with no way to catch up
+    heard = []
+    for k in range(2, len(stream)):
+        engine.push_input(h, stream[k])
+        out = engine.step(float(k))[h]
+        heard.append((out.input_samples // FRAME, engine.slot_statistics(h).queue_depth))
+    # speech is never skipped: one frame waits behind each tick until the first silence
+    assert heard[:5] == [(1, 1)] * 5
+    assert heard[5] == (2, 0) and heard[6:] == [(1, 0)] * 2  # the silent frame 6 was skipped
+    stats = engine.slot_statistics(h)
+    assert (stats.lag_frames, stats.silence_skipped, stats.underruns) == (0, 1, 1)
+    assert engine.statistics().silence_skipped == 1
+
+
+def test_a_pause_longer_than_max_lag_owes_nothing() -> None:
+    engine = loopback_engine(delay_ms=0, max_lag_frames=2)
+    h = engine.acquire_slot("a")
+    assert h is not None
+    for k in range(2):
+        engine.step(float(k))
+    assert engine.slot_statistics(h).lag_frames == 2
+    engine.step(2.0)  # a third missing frame: the client paused
+    assert engine.slot_statistics(h).lag_frames == 0
+    engine.push_input(h, np.zeros(3 * FRAME, np.float32))  # then sends a burst of silence
+    assert [engine.step(3.0 + k)[h].input_samples for k in range(3)] == [FRAME] * 3
+    assert engine.statistics().silence_skipped == 0
+
+
+def test_clearing_input_forgives_the_lag() -> None:
+    engine = loopback_engine(delay_ms=0)
+    h = engine.acquire_slot("a")
+    assert h is not None
+    engine.step(0.0)
+    assert engine.slot_statistics(h).lag_frames == 1
+    engine.reset(h, 1)
+    engine.push_input(h, np.zeros(2 * FRAME, np.float32))
+    assert [engine.step(1.0 + k)[h].input_samples for k in range(2)] == [FRAME] * 2

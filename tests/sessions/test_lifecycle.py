@@ -84,7 +84,7 @@ def test_update_and_idle_lease():
     assert [(e.code, e.event_id, e.param) for e in of(bad, ErrorEvent)] == [
         ("bad_event", "u2", "session.barge_in_ms")
     ]
-    assert m.next_deadline() == pytest.approx(70.0)  # journal TTL of session.updated
+    assert m.next_deadline() == pytest.approx(71.0)  # journal TTL of session.updated + batch
     assert m.handle(Tick(), 71.0) == [] and m.statistics().journal.entries == 0
     assert m.next_deadline() == pytest.approx(311.0)
     assert m.handle(Tick(), 310.9) == []
