@@ -12,10 +12,13 @@ engine). For each session count, first the bare echo, then duplex, each on a
 freshly started server: N WebSockets each send ``session.create``, then one 80 ms 24 kHz PCM16
 frame every 80 ms as ``input_audio_buffer.append`` (base64 JSON) on an
 absolute schedule, for ``--warmup`` + ``--measure`` seconds; only frames sent
-inside the measure window count. Each frame carries its index in its first
-samples (marker 12345, index, index >> 14; a 440 Hz tone after that, so the
-loopback's RMS test always sees speech), so each ``response.audio.delta`` is
-matched to the frame it echoes.
+inside the measure window count. The stream is speech-like: 20 voiced frames
+(1.6 s), then 5 frames of digital silence (0.4 s), and again. Each voiced frame
+carries its index in its first samples (marker 12345, index, index >> 14; a
+440 Hz tone after that, so the loopback's RMS test sees speech), so each
+``response.audio.delta`` is matched to the frame it echoes; latency and loss
+count voiced frames only (the loopback echoes no silence). The pauses matter:
+the engine repays the lag a late frame leaves by skipping queued silence.
 
 Latency, per frame, in ms (``s`` = send, ``r`` = receipt of its echo):
 
@@ -98,8 +101,21 @@ def _tone_b64() -> str:
 _TAIL = _tone_b64()  # 3834 bytes: a multiple of 3, so the head encodes on its own
 
 
+VOICED_FRAMES, PAUSE_FRAMES = 20, 5
+
+
+def voiced(index: int) -> bool:
+    """Frame ``index`` carries the tone and its marker (else it is digital silence)."""
+    return index % (VOICED_FRAMES + PAUSE_FRAMES) < VOICED_FRAMES
+
+
+_SILENT = base64.b64encode(bytes(2 * FRAME_SAMPLES)).decode("ascii")
+
+
 def frame_message(index: int) -> str:
-    """One append event; samples 0..2 are ``MARKER, index & 0x3fff, index >> 14``."""
+    """One append event; voiced samples 0..2 are ``MARKER, index & 0x3fff, index >> 14``."""
+    if not voiced(index):
+        return '{"type":"input_audio_buffer.append","sample_rate":24000,"audio":"' + _SILENT + '"}'
     head = struct.pack("<hhh", MARKER, index & 0x3FFF, (index >> 14) & 0x3FFF)
     audio = base64.b64encode(head).decode("ascii") + _TAIL
     return '{"type":"input_audio_buffer.append","sample_rate":24000,"audio":"' + audio + '"}'
@@ -411,7 +427,8 @@ async def run_step(
     ]
     await asyncio.gather(*(send(j, ws) for j, ws in enumerate(sockets)), *samplers)
     drain_until = time.monotonic() + (MODEL_DELAY_S if duplex else 0) + args.drain
-    while time.monotonic() < drain_until and np.isnan(data.received[:, first:]).any():
+    expected = [k for k in range(first, frames) if voiced(k)]
+    while time.monotonic() < drain_until and np.isnan(data.received[:, expected]).any():
         await asyncio.sleep(0.05)
     await asyncio.gather(*(_close(ws, duplex=duplex) for ws in sockets))
     for task in receivers:
@@ -455,9 +472,10 @@ def _pcts(values: np.ndarray) -> dict[str, float]:
 
 def summarize(data: StepData, first: int, phase: float | None) -> dict[str, Any]:
     """Latency percentiles over the measure window; ``phase`` set: the duplex metrics."""
-    sent = data.sent[:, first:]
-    received = data.received[:, first:]
-    lateness = (sent - data.due[:, first:])[~np.isnan(sent)]
+    columns = [k for k in range(first, data.sent.shape[1]) if voiced(k)]
+    sent = data.sent[:, columns]
+    received = data.received[:, columns]
+    lateness = (sent - data.due[:, columns])[~np.isnan(sent)]
     got = ~np.isnan(received)
     total = int((~np.isnan(sent)).sum())
     raw = (received - sent)[got]
