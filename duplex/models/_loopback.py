@@ -33,8 +33,10 @@ class LoopbackRunner:
     """Per slot, output frame t is input frame t - delay; silence before that.
 
     ``speaking`` is true when the echoed frame's RMS exceeds ``speech_threshold``;
-    each speaking frame carries the text mark ``"[ms]"``, the audio-clock
-    position of the echoed input frame in the slot's stream; ``end_of_turn`` is
+    the first speaking frame of each run, and every speaking frame at a multiple
+    of ``mark_every_ms`` of the stream, carries the text mark ``"[ms]"``, the
+    audio-clock position of the echoed input frame (a few marks a second, as a
+    speech model emits a few words a second); ``end_of_turn`` is
     set on the first frame after speaking stops. Video frames are consumed as
     they arrive and reported.
 
@@ -42,19 +44,31 @@ class LoopbackRunner:
         spec: sample rate, frame size and slot count.
         delay_ms: echo delay, a whole number of frames (default 240 ms: 3 frames).
         speech_threshold: RMS above which an echoed frame counts as speech.
+        mark_every_ms: spacing of the text marks within a run of speech.
 
     Raises:
         ConfigError: the delay is negative or not a multiple of the frame period.
     """
 
     def __init__(
-        self, spec: ModelSpec, *, delay_ms: int = 240, speech_threshold: float = 0.003
+        self,
+        spec: ModelSpec,
+        *,
+        delay_ms: int = 240,
+        speech_threshold: float = 0.003,
+        mark_every_ms: int = 400,
     ) -> None:
         if delay_ms < 0 or delay_ms % spec.frame_ms:
             raise ConfigError(
                 f"loopback delay_ms must be a non-negative multiple of {spec.frame_ms}, "
                 f"got {delay_ms}"
             )
+        if mark_every_ms <= 0 or mark_every_ms % spec.frame_ms:
+            raise ConfigError(
+                f"loopback mark_every_ms must be a positive multiple of {spec.frame_ms}, "
+                f"got {mark_every_ms}"
+            )
+        self._mark_every_ms = mark_every_ms
         self._spec = spec
         self._delay = delay_ms // spec.frame_ms
         self._threshold = speech_threshold
@@ -95,9 +109,11 @@ class LoopbackRunner:
         echoed, echoed_pos = self._delay_line(slots, batch, positions)
         rms = np.sqrt(np.mean(np.square(echoed, dtype=np.float64), axis=1))
         speaking = (rms > self._threshold) & (echoed_pos >= 0)
-        end_of_turn = self._speaking[slots] & ~speaking
+        was_speaking = self._speaking[slots]
+        end_of_turn = was_speaking & ~speaking
         self._speaking[slots] = speaking
         marks_ms = echoed_pos * 1000 // self._spec.sample_rate
+        marked = speaking & (~was_speaking | (marks_ms % self._mark_every_ms == 0))
         outputs = []
         for row, item in enumerate(plan.inputs):
             ids = tuple(v.frame_id for v in item.video)
@@ -105,7 +121,7 @@ class LoopbackRunner:
                 FrameOutput(
                     slot=item.slot,
                     pcm=echoed[row],
-                    text=f"[{marks_ms[row]}]" if speaking[row] else "",
+                    text=f"[{marks_ms[row]}]" if marked[row] else "",
                     speaking=bool(speaking[row]),
                     end_of_turn=bool(end_of_turn[row]),
                     video_frame_ids=ids,

@@ -45,10 +45,13 @@ def test_text_marks_speaking_and_end_of_turn() -> None:
     # input frames 0-4 speak, 5-9 are silent, 10-14 speak; echoed 3 frames later
     speaking = [o.speaking for o in outs]
     assert speaking == [False] * 3 + [True] * 5 + [False] * 5 + [True] * 3
-    assert [o.text for o in outs[3:8]] == ["[0]", "[80]", "[160]", "[240]", "[320]"]
-    assert [o.text for o in outs[13:16]] == ["[800]", "[880]", "[960]"]
+    # a mark opens each run of speech, then one every 400 ms of the stream
+    assert [o.text for o in outs[3:8]] == ["[0]", "", "", "", ""]
+    assert [o.text for o in outs[13:16]] == ["[800]", "", ""]
     assert all(o.text == "" for o in outs if not o.speaking)
     assert [k for k, o in enumerate(outs) if o.end_of_turn] == [8]
+    dense = _run(LoopbackRunner(SPEC, mark_every_ms=160), {0: [tone(0, k) for k in range(8)]})
+    assert [o.text for o in dense[0][3:8]] == ["[0]", "", "[160]", "", "[320]"]
 
 
 def test_speech_threshold_is_rms() -> None:
@@ -90,3 +93,9 @@ def test_reset_slot_touches_only_that_slot() -> None:
 def test_delay_must_be_whole_frames(delay_ms: int) -> None:
     with pytest.raises(ConfigError):
         LoopbackRunner(ModelSpec(name="loopback"), delay_ms=delay_ms)
+
+
+@pytest.mark.parametrize("every", [0, -80, 100])
+def test_mark_spacing_must_be_whole_frames(every: int) -> None:
+    with pytest.raises(ConfigError, match="mark_every_ms"):
+        LoopbackRunner(SPEC, mark_every_ms=every)
