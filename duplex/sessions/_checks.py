@@ -24,7 +24,20 @@ def is_int(value: object) -> bool:
 
 
 def float_pcm(pcm: object, param: str) -> Pcm:
-    """Normalise to a read-only 1-D float32 array with finite samples."""
+    """Normalise to a read-only 1-D float32 array with finite samples.
+
+    A read-only 1-D float32 array (what the wire decoders build) is kept as it
+    is: nobody can change it under us, so it needs no copy.
+    """
+    if (
+        isinstance(pcm, np.ndarray)
+        and pcm.dtype == np.float32
+        and pcm.ndim == 1
+        and not pcm.flags.writeable
+    ):
+        arr = pcm
+        check(bool(np.isfinite(arr).all()), f"{param} has NaN or infinite samples", param, BadAudio)
+        return arr
     try:
         arr = np.array(pcm, dtype=np.float32, copy=True).reshape(-1)
     except (TypeError, ValueError) as exc:

@@ -61,13 +61,16 @@ class EnergyVad:
 
     def process(self, pcm: npt.NDArray[np.float32]) -> list[SpeechStarted | SpeechStopped]:
         """Feed samples; return the speech boundaries they complete, in order."""
-        data = np.concatenate([self._pending, np.asarray(pcm, dtype=np.float32).reshape(-1)])
+        data = np.asarray(pcm, dtype=np.float32).reshape(-1)
+        if self._pending.size:
+            data = np.concatenate([self._pending, data])
         whole = data.size // self._frame
-        self._pending = data[whole * self._frame :]
+        self._pending = data[whole * self._frame :].copy()
         if whole == 0:
             return []
-        frames = data[: whole * self._frame].reshape(whole, self._frame).astype(np.float64)
-        loud = np.sqrt(np.mean(frames * frames, axis=1)) >= self._threshold
+        frames = data[: whole * self._frame].reshape(whole, self._frame)
+        energy = np.einsum("ij,ij->i", frames, frames, dtype=np.float64)
+        loud = energy >= self._threshold * self._threshold * self._frame
         events: list[SpeechStarted | SpeechStopped] = []
         for is_loud in loud.tolist():
             self._frames += 1

@@ -165,10 +165,13 @@ def _decode_audio(raw: bytes, fmt: str) -> np.ndarray:
     if len(raw) % width:
         raise BadAudio(f"{fmt} audio must be a whole number of samples", param="audio")
     if fmt == "pcm16":
-        return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
-    pcm = np.frombuffer(raw, dtype="<f4").astype(np.float32)
-    if not np.isfinite(pcm).all():
-        raise BadAudio("float32 audio has NaN or infinite samples", param="audio")
+        pcm = np.frombuffer(raw, dtype="<i2").astype(np.float32)
+        pcm *= 1.0 / 32768.0
+    else:
+        pcm = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        if not np.isfinite(pcm).all():
+            raise BadAudio("float32 audio has NaN or infinite samples", param="audio")
+    pcm.flags.writeable = False  # the session keeps it without copying
     return pcm
 
 
