@@ -1,15 +1,27 @@
-"""Concurrent loopback sessions against ``duplex serve`` and a bare hypercorn echo, in one run.
+"""Concurrent loopback sessions against ``duplex serve`` and two bare hypercorn echoes, in one run.
 
     .venv/bin/python bench/sessions.py [--counts 10,25,50,...] [--warmup S] [--measure S]
         [--duplex-rev REV | --duplex-src DIR] [--out PREFIX]
 
 The load generator is this process (asyncio + the ``websockets`` client); the
-two servers run as subprocesses on free local ports: ``duplex serve`` (model
-``loopback``, ``DUPLEX_SESSION__OVERLAP_POLICY=model`` so every speaking frame
-is echoed; the working tree, or ``git archive`` of ``--duplex-rev``) and
-``bench/_echo_server.py`` (hypercorn + Starlette echo: no actors, sessions or
-engine). For each session count, first the bare echo, then duplex, each on a
-freshly started server: N WebSockets each send ``session.create``, then one 80 ms 24 kHz PCM16
+servers (``--targets``, default ``bare,tick,duplex``) run as subprocesses on free
+local ports:
+
+- ``bare``: ``bench/_echo_server.py``, hypercorn + Starlette echo (no actors,
+  sessions or engine) that answers each frame at once.
+- ``tick``: the same echo, frame-synchronous (``--tick-ms 80``): it holds each
+  frame and releases all connections' answers at the next tick of its own 80 ms
+  clock, with no model delay. Why: a batched engine that steps all sessions
+  together emits all N outputs at one instant, so even a zero-overhead one
+  serializes N WebSocket sends on one core after each tick, while the bare echo
+  spreads its sends over the 80 ms. ``tick`` is the ideal ticked server on this
+  stack; duplex / tick is our own overhead, duplex / bare the end-to-end goal.
+- ``duplex``: ``duplex serve`` (model ``loopback``,
+  ``DUPLEX_SESSION__OVERLAP_POLICY=model`` so every speaking frame is echoed; the
+  working tree, or ``git archive`` of ``--duplex-rev``).
+
+For each session count, each target in turn on a freshly started server: N
+WebSockets each send ``session.create``, then one 80 ms 24 kHz PCM16
 frame every 80 ms as ``input_audio_buffer.append`` (base64 JSON) on an
 absolute schedule, for ``--warmup`` + ``--measure`` seconds; only frames sent
 inside the measure window count. The stream is speech-like: 20 voiced frames
@@ -28,7 +40,8 @@ Latency, per frame, in ms (``s`` = send, ``r`` = receipt of its echo):
   frame: the engine steps once per 80 ms on its own clock, so a frame waits
   0..80 ms for its tick whatever the load.
 - ``excess`` (duplex): ``r - (first engine tick after s + 240)``, the latency
-  over an ideal zero-overhead frame-synchronous server. The tick grid is
+  over an ideal zero-overhead frame-synchronous server; for ``tick``,
+  ``r - first tick after s`` (no model delay). The tick grid is
   estimated from echo receipt times of a probe session on an idle server (so
   it lags the true tick by the minimum output path, about a millisecond, and
   ``excess`` is low by that much). Sessions send at ``--guard-ms``..80 ms
@@ -37,7 +50,8 @@ Latency, per frame, in ms (``s`` = send, ``r`` = receipt of its echo):
   ``excess``. For the bare echo ``excess`` is ``raw``.
 
 Capacity: the largest count whose p99 ``excess`` is under ``--budget-ms``
-(20) with under 1% of frames lost. A count where a target's p99 passes
+(20) with under 1% of frames lost; reported as duplex / bare (goal >= 0.8) and
+duplex / tick. A count where a target's p99 passes
 ``--collapse-ms`` or loses over 5% of its frames is its last. CPU: utime +
 stime of the server process (all its threads) over the measure window, from
 ``/proc/<pid>/stat``, in % of one core; the load generator's own CPU too, and
@@ -69,7 +83,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -266,10 +280,37 @@ def checkout(rev: str, out: Path) -> Path:
     return dest
 
 
-def echo_server(out: Path) -> Server:
+def echo_server(out: Path, tick_ms: float = 0) -> Server:
+    """The bare echo; ``tick_ms`` set: the frame-synchronous ``tick`` echo."""
     port = free_port()
     argv = [sys.executable, str(ROOT / "bench" / "_echo_server.py"), "--port", str(port)]
-    return Server("bare", argv, {}, port, out.with_name(out.name + ".bare.log"))
+    name = "bare"
+    if tick_ms:
+        argv += ["--tick-ms", f"{tick_ms:g}"]
+        name = "tick"
+    return Server(name, argv, {}, port, out.with_name(f"{out.name}.{name}.log"))
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server to measure, and how to read its latency."""
+
+    factory: Callable[[argparse.Namespace], Server]
+    ticked: bool  # answers leave at ticks of the server's own 80 ms clock: ``excess`` per tick
+    delay_s: float = 0.0  # fixed delay from the tick to the answer (duplex's loopback model)
+    sessions: bool = False  # duplex protocol: ``session.close``; live sessions in ``/health``
+
+
+TARGETS = {
+    "bare": Target(lambda args: echo_server(args.out_path), ticked=False),
+    "tick": Target(lambda args: echo_server(args.out_path, PERIOD_S * 1000), ticked=True),
+    "duplex": Target(
+        lambda args: duplex_server(args.out_path, args.duplex_src, args.duplex_env, args.duplex_gc),
+        ticked=True,
+        delay_s=MODEL_DELAY_S,
+        sessions=True,
+    ),
+}
 
 
 # ---------------------------------------------------------------------- client
@@ -288,8 +329,8 @@ async def open_session(url: str, gate: asyncio.Semaphore) -> ClientConnection:
     return ws
 
 
-async def estimate_grid(url: str, frames: int = 40) -> tuple[float, float]:
-    """The engine's tick phase (mod 80 ms, ``time.monotonic`` clock) and the receipts' spread.
+async def estimate_grid(url: str, target: Target, frames: int = 40) -> tuple[float, float]:
+    """The server's tick phase (mod 80 ms, ``time.monotonic`` clock) and the receipts' spread.
 
     One session on the idle server; echoes leave right after a tick, so receipt
     times mod 80 ms cluster just after the tick phase; the cluster's low edge is
@@ -310,8 +351,8 @@ async def estimate_grid(url: str, frames: int = 40) -> tuple[float, float]:
     for k in range(frames):
         await _sleep_until(start + k * PERIOD_S)
         await ws.send(frame_message(k))
-    await asyncio.sleep(MODEL_DELAY_S + 0.3)
-    await _close(ws, duplex=True)
+    await asyncio.sleep(target.delay_s + 0.3)
+    await _close(ws, duplex=target.sessions)
     task.cancel()
     if len(receipts) < frames // 2:
         raise RuntimeError(f"grid probe: only {len(receipts)} of {frames} echoes came back")
@@ -350,9 +391,14 @@ class StepData:
 
 
 async def run_step(
-    server: Server, n: int, args: argparse.Namespace, phase: float, idle: list[Server]
+    server: Server,
+    target: Target,
+    n: int,
+    args: argparse.Namespace,
+    phase: float,
+    idle: list[Server],
 ) -> dict[str, Any]:
-    duplex = server.name == "duplex"
+    duplex = target.sessions
     frames = math.ceil((args.warmup + args.measure) / PERIOD_S)
     first = math.ceil(args.warmup / PERIOD_S)
     data = StepData(
@@ -426,7 +472,8 @@ async def run_step(
         asyncio.create_task(sample_cpu("end", window[1])),
     ]
     await asyncio.gather(*(send(j, ws) for j, ws in enumerate(sockets)), *samplers)
-    drain_until = time.monotonic() + (MODEL_DELAY_S if duplex else 0) + args.drain
+    wait = target.delay_s + (PERIOD_S if target.ticked else 0)
+    drain_until = time.monotonic() + wait + args.drain
     expected = [k for k in range(first, frames) if voiced(k)]
     while time.monotonic() < drain_until and np.isnan(data.received[:, expected]).any():
         await asyncio.sleep(0.05)
@@ -435,7 +482,7 @@ async def run_step(
         task.cancel()
     await asyncio.gather(*receivers, return_exceptions=True)
 
-    result = summarize(data, first, phase if duplex else None)
+    result = summarize(data, first, phase if target.ticked else None, target.delay_s)
     wall = cpu["end_wall"] - cpu["start_wall"]
     used = {k: 100 * (cpu["end_" + k] - cpu["start_" + k]) / wall for k in cpu_keys(cpu)}
     result.update(
@@ -470,8 +517,10 @@ def _pcts(values: np.ndarray) -> dict[str, float]:
     }
 
 
-def summarize(data: StepData, first: int, phase: float | None) -> dict[str, Any]:
-    """Latency percentiles over the measure window; ``phase`` set: the duplex metrics."""
+def summarize(
+    data: StepData, first: int, phase: float | None, delay_s: float = 0.0
+) -> dict[str, Any]:
+    """Latency percentiles over the measure window; ``phase`` set: a ticked server's metrics."""
     columns = [k for k in range(first, data.sent.shape[1]) if voiced(k)]
     sent = data.sent[:, columns]
     received = data.received[:, columns]
@@ -490,8 +539,9 @@ def summarize(data: StepData, first: int, phase: float | None) -> dict[str, Any]
         out["excess_ms"] = out["raw_ms"]
         return out
     tick = phase + np.ceil((sent[got] - phase) / PERIOD_S) * PERIOD_S
-    excess = received[got] - (tick + MODEL_DELAY_S)
-    out["minus_delay_ms"] = _pcts(raw - MODEL_DELAY_S)
+    excess = received[got] - (tick + delay_s)
+    if delay_s:
+        out["minus_delay_ms"] = _pcts(raw - delay_s)
     out["excess_ms"] = _pcts(excess)
     out["missed_tick_pct"] = round(100 * float((excess > PERIOD_S / 2).mean()), 3)
     # the tick estimate can trail the real tick by a fraction of a ms: keep -5..75 ms
@@ -509,6 +559,13 @@ def capacity(rows: list[dict[str, Any]], budget_ms: float) -> int:
         if not r.get("refused") and r["excess_ms"]["p99"] < budget_ms and r["lost_pct"] < 1
     ]
     return max(ok, default=0)
+
+
+def ratio(caps: dict[str, int], reference: str) -> float | None:
+    """duplex capacity / ``reference``'s, or ``None`` when either was not measured."""
+    if not caps.get(reference) or "duplex" not in caps:
+        return None
+    return round(caps["duplex"] / caps[reference], 3)
 
 
 def collapsed(row: dict[str, Any], args: argparse.Namespace) -> bool:
@@ -531,32 +588,39 @@ def markdown(report: dict[str, Any]) -> str:
     def get(row: dict[str, Any] | None, key: str) -> str:
         return "—" if row is None or row.get("refused") else f(row[key])
 
-    bare = {r["sessions"]: r for r in report["results"].get("bare", [])}
-    ours = {r["sessions"]: r for r in report["results"].get("duplex", [])}
+    results = report["results"]
+    bare, tick, ours = (
+        {r["sessions"]: r for r in results.get(name, [])} for name in ("bare", "tick", "duplex")
+    )
     lines = [
-        "| sessions | bare p50 / p99 | bare CPU % | duplex raw p50 / p99 "
-        "| duplex raw-240 p50 / p99 | duplex excess p50 / p99 | duplex missed-tick % "
-        "| duplex excess mod 80 p50 / p99 | duplex CPU % | lost % bare / duplex "
-        "| load-gen CPU % bare / duplex |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| sessions | bare p50 / p99 | bare CPU % | tick excess p50 / p99 | tick missed-tick % "
+        "| tick CPU % | duplex raw p50 / p99 | duplex raw-240 p50 / p99 "
+        "| duplex excess p50 / p99 | duplex missed-tick % | duplex excess mod 80 p50 / p99 "
+        "| duplex CPU % | lost % bare / tick / duplex | load-gen CPU % bare / tick / duplex |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for n in sorted(set(bare) | set(ours)):
-        b, d = bare.get(n), ours.get(n)
+    for n in sorted(set(bare) | set(tick) | set(ours)):
+        b, t, d = bare.get(n), tick.get(n), ours.get(n)
         lines.append(
             f"| {n} | {pair(b, 'excess_ms')} | {get(b, 'server_cpu_pct')} "
+            f"| {pair(t, 'excess_ms')} | {get(t, 'missed_tick_pct')} "
+            f"| {get(t, 'server_cpu_pct')} "
             f"| {pair(d, 'raw_ms')} | {pair(d, 'minus_delay_ms')} | {pair(d, 'excess_ms')} "
             f"| {get(d, 'missed_tick_pct')} | {pair(d, 'excess_mod_tick_ms')} "
             f"| {get(d, 'server_cpu_pct')} "
-            f"| {get(b, 'lost_pct')} / {get(d, 'lost_pct')} "
-            f"| {get(b, 'client_cpu_pct')} / {get(d, 'client_cpu_pct')} |"
+            f"| {get(b, 'lost_pct')} / {get(t, 'lost_pct')} / {get(d, 'lost_pct')} "
+            f"| {get(b, 'client_cpu_pct')} / {get(t, 'client_cpu_pct')} "
+            f"/ {get(d, 'client_cpu_pct')} |"
         )
     cap = report["capacity"]
     lines += [
         "",
         f"Capacity (p99 under {report['params']['budget_ms']:g} ms, under 1% lost): "
-        f"bare echo {cap.get('bare', '—')}, duplex {cap.get('duplex', '—')} "
-        f"(ratio {f(cap['ratio'])}; goal ≥ 0.8). Latencies in ms; duplex capacity uses "
-        "`excess` (latency over an ideal frame-synchronous server), bare uses raw.",
+        f"bare echo {cap.get('bare', '—')}, tick echo {cap.get('tick', '—')}, "
+        f"duplex {cap.get('duplex', '—')}; duplex / bare {f(cap.get('ratio'))} (goal ≥ 0.8), "
+        f"duplex / tick {f(cap.get('ratio_tick'))}. Latencies in ms; tick and duplex "
+        "capacities use `excess` (latency over the first tick after the send, plus the "
+        "model delay for duplex), bare uses raw.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -581,6 +645,7 @@ def plot(report: dict[str, Any], path: Path, extra: Sequence[dict[str, Any]] = (
     fig, ax = plt.subplots(figsize=(8, 6))
     series = [
         ("bare", "excess_ms", "bare echo (raw)", "o-"),
+        ("tick", "excess_ms", "tick echo (excess over its tick)", "d-"),
         ("duplex", "excess_ms", "duplex (excess over ideal tick)", "s-"),
         ("duplex", "minus_delay_ms", "duplex (raw - 240 ms)", "s:"),
     ]
@@ -601,7 +666,7 @@ def plot(report: dict[str, Any], path: Path, extra: Sequence[dict[str, Any]] = (
     ax.set_xlabel("concurrent sessions (one 80 ms frame every 80 ms each)")
     ax.set_ylabel("p99 latency, ms")
     cpu = report["machine"]
-    ax.set_title(f"Loopback sessions vs bare echo — {cpu['cpu']}, {cpu['cores_allowed']} cores")
+    ax.set_title(f"Loopback sessions vs echoes — {cpu['cpu']}, {cpu['cores_allowed']} cores")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8)
     fig.tight_layout()
@@ -657,26 +722,22 @@ def machine() -> dict[str, Any]:
 # ------------------------------------------------------------------------ main
 
 
-FACTORIES = {
-    "bare": lambda args: echo_server(args.out_path),
-    "duplex": lambda args: duplex_server(
-        args.out_path, args.duplex_src, args.duplex_env, args.duplex_gc
-    ),
-}
-
-
 async def measure_once(name: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     """One count against a freshly started server, so no count inherits another's state."""
-    server = FACTORIES[name](args)
+    target = TARGETS[name]
+    server = target.factory(args)
     await asyncio.to_thread(server.start)
     try:
         phase, spread = 0.0, 0.0
-        if name == "duplex":
-            phase, spread = await estimate_grid(server.url)
+        if target.ticked:
+            phase, spread = await estimate_grid(server.url, target)
         await wait_quiet(server, args)
-        row = await run_step(server, n, args, phase, [])
-        if name == "duplex":
+        row = await run_step(server, target, n, args, phase, [])
+        if target.ticked:
             row["grid"] = {"phase_ms": round(phase * 1000, 2), "spread_ms": round(spread * 1000, 2)}
+        if name == "tick" and not row.get("refused"):
+            row["server_missed_ticks"] = server.health().get("missed_ticks")
+        if target.sessions:
             await asyncio.sleep(args.settle)
             live_sessions = server.health()["sessions"]["live"]
             if live_sessions:
@@ -742,8 +803,10 @@ def report_row(name: str, row: dict[str, Any]) -> None:
         print(f"{name:6} n={n:4}  refused: {row['refusal']}", flush=True)
         return
     extra = ""
-    if name == "duplex":
+    if "missed_tick_pct" in row:
         extra = f"raw p99 {row['raw_ms']['p99']:7.1f}  missed-tick {row['missed_tick_pct']:5.1f}%  "
+    if row.get("server_missed_ticks"):
+        extra += f"server skipped {row['server_missed_ticks']} ticks  "
     print(
         f"{name:6} n={n:4}  p50 {row['excess_ms']['p50']:7.2f}  "
         f"p99 {row['excess_ms']['p99']:7.2f} ms  {extra}"
@@ -765,7 +828,9 @@ def main() -> int:
     parser.add_argument("--measure", type=float, default=10.0, help="seconds measured per count")
     parser.add_argument("--drain", type=float, default=1.5, help="seconds to wait for echoes")
     parser.add_argument("--settle", type=float, default=1.0, help="idle seconds between steps")
-    parser.add_argument("--targets", default="bare,duplex", help="servers to measure, in order")
+    parser.add_argument(
+        "--targets", default="bare,tick,duplex", help="servers to measure, in order"
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--duplex-rev",
@@ -821,8 +886,8 @@ def main() -> int:
     args.counts = [int(c) for c in args.counts.split(",")]
     args.targets = [t for t in args.targets.split(",") if t]
     args.duplex_env = dict(kv.split("=", 1) for kv in args.duplex_env)
-    if not set(args.targets) <= set(FACTORIES):
-        parser.error(f"--targets: choose from {', '.join(FACTORIES)}")
+    if not set(args.targets) <= set(TARGETS):
+        parser.error(f"--targets: choose from {', '.join(TARGETS)}")
     out = Path(args.out)
     if not out.is_absolute():
         out = ROOT / out
@@ -841,7 +906,7 @@ def main() -> int:
     caps = {name: capacity(rows, args.budget_ms) for name, rows in results.items()}
     report = {
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "servers": {name: FACTORIES[name](args).command for name in args.targets},
+        "servers": {name: TARGETS[name].factory(args).command for name in args.targets},
         "machine": machine(),
         "source": source_state(args),
         "params": {
@@ -853,14 +918,14 @@ def main() -> int:
             "collapse_ms": args.collapse_ms,
             "frame_ms": PERIOD_S * 1000,
             "model_delay_ms": MODEL_DELAY_S * 1000,
+            "tick_ms": PERIOD_S * 1000,
             "duplex_env": args.duplex_env,
             "duplex_gc": args.duplex_gc or "on",
         },
         "capacity": {
             **caps,
-            "ratio": round(caps["duplex"] / caps["bare"], 3)
-            if caps.get("bare") and "duplex" in caps
-            else None,
+            "ratio": ratio(caps, "bare"),  # duplex / bare
+            "ratio_tick": ratio(caps, "tick"),  # duplex / tick
         },
         "results": results,
     }
