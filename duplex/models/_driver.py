@@ -6,8 +6,9 @@ a tick whose step finishes after the next tick's scheduled time is late and
 counted, and the following ticks run back to back until the loop is on its
 grid again (each tick consumes one queued input frame, so catching up keeps
 latency instead of skipping frames). Outputs go to each slot's subscriber
-through a bounded memory channel with ``send_nowait``: a full channel drops
-the output and counts it, so one slow session never holds up the tick.
+(a bounded memory channel or a sink into the session's mailbox) with
+``send_nowait``: a full one drops the output and counts it, so one slow
+session never holds up the tick.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import trio
 
 from ._engine import Engine, EngineStatistics, InputPush, SlotHandle, SlotOutput
 from ._interface import ModelSpec, PcmFrame
-from ._ticker import Fanout, Ticker
+from ._ticker import Fanout, Subscriber, Ticker
 
 __all__ = ["DriverStatistics", "EngineDriver", "Offload"]
 
@@ -92,13 +93,11 @@ class EngineDriver:
         """The driven model's spec and capabilities."""
         return self._engine.spec
 
-    def attach(
-        self, owner: str, send_channel: trio.MemorySendChannel[SlotOutput]
-    ) -> SlotHandle | None:
+    def attach(self, owner: str, send_channel: Subscriber[SlotOutput]) -> SlotHandle | None:
         """Take a slot and deliver its outputs to ``send_channel``.
 
-        The channel stays the caller's: the driver never closes it. Give it a
-        small buffer (a few frames); outputs that find it full are dropped.
+        The channel (or any `Subscriber`) stays the caller's: the driver never
+        closes it. Bound it to a few frames; outputs that find it full are dropped.
 
         Returns:
             The slot handle, or ``None`` when admission says no (slots or step time).

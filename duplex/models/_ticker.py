@@ -3,20 +3,32 @@
 Tick k is scheduled at ``t0 + k * period`` on trio's clock, so the cadence
 never drifts and runs under ``MockClock``; a tick whose work ends after the
 next tick's time is late and counted, and the loop then runs back to back
-until it is on its grid again. Results go to each subscriber through a
-bounded memory channel with ``send_nowait``: a full channel drops the item
-and counts it, so one slow subscriber never holds up the tick.
+until it is on its grid again. Results go to each subscriber's ``send_nowait``
+(a bounded memory channel, or a sink straight into an actor's mailbox): a full
+subscriber drops the item and counts it, so one slow subscriber never holds up
+the tick.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Generic, TypeVar, final
+from typing import Generic, Protocol, TypeVar, final
 
 import trio
 
 H = TypeVar("H", bound=Hashable)
 T = TypeVar("T")
+T_contra = TypeVar("T_contra", contravariant=True)
+
+
+class Subscriber(Protocol[T_contra]):
+    """Where a driver delivers: ``trio.MemorySendChannel`` has this shape.
+
+    ``send_nowait`` raises ``trio.WouldBlock`` when full, and
+    ``trio.BrokenResourceError`` / ``trio.ClosedResourceError`` when gone.
+    """
+
+    def send_nowait(self, value: T_contra, /) -> None: ...
 
 
 @final
@@ -24,7 +36,7 @@ class Fanout(Generic[H, T]):
     """Per-subscriber bounded channels, with every undelivered item counted."""
 
     def __init__(self, on_closed: Callable[[H], object]) -> None:
-        self.subscribers: dict[H, trio.MemorySendChannel[T]] = {}
+        self.subscribers: dict[H, Subscriber[T]] = {}
         self.delivered = 0
         self.dropped_full = 0
         self.dropped_closed = 0

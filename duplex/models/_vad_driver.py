@@ -30,7 +30,7 @@ from ._silero import (
     VadStatistics,
     VadWindow,
 )
-from ._ticker import Fanout, Ticker
+from ._ticker import Fanout, Subscriber, Ticker
 
 __all__ = ["VadDriver", "VadDriverStatistics"]
 
@@ -93,9 +93,7 @@ class VadDriver:
         self._ticker = Ticker(period_s)
         self._fanout: Fanout[VadHandle, VadWindow] = Fanout(self.detach)
 
-    def attach(
-        self, owner: str, send_channel: trio.MemorySendChannel[VadWindow]
-    ) -> VadHandle | None:
+    def attach(self, owner: str, send_channel: Subscriber[VadWindow]) -> VadHandle | None:
         """Open a stream and deliver its windows to ``send_channel``.
 
         The channel stays the caller's: the driver never closes it. Size it for

@@ -82,6 +82,7 @@ class FromClient:
 @dataclass(frozen=True, slots=True, eq=False)
 class FromEngine:
     output: SlotOutput
+    sink: EngineSink
 
 
 @final
@@ -156,15 +157,55 @@ class VadResources:
     overflow_logged: bool = False
 
 
+@final
+class EngineSink:
+    """One slot's engine outputs, straight into its session's mailbox (``model`` lane).
+
+    The driver calls `send_nowait` on the trio thread after each step; no pump
+    task sits between the engine and the session. Bounded like a channel: at
+    most ``limit`` outputs queued and not yet handled, and beyond that (or
+    before the session is bound) ``trio.WouldBlock``: the driver drops the
+    output and counts it. A closed sink (session released, engine replaced)
+    raises ``trio.ClosedResourceError``, and outputs it already queued are
+    ignored by the session.
+    """
+
+    __slots__ = ("_ref", "closed", "limit", "queued")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.queued = 0
+        self.closed = False
+        self._ref: ActorRef[Any] | None = None
+
+    def bind(self, ref: ActorRef[Any]) -> None:
+        """Deliver to ``ref`` from now on (the session actor, once it runs)."""
+        self._ref = ref
+
+    def send_nowait(self, output: SlotOutput, /) -> None:
+        if self.closed:
+            raise trio.ClosedResourceError("the session no longer takes this slot's output")
+        if self._ref is None or self.queued >= self.limit:
+            raise trio.WouldBlock
+        try:
+            self._ref.tell_nowait(FromEngine(output, self))
+        except MailboxFull:
+            raise trio.WouldBlock from None
+        self.queued += 1
+
+    def handled(self) -> None:
+        """The session took one output off its mailbox."""
+        self.queued -= 1
+
+
 @dataclass(eq=False)
 class SessionResources:
     """The engine slot (and VAD stream) a session holds and where their output arrives."""
 
     driver: EngineDriver
     handle: SlotHandle
-    outputs: trio.MemoryReceiveChannel[SlotOutput]
+    sink: EngineSink
     released: bool = field(default=False)
-    pump: trio.CancelScope = field(default_factory=trio.CancelScope)
     vad: VadResources | None = None
 
 
@@ -209,7 +250,7 @@ class SessionActor(Actor[Any]):
         self.armed: float | None = None
 
     async def on_start(self, ctx: ActorContext) -> None:
-        ctx.start_soon(self._pump_engine, ctx, self.resources.outputs, self.resources.pump)
+        self.resources.sink.bind(ctx.self)
         vad = self.resources.vad
         if vad is not None:
             ctx.start_soon(self._pump_vad, ctx, vad.windows, vad.pump)
@@ -217,18 +258,6 @@ class SessionActor(Actor[Any]):
 
     async def on_stop(self, ctx: ActorContext) -> None:
         self._release()
-
-    async def _pump_engine(
-        self,
-        ctx: ActorContext,
-        outputs: trio.MemoryReceiveChannel[SlotOutput],
-        scope: trio.CancelScope,
-    ) -> None:
-        """Engine output into the mailbox, until the actor stops or the engine is replaced."""
-        with scope:
-            async with outputs:
-                async for output in outputs:
-                    await ctx.self.tell(FromEngine(output))
 
     async def _pump_vad(
         self,
@@ -254,10 +283,10 @@ class SessionActor(Actor[Any]):
 
     async def _replace_engine(self, ctx: ActorContext, driver: EngineDriver, reason: str) -> None:
         res = self.resources
-        res.pump.cancel()
+        res.sink.closed = True
         res.driver.detach(res.handle)
-        send, recv = trio.open_memory_channel[SlotOutput](res.outputs.statistics().max_buffer_size)
-        handle = driver.attach(self.machine.session_id, send)
+        sink = EngineSink(res.sink.limit)
+        handle = driver.attach(self.machine.session_id, sink)
         if handle is None:
             ctx.log.error("no slot on the restarted engine; ending the session")
             self.resources.released = True
@@ -268,8 +297,8 @@ class SessionActor(Actor[Any]):
                 self._notify_lost(connection)
             ctx.stop()
             return
-        self.resources = SessionResources(driver, handle, recv, vad=res.vad)
-        ctx.start_soon(self._pump_engine, ctx, recv, self.resources.pump)
+        self.resources = SessionResources(driver, handle, sink, vad=res.vad)
+        sink.bind(ctx.self)
         await self._apply(ctx, ModelFailed(f"the engine restarted ({reason})"))
 
     async def _replace_vad(self, ctx: ActorContext, driver: VadDriver) -> None:
@@ -307,8 +336,10 @@ class SessionActor(Actor[Any]):
         match message:
             case FromClient(generation, event):
                 await self._apply(ctx, event, generation)
-            case FromEngine(output):
-                await self._apply(ctx, _model_frame(output))
+            case FromEngine(output, sink):
+                sink.handled()
+                if sink is self.resources.sink and not sink.closed:  # else: an old engine's
+                    await self._apply(ctx, _model_frame(output))
             case FromVad(window):
                 vad = self.resources.vad
                 if vad is not None:
@@ -388,6 +419,7 @@ class SessionActor(Actor[Any]):
     def _release(self) -> None:
         if not self.resources.released:
             self.resources.released = True
+            self.resources.sink.closed = True
             self.resources.driver.detach(self.resources.handle)
             if self.resources.vad is not None:
                 self.resources.vad.link.close()

@@ -25,7 +25,6 @@ from duplex.models import (
     DriverStatistics,
     EngineDriver,
     ModelSpec,
-    SlotOutput,
     VadDriver,
     VadDriverStatistics,
     VadWindow,
@@ -34,6 +33,7 @@ from duplex.models import (
 from ._actor import (
     VAD_WINDOW_BUFFER,
     EngineReplaced,
+    EngineSink,
     Inspect,
     SessionActor,
     SessionResources,
@@ -246,8 +246,8 @@ class SessionHub:
         if not self.admission.try_admit(session_id):
             self._refused.inc()
             raise errors.ResourceExhausted(f"duplex_session_capacity_exhausted: limit={limit}")
-        send, recv = trio.open_memory_channel[SlotOutput](ENGINE_OUTPUT_BUFFER)
-        handle = driver.attach(session_id, send)
+        sink = EngineSink(ENGINE_OUTPUT_BUFFER)
+        handle = driver.attach(session_id, sink)
         if handle is None:
             self.admission.release(session_id)
             self._refused.inc()
@@ -261,7 +261,7 @@ class SessionHub:
             self.admission.release(session_id)
             self._refused.inc()
             raise
-        resources = SessionResources(driver, handle, recv, vad=vad)
+        resources = SessionResources(driver, handle, sink, vad=vad)
         try:
             ref = await self.system.spawn(
                 SessionActor,
