@@ -27,7 +27,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="interface to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default 8000; 0 picks one)")
     serve.add_argument("--config", metavar="FILE", help="TOML config file")
-    serve.add_argument("--model", help="model to serve (default loopback)")
+    serve.add_argument(
+        "--model", help="loopback (default), tiny, moshi-7b, personaplex-7b or a checkpoint folder"
+    )
+    serve.add_argument("--model-device", help="torch device of the model: cpu, cuda, cuda:N")
+    serve.add_argument("--model-seed", type=int, help="base sampling seed of the model")
     serve.add_argument("--log-format", choices=["console", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return parser
@@ -51,6 +55,8 @@ def _serve(args: argparse.Namespace) -> int:
             ("host", args.host),
             ("port", args.port),
             ("model", args.model),
+            ("model_device", args.model_device),
+            ("model_seed", args.model_seed),
             ("log_format", args.log_format),
             ("log_level", args.log_level),
         )

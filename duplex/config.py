@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 import types
 import typing
@@ -34,6 +35,7 @@ from duplex.exceptions import ConfigError
 from duplex.sessions import SessionConfig
 
 ENV_PREFIX = "DUPLEX_"
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 _MIB = 1024 * 1024
 
 
@@ -45,6 +47,14 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     model: str = "loopback"
+    """``loopback``, ``tiny``, ``moshi-7b``, ``personaplex-7b``, a checkpoint folder, or
+    ``PRESET:PATH`` (docs/operations.md, "Models")."""
+    model_device: str = "cpu"
+    """Torch device of the model: ``cpu``, ``cuda`` or ``cuda:N``."""
+    model_seed: int = 0
+    """Base sampling seed; with it, a session's output is reproducible."""
+    model_cache_dir: str = ""
+    """Folder for locally built models (``tiny``); empty: ``$XDG_CACHE_HOME/duplex/models``."""
     max_sessions: int = 0
     """Cap on concurrent sessions below the engine's own capacity; 0 means the engine decides."""
     max_frame_bytes: int = 16 * _MIB
@@ -64,6 +74,8 @@ class ServerConfig:
             raise ConfigError(f"port: must be 0..65535, got {self.port}")
         if not self.host:
             raise ConfigError("host: must not be empty")
+        if not _DEVICE.match(self.model_device):
+            raise ConfigError(f"model_device: must be cpu, cuda or cuda:N: {self.model_device!r}")
         if self.max_sessions < 0:
             raise ConfigError(f"max_sessions: must be >= 0, got {self.max_sessions}")
         if self.max_frame_bytes < 1024:

@@ -3,6 +3,8 @@
 A runner (`ModelRunner`) executes batched steps over slots; the `Scheduler`
 decides admission on numbers; the `Engine` owns both and steps synchronously;
 the `EngineDriver` ticks it on trio's clock and fans outputs out to sessions.
+`get_model` maps a ``--model`` value (and `ModelOptions`: device, seed, cache
+folder) to a spec and runner factory; Moshi models live in ``duplex.models.moshi``.
 
 Voice activity: `SileroVad` scores 32 ms windows of every session's 16 kHz
 input in one batched silero-vad forward per step; the `VadDriver` steps it on
@@ -32,6 +34,7 @@ from ._interface import (
     VideoFrame,
 )
 from ._loopback import LOOPBACK_SPEC, LoopbackRunner
+from ._options import ModelOptions, default_cache_dir
 from ._registry import get_model, model_names, register_model
 from ._scheduler import Scheduler, SchedulerStatistics, SlotState
 from ._segmenter import (
@@ -71,6 +74,7 @@ __all__ = [
     "IdleTimeout",
     "InputPush",
     "LoopbackRunner",
+    "ModelOptions",
     "ModelRunner",
     "ModelSpec",
     "Offload",
@@ -100,6 +104,7 @@ __all__ = [
     "VadStreamStatistics",
     "VadWindow",
     "VideoFrame",
+    "default_cache_dir",
     "get_model",
     "model_names",
     "register_model",

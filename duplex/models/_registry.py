@@ -1,20 +1,41 @@
-"""Model names to specs and runner factories; ``duplex serve --model NAME`` looks here."""
+"""Model names to specs and runner factories; ``duplex serve --model NAME`` looks here.
+
+Fixed entries (``loopback``, tests' fakes) are registered by name. Names that
+stand for a family of checkpoints (``tiny``, ``moshi-7b``, a folder path) are
+resolved by the family's resolver, which checks the files exist and returns an
+entry whose factory loads them with the given `ModelOptions`.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from duplex.exceptions import UnknownModel
 
 from ._interface import ModelRunner, ModelSpec, RunnerFactory
 from ._loopback import LOOPBACK_SPEC, LoopbackRunner
+from ._options import ModelOptions
 
 __all__ = ["get_model", "model_names", "register_model"]
+
+Resolver = Callable[[str, ModelOptions], tuple[ModelSpec, RunnerFactory] | None]
 
 
 def _loopback(spec: ModelSpec) -> ModelRunner:
     return LoopbackRunner(spec)
 
 
+def _moshi(name: str, options: ModelOptions) -> tuple[ModelSpec, RunnerFactory] | None:
+    from .moshi._models import resolve_moshi  # torch-heavy: imported when a name needs it
+
+    return resolve_moshi(name, options)
+
+
 _MODELS: dict[str, tuple[ModelSpec, RunnerFactory]] = {"loopback": (LOOPBACK_SPEC, _loopback)}
+_RESOLVERS: tuple[tuple[tuple[str, ...], Resolver], ...] = (
+    (("moshi-7b", "personaplex-7b", "tiny"), _moshi),
+)
+"""Each family's resolver and the names it answers without a path."""
 
 
 def register_model(spec: ModelSpec, factory: RunnerFactory) -> None:
@@ -23,23 +44,29 @@ def register_model(spec: ModelSpec, factory: RunnerFactory) -> None:
     Raises:
         ValueError: the name is taken.
     """
-    if spec.name in _MODELS:
+    if spec.name in _MODELS or any(spec.name in names for names, _ in _RESOLVERS):
         raise ValueError(f"model {spec.name!r} is already registered")
     _MODELS[spec.name] = (spec, factory)
 
 
-def get_model(name: str) -> tuple[ModelSpec, RunnerFactory]:
-    """The spec and runner factory registered under ``name``.
+def get_model(name: str, options: ModelOptions | None = None) -> tuple[ModelSpec, RunnerFactory]:
+    """The spec and runner factory for ``name`` (a registered name, a family name or a path).
 
     Raises:
-        UnknownModel: nothing is registered under that name.
+        UnknownModel: nothing is registered or resolvable under that name.
+        ConfigError: a family recognises the name but its files are missing.
     """
-    try:
+    if name in _MODELS:
         return _MODELS[name]
-    except KeyError:
-        raise UnknownModel(f"unknown model {name!r}; known: {', '.join(model_names())}") from None
+    for _names, resolve in _RESOLVERS:
+        entry = resolve(name, options or ModelOptions())
+        if entry is not None:
+            return entry
+    raise UnknownModel(
+        f"unknown model {name!r}; known: {', '.join(model_names())}, or a checkpoint folder"
+    )
 
 
 def model_names() -> tuple[str, ...]:
-    """Registered model names, sorted."""
-    return tuple(sorted(_MODELS))
+    """Model names usable without a path, sorted."""
+    return tuple(sorted({*_MODELS, *(n for names, _ in _RESOLVERS for n in names)}))

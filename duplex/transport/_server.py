@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import sys
+from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -19,6 +20,7 @@ from duplex.models import (
     Engine,
     EngineActor,
     EngineDriver,
+    ModelOptions,
     ModelSpec,
     RunnerFactory,
     SileroVad,
@@ -37,9 +39,16 @@ def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
 
     Raises:
         UnknownModel: no such model.
-        ConfigError: the session's model rate is not the model's.
+        ConfigError: the session's model rate is not the model's, a model device is
+            invalid, or a named checkpoint folder is missing (one line naming what).
     """
-    spec, factory = get_model(config.server.model)
+    server = config.server
+    options = ModelOptions(
+        device=server.model_device,
+        seed=server.model_seed,
+        cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None,
+    )
+    spec, factory = get_model(server.model, options)
     if config.session.model_sample_rate != spec.sample_rate:
         raise ConfigError(
             f"session.model_sample_rate: {config.session.model_sample_rate} does not match "

@@ -15,12 +15,11 @@ column ``n + 1``; the output is the de-delayed column
 frame ago, acoustic codebooks sampled now), flagged invalid (``-2``) for the
 first ``max_delay`` frames as in the reference ``LMGen``.
 
-What is missing to plug this into the `Engine` as a ``ModelRunner``:
-``execute(plan)`` must Mimi-encode each live slot's PCM frame (silence on an
-underrun) into ``user_q`` codes, call `step`, Mimi-decode the valid audio codes
-(silence tokens while warming up) into a 1920-sample frame, and map text
-tokens to pieces with the sentencepiece tokenizer (PAD = not speaking). That
-needs the Mimi codec with per-slot streaming state (a later slice).
+This runner speaks codes. `MoshiEngineRunner` (``_engine_runner.py``) wraps it
+with the Mimi streams and the text table to make the engine's ``ModelRunner``
+(PCM in, PCM and text out); it passes each session's `SlotSampling` (its seed)
+through `reset_slot`. Still missing: prompt replay (PersonaPlex voice and text
+prompts, through ``forced``) and a fused sampler.
 """
 
 from __future__ import annotations

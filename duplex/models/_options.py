@@ -1,0 +1,54 @@
+"""How the server asks for a model to be built: device, seed and cache folder.
+
+A registry entry's factory closes over these, so one spec/factory pair per
+``(name, options)``; models that need none of them (``loopback``) ignore them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import final
+
+from duplex.exceptions import ConfigError
+
+__all__ = ["ModelOptions", "default_cache_dir"]
+
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+def default_cache_dir() -> Path:
+    """Where built models go: ``$XDG_CACHE_HOME/duplex/models`` (``~/.cache`` by default)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "duplex" / "models"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ModelOptions:
+    """Build options shared by every model.
+
+    Args:
+        device: torch device of the model's tensors: ``cpu``, ``cuda`` or ``cuda:N``.
+        seed: base sampling seed; each session's sampling stream derives from it.
+        cache_dir: folder for models built locally (the ``tiny`` checkpoint);
+            `default_cache_dir` when ``None``.
+
+    Raises:
+        ConfigError: the device string is not one of the forms above.
+    """
+
+    device: str = "cpu"
+    seed: int = 0
+    cache_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not _DEVICE.match(self.device):
+            raise ConfigError(f"model device must be cpu, cuda or cuda:N, got {self.device!r}")
+
+    @property
+    def cache_folder(self) -> Path:
+        """The cache folder to use."""
+        return self.cache_dir if self.cache_dir is not None else default_cache_dir()

@@ -1,0 +1,171 @@
+"""Moshi behind the engine: PCM frames in, PCM frames and text out, per slot.
+
+`MoshiEngineRunner` is the `ModelRunner` the ``tiny``, ``moshi-7b`` and
+``personaplex-7b`` models run on. One ``execute`` over the live slots is:
+
+1. Mimi-encode each slot's input frame (zeros on an underrun) to the
+   ``user_q`` codes the LM listens to (its streams ``agent_q+1..n_q``);
+2. one `MoshiRunner.step` over those slots (text, then ``agent_q`` audio codes);
+3. Mimi-decode the audio codes of the slots past their first ``max_delay``
+   frames, clipped to full scale (the others output a silent frame and their
+   decoder has not started, as the reference ``LMGen`` returns nothing while
+   it warms up);
+4. copy the PCM, each slot's output level and text token to the host once, and
+   map text tokens to text through a table (special tokens and PAD are ``""``).
+
+``speaking``: the frame is past warm-up and either its text token is a word
+piece (not PAD, end-of-padding or another special token) or its audio RMS
+exceeds ``speech_rms`` (-40 dBFS by default). Moshi's text stream leads its
+voice, and its voice can carry sound the text does not name (laughter, "hm"),
+hence either signal.
+
+``end_of_turn`` is always false: Moshi is full duplex and has no end-of-turn
+token, and a pause in its speech is not a turn boundary it declared (a
+session that wants turns from silence can run its VAD on the output).
+
+Sampling seeds: every session that starts on a slot (it is in
+``plan.new_slots``) takes the next *generation* of that slot, counted by the
+runner, and its generator is seeded with ``mix(seed, slot, generation)``; an
+epoch reset within the session (`reset_slot` on a live slot) reseeds with the
+same value. So a session's output depends only on the configured seed, where
+it ran (slot and generation) and its own input, never on its neighbours, and a
+server restarted with the same seed replays it exactly.
+
+No host sync happens inside ``execute`` before the final copy-out: slot lists,
+frame counters and warm-up are known on the host, and Mimi's code-range check
+(a device read) is skipped because the codes come from ``card``-way sampling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import final
+
+import numpy as np
+import torch
+
+from .._interface import FrameOutput, ModelSpec, StepOutput, StepPlan
+from ._checkpoint import LoadedMoshi
+from ._mimi_streams import MimiStreams
+from ._runner import MoshiRunner, SlotSampling
+
+__all__ = ["MoshiEngineRunner", "stream_seed"]
+
+
+def stream_seed(seed: int, slot: int, generation: int) -> int:
+    """The sampling seed of the ``generation``-th session on ``slot`` (63-bit, well mixed)."""
+    digest = hashlib.blake2b(f"{seed}/{slot}/{generation}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@final
+class MoshiEngineRunner:
+    """Runs Moshi's LM and Mimi codec over the engine's live slots, one frame per tick.
+
+    Args:
+        loaded: the LM, Mimi and token texts of one checkpoint (all on one device).
+        spec: the model spec; ``max_slots`` sizes every per-slot state.
+        seed: base sampling seed (see the module docstring).
+        sampling: temperature / top-k of text and audio; its ``seed`` is ignored.
+        speech_rms: output RMS (full scale 1.0) above which a frame counts as speech.
+
+    Raises:
+        ValueError: the spec's frame or rate is not Mimi's.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedMoshi,
+        spec: ModelSpec,
+        *,
+        seed: int = 0,
+        sampling: SlotSampling | None = None,
+        speech_rms: float = 0.01,
+    ) -> None:
+        mimi_config = loaded.mimi.config
+        if (spec.sample_rate, spec.frame_samples) != (
+            mimi_config.sample_rate,
+            mimi_config.frame_size,
+        ):
+            raise ValueError(
+                f"spec {spec.name!r} runs {spec.frame_samples} samples at {spec.sample_rate} Hz; "
+                f"Mimi needs {mimi_config.frame_size} at {mimi_config.sample_rate} Hz"
+            )
+        self._spec = spec
+        self._config = loaded.lm.config
+        self._lm = MoshiRunner(loaded.lm, max_slots=spec.max_slots)
+        self._mimi = MimiStreams(
+            loaded.mimi, max_slots=spec.max_slots, num_codebooks=self._config.user_q
+        )
+        self._device = loaded.lm.text_linear.weight.device
+        self._pieces = loaded.pieces
+        self._seed = seed
+        self._sampling = sampling or SlotSampling()
+        self._speech_rms = speech_rms
+        self._generation = np.full(spec.max_slots, -1, dtype=np.int64)
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The model this runner executes."""
+        return self._spec
+
+    @property
+    def lm_runner(self) -> MoshiRunner:
+        """The token-level runner underneath (tests read frame counters through it)."""
+        return self._lm
+
+    @property
+    def mimi_streams(self) -> MimiStreams:
+        """The codec's per-slot streams."""
+        return self._mimi
+
+    def generation(self, slot: int) -> int:
+        """Sessions started on ``slot`` so far, minus one (-1: none yet)."""
+        return int(self._generation[slot])
+
+    def reset_slot(self, slot: int) -> None:
+        """Make the slot fresh in the LM and both Mimi directions; reseed its sampling."""
+        self._mimi.reset_slot(slot)
+        self._lm.reset_slot(slot, self._slot_sampling(slot))
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        """Encode, step and decode one frame for every live slot (see the module docstring)."""
+        for slot in plan.new_slots:  # already reset by the engine; start its next generation
+            self._generation[slot] += 1
+            self._lm.reset_slot(slot, self._slot_sampling(slot))
+        slots = list(plan.live_slots)
+        frame = self._spec.frame_samples
+        pcm_in = np.zeros((len(slots), frame), dtype=np.float32)
+        for row, item in enumerate(plan.inputs):
+            if item.frame is not None:
+                pcm_in[row] = item.frame
+        warm = [self._lm.frames(s) + 1 > self._config.max_delay for s in slots]
+        with torch.no_grad():
+            user = self._mimi.encode(slots, torch.from_numpy(pcm_in).to(self._device))
+            tokens = self._lm.step(slots, user)
+            pcm = torch.zeros(len(slots), frame, device=self._device)
+            rows = [r for r, ok in enumerate(warm) if ok]
+            if rows:
+                index = torch.tensor(rows, device=self._device)
+                decoded = self._mimi.decode(
+                    [slots[r] for r in rows], tokens.audio[index], check_values=False
+                )
+                pcm[index] = decoded.float().clamp(-1.0, 1.0)  # PcmFrame is full scale
+            level = pcm.square().mean(dim=1).sqrt()
+            pcm_host = pcm.cpu().numpy()
+            meta = torch.stack([tokens.text.double(), level.double()], dim=1).cpu().numpy()
+        outputs = []
+        for row, slot in enumerate(slots):
+            text = self._piece(int(meta[row, 0]))
+            speaking = warm[row] and (bool(text) or meta[row, 1] > self._speech_rms)
+            outputs.append(
+                FrameOutput(slot=slot, pcm=pcm_host[row], text=text, speaking=bool(speaking))
+            )
+        return StepOutput(tuple(outputs))
+
+    def _piece(self, token: int) -> str:
+        return self._pieces[token] if 0 <= token < len(self._pieces) else ""
+
+    def _slot_sampling(self, slot: int) -> SlotSampling:
+        seed = stream_seed(self._seed, slot, max(int(self._generation[slot]), 0))
+        return SlotSampling(seed=seed, text=self._sampling.text, audio=self._sampling.audio)

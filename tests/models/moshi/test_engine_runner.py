@@ -1,0 +1,262 @@
+"""Moshi behind the real `Engine`: slot isolation, cadence, resets, checkpoints and loading."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from duplex.exceptions import ConfigError, UnknownModel
+from duplex.models import Engine, ModelOptions, SlotHandle, get_model, model_names
+from duplex.models.moshi._checkpoint import (
+    CHECKPOINT_FILES,
+    LM_FILE,
+    TOKENIZER_FILE,
+    LoadedMoshi,
+    build_tiny_checkpoint,
+    check_checkpoint,
+    find_checkpoint,
+    load_checkpoint,
+    tiny_checkpoint,
+)
+from duplex.models.moshi._engine_runner import MoshiEngineRunner, stream_seed
+from duplex.models.moshi._models import moshi_spec
+
+from ..models_support import FRAME, FakeTimer, tone
+
+SEED = 7
+Trace = list[tuple[np.ndarray, str]]
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedMoshi:
+    folder = tmp_path_factory.mktemp("tiny")
+    return load_checkpoint(build_tiny_checkpoint(folder, seed=3))
+
+
+def engine(loaded: LoadedMoshi, seed: int = SEED) -> Engine:
+    return Engine(MoshiEngineRunner(loaded, moshi_spec("tiny"), seed=seed), timer=FakeTimer())
+
+
+def signal(name: str, frames: int) -> list[np.ndarray]:
+    return [tone(ord(name), k) for k in range(frames)]
+
+
+def run_alone(
+    loaded: LoadedMoshi, frames: list[np.ndarray], *, slot: int, generation: int
+) -> Trace:
+    """One session on its own engine, placed on ``slot`` as its ``generation``-th session."""
+    eng = engine(loaded)
+    for _ in range(generation):  # earlier sessions on that slot (and the ones below it)
+        earlier = [eng.acquire_slot(f"earlier-{i}") for i in range(slot + 1)]
+        eng.step(0.0)
+        for handle in earlier:
+            assert handle is not None and eng.release_slot(handle)
+        eng.step(0.0)  # frees them
+    below = [eng.acquire_slot(f"below-{i}") for i in range(slot)]
+    handle = eng.acquire_slot("alone")
+    assert handle is not None and handle.slot == slot
+    for other in below:
+        assert other is not None and eng.release_slot(other)  # never stepped
+    trace: Trace = []
+    for frame in frames:
+        eng.push_input(handle, frame)
+        out = eng.step(0.0)
+        assert set(out) == {handle}
+        trace.append((out[handle].frame.pcm, out[handle].frame.text))
+    return trace
+
+
+def assert_same(got: Trace, want: Trace, name: str) -> None:
+    assert [t for _, t in got] == [t for _, t in want], name
+    # Float rounding moves with the batch make-up (~1e-6); tokens must not move at all.
+    np.testing.assert_allclose(
+        np.stack([p for p, _ in got]), np.stack([p for p, _ in want]), rtol=0, atol=1e-4
+    )
+
+
+def test_sessions_joining_and_leaving_match_their_solo_runs(loaded: LoadedMoshi) -> None:
+    # name: (first tick, frames); D takes A's slot after A leaves (its second generation)
+    sessions = {"A": (0, 6), "B": (1, 12), "C": (3, 5), "D": (8, 6)}
+    inputs = {name: signal(name, frames) for name, (_, frames) in sessions.items()}
+    eng = engine(loaded)
+    handles: dict[str, SlotHandle] = {}
+    traces: dict[str, Trace] = {name: [] for name in sessions}
+    underrun_at = {"B": 4}  # one tick with no input: the runner feeds silence
+    for tick in range(14):
+        for name, (start, frames) in sessions.items():
+            if tick == start:
+                handle = eng.acquire_slot(name)
+                assert handle is not None
+                handles[name] = handle
+            elif tick == start + frames:
+                assert eng.release_slot(handles.pop(name))
+        for name, handle in handles.items():
+            k = len(traces[name])
+            if underrun_at.get(name) != k:
+                eng.push_input(handle, inputs[name][k])
+        out = eng.step(tick * 0.08)
+        # every live session gets exactly one output this tick, one frame further on
+        assert set(out) == set(handles.values())
+        for name, handle in handles.items():
+            result = out[handle]
+            assert result.position == len(traces[name]) * FRAME
+            traces[name].append((result.frame.pcm, result.frame.text))
+    assert all(len(traces[n]) == frames for n, (_, frames) in sessions.items())
+    slots = {"A": (0, 0), "B": (1, 0), "C": (2, 0), "D": (0, 1)}
+    for name, (slot, generation) in slots.items():
+        frames = list(inputs[name])
+        if name in underrun_at:
+            frames[underrun_at[name]] = np.zeros(FRAME, dtype=np.float32)
+        alone = run_alone(loaded, frames, slot=slot, generation=generation)
+        assert_same(traces[name], alone, name)
+    # the model speaks: text appears and audio is full scale at most
+    assert "".join(t for _, t in traces["B"])
+    assert max(float(np.abs(p).max()) for p, _ in traces["B"]) <= 1.0
+
+
+def test_warm_up_frame_is_silent_and_not_speaking(loaded: LoadedMoshi) -> None:
+    eng = engine(loaded)
+    handle = eng.acquire_slot("a")
+    assert handle is not None
+    frames = []
+    for k in range(4):
+        eng.push_input(handle, tone(1, k))
+        frames.append(eng.step(0.0)[handle].frame)
+    first = frames[0]  # max_delay is 1: the first frame has no audio or text yet
+    assert not first.pcm.any() and first.text == "" and not first.speaking
+    assert not any(f.end_of_turn for f in frames)
+    # random weights make noise: loud output counts as speaking
+    assert all(f.speaking for f in frames[1:])
+
+
+def test_reset_restarts_one_slot_and_leaves_the_other(loaded: LoadedMoshi) -> None:
+    a_in, b_in = signal("a", 9), signal("b", 9)
+    eng = engine(loaded)
+    a, b = eng.acquire_slot("a"), eng.acquire_slot("b")
+    assert a is not None and b is not None
+    got: dict[str, Trace] = {"a": [], "b": []}
+    for k in range(9):
+        if k == 4:
+            eng.reset(a, epoch=1)
+        eng.push_input(a, a_in[k])
+        eng.push_input(b, b_in[k])
+        out = eng.step(0.0)
+        for name, handle in (("a", a), ("b", b)):
+            got[name].append((out[handle].frame.pcm, out[handle].frame.text))
+        assert out[a].epoch == (1 if k >= 4 else 0)
+    assert_same(got["b"], run_alone(loaded, b_in, slot=1, generation=0), "b")
+    # after the reset, a replays as a fresh session with the same seed (same slot and generation)
+    assert_same(got["a"][4:], run_alone(loaded, a_in[4:], slot=0, generation=0), "a")
+
+
+def test_seed_changes_the_sampling() -> None:
+    assert stream_seed(0, 0, 0) == stream_seed(0, 0, 0)
+    assert len({stream_seed(0, 0, 0), stream_seed(1, 0, 0), stream_seed(0, 1, 0)}) == 3
+    assert stream_seed(0, 0, 1) != stream_seed(0, 0, 0)
+
+
+def test_other_seed_other_output(loaded: LoadedMoshi) -> None:
+    frames = signal("x", 10)
+    texts = []
+    for seed in (SEED, SEED + 1):
+        eng = engine(loaded, seed)
+        handle = eng.acquire_slot("x")
+        assert handle is not None
+        text = ""
+        for frame in frames:
+            eng.push_input(handle, frame)
+            text += eng.step(0.0)[handle].frame.text
+        texts.append(text)
+    assert texts[0] != texts[1]
+
+
+def test_text_table_blanks_special_tokens(loaded: LoadedMoshi) -> None:
+    pieces = loaded.pieces
+    assert len(pieces) == loaded.lm.config.text_card == 64
+    assert pieces[0] == pieces[3] == ""  # end-of-padding and PAD say nothing
+    assert all(p for p in pieces[4:]) and " " in "".join(pieces)
+
+
+# --- checkpoints --------------------------------------------------------------------------
+
+
+def test_tiny_checkpoint_is_deterministic_and_loads_by_inference(tmp_path: Path) -> None:
+    one = build_tiny_checkpoint(tmp_path / "one", seed=5)
+    two = build_tiny_checkpoint(tmp_path / "two", seed=5)
+    other = build_tiny_checkpoint(tmp_path / "other", seed=6)
+    for name in CHECKPOINT_FILES:
+        assert (one.folder / name).read_bytes() == (two.folder / name).read_bytes(), name
+    assert (one.lm_path).read_bytes() != (other.lm_path).read_bytes()
+    inferred = check_checkpoint(one.folder)  # no preset named: read from the tensor shapes
+    assert inferred.lm.name == "tiny" and inferred.mimi.name == "tiny"
+    assert find_checkpoint(str(one.folder)) == inferred
+    assert find_checkpoint(f"tiny-personaplex:{one.folder}") is not None
+    assert find_checkpoint("no-such-name") is None
+
+
+def test_tiny_cache_is_reused_and_rebuilt_when_damaged(tmp_path: Path) -> None:
+    first = tiny_checkpoint(tmp_path, seed=2)
+    assert first.folder == tmp_path / "tiny-2"
+    stamp = os.stat(first.lm_path).st_mtime_ns
+    assert tiny_checkpoint(tmp_path, seed=2).folder == first.folder
+    assert os.stat(first.lm_path).st_mtime_ns == stamp  # reused, not rebuilt
+    good = first.lm_path.read_bytes()
+    first.lm_path.write_bytes(good[: len(good) // 2])
+    tiny_checkpoint(tmp_path, seed=2)
+    assert first.lm_path.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-2"]  # no scratch left behind
+
+
+def test_missing_checkpoints_fail_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ConfigError, match="never downloaded") as info:
+        get_model("moshi-7b")
+    assert "\n" not in str(info.value) and "kyutai/moshiko-pytorch-bf16" in str(info.value)
+    with pytest.raises(ConfigError, match="does not exist"):
+        get_model(str(tmp_path / "nowhere"))
+    partial = build_tiny_checkpoint(tmp_path / "partial", seed=1).folder
+    (partial / TOKENIZER_FILE).unlink()
+    with pytest.raises(ConfigError, match=f"lacks {TOKENIZER_FILE}"):
+        get_model(str(partial))
+    (tmp_path / "junk").mkdir()
+    for name in CHECKPOINT_FILES:
+        (tmp_path / "junk" / name).write_bytes(b"junk")
+    with pytest.raises(ConfigError, match="not a safetensors file"):
+        get_model(str(tmp_path / "junk"))
+    with pytest.raises(UnknownModel, match="tiny"):
+        get_model("nope")
+    assert {"loopback", "moshi-7b", "personaplex-7b", "tiny"} <= set(model_names())
+
+
+def test_hf_cache_snapshot_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    root = tmp_path / "models--kyutai--moshiko-pytorch-bf16"
+    snapshot = root / "snapshots" / "abc123"
+    build_tiny_checkpoint(snapshot, seed=1)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text("abc123")
+    spec, _factory = get_model("moshi-7b")
+    assert spec.name == "moshi-7b" and spec.supports_model_native_turn_policy
+    found = find_checkpoint("moshi-7b")
+    assert found is not None and found.folder == snapshot and found.lm.name == "moshi-7b"
+
+
+def test_registry_builds_tiny_into_the_cache_and_runs(tmp_path: Path) -> None:
+    spec, factory = get_model("tiny", ModelOptions(cache_dir=tmp_path, seed=SEED))
+    assert (spec.sample_rate, spec.frame_samples, spec.max_slots) == (24_000, 1_920, 16)
+    assert spec.supports_model_native_turn_policy and not spec.supports_video_input
+    runner = factory(spec)
+    assert sorted(p.name for p in (tmp_path / f"tiny-{SEED}").iterdir()) == sorted(
+        [*CHECKPOINT_FILES, "duplex-build.json"]
+    )
+    assert (tmp_path / f"tiny-{SEED}" / LM_FILE).is_file()
+    eng = Engine(runner, timer=FakeTimer())
+    handle = eng.acquire_slot("s")
+    assert handle is not None
+    eng.push_input(handle, tone(0, 0))
+    assert eng.step(0.0)[handle].frame.pcm.shape == (FRAME,)
