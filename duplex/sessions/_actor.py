@@ -383,7 +383,11 @@ class SessionActor(Actor[Any]):
             case Send(event, seq, generation):
                 connection = self.connections.get(generation)
                 if connection is not None:
-                    await connection.tell(Outbound(event, seq))
+                    message = Outbound(event, seq)
+                    try:  # the per-frame path: no scheduler round trip while there is room
+                        connection.tell_nowait(message)
+                    except trio.WouldBlock:
+                        await connection.tell(message)
             case CloseConnection(generation, code, reason):
                 connection = self.connections.pop(generation, None)
                 if connection is not None:
@@ -430,7 +434,7 @@ def _model_frame(output: SlotOutput) -> ModelFrame:
     frame = output.frame
     return ModelFrame(
         epoch=output.epoch,
-        pcm=frame.pcm,
+        pcm=output.pcm16,
         text=frame.text,
         speaking=frame.speaking,
         end_of_turn=frame.end_of_turn,

@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import final
 
-import numpy as np
-
 from duplex.exceptions import BadAudio, InvalidVideoFrames
+from duplex.pcm import float_to_pcm16
 
 from ._checks import Pcm
 from ._checks import check as _check
@@ -384,9 +383,7 @@ class ModelFrame:
     def __post_init__(self) -> None:
         if not isinstance(self.pcm, bytes | bytearray):
             arr = _float_pcm(self.pcm, "pcm")
-            # the inverse of the wire decoding (int16 / 32768): PCM16 round-trips exactly
-            pcm16 = np.clip(np.round(arr * 32768.0), -32768, 32767).astype("<i2")
-            object.__setattr__(self, "pcm", pcm16.tobytes())
+            object.__setattr__(self, "pcm", float_to_pcm16(arr).astype("<i2").tobytes())
         elif isinstance(self.pcm, bytearray):
             object.__setattr__(self, "pcm", bytes(self.pcm))
         _check(len(self.pcm) % 2 == 0, "pcm16 must have an even byte count", "pcm", BadAudio)

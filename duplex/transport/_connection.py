@@ -143,7 +143,11 @@ class ConnectionActor(Actor[Any]):
 
     async def _dispatch(self, ctx: ActorContext, event: Any) -> None:
         if self.session is not None:
-            await self.session.tell(FromClient(self.generation, event))
+            message = FromClient(self.generation, event)
+            try:  # the per-frame path: no scheduler round trip while there is room
+                self.session.tell_nowait(message)
+            except trio.WouldBlock:
+                await self.session.tell(message)
             return
         if isinstance(event, SessionResume):
             session = self.hub.lookup(event.session_id)

@@ -37,6 +37,7 @@ from duplex.exceptions import (
     UnknownEvent,
     UnsupportedAudioFormat,
 )
+from duplex.pcm import pcm16_to_float
 from duplex.sessions import (
     SUPPORTED_SAMPLE_RATES,
     AudioAppend,
@@ -165,8 +166,7 @@ def _decode_audio(raw: bytes, fmt: str) -> np.ndarray:
     if len(raw) % width:
         raise BadAudio(f"{fmt} audio must be a whole number of samples", param="audio")
     if fmt == "pcm16":
-        pcm = np.frombuffer(raw, dtype="<i2").astype(np.float32)
-        pcm *= 1.0 / 32768.0
+        pcm = pcm16_to_float(np.frombuffer(raw, dtype="<i2"))
     else:
         pcm = np.frombuffer(raw, dtype="<f4").astype(np.float32)
         if not np.isfinite(pcm).all():

@@ -23,15 +23,12 @@ import numpy.typing as npt
 __all__ = [
     "alaw_decode",
     "alaw_encode",
-    "float_to_pcm16",
-    "pcm16_to_float",
     "ulaw_decode",
     "ulaw_encode",
 ]
 
 Int16Array = npt.NDArray[np.int16]
 ByteArray = npt.NDArray[np.uint8]
-Pcm = npt.NDArray[np.float32]
 
 _ULAW_BIAS = 0x21  # 33, in 14-bit units (0x84 in 16-bit units)
 _ULAW_CLIP = 8159  # largest 14-bit magnitude before the bias overflows segment 7
@@ -122,14 +119,3 @@ def ulaw_decode(data: bytes) -> Int16Array:
 def alaw_decode(data: bytes) -> Int16Array:
     """int16 samples of A-law bytes (every byte value is a valid code)."""
     return _ALAW_DEC[np.frombuffer(data, dtype=np.uint8)]
-
-
-def pcm16_to_float(pcm: Int16Array) -> Pcm:
-    """Scale int16 to float32 in [-1, 1), the session's sample type (the native codec's scale)."""
-    return np.asarray(pcm, dtype=np.int16).astype(np.float32) / np.float32(32768.0)
-
-
-def float_to_pcm16(pcm: Pcm) -> Int16Array:
-    """The inverse of `pcm16_to_float`: round and clip to int16."""
-    scaled = np.round(np.asarray(pcm, dtype=np.float32) * np.float32(32768.0))
-    return np.clip(scaled, -32768, 32767).astype(np.int16)

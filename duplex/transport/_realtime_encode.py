@@ -24,6 +24,7 @@ from typing import Any, Literal, final
 
 import numpy as np
 
+from duplex.pcm import float_to_pcm16, pcm16_to_float
 from duplex.sessions import (
     AudioDelta,
     ErrorEvent,
@@ -48,7 +49,7 @@ from duplex.sessions import (
 )
 
 from ._duplex_wire import encode_server_event
-from ._g711 import alaw_encode, float_to_pcm16, pcm16_to_float, ulaw_encode
+from ._g711 import alaw_encode, ulaw_encode
 from ._realtime_session import FORMAT_SAMPLE_RATES, GA_FORMATS, WireFormats
 
 __all__ = ["DUPLEX_SERVER_EVENTS", "RealtimeEncoder"]

@@ -57,6 +57,7 @@ from duplex.exceptions import (
     UnsupportedEvent,
     UnsupportedParameter,
 )
+from duplex.pcm import pcm16_to_float
 from duplex.sessions import (
     AudioAppend,
     AudioClear,
@@ -79,7 +80,7 @@ from duplex.sessions import (
 )
 
 from ._duplex_wire import DEFAULT_MAX_EVENT_BYTES, parse_client_event
-from ._g711 import alaw_decode, pcm16_to_float, ulaw_decode
+from ._g711 import alaw_decode, ulaw_decode
 from ._realtime_encode import DUPLEX_SERVER_EVENTS, RealtimeEncoder, Schema
 from ._realtime_session import (
     AUDIO_FORMATS,

@@ -19,6 +19,7 @@ from duplex.models import (
     StepOutput,
     StepPlan,
 )
+from duplex.pcm import float_to_pcm16
 
 from .models_support import FRAME, SPEC, FakeTimer, loopback_engine, tone
 
@@ -42,6 +43,7 @@ def test_push_frames_arbitrary_chunks() -> None:
         (out,) = engine.step(float(k)).values()
         np.testing.assert_array_equal(out.frame.pcm, tone(1, k))
         assert out.input_samples == FRAME and out.position == k * FRAME
+        assert out.pcm16 == float_to_pcm16(tone(1, k)).astype("<i2").tobytes()
 
 
 def test_push_rejects_non_float32() -> None:

@@ -7,14 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from duplex.transport._g711 import (
-    alaw_decode,
-    alaw_encode,
-    float_to_pcm16,
-    pcm16_to_float,
-    ulaw_decode,
-    ulaw_encode,
-)
+from duplex.pcm import float_to_pcm16, pcm16_to_float
+from duplex.transport._g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)

@@ -273,7 +273,8 @@ def test_idle_timeout_is_announced_then_answered():
 
 
 def _ulaw_frame() -> tuple[str, np.ndarray]:
-    from duplex.transport._g711 import pcm16_to_float, ulaw_decode, ulaw_encode
+    from duplex.pcm import pcm16_to_float
+    from duplex.transport._g711 import ulaw_decode, ulaw_encode
 
     ulaw = ulaw_encode(TONE[:800:3].astype(np.int16))
     audio = base64.b64encode(ulaw).decode()

@@ -18,7 +18,8 @@ from openai.types.realtime import realtime_server_event as ga_events
 
 from duplex import sessions as ds
 from duplex.exceptions import ProtocolError
-from duplex.transport._g711 import alaw_encode, pcm16_to_float, ulaw_decode, ulaw_encode
+from duplex.pcm import pcm16_to_float
+from duplex.transport._g711 import alaw_encode, ulaw_decode, ulaw_encode
 from duplex.transport._realtime_wire import (
     DUPLEX_CLIENT_EVENTS,
     DUPLEX_SERVER_EVENTS,
