@@ -160,6 +160,24 @@ class MoshiRunner:
         self._sampling[slot] = sampling or SlotSampling()
         self._generators[slot].manual_seed(self._sampling[slot].seed)
 
+    def seek(self, slot: int, frame: int) -> None:
+        """Move one slot's frame counter to ``frame``, as if it had already run that long.
+
+        For benchmarks: the next step attends over ``min(frame + 1, context)`` ring
+        rows of the slot (whatever they hold; no real history is restored) and its
+        RoPE position is ``frame``. The slot's token ring is set to token 0 in every
+        stream, so once past ``max_delay`` its outputs are valid codes from the
+        first step on. No other slot is touched.
+
+        Raises:
+            ValueError: bad slot or negative frame.
+        """
+        self._check_slot(slot)
+        if frame < 0:
+            raise ValueError(f"frame must be >= 0, got {frame}")
+        self._frames[slot] = frame
+        self._tokens[slot] = 0
+
     @torch.no_grad()
     def step(
         self,
