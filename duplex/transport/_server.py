@@ -135,7 +135,11 @@ async def serve_duplex(
         return EngineDriver(engine)
 
     engine_ref = await system.spawn(
-        EngineActor, build_engine, hub.engine_started, name=f"engine-{spec.name}"
+        EngineActor,
+        build_engine,
+        hub.engine_started,
+        trio.to_thread.run_sync,
+        name=f"engine-{spec.name}",
     )
     vad_ref = None
     if uses_silero(config):
