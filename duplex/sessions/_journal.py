@@ -24,11 +24,18 @@ EXPIRY_BATCH_S = 1.0
 _OVERHEAD = 160  # envelope, ids and field names of a JSON event, roughly
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+"""Field names per event class (``dataclasses.fields`` is slow on the per-frame path)."""
+
+
 def event_size(event: ServerEvent) -> int:
     """Approximate wire size in bytes (base64 for bytes fields)."""
+    names = _FIELD_NAMES.get(type(event))
+    if names is None:
+        names = _FIELD_NAMES[type(event)] = tuple(f.name for f in dataclasses.fields(event))
     size = _OVERHEAD
-    for f in dataclasses.fields(event):
-        value = getattr(event, f.name)
+    for name in names:
+        value = getattr(event, name)
         if isinstance(value, bytes):
             size += (len(value) + 2) // 3 * 4
         elif isinstance(value, str):

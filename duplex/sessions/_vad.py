@@ -69,7 +69,7 @@ class EnergyVad:
         if whole == 0:
             return []
         frames = data[: whole * self._frame].reshape(whole, self._frame)
-        energy = np.einsum("ij,ij->i", frames, frames, dtype=np.float64)
+        energy = np.square(frames).sum(axis=1, dtype=np.float64)  # einsum is slower this small
         loud = energy >= self._threshold * self._threshold * self._frame
         events: list[SpeechStarted | SpeechStopped] = []
         for is_loud in loud.tolist():
