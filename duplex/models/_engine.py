@@ -19,6 +19,12 @@ owes nothing), and while lag is owed and a second frame
 is already waiting, a queued frame that is itself silence (RMS under
 ``silence_rms``) is skipped: the model's timeline gets back the silence it was
 given. Speech is never skipped; the lag is repaid in the user's next pause.
+
+Video is aligned to the audio clock: a frame is stamped with the number of
+input samples pushed before it, and reaches the model with the tick whose
+audio covers that instant (not before its audio, not a tick late). When the
+slot has no audio to wait for (an underrun with nothing queued), waiting
+frames go out at once, so video-only input is never held back.
 """
 
 from __future__ import annotations
@@ -174,7 +180,12 @@ class _Slot:
     queue: deque[PcmFrame] = field(init=False)
     partial: PcmFrame = field(init=False)
     filled: int = 0
-    video: deque[VideoFrame] = field(init=False)
+    video: deque[tuple[int, VideoFrame]] = field(init=False)
+    """Waiting video frames with the input sample count they are due at."""
+    pushed: int = 0
+    """Input samples pushed so far (the slot's audio clock)."""
+    consumed: int = 0
+    """Input samples consumed, skipped, refused or cleared so far."""
     underruns: int = 0
     lag: int = 0
     gap: int = 0
@@ -191,6 +202,7 @@ class _Slot:
     def clear_input(self) -> None:
         self.queue.clear()
         self.filled = 0
+        self.consumed = self.pushed  # nothing before this point will be consumed
         self.lag = 0  # nothing is waiting, so nothing runs late
         self.video.clear()
 
@@ -301,6 +313,7 @@ class Engine:
                 take = min(frame_samples - slot.filled, len(pcm) - pos)
                 slot.partial[slot.filled : slot.filled + take] = pcm[pos : pos + take]
                 slot.filled += take
+                slot.pushed += take
                 pos += take
                 if slot.filled < frame_samples:
                     break
@@ -310,13 +323,16 @@ class Engine:
                     queued += 1
                 else:
                     rejected += 1
+            slot.consumed += rejected * frame_samples  # refused: never to be consumed
             slot.frames_rejected += rejected
             self._frames_rejected += rejected
             slot.peak_queue_depth = max(slot.peak_queue_depth, len(slot.queue))
             return InputPush(queued, rejected, slot.filled, len(slot.queue))
 
     def push_video(self, handle: SlotHandle, frame_id: str, pts_ms: int, payload: bytes) -> int:
-        """Queue one video frame for the slot's next tick (drop-oldest when full).
+        """Queue one video frame; it reaches the model with the audio pushed before it.
+
+        The queue is bounded (drop-oldest when full, counted).
 
         Returns:
             How many older frames were dropped to make room (0 or 1).
@@ -330,7 +346,7 @@ class Engine:
         with self._lock:
             slot = self._require(handle)
             dropped = int(len(slot.video) == slot.max_video_frames)
-            slot.video.append(VideoFrame(frame_id, pts_ms, payload))
+            slot.video.append((slot.pushed, VideoFrame(frame_id, pts_ms, payload)))
             slot.video_dropped += dropped
             self._video_dropped += dropped
             return dropped
@@ -477,10 +493,10 @@ class Engine:
                     slot.lag = min(slot.lag + 1, self._max_lag) if slot.gap <= self._max_lag else 0
                 else:
                     slot.gap = 0
-                video = tuple(slot.video)
-                slot.video.clear()
-                inputs.append(SlotInput(slot_id, frame, slot.ticks * frame_samples, video))
                 consumed = (0 if frame is None else frame_samples) + skipped * frame_samples
+                slot.consumed += consumed
+                video = self._due_video(slot, idle=frame is None and not slot.queue)
+                inputs.append(SlotInput(slot_id, frame, slot.ticks * frame_samples, video))
                 tags.append((slot.handle, slot.epoch, consumed))
                 slot.ticks += 1
             if not inputs:
@@ -495,6 +511,14 @@ class Engine:
             )
             self._ticks += 1
             return plan, released, to_reset, tags
+
+    @staticmethod
+    def _due_video(slot: _Slot, *, idle: bool) -> tuple[VideoFrame, ...]:
+        """The waiting frames whose audio this tick has reached (all of them when idle)."""
+        due = []
+        while slot.video and (idle or slot.video[0][0] <= slot.consumed):
+            due.append(slot.video.popleft()[1])
+        return tuple(due)
 
     def _repay_lag(self, slot: _Slot) -> int:
         """Skip the oldest queued frame if lag is owed, it is silence and another waits."""

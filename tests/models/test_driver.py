@@ -211,10 +211,11 @@ async def test_dropped_outputs_carry_their_input_samples_forward(
     assert handle is not None
     for k in range(5):
         driver.push_input(handle, tone(1, 10 * k))
+        if k == 1:  # arrives with frame 1's audio, so tick 1 (dropped) consumes it
+            driver.push_video(handle, "v1", 40, b"jpeg")
     async with trio.open_nursery() as nursery:
         await nursery.start(driver.run)
         await trio.sleep(PERIOD * 0.5)  # tick 0 delivered: the channel is now full
-        driver.push_video(handle, "v1", 40, b"jpeg")  # consumed by a dropped tick
         await trio.sleep(PERIOD * 2)  # ticks 1..2 dropped
         first = recv.receive_nowait()
         await trio.sleep(PERIOD)  # tick 3 is delivered with the dropped ones' samples

@@ -200,6 +200,23 @@ def test_video_is_drained_each_tick_and_bounded() -> None:
     assert engine.statistics().video_dropped == 1
 
 
+def test_video_reaches_the_model_with_the_audio_it_arrived_with() -> None:
+    engine = loopback_engine(delay_ms=0)
+    h = engine.acquire_slot("a")
+    assert h is not None
+    engine.push_input(h, tone(1, 0))
+    engine.push_input(h, tone(1, 1)[: FRAME // 2])
+    engine.push_video(h, "mid1", 120, b"img")  # halfway through audio frame 1
+    engine.push_input(h, tone(1, 1)[FRAME // 2 :])
+    engine.push_input(h, tone(1, 2))
+    engine.push_video(h, "after2", 240, b"img")
+    ticks = [engine.step(float(k))[h].frame.video_frame_ids for k in range(4)]
+    assert ticks[:3] == [(), ("mid1",), ("after2",)]
+    assert ticks[3] == ()
+    engine.push_video(h, "alone", 400, b"img")  # no audio to wait for: the next tick
+    assert engine.step(4.0)[h].frame.video_frame_ids == ("alone",)
+
+
 def test_video_refused_by_audio_only_models() -> None:
     engine = Engine(LoopbackRunner(ModelSpec(name="audio-only")))
     h = engine.acquire_slot("a")
