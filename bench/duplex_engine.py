@@ -6,7 +6,10 @@ One command runs every phase and writes what it has after each batch size:
     Correctness first: the ``tiny`` LM and ``tiny`` Mimi with seeded random
     weights, greedy, four slots joining at staggered frames, run on the CPU and
     on ``--device``; tokens must be equal frame by frame and the PCM close
-    (cuDNN / matmul TF32 is turned off for this phase only).
+    (cuDNN / matmul TF32 is turned off for this phase only). On CUDA it also
+    runs the device twice more, eager and CUDA-graphed (greedy, then sampled
+    with seeded counter-based noise): graphed tokens must equal eager ones
+    (greedy gates ``passed``; sampled is reported).
 ``ours``
     The full LM preset (``moshi-7b``) with seeded random weights built directly
     on the device (meta device, ``to_empty``, in-place normal fill; bf16 on
@@ -17,7 +20,10 @@ One command runs every phase and writes what it has after each batch size:
     `MoshiEngineRunner.execute` does: Mimi encode of ``[B, 1920]`` noise, one
     LM step (temporal transformer, text sampling, 8 depth steps with the
     reference's temperature / top-k), Mimi decode of the valid rows, copy-out
-    of PCM and text tokens to the host.
+    of PCM and text tokens to the host. The LM step replays one CUDA graph
+    per batch bucket (``--cuda-graphs``, the default; ``--no-cuda-graphs``
+    runs the same padded static step eagerly); a bucket's graph is captured
+    in its first warm-up frame (``first_frame_ms``).
 ``ours-full``
     The same with every slot past ``context`` frames (the whole 3000-frame ring
     read: the worst case).
@@ -350,11 +356,14 @@ class OurEngine:
         mimi: Any,
         max_slots: int,
         kv_dtype: torch.dtype | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         self.ours = ours
         self.device = lm.text_linear.weight.device
         self.config = lm.config
-        self.runner = ours.MoshiRunner(lm, max_slots=max_slots, kv_dtype=kv_dtype)
+        self.runner = ours.MoshiRunner(
+            lm, max_slots=max_slots, kv_dtype=kv_dtype, cuda_graphs=cuda_graphs
+        )
         self.streams = ours.MimiStreams(mimi, max_slots=max_slots, num_codebooks=self.config.user_q)
 
     def start(self, slot: int, frame: int, sampling: Any) -> None:
@@ -400,17 +409,20 @@ def run_smoke(args: argparse.Namespace, ours: types.SimpleNamespace, device: tor
     pcm = test_pcm(SMOKE_FRAMES, SMOKE_SLOTS, torch.device("cpu"))
     joins = [2 * slot for slot in range(SMOKE_SLOTS)]
 
-    def trace(target: torch.device) -> dict[str, np.ndarray]:
+    def trace(
+        target: torch.device, graphs: bool = False, sampled: bool = False
+    ) -> dict[str, np.ndarray]:
         lm = copy.deepcopy(lm_cpu).to(target)
         mimi = copy.deepcopy(mimi_cpu).to(target)
-        engine = OurEngine(ours, lm, mimi, SMOKE_SLOTS)
+        engine = OurEngine(ours, lm, mimi, SMOKE_SLOTS, cuda_graphs=graphs)
         text = np.full((SMOKE_FRAMES, SMOKE_SLOTS), -9, dtype=np.int64)
         audio = np.full((SMOKE_FRAMES, SMOKE_SLOTS, config.agent_q), -9, dtype=np.int64)
         out = np.zeros((SMOKE_FRAMES, SMOKE_SLOTS, 1920), dtype=np.float32)
         for index in range(SMOKE_FRAMES):
             for slot, join in enumerate(joins):
                 if join == index:
-                    engine.start(slot, 0, ours.GREEDY)
+                    sampling = ours.SlotSampling(seed=500 + slot) if sampled else ours.GREEDY
+                    engine.start(slot, 0, sampling)
             live = [s for s, join in enumerate(joins) if join <= index]
             t, a, p, _ = engine.frame(live, pcm[index, live].to(target))
             text[index, live], audio[index, live], out[index, live] = t, a, p
@@ -418,9 +430,22 @@ def run_smoke(args: argparse.Namespace, ours: types.SimpleNamespace, device: tor
 
     tf32 = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    graphed: dict[str, Any] = {}
     try:
         cpu = trace(torch.device("cpu"))
         dev = trace(device)
+        if device.type == "cuda":
+            for mode in ("greedy", "sampled"):
+                sampled = mode == "sampled"
+                eager = dev if not sampled else trace(device, sampled=True)
+                replayed = trace(device, graphs=True, sampled=sampled)
+                graphed[f"graphs_{mode}_tokens_equal"] = bool(
+                    (eager["text"] == replayed["text"]).all()
+                    and (eager["audio"] == replayed["audio"]).all()
+                )
+                graphed[f"graphs_{mode}_pcm_max_abs_diff"] = float(
+                    np.abs(eager["pcm"] - replayed["pcm"]).max()
+                )
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
     same = (cpu["text"] == dev["text"]) & (cpu["audio"] == dev["audio"]).all(axis=-1)
@@ -428,9 +453,12 @@ def run_smoke(args: argparse.Namespace, ours: types.SimpleNamespace, device: tor
     first = int(bad[:, 0].min()) if len(bad) else SMOKE_FRAMES
     pcm_diff = float(np.abs(cpu["pcm"][:first] - dev["pcm"][:first]).max()) if first else 0.0
     tokens_equal = bool(same.all())
-    passed = tokens_equal and pcm_diff <= PCM_ATOL
+    passed = (
+        tokens_equal and pcm_diff <= PCM_ATOL and graphed.get("graphs_greedy_tokens_equal", True)
+    )
     valid = cpu["text"] >= 0
     return {
+        **graphed,
         "passed": passed,
         "tokens_equal": tokens_equal,
         "mismatched_slot_frames": int((~same).sum()),
@@ -466,10 +494,10 @@ def our_per_slot_bytes(config: Any, mimi_config: Any, kv_bytes: int) -> int:
     """KV ring + Mimi state + attention temporaries of one slot (an estimate for sizing)."""
     ring = config.kv_bytes_per_slot(kv_bytes)
     mimi = mimi_config.kv_bytes_per_slot(4) + 16 * 1024**2
-    # ring_attention gathers the rows (kv dtype), casts keys and values to float32 and
-    # masks the values (another float32 copy): per slot and layer, at full context.
+    # masked_attention gathers every ring row of keys and values (kv dtype) and, for an
+    # fp8 ring, converts them to the model dtype (bf16): per slot and layer, full context.
     rows = config.num_heads * config.context * config.head_dim
-    temporaries = rows * (2 * kv_bytes + 12)
+    temporaries = rows * 2 * (kv_bytes + (2 if kv_bytes != 2 else 0))
     return ring + mimi + temporaries
 
 
@@ -490,10 +518,13 @@ def run_ours(
     kv_bytes = 1 if mode == "fp8" else torch.finfo(lm_dtype(device)).bits // 8
     per_slot = our_per_slot_bytes(config, mimi.config, kv_bytes)
     want = max(args.batches)
-    max_slots, memory = fit_slots(device, want, per_slot)
+    max_slots, memory = fit_slots(device, want + 1, per_slot)
+    max_slots = min(want, max_slots - 1)  # the runner adds one scratch slot
+    graphs = bool(args.cuda_graphs and device.type == "cuda")
     record.update(
         {
             "mode": mode,
+            "cuda_graphs": graphs,
             "kv_dtype": str(kv_dtype or lm_dtype(device)),
             "kv_ring_bytes_per_slot": config.kv_bytes_per_slot(kv_bytes),
             "mimi_kv_bytes_per_slot": mimi.config.kv_bytes_per_slot(4),
@@ -506,7 +537,7 @@ def run_ours(
     if max_slots < 1:
         record["error"] = "no slot fits in memory"
         return
-    engine = OurEngine(ours, lm, mimi, max_slots, kv_dtype=kv_dtype)
+    engine = OurEngine(ours, lm, mimi, max_slots, kv_dtype=kv_dtype, cuda_graphs=graphs)
     record["pool_allocated_gib"] = (
         gib(torch.cuda.memory_allocated(device)) if device.type == "cuda" else None
     )
@@ -545,11 +576,15 @@ def run_ours(
                         clock.start()
                         text, audio, _, last_out = engine.frame(slots, pcm[index], clock)
                         total, split = clock.stop()
+                        if index == 0:
+                            entry["first_frame_ms"] = round(total, 3)
                         if index >= args.warmup:
                             totals.append(total)
                             parts.append(split)
                 entry.update(summarize(totals, parts, names))
                 entry.update(peak_memory(device))
+                entry["padded_batch"] = engine.runner.graph_step.bucket_for(batch)
+                entry["graphs_captured"] = engine.runner.graph_step.captured
                 fills = [min(s + 1, context) for s in starts]
                 entry["kv_rows_read_max"] = max(fills)
                 entry["kv_rows_mean_fill"] = round(float(np.mean(fills)), 1)
@@ -857,7 +892,9 @@ def write_markdown(out: Path, data: dict[str, Any]) -> None:
         verdict = "PASS" if smoke.get("passed") else "FAIL"
         lines += [
             f"Smoke (tiny, greedy, CPU vs {data['params']['device']}): {verdict} "
-            f"(tokens equal: {smoke.get('tokens_equal')}, PCM max diff "
+            f"(tokens equal: {smoke.get('tokens_equal')}, graphed = eager greedy / sampled: "
+            f"{smoke.get('graphs_greedy_tokens_equal')} / "
+            f"{smoke.get('graphs_sampled_tokens_equal')}, PCM max diff "
             f"{smoke.get('pcm_max_abs_diff_before_mismatch')}"
             f"{', error: ' + smoke['error'][:200] if 'error' in smoke else ''})",
             "",
@@ -1012,6 +1049,12 @@ def main(argv: list[str] | None = None) -> int:
         help="skip remaining B once this much wall time has passed",
     )
     parser.add_argument("--out", type=Path, default=Path("out/engine_bench"))
+    parser.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ours phases: replay the LM step as CUDA graphs per batch bucket (CUDA only)",
+    )
     args = parser.parse_args(argv)
     args.batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
@@ -1040,6 +1083,7 @@ def main(argv: list[str] | None = None) -> int:
             "warmup": args.warmup,
             "phases": phases,
             "budget_s": args.budget_s,
+            "cuda_graphs": bool(args.cuda_graphs and device.type == "cuda"),
             "lm_dtype": str(lm_dtype(device)),
             "mimi_dtype": "torch.float32",
             "sampling": {"text": [0.7, 25], "audio": [0.8, 250]},
@@ -1057,6 +1101,8 @@ def main(argv: list[str] | None = None) -> int:
             record.update(run_smoke(args, ours, device))
             log(
                 f"smoke passed={record['passed']} tokens_equal={record['tokens_equal']} "
+                f"graphs greedy/sampled equal={record.get('graphs_greedy_tokens_equal')}/"
+                f"{record.get('graphs_sampled_tokens_equal')} "
                 f"pcm diff {record['pcm_max_abs_diff_before_mismatch']:.2e}"
             )
 

@@ -5,7 +5,9 @@
 (temporal transformer, text head, depth transformer) under the official
 checkpoint tensor names; `load_lm` / `save_random_lm` read and write those
 names; `MoshiRunner` owns per-slot state (KV rings, delayed token ring,
-sampling generators) and steps any subset of slots at any frame.
+sampling seeds) and steps any subset of slots at any frame, with one static-shape
+step (`sample_tokens` on `counter_uniform` noise, `masked_attention`) that
+`CudaGraphStep` replays as a CUDA graph per batch bucket on the GPU.
 
 The Mimi codec: `MimiConfig` and its presets (``mimi``, ``tiny``), `MimiModel`
 (SEANet, transformers, split RVQ) under the official tokenizer tensor names,
@@ -36,16 +38,18 @@ from ._checkpoint import (
     tiny_checkpoint,
 )
 from ._config import MOSHI_PRESETS, MoshiConfig, moshi_preset
+from ._cuda_graph import CudaGraphStep
 from ._engine_runner import MoshiEngineRunner, stream_seed
-from ._kv import KVRing, ring_attention
+from ._kv import KVRing, masked_attention, ring_attention
 from ._lm import MoshiLM, TokenChooser
 from ._mimi import MimiModel
 from ._mimi_config import MIMI_PRESETS, MimiConfig, mimi_preset
 from ._mimi_streams import MimiStreams
 from ._mimi_weights import expected_mimi_tensors, load_mimi, random_mimi, save_random_mimi
 from ._models import MOSHI_MODEL_NAMES, moshi_spec, resolve_moshi
+from ._rng import counter_uniform
 from ._runner import GREEDY, MoshiRunner, SlotSampling, StepTokens
-from ._sampling import SamplingParams, sample_rows
+from ._sampling import SamplingParams, sample_tokens
 from ._text import text_pieces, write_tiny_tokenizer
 from ._weights import expected_tensors, load_lm, random_lm, save_random_lm
 
@@ -59,6 +63,7 @@ __all__ = [
     "MOSHI_MODEL_NAMES",
     "MOSHI_PRESETS",
     "TOKENIZER_FILE",
+    "CudaGraphStep",
     "KVRing",
     "LoadedMoshi",
     "MimiConfig",
@@ -75,6 +80,7 @@ __all__ = [
     "TokenChooser",
     "build_tiny_checkpoint",
     "check_checkpoint",
+    "counter_uniform",
     "expected_mimi_tensors",
     "expected_tensors",
     "find_checkpoint",
@@ -82,6 +88,7 @@ __all__ = [
     "load_checkpoint",
     "load_lm",
     "load_mimi",
+    "masked_attention",
     "mimi_preset",
     "moshi_preset",
     "moshi_spec",
@@ -89,7 +96,7 @@ __all__ = [
     "random_mimi",
     "resolve_moshi",
     "ring_attention",
-    "sample_rows",
+    "sample_tokens",
     "save_random_lm",
     "save_random_mimi",
     "stream_seed",

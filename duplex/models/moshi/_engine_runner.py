@@ -25,11 +25,12 @@ session that wants turns from silence can run its VAD on the output).
 
 Sampling seeds: every session that starts on a slot (it is in
 ``plan.new_slots``) takes the next *generation* of that slot, counted by the
-runner, and its generator is seeded with ``mix(seed, slot, generation)``; an
-epoch reset within the session (`reset_slot` on a live slot) reseeds with the
-same value. So a session's output depends only on the configured seed, where
-it ran (slot and generation) and its own input, never on its neighbours, and a
-server restarted with the same seed replays it exactly.
+runner, and its sampling noise is keyed by ``mix(seed, slot, generation)``
+and the slot's frame counter; an epoch reset within the session (`reset_slot`
+on a live slot) restarts with the same key. So a session's output depends
+only on the configured seed, where it ran (slot and generation) and its own
+input, never on its neighbours, and a server restarted with the same seed
+replays it exactly.
 
 No host sync happens inside ``execute`` before the final copy-out: slot lists,
 frame counters and warm-up are known on the host, and Mimi's code-range check
@@ -68,6 +69,7 @@ class MoshiEngineRunner:
         seed: base sampling seed (see the module docstring).
         sampling: temperature / top-k of text and audio; its ``seed`` is ignored.
         speech_rms: output RMS (full scale 1.0) above which a frame counts as speech.
+        cuda_graphs: replay the LM step as CUDA graphs (default: on when the LM is on CUDA).
 
     Raises:
         ValueError: the spec's frame or rate is not Mimi's.
@@ -81,6 +83,7 @@ class MoshiEngineRunner:
         seed: int = 0,
         sampling: SlotSampling | None = None,
         speech_rms: float = 0.01,
+        cuda_graphs: bool | None = None,
     ) -> None:
         mimi_config = loaded.mimi.config
         if (spec.sample_rate, spec.frame_samples) != (
@@ -93,7 +96,7 @@ class MoshiEngineRunner:
             )
         self._spec = spec
         self._config = loaded.lm.config
-        self._lm = MoshiRunner(loaded.lm, max_slots=spec.max_slots)
+        self._lm = MoshiRunner(loaded.lm, max_slots=spec.max_slots, cuda_graphs=cuda_graphs)
         self._mimi = MimiStreams(
             loaded.mimi, max_slots=spec.max_slots, num_codebooks=self._config.user_q
         )

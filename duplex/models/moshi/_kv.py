@@ -12,6 +12,12 @@ order of rows in the ring; once a slot wraps, its ring holds exactly the last
 
 `ring_attention` is the torch reference for the slot-indexed decode kernel
 (a Triton version will read rows in place instead of gathering them).
+`masked_attention` is the static-shape version a CUDA graph captures: it
+gathers ``context`` rows per slot, but reads an unfilled row's index as row 0
+(always filled) so garbage never enters (NaN or inf there would survive SDPA's
+mask: ``NaN + -inf`` is NaN), and runs ``scaled_dot_product_attention`` in the
+model dtype with a boolean mask. Redirecting indices costs nothing over the
+gather itself, unlike zeroing the gathered rows (two more passes over them).
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ import math
 from typing import final
 
 import torch
+import torch.nn.functional as F
 
-__all__ = ["KVRing", "ring_attention"]
+__all__ = ["KVRing", "masked_attention", "ring_attention"]
 
 
 def ring_attention(
@@ -54,6 +61,34 @@ def ring_attention(
     probs = torch.softmax(scores, dim=-1)
     v = torch.where(filled[..., None], v, 0.0)
     return torch.einsum("bhl,bhld->bhd", probs, v).to(q.dtype)
+
+
+def masked_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    slots: torch.Tensor,
+    lengths: torch.Tensor,
+) -> torch.Tensor:
+    """`ring_attention` with static shapes: every ring row is read, unfilled rows are masked.
+
+    Args:
+        q: ``[B, H, D]`` queries (RoPE applied).
+        keys, values: one layer's rings, ``[slots, H, context, D]`` (any float dtype).
+        slots: ``[B]`` slot index of each row.
+        lengths: ``[B]`` filled rows per slot (at least 1), computed on the device.
+
+    Returns:
+        ``[B, H, D]`` attention output in ``q``'s dtype.
+    """
+    positions = torch.arange(keys.shape[2], device=q.device)
+    filled = positions[None, :] < lengths[:, None]  # [B, L]
+    rows = torch.where(filled, positions[None, :], 0)  # unfilled -> row 0: never garbage
+    # Advanced indices around a slice put their [B, L] shape first: [B, L, H, D].
+    k = keys[slots[:, None], :, rows].to(q.dtype).transpose(1, 2)  # [B, H, L, D]
+    v = values[slots[:, None], :, rows].to(q.dtype).transpose(1, 2)
+    mask = filled[:, None, None, :]  # [B, 1, 1, L]
+    return F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask)[:, :, 0]
 
 
 @final
@@ -99,7 +134,10 @@ class KVRing:
         q: torch.Tensor,
         slots: torch.Tensor,
         lengths: torch.Tensor,
-        max_len: int,
+        max_len: int | None,
     ) -> torch.Tensor:
-        """`ring_attention` over one layer's rings."""
-        return ring_attention(q, self.keys[layer], self.values[layer], slots, lengths, max_len)
+        """`ring_attention` over one layer's rings; `masked_attention` when ``max_len`` is None."""
+        keys, values = self.keys[layer], self.values[layer]
+        if max_len is None:
+            return masked_attention(q, keys, values, slots, lengths)
+        return ring_attention(q, keys, values, slots, lengths, max_len)

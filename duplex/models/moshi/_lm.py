@@ -119,7 +119,7 @@ class MoshiLM(nn.Module):
         ring: KVRing,
         slots: torch.Tensor,
         frames: torch.Tensor,
-        max_len: int,
+        max_len: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One frame of the temporal transformer for a batch of slots.
 
@@ -128,7 +128,9 @@ class MoshiLM(nn.Module):
             ring: the runner's KV rings; this frame's keys/values are written into them.
             slots: ``[B]`` slot index per row.
             frames: ``[B]`` frame index per row (RoPE position; ring row ``frame % context``).
-            max_len: ``max(min(frames + 1, context))``, computed on the host.
+            max_len: ``max(min(frames + 1, context))`` computed on the host, to read only
+                that many ring rows (`ring_attention`); None reads all ``context`` rows with
+                a mask (`masked_attention`: static shapes, no host sync, graph-capturable).
 
         Returns:
             ``hidden [B, dim]`` after ``out_norm`` and ``text_logits [B, text_card]`` (float32).

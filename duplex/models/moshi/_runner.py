@@ -1,19 +1,20 @@
 """The token-level Moshi runner: per-slot state and one batched step over any slots.
 
 `MoshiRunner` owns every per-slot tensor (KV rings, the delayed token ring,
-frame counters, sampling generators) and steps any subset of slots given as
-indices, so sessions join and leave at any frame while the others keep their
-cadence. `reset_slot` touches only that slot's rows and is O(1): ring rows
-past a slot's fill length are never read, so they are not cleared.
+frame counters, sampling seeds and parameters: a `SlotState` on the device)
+and steps any subset of slots given as indices, so sessions join and leave at
+any frame while the others keep their cadence. `reset_slot` touches only that
+slot's rows and is O(1): ring rows past a slot's fill length are never read,
+so they are not cleared. The token ring layout and the delays are described
+in ``_step.py``.
 
-Token ring (per slot, ``num_streams x (max_delay + 2 + user_lag)`` columns):
-at a slot's frame ``n``, user codebook ``q`` is written at column
-``n + user_lag + delay[q]``; the temporal input is column ``n``, with stream
-start tokens while ``n <= delay``; the sampled text and agent codebooks go to
-column ``n + 1``; the output is the de-delayed column
-``n + 1 - max_delay + delay`` (text and the semantic codebook sampled one
-frame ago, acoustic codebooks sampled now), flagged invalid (``-2``) for the
-first ``max_delay`` frames as in the reference ``LMGen``.
+A step is one `LMStep` call: static shapes, no host sync, sampling noise from
+counter-based hashes of each slot's seed and frame (``_rng.py``). On CUDA it
+runs through `CudaGraphStep`, which pads the batch to a bucket with the
+scratch slot and replays a captured graph per bucket (``cuda_graphs``, on by
+default there); elsewhere the same padded step runs eagerly.
+``static_shapes=False`` instead runs the dynamic reference path (host
+``max_len``, `ring_attention`, no padding) that tests compare against.
 
 This runner speaks codes. `MoshiEngineRunner` (``_engine_runner.py``) wraps it
 with the Mimi streams and the text table to make the engine's ``ModelRunner``
@@ -33,22 +34,23 @@ import torch
 
 from .._interface import ModelSpec
 from ._config import MoshiConfig
+from ._cuda_graph import CudaGraphStep
 from ._kv import KVRing
 from ._lm import MoshiLM
-from ._sampling import SamplingParams, sample_rows
+from ._rng import as_int64
+from ._sampling import SamplingParams, effective_top_k
+from ._step import UNGENERATED, LMStep, SlotState
 
 __all__ = ["GREEDY", "MoshiRunner", "SlotSampling", "StepTokens"]
 
 _TEXT_DEFAULT = SamplingParams(0.7, 25)
 _AUDIO_DEFAULT = SamplingParams(0.8, 250)
-UNGENERATED = -2
-"""Token value of outputs that do not exist yet (the reference's ``ungenerated_token_id``)."""
 
 
 @final
 @dataclass(frozen=True, slots=True)
 class SlotSampling:
-    """One slot's sampling: its generator seed and the text/audio parameters.
+    """One slot's sampling: its noise seed (any int, used mod 2^64) and text/audio parameters.
 
     Defaults are the reference's (text 0.7 / top-25, audio 0.8 / top-250).
     """
@@ -90,12 +92,23 @@ class MoshiRunner:
 
     Args:
         model: the LM (its device and dtype are the runner's).
-        max_slots: slot pool size; KV memory is ``max_slots * config.kv_bytes_per_slot()``.
+        max_slots: slot pool size; KV memory is ``(max_slots + 1) * config.kv_bytes_per_slot()``
+            (one scratch slot pads batches to their bucket).
         kv_dtype: ring storage dtype (default: the model's).
+        cuda_graphs: replay one CUDA graph per batch bucket (default: on when the model
+            is on CUDA; refused elsewhere).
+        static_shapes: False runs the dynamic reference step instead (host ``max_len``,
+            `ring_attention`, no padding, no graphs); for tests.
     """
 
     def __init__(
-        self, model: MoshiLM, *, max_slots: int, kv_dtype: torch.dtype | None = None
+        self,
+        model: MoshiLM,
+        *,
+        max_slots: int,
+        kv_dtype: torch.dtype | None = None,
+        cuda_graphs: bool | None = None,
+        static_shapes: bool = True,
     ) -> None:
         config = model.config
         weight = model.text_linear.weight
@@ -105,33 +118,21 @@ class MoshiRunner:
         self._spec = ModelSpec(
             name=config.name, supports_model_native_turn_policy=True, max_slots=max_slots
         )
-        self._ring = KVRing(
-            num_layers=config.num_layers,
-            max_slots=max_slots,
-            num_heads=config.num_heads,
-            context=config.context,
-            head_dim=config.head_dim,
-            device=self._device,
-            dtype=kv_dtype or weight.dtype,
+        self._state = SlotState(
+            config, max_slots=max_slots, device=self._device, kv_dtype=kv_dtype or weight.dtype
         )
-        self._columns = config.max_delay + 2 + config.user_lag
-        self._tokens = torch.full(
-            (max_slots, config.num_streams, self._columns),
-            UNGENERATED,
-            dtype=torch.long,
-            device=self._device,
-        )
-        self._frames = np.zeros(max_slots, dtype=np.int64)
+        self._step = LMStep(model, self._state)
+        if cuda_graphs is None:
+            cuda_graphs = self._device.type == "cuda" and static_shapes
+        if cuda_graphs and not static_shapes:
+            raise ValueError("cuda_graphs needs static_shapes")
+        self._static = static_shapes
+        self._graphs = CudaGraphStep(self._step, max_slots=max_slots, use_graphs=cuda_graphs)
+        self._frames = np.zeros(max_slots, dtype=np.int64)  # host mirror of state.frames
         self._sampling = [SlotSampling()] * max_slots
-        self._generators = [torch.Generator(self._device) for _ in range(max_slots)]
+        self._top_k_caps = (1, 1)
         for slot in range(max_slots):
-            self._generators[slot].manual_seed(self._sampling[slot].seed)
-        long = {"dtype": torch.long, "device": self._device}
-        self._delays = torch.tensor(config.delays, **long)
-        self._initial = torch.tensor(model.initial_tokens, **long)
-        self._all_rows = torch.arange(config.num_streams, **long)
-        self._agent_rows = torch.arange(1 + config.agent_q, **long)
-        self._user_rows = torch.arange(1 + config.agent_q, config.num_streams, **long)
+            self._set_sampling(slot, self._sampling[slot])
 
     @property
     def spec(self) -> ModelSpec:
@@ -145,20 +146,25 @@ class MoshiRunner:
 
     @property
     def kv_ring(self) -> KVRing:
-        """The per-slot KV rings (tests poke unfilled rows through this)."""
-        return self._ring
+        """The per-slot KV rings, scratch slot last (tests poke unfilled rows through this)."""
+        return self._state.ring
+
+    @property
+    def graph_step(self) -> CudaGraphStep:
+        """The bucketed step (whether it replays graphs, how many it captured)."""
+        return self._graphs
 
     def frames(self, slot: int) -> int:
         """Frames the slot has stepped since its last reset."""
         return int(self._frames[slot])
 
     def reset_slot(self, slot: int, sampling: SlotSampling | None = None) -> None:
-        """Make one slot fresh (frame 0, reseeded generator); no other slot is touched."""
+        """Make one slot fresh (frame 0, its seed and parameters); no other slot is touched."""
         self._check_slot(slot)
         self._frames[slot] = 0
-        self._tokens[slot] = UNGENERATED
-        self._sampling[slot] = sampling or SlotSampling()
-        self._generators[slot].manual_seed(self._sampling[slot].seed)
+        self._state.frames[slot] = 0
+        self._state.tokens[slot] = UNGENERATED
+        self._set_sampling(slot, sampling or SlotSampling())
 
     def seek(self, slot: int, frame: int) -> None:
         """Move one slot's frame counter to ``frame``, as if it had already run that long.
@@ -176,7 +182,8 @@ class MoshiRunner:
         if frame < 0:
             raise ValueError(f"frame must be >= 0, got {frame}")
         self._frames[slot] = frame
-        self._tokens[slot] = 0
+        self._state.frames[slot] = frame
+        self._state.tokens[slot] = 0
 
     @torch.no_grad()
     def step(
@@ -210,68 +217,41 @@ class MoshiRunner:
         if forced is not None and tuple(forced.shape) != (batch, 1 + config.agent_q):
             raise ValueError(f"forced must have shape ({batch}, {1 + config.agent_q})")
         slot_np = np.asarray(slots, dtype=np.int64)
-        frames_np = self._frames[slot_np]
-        slot_t = torch.as_tensor(slot_np, device=self._device)
-        frames = torch.as_tensor(frames_np, device=self._device)
-        columns = self._columns
-        rows = slot_t[:, None]
-
-        user_delays = self._delays[self._user_rows]
-        user_cols = (frames[:, None] + config.user_lag + user_delays[None, :]) % columns
-        self._tokens[rows, self._user_rows[None, :], user_cols] = user_codes.to(self._device)
-        column = self._tokens[rows, self._all_rows[None, :], (frames % columns)[:, None]]
-        starting = frames[:, None] <= self._delays[None, :]
-        column = torch.where(starting, self._initial[None, :], column)
-
-        max_len = int(min(frames_np.max() + 1, config.context))
-        hidden, text_logits = self._model.temporal_step(column, self._ring, slot_t, frames, max_len)
-        sampling = [self._sampling[s] for s in slots]
-        generators = [self._generators[s] for s in slots]
-        text = self._sample(text_logits, [p.text for p in sampling], generators)
+        user = user_codes.to(self._device, torch.long)
         if forced is not None:
-            forced = forced.to(self._device)
-            text = torch.where(forced[:, 0] >= 0, forced[:, 0], text)
-        audio_params = [p.audio for p in sampling]
-
-        def choose(step: int, logits: torch.Tensor) -> torch.Tensor:
-            token = self._sample(logits, audio_params, generators)
-            if forced is not None:
-                token = torch.where(forced[:, step + 1] >= 0, forced[:, step + 1], token)
-            return token
-
-        audio = self._model.depth_step(hidden, text, choose)
-
-        target = ((frames + 1) % columns)[:, None]
-        self._tokens[rows, self._agent_rows[None, :], target] = torch.cat(
-            [text[:, None], audio], dim=1
-        )
-        out_delays = self._delays[self._agent_rows]
-        out_cols = (frames[:, None] + 1 - config.max_delay + out_delays[None, :]) % columns
-        out = self._tokens[rows, self._agent_rows[None, :], out_cols]
-        valid = frames + 1 > config.max_delay
-        out = torch.where(valid[:, None], out, UNGENERATED)
+            forced = forced.to(self._device, torch.long)
+        if self._static:
+            packed = self._graphs(slot_np, user, forced, self._top_k_caps)
+        else:
+            max_len = int(min(self._frames[slot_np].max() + 1, config.context))
+            slot_t = torch.as_tensor(slot_np, device=self._device)
+            if forced is None:
+                forced = torch.full((batch, 1 + config.agent_q), -1, device=self._device)
+            packed = self._step(slot_t, user, forced, self._top_k_caps, max_len)
         self._frames[slot_np] += 1
+        agent = config.agent_q
         return StepTokens(
             slots=tuple(int(s) for s in slots),
-            text=out[:, 0],
-            audio=out[:, 1:],
-            valid=valid,
-            sampled_text=text,
-            sampled_audio=audio,
+            text=packed[:, 0],
+            audio=packed[:, 1 : 1 + agent],
+            valid=packed[:, 1 + agent].bool(),
+            sampled_text=packed[:, 2 + agent],
+            sampled_audio=packed[:, 3 + agent :],
         )
 
-    def _sample(
-        self,
-        logits: torch.Tensor,
-        params: list[SamplingParams],
-        generators: list[torch.Generator],
-    ) -> torch.Tensor:
-        temperature = torch.tensor([p.temperature for p in params], device=self._device)
-        top_k = torch.tensor([p.top_k for p in params], device=self._device)
-        sampled = [row for row, p in enumerate(params) if not p.greedy]
-        vocab = logits.shape[-1]
-        widest = max((params[r].top_k or vocab for r in sampled), default=1)
-        return sample_rows(logits, temperature, top_k, generators, sampled, widest)
+    def _set_sampling(self, slot: int, sampling: SlotSampling) -> None:
+        """Write the slot's seed and parameters to the device; widen the top-k caps if needed."""
+        self._sampling[slot] = sampling
+        state = self._state
+        state.seeds[slot] = as_int64(sampling.seed)
+        params = (sampling.text, sampling.audio)
+        state.temperature[slot] = torch.tensor([p.temperature for p in params])
+        state.top_k[slot] = torch.tensor([p.top_k for p in params])
+        text_cap, audio_cap = self._top_k_caps
+        self._top_k_caps = (  # only ever widened: each new pair captures new graphs
+            max(text_cap, effective_top_k(sampling.text, self._config.text_card)),
+            max(audio_cap, effective_top_k(sampling.audio, self._config.card)),
+        )
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self._spec.max_slots:

@@ -1,18 +1,17 @@
-"""Per-row sampling: greedy, or temperature + top-k with each slot's own generator.
+"""Per-row sampling with static shapes: greedy, or temperature + top-k from counter-based noise.
 
-Each row draws its noise from its slot's ``torch.Generator`` and sees only its
-own logits and parameters, so a slot's tokens do not depend on which other
-slots share the batch (slot isolation holds for sampled output too, not just
-greedy). A row samples by the exponential race ``argmax(p / E)``, ``E ~ Exp(1)``
-(the reference's sync-free trick), over the full vocabulary with probabilities
-outside the row's top-k zeroed, so the number of draws per row is fixed.
-
-This is the torch reference; a fused Triton per-row sampler comes later.
+Every row samples by the exponential race ``argmax(p / E)`` with
+``E = -log(U)`` (the reference's sync-free trick), over the full vocabulary
+with probabilities outside the row's top-k zeroed. ``U`` comes from
+`counter_uniform` (a hash of the slot's seed and frame counter), so a row's
+token depends only on its own logits, parameters, seed and frame: slot
+isolation holds for sampled output, not just greedy, and the function has no
+host syncs, no per-row loops and no generator state, so a CUDA graph can
+capture it. Rows with temperature 0 are exactly ``argmax(logits)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import final
 
@@ -20,7 +19,7 @@ import torch
 
 from duplex.exceptions import ConfigError
 
-__all__ = ["SamplingParams", "sample_rows"]
+__all__ = ["SamplingParams", "effective_top_k", "sample_tokens"]
 
 
 @final
@@ -41,44 +40,40 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def sample_rows(
+def effective_top_k(params: SamplingParams, vocab: int) -> int:
+    """How many tokens ``params`` can draw from (1 when greedy: no top-k needed)."""
+    if params.greedy:
+        return 1
+    return min(params.top_k, vocab) if params.top_k > 0 else vocab
+
+
+def sample_tokens(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     top_k: torch.Tensor,
-    generators: Sequence[torch.Generator],
-    sampled_rows: Sequence[int],
-    max_top_k: int | None = None,
+    uniform: torch.Tensor,
+    top_k_cap: int,
 ) -> torch.Tensor:
-    """Pick one token per row.
+    """Pick one token per row, with shapes fixed by ``logits`` and ``top_k_cap`` only.
 
     Args:
         logits: ``[B, V]`` float32.
         temperature: ``[B]``; rows with 0 are greedy.
         top_k: ``[B]``; 0 keeps the whole vocabulary.
-        generators: one generator per row (its slot's).
-        sampled_rows: rows with ``temperature > 0``, known on the host.
-        max_top_k: the largest effective k among sampled rows if known on the host
-            (avoids a device sync); computed from ``top_k`` otherwise.
+        uniform: ``[B, V]`` noise in (0, 1) (see `counter_uniform`).
+        top_k_cap: at least every sampled row's effective k (a host constant, so
+            ``topk`` has a static width; the result does not depend on it).
 
     Returns:
         ``[B]`` int64 tokens.
     """
-    tokens = logits.argmax(dim=-1)
-    if not sampled_rows:
-        return tokens
-    rows = torch.as_tensor(sampled_rows, device=logits.device)
-    sub = logits[rows] / temperature[rows, None]
-    probs = torch.softmax(sub, dim=-1)
-    vocab = probs.shape[-1]
-    k = torch.where(top_k[rows] > 0, top_k[rows].clamp(max=vocab), vocab)
-    widest = min(max_top_k, vocab) if max_top_k else int(k.max())
-    kth = probs.topk(widest, dim=-1).values.gather(-1, (k - 1)[:, None])
-    probs = torch.where(probs >= kth, probs, 0.0)
-    noise = torch.stack(
-        [
-            torch.empty(vocab, device=logits.device).exponential_(generator=generators[r])
-            for r in sampled_rows
-        ]
-    )
-    tokens[rows] = (probs / noise).argmax(dim=-1)
-    return tokens
+    vocab = logits.shape[-1]
+    cap = max(1, min(top_k_cap, vocab))
+    greedy = temperature <= 0
+    scale = torch.where(greedy, 1.0, temperature)
+    probs = torch.softmax(logits / scale[:, None], dim=-1)
+    k = torch.where(top_k > 0, top_k, vocab).clamp(1, cap)
+    kth = probs.topk(cap, dim=-1).values.gather(-1, (k - 1)[:, None])
+    kept = torch.where(probs >= kth, probs, 0.0)
+    sampled = (kept / -torch.log(uniform)).argmax(dim=-1)
+    return torch.where(greedy, logits.argmax(dim=-1), sampled)

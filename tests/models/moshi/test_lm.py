@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -31,7 +30,6 @@ from duplex.models.moshi import (
     load_lm,
     moshi_preset,
     random_lm,
-    sample_rows,
     save_random_lm,
 )
 
@@ -331,38 +329,6 @@ def test_sampling_is_reproducible_per_slot_seed(tiny: MoshiLM) -> None:
     assert run_alone(tiny, codes, params, slot=2) == first
     assert run_alone(tiny, codes, replace(params, seed=6)) != first
     assert run_alone(tiny, codes, GREEDY) != first
-
-
-def test_sample_rows_top_k_rows_and_distribution() -> None:
-    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
-    generators = [torch.Generator().manual_seed(s) for s in range(3)]
-    ones = torch.ones(3, dtype=torch.long)
-    top1 = sample_rows(logits, torch.ones(3), ones, generators, [0, 1, 2])
-    assert torch.equal(top1, logits.argmax(-1))
-    # A row's draw depends only on its own logits, parameters and generator.
-    alone = sample_rows(
-        logits[1:2], torch.ones(1), torch.tensor([4]), [torch.Generator().manual_seed(9)], [0]
-    )
-    mixed = sample_rows(
-        logits,
-        torch.tensor([0.0, 1.0, 2.0]),
-        torch.tensor([0, 4, 0]),
-        [generators[0], torch.Generator().manual_seed(9), generators[2]],
-        [1, 2],
-    )
-    assert int(mixed[1]) == int(alone[0]) and int(mixed[0]) == int(logits[0].argmax())
-    assert int(mixed[1]) in logits[1].topk(4).indices.tolist()
-    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
-    generator = torch.Generator().manual_seed(1)
-    draws = sample_rows(
-        probs.log().expand(4000, 4).clone(),
-        torch.ones(4000),
-        torch.zeros(4000, dtype=torch.long),
-        [generator] * 4000,
-        list(range(4000)),
-    )
-    freq = np.bincount(draws.numpy(), minlength=4) / 4000
-    assert np.abs(freq - probs.numpy()).max() < 0.03
 
 
 # --- package surface -----------------------------------------------------------------------
