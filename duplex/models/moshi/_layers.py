@@ -21,7 +21,9 @@ __all__ = ["Attention", "GatedFFN", "RMSNorm", "apply_rope", "embed"]
 def embed(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Embedding lookup where id ``-1`` (the reference's zero token) gives a zero vector."""
     out = F.embedding(ids.clamp_min(0), table)
-    return torch.where((ids == -1)[..., None], torch.zeros((), dtype=out.dtype), out)
+    # masked_fill with a Python scalar: a CPU 0-dim tensor here would be a host copy,
+    # which a CUDA graph capture refuses
+    return out.masked_fill((ids == -1)[..., None], 0.0)
 
 
 def apply_rope(
