@@ -23,7 +23,7 @@ import trio
 
 from ._engine import Engine, EngineStatistics, InputPush, SlotHandle, SlotOutput
 from ._interface import ModelSpec, PcmFrame
-from ._ticker import Fanout, Subscriber, Ticker
+from ._ticker import Fanout, Subscriber, Ticker, loop_counters
 
 __all__ = ["DriverStatistics", "EngineDriver", "Offload"]
 
@@ -132,15 +132,7 @@ class EngineDriver:
     def statistics(self) -> DriverStatistics:
         """Snapshot of the loop and delivery counters."""
         return DriverStatistics(
-            ticks=self._ticker.ticks,
-            idle_ticks=self._ticker.idle_ticks,
-            late_ticks=self._ticker.late_ticks,
-            subscribers=len(self._fanout.subscribers),
-            delivered=self._fanout.delivered,
-            dropped_full=self._fanout.dropped_full,
-            dropped_closed=self._fanout.dropped_closed,
-            orphaned=self._fanout.orphaned,
-            engine=self._engine.statistics(),
+            **loop_counters(self._ticker, self._fanout), engine=self._engine.statistics()
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -12,7 +12,7 @@ the tick.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Generic, Protocol, TypeVar, final
+from typing import Any, Generic, Protocol, TypeVar, final
 
 import trio
 
@@ -64,6 +64,20 @@ class Fanout(Generic[H, T]):
         else:
             self.delivered += 1
         return True
+
+
+def loop_counters(ticker: Ticker, fanout: Fanout[Any, Any]) -> dict[str, int]:
+    """The tick and delivery counters every driver's statistics carry, by field name."""
+    return {
+        "ticks": ticker.ticks,
+        "idle_ticks": ticker.idle_ticks,
+        "late_ticks": ticker.late_ticks,
+        "subscribers": len(fanout.subscribers),
+        "delivered": fanout.delivered,
+        "dropped_full": fanout.dropped_full,
+        "dropped_closed": fanout.dropped_closed,
+        "orphaned": fanout.orphaned,
+    }
 
 
 @final

@@ -30,7 +30,7 @@ from ._silero import (
     VadStatistics,
     VadWindow,
 )
-from ._ticker import Fanout, Subscriber, Ticker
+from ._ticker import Fanout, Subscriber, Ticker, loop_counters
 
 __all__ = ["VadDriver", "VadDriverStatistics"]
 
@@ -128,15 +128,7 @@ class VadDriver:
     def statistics(self) -> VadDriverStatistics:
         """Snapshot of the loop and delivery counters."""
         return VadDriverStatistics(
-            ticks=self._ticker.ticks,
-            idle_ticks=self._ticker.idle_ticks,
-            late_ticks=self._ticker.late_ticks,
-            subscribers=len(self._fanout.subscribers),
-            delivered=self._fanout.delivered,
-            dropped_full=self._fanout.dropped_full,
-            dropped_closed=self._fanout.dropped_closed,
-            orphaned=self._fanout.orphaned,
-            vad=self._vad.statistics(),
+            **loop_counters(self._ticker, self._fanout), vad=self._vad.statistics()
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
