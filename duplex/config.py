@@ -65,6 +65,10 @@ class ServerConfig:
     Native ``/v1/duplex`` sessions use ``session.vad`` (``energy`` by default)."""
     vad_streams: int = 256
     """Stream pool of the shared silero VAD: sessions using it at once (more are refused)."""
+    first_event_timeout_s: float = 30.0
+    """A socket that has opened no session by then (``/v1/duplex`` before its first event,
+    ``/v1/realtime?resume=1`` before ``session.resume``) gets ``first_event_timeout`` and is
+    closed with 1008; 0 disables. Admission counts sessions, so idle sockets are bounded here."""
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     shutdown_grace_s: float = 5.0
@@ -84,6 +88,8 @@ class ServerConfig:
             raise ConfigError(f"vad_streams: must be >= 1, got {self.vad_streams}")
         if self.shutdown_grace_s < 0:
             raise ConfigError("shutdown_grace_s: must be >= 0")
+        if not self.first_event_timeout_s >= 0:
+            raise ConfigError("first_event_timeout_s: must be >= 0")
 
 
 @final

@@ -102,6 +102,7 @@ UnsupportedParameter = _code("UnsupportedParameter", "unsupported_parameter")
 UnsupportedTurnDetection = _code("UnsupportedTurnDetection", "unsupported_turn_detection")
 ItemNotFound = _code("ItemNotFound", "item_not_found")
 AudioEndOutOfRange = _code("AudioEndOutOfRange", "audio_end_ms_out_of_range")
+FirstEventTimeout = _code("FirstEventTimeout", "first_event_timeout")
 
 ERROR_CLASSES: dict[str, type[ProtocolError]] = {
     cls.code: cls
@@ -111,7 +112,7 @@ ERROR_CLASSES: dict[str, type[ProtocolError]] = {
         PlaybackItemNotFound, PlaybackAckTooLate, VideoInputUnsupported, InvalidVideoFrames,
         UnknownSession, SessionResumeExpired, SessionClosed, IllegalState, InputBackpressure,
         ResourceExhausted, InternalError, EngineError, UnsupportedEvent, UnsupportedParameter,
-        UnsupportedTurnDetection, ItemNotFound, AudioEndOutOfRange,
+        UnsupportedTurnDetection, ItemNotFound, AudioEndOutOfRange, FirstEventTimeout,
     )
 }  # fmt: skip
 

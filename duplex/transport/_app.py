@@ -56,11 +56,13 @@ def build_app(
     registry: MetricsRegistry,
     max_frame_bytes: int,
     realtime_vad: str | None = None,
+    first_event_timeout_s: float = 0.0,
 ) -> Starlette:
     """The app for one running hub (engine + sessions).
 
     ``realtime_vad`` backs ``server_vad`` in Realtime turn-based sessions
     (``server.realtime_vad``); ``None`` leaves it to the session defaults.
+    ``first_event_timeout_s`` closes sockets that open no session in time (0: never).
     """
     model = hub.spec
 
@@ -102,6 +104,7 @@ def build_app(
             generation,
             projection,
             autostart,
+            first_event_timeout_s,
             name=f"connection-{generation}",
             restart=Restart.TEMPORARY,
         )

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, final
 
 import trio
 from starlette.websockets import WebSocket, WebSocketState
 
 from duplex import exceptions as errors
-from duplex.actors import Actor, ActorContext, ActorRef, LaneSpec
+from duplex.actors import Actor, ActorContext, ActorRef, ControlMessage, LaneSpec
 from duplex.sessions import (
     ClientEvent,
     ErrorEvent,
@@ -56,6 +57,15 @@ class Projection(Protocol):
         ...
 
 
+_FIRST_EVENT = "first-event"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _FirstEventDue(ControlMessage):
+    """The socket's time to open a session is up."""
+
+
 @final
 class ConnectionActor(Actor[Any]):
     """One socket of one session (or of a session that was never opened)."""
@@ -72,18 +82,22 @@ class ConnectionActor(Actor[Any]):
         generation: int,
         projection: Projection,
         autostart: bool,
+        first_event_timeout_s: float = 0.0,
     ):
         self.ws = websocket
         self.hub = hub
         self.generation = generation
         self.projection = projection
         self.autostart = autostart
+        self.first_event_timeout_s = first_event_timeout_s
         self.session: ActorRef[Any] | None = None
         self.closing = False
 
     async def on_start(self, ctx: ActorContext) -> None:
         if self.autostart:  # OpenAI clients expect session.created before they speak
             await self._open(ctx, self.projection.initial_options, None)
+        elif self.first_event_timeout_s > 0:
+            ctx.start_timer(_FIRST_EVENT, self.first_event_timeout_s, _FirstEventDue())
         ctx.start_soon(self._read, ctx)
 
     async def on_stop(self, ctx: ActorContext) -> None:
@@ -97,6 +111,10 @@ class ConnectionActor(Actor[Any]):
                 await self._write(ctx, event, seq)
             case CloseSocket(code, reason):
                 await self._close(ctx, code, reason)
+            case _FirstEventDue() if self.session is None and not self.closing:
+                limit = self.first_event_timeout_s
+                exc = errors.FirstEventTimeout(f"no session was opened within {limit:g} s")
+                await self._refuse(ctx, exc, close=(1008, "first_event_timeout"))
         return None
 
     # -- the writer ----------------------------------------------------------
@@ -159,6 +177,7 @@ class ConnectionActor(Actor[Any]):
                 await self._refuse(ctx, exc, close=(1008, "session_resume_expired"))
                 return
             self.session = session
+            ctx.cancel_timer(_FIRST_EVENT)
             await session.tell(Attach(self.generation, ctx.self, event))
             return
         options = (
@@ -181,6 +200,7 @@ class ConnectionActor(Actor[Any]):
             await self._refuse(ctx, exc, close=(1013, "resource_exhausted") if full else None)
             return False
         self.session = opened.ref
+        ctx.cancel_timer(_FIRST_EVENT)
         await opened.ref.tell(Attach(self.generation, ctx.self))
         return True
 

@@ -162,6 +162,7 @@ async def serve_duplex(
         connections,
         registry=registry,
         max_frame_bytes=config.server.max_frame_bytes,
+        first_event_timeout_s=config.server.first_event_timeout_s,
         realtime_vad=config.server.realtime_vad,
     )
 

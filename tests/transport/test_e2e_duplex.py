@@ -231,3 +231,19 @@ async def test_shutdown_closes_open_sockets_with_1001() -> None:
             while True:
                 await c.recv()
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+
+
+async def test_a_socket_that_opens_no_session_in_time_is_closed() -> None:
+    async with running_server(**{"server.first_event_timeout_s": 0.5}) as server:
+        async with client(server) as idle:
+            err = await idle.recv(timeout=5.0)
+            assert (err["type"], err["error"]["code"]) == ("error", "first_event_timeout")
+            with pytest.raises(ConnectionClosed) as closed:
+                await idle.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        async with client(server) as prompt:  # a session opened in time is never timed out
+            await prompt.send({"type": "session.create", "session": {}})
+            assert (await prompt.recv())["type"] == "session.created"
+            await trio.sleep(1.0)
+            await prompt.send({"type": "session.close"})
+            await prompt.until("session.closed")
