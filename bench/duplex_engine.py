@@ -9,7 +9,9 @@ One command runs every phase and writes what it has after each batch size:
     (cuDNN / matmul TF32 is turned off for this phase only). On CUDA it also
     runs the device twice more, eager and CUDA-graphed (greedy, then sampled
     with seeded counter-based noise): graphed tokens must equal eager ones
-    (greedy gates ``passed``; sampled is reported).
+    (greedy gates ``passed``; sampled is reported). Also on CUDA: the tiny
+    Mimi alone, graphed vs eager (staggered joins, a reset, padded buckets):
+    codes equal and PCM within ``MIMI_GRAPH_ATOL`` gate ``passed``.
 ``ours``
     The full LM preset (``moshi-7b``) with seeded random weights built directly
     on the device (meta device, ``to_empty``, in-place normal fill; bf16 on
@@ -20,10 +22,11 @@ One command runs every phase and writes what it has after each batch size:
     `MoshiEngineRunner.execute` does: Mimi encode of ``[B, 1920]`` noise, one
     LM step (temporal transformer, text sampling, 8 depth steps with the
     reference's temperature / top-k), Mimi decode of the valid rows, copy-out
-    of PCM and text tokens to the host. The LM step replays one CUDA graph
-    per batch bucket (``--cuda-graphs``, the default; ``--no-cuda-graphs``
-    runs the same padded static step eagerly); a bucket's graph is captured
-    in its first warm-up frame (``first_frame_ms``).
+    of PCM and text tokens to the host. The LM step and Mimi's encode and
+    decode replay one CUDA graph per batch bucket (``--cuda-graphs``, the
+    default; ``--no-cuda-graphs`` runs the same padded static frames
+    eagerly); a bucket's graphs are captured in its first warm-up frame
+    (``first_frame_ms``).
 ``ours-full``
     The same with every slot past ``context`` frames (the whole 3000-frame ring
     read: the worst case).
@@ -103,6 +106,8 @@ SMOKE_WEIGHT_SEED = 3
 WEIGHT_SEED = 1234
 PCM_SEED = 99
 PCM_ATOL = 1e-3
+MIMI_GRAPH_ATOL = 1e-4
+"""Graphed vs eager Mimi PCM on one device (same kernels; only capture could differ)."""
 REFERENCE_MIN_WARMUP = 5
 MEMORY_RESERVE = 4 * GIB
 """Kept free when sizing slot pools (allocator fragmentation, cuBLAS workspaces, Mimi)."""
@@ -364,7 +369,9 @@ class OurEngine:
         self.runner = ours.MoshiRunner(
             lm, max_slots=max_slots, kv_dtype=kv_dtype, cuda_graphs=cuda_graphs
         )
-        self.streams = ours.MimiStreams(mimi, max_slots=max_slots, num_codebooks=self.config.user_q)
+        self.streams = ours.MimiStreams(
+            mimi, max_slots=max_slots, num_codebooks=self.config.user_q, cuda_graphs=cuda_graphs
+        )
 
     def start(self, slot: int, frame: int, sampling: Any) -> None:
         """A fresh session on ``slot`` whose LM is already ``frame`` frames in."""
@@ -398,6 +405,35 @@ class OurEngine:
         pcm_host = out.cpu().numpy()
         codes = torch.cat([tokens.text[:, None], tokens.audio], dim=1).cpu().numpy()
         return codes[:, 0], codes[:, 1:], pcm_host, out
+
+
+def mimi_graph_check(ours: types.SimpleNamespace, mimi_cpu: Any, device: torch.device) -> dict:
+    """Tiny Mimi on CUDA, graphed vs eager: staggered joins, a reset, buckets 1, 2 and 4."""
+    mimi = copy.deepcopy(mimi_cpu).to(device)
+    eager = ours.MimiStreams(mimi, max_slots=SMOKE_SLOTS, cuda_graphs=False)
+    graphed = ours.MimiStreams(mimi, max_slots=SMOKE_SLOTS, cuda_graphs=True)
+    pcm = test_pcm(SMOKE_FRAMES, SMOKE_SLOTS, device)
+    generator = torch.Generator().manual_seed(SMOKE_WEIGHT_SEED)
+    shape = (SMOKE_FRAMES, SMOKE_SLOTS, mimi.config.num_codebooks)
+    codes = torch.randint(0, mimi.config.bins, shape, generator=generator).to(device)
+    codes_equal, pcm_diff = True, 0.0
+    for index in range(SMOKE_FRAMES):
+        for slot in range(SMOKE_SLOTS):
+            if index == 2 * slot or (slot == 0 and index == SMOKE_FRAMES // 2):
+                eager.reset_slot(slot)
+                graphed.reset_slot(slot)
+        live = [s for s in range(SMOKE_SLOTS) if 2 * s <= index][::-1]
+        frame = pcm[index, live]
+        codes_equal &= bool(torch.equal(graphed.encode(live, frame), eager.encode(live, frame)))
+        want = eager.decode(live, codes[index, live], check_values=False)
+        got = graphed.decode(live, codes[index, live], check_values=False)
+        pcm_diff = max(pcm_diff, float((got - want).abs().max()))
+    return {
+        "mimi_graphs_codes_equal": codes_equal,
+        "mimi_graphs_pcm_max_abs_diff": pcm_diff,
+        "mimi_graphs_captured": graphed.captured,
+        "mimi_graphs_passed": codes_equal and pcm_diff <= MIMI_GRAPH_ATOL,
+    }
 
 
 def run_smoke(args: argparse.Namespace, ours: types.SimpleNamespace, device: torch.device) -> dict:
@@ -435,6 +471,7 @@ def run_smoke(args: argparse.Namespace, ours: types.SimpleNamespace, device: tor
         cpu = trace(torch.device("cpu"))
         dev = trace(device)
         if device.type == "cuda":
+            graphed.update(mimi_graph_check(ours, mimi_cpu, device))
             for mode in ("greedy", "sampled"):
                 sampled = mode == "sampled"
                 eager = dev if not sampled else trace(device, sampled=True)
@@ -454,7 +491,10 @@ def run_smoke(args: argparse.Namespace, ours: types.SimpleNamespace, device: tor
     pcm_diff = float(np.abs(cpu["pcm"][:first] - dev["pcm"][:first]).max()) if first else 0.0
     tokens_equal = bool(same.all())
     passed = (
-        tokens_equal and pcm_diff <= PCM_ATOL and graphed.get("graphs_greedy_tokens_equal", True)
+        tokens_equal
+        and pcm_diff <= PCM_ATOL
+        and graphed.get("graphs_greedy_tokens_equal", True)
+        and graphed.get("mimi_graphs_passed", True)
     )
     valid = cpu["text"] >= 0
     return {
@@ -494,10 +534,10 @@ def our_per_slot_bytes(config: Any, mimi_config: Any, kv_bytes: int) -> int:
     """KV ring + Mimi state + attention temporaries of one slot (an estimate for sizing)."""
     ring = config.kv_bytes_per_slot(kv_bytes)
     mimi = mimi_config.kv_bytes_per_slot(4) + 16 * 1024**2
-    # masked_attention gathers every ring row of keys and values (kv dtype) and, for an
-    # fp8 ring, converts them to the model dtype (bf16): per slot and layer, full context.
+    # prefix_attention reads the rings in place; an fp8 ring is converted to bf16
+    # one layer at a time (keys and values, full context, per slot of the prefix).
     rows = config.num_heads * config.context * config.head_dim
-    temporaries = rows * 2 * (kv_bytes + (2 if kv_bytes != 2 else 0))
+    temporaries = rows * 2 * 2 if kv_bytes != 2 else 0
     return ring + mimi + temporaries
 
 
@@ -518,8 +558,7 @@ def run_ours(
     kv_bytes = 1 if mode == "fp8" else torch.finfo(lm_dtype(device)).bits // 8
     per_slot = our_per_slot_bytes(config, mimi.config, kv_bytes)
     want = max(args.batches)
-    max_slots, memory = fit_slots(device, want + 1, per_slot)
-    max_slots = min(want, max_slots - 1)  # the runner adds one scratch slot
+    max_slots, memory = fit_slots(device, want, per_slot)
     graphs = bool(args.cuda_graphs and device.type == "cuda")
     record.update(
         {
@@ -894,7 +933,8 @@ def write_markdown(out: Path, data: dict[str, Any]) -> None:
             f"Smoke (tiny, greedy, CPU vs {data['params']['device']}): {verdict} "
             f"(tokens equal: {smoke.get('tokens_equal')}, graphed = eager greedy / sampled: "
             f"{smoke.get('graphs_greedy_tokens_equal')} / "
-            f"{smoke.get('graphs_sampled_tokens_equal')}, PCM max diff "
+            f"{smoke.get('graphs_sampled_tokens_equal')}, Mimi graphed = eager: "
+            f"{smoke.get('mimi_graphs_passed')}, PCM max diff "
             f"{smoke.get('pcm_max_abs_diff_before_mismatch')}"
             f"{', error: ' + smoke['error'][:200] if 'error' in smoke else ''})",
             "",
@@ -1053,7 +1093,8 @@ def main(argv: list[str] | None = None) -> int:
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="ours phases: replay the LM step as CUDA graphs per batch bucket (CUDA only)",
+        help="ours phases: replay the LM step and Mimi frames as CUDA graphs per batch "
+        "bucket (CUDA only)",
     )
     args = parser.parse_args(argv)
     args.batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
@@ -1103,6 +1144,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"smoke passed={record['passed']} tokens_equal={record['tokens_equal']} "
                 f"graphs greedy/sampled equal={record.get('graphs_greedy_tokens_equal')}/"
                 f"{record.get('graphs_sampled_tokens_equal')} "
+                f"mimi graphs ok={record.get('mimi_graphs_passed')} "
                 f"pcm diff {record['pcm_max_abs_diff_before_mismatch']:.2e}"
             )
 

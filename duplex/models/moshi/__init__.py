@@ -6,8 +6,9 @@
 checkpoint tensor names; `load_lm` / `save_random_lm` read and write those
 names; `MoshiRunner` owns per-slot state (KV rings, delayed token ring,
 sampling seeds) and steps any subset of slots at any frame, with one static-shape
-step (`sample_tokens` on `counter_uniform` noise, `masked_attention`) that
-`CudaGraphStep` replays as a CUDA graph per batch bucket on the GPU.
+step over the slot prefix (`sample_tokens` on `counter_uniform` noise,
+`prefix_attention` over the rings in place) that `CudaGraphStep` replays as a
+CUDA graph per prefix bucket on the GPU.
 
 The Mimi codec: `MimiConfig` and its presets (``mimi``, ``tiny``), `MimiModel`
 (SEANet, transformers, split RVQ) under the official tokenizer tensor names,
@@ -40,7 +41,7 @@ from ._checkpoint import (
 from ._config import MOSHI_PRESETS, MoshiConfig, moshi_preset
 from ._cuda_graph import CudaGraphStep
 from ._engine_runner import MoshiEngineRunner, stream_seed
-from ._kv import KVRing, masked_attention, ring_attention
+from ._kv import KVRing, prefix_attention, ring_attention
 from ._lm import MoshiLM, TokenChooser
 from ._mimi import MimiModel
 from ._mimi_config import MIMI_PRESETS, MimiConfig, mimi_preset
@@ -88,10 +89,10 @@ __all__ = [
     "load_checkpoint",
     "load_lm",
     "load_mimi",
-    "masked_attention",
     "mimi_preset",
     "moshi_preset",
     "moshi_spec",
+    "prefix_attention",
     "random_lm",
     "random_mimi",
     "resolve_moshi",

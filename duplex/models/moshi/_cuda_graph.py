@@ -1,21 +1,25 @@
-"""Batch-size buckets for the static LM step, replayed as CUDA graphs on the GPU.
+"""Slot-prefix buckets for the static LM step, replayed as CUDA graphs on the GPU.
 
 The eager step is launch-bound (thousands of small kernels a frame). A CUDA
 graph replays all of them with one host call, but only for fixed shapes and
-fixed buffers. So a batch of ``B`` rows is padded to the smallest bucket
-(powers of two below ``max_slots``, then ``max_slots``) with rows that step
-the *scratch* slot (`SlotState.scratch`): their outputs are dropped and they
-read and write only the scratch slot's rows, so real slots never see them.
+fixed buffers. `LMStep` steps the slot prefix ``[0, P)`` (attention reads the
+rings in place), so a step of slots ``S`` runs the smallest bucket ``P >=
+max(S) + 1`` (powers of two below ``max_slots``, then ``max_slots``) with
+``active`` marking ``S``: the other prefix rows are computed and discarded
+and their slots' state is left as it was. The engine allocates the lowest
+free slot first and steps every live slot each tick, so ``S`` is close to a
+prefix; a lone session on a high slot id costs a large bucket.
 
-Each bucket has static input buffers (slot indices, user codes, forced
-tokens); its graph is captured lazily on first use, after warm-up runs on a
-side stream (as the PyTorch CUDA graph docs require) that step only the
-scratch slot. All graphs share one memory pool: they are replayed one at a
-time and their outputs are copied out before the next replay. The top-k caps
-are part of the key (they fix ``topk`` widths), so a wider cap captures anew.
+Each bucket has static input buffers (active mask, user codes, forced
+tokens, all indexed by slot); its graph is captured lazily on first use,
+after warm-up runs on a side stream (as the PyTorch CUDA graph docs require)
+with no row active, so warm-up changes no slot. All graphs share one memory
+pool: they are replayed one at a time and their outputs are copied out before
+the next replay. The top-k caps are part of the key (they fix ``topk``
+widths), so a wider cap captures anew.
 
-With ``use_graphs=False`` (the CPU, or ``cuda_graphs=False``) the same padded
-step runs eagerly, so CPU tests cover the exact function that gets captured.
+With ``use_graphs=False`` (the CPU, or ``cuda_graphs=False``) the same step
+runs eagerly, so CPU tests cover the exact function that gets captured.
 """
 
 from __future__ import annotations
@@ -45,9 +49,9 @@ def bucket_sizes(max_slots: int) -> tuple[int, ...]:
 
 @dataclass(slots=True)
 class _Bucket:
-    """Static buffers of one (bucket size, top-k caps) and, once captured, its graph."""
+    """Static buffers of one (prefix size, top-k caps) and, once captured, its graph."""
 
-    slots: torch.Tensor
+    active: torch.Tensor
     user: torch.Tensor
     forced: torch.Tensor
     output: torch.Tensor | None = None
@@ -56,11 +60,11 @@ class _Bucket:
 
 @final
 class CudaGraphStep:
-    """Pads a batch to its bucket and runs `LMStep` there, replaying a graph when enabled.
+    """Runs `LMStep` on the bucketed slot prefix of a batch, replaying a graph when enabled.
 
     Args:
-        step: the static step (its `SlotState` gives the scratch slot and device).
-        max_slots: real slots in the pool (the largest bucket).
+        step: the static step (its `SlotState` gives the device).
+        max_slots: slots in the pool (the largest bucket).
         use_graphs: capture and replay CUDA graphs (needs a CUDA device).
     """
 
@@ -70,7 +74,6 @@ class CudaGraphStep:
             raise ValueError(f"CUDA graphs need a CUDA device, the model is on {device}")
         self._step = step
         self._device = device
-        self._scratch = step.state.scratch
         self._sizes = bucket_sizes(max_slots)
         self._use_graphs = use_graphs
         self._buckets: dict[tuple[int, tuple[int, int]], _Bucket] = {}
@@ -86,12 +89,12 @@ class CudaGraphStep:
         """Graphs captured so far (one per bucket size and top-k caps in use)."""
         return sum(b.graph is not None for b in self._buckets.values())
 
-    def bucket_for(self, batch: int) -> int:
-        """The padded size of a batch of ``batch`` rows."""
+    def bucket_for(self, prefix: int) -> int:
+        """The bucket that runs slots ``[0, prefix)``: the smallest size >= ``prefix``."""
         for size in self._sizes:
-            if size >= batch:
+            if size >= prefix:
                 return size
-        raise ValueError(f"batch of {batch} exceeds the pool of {self._sizes[-1]} slots")
+        raise ValueError(f"slot prefix of {prefix} exceeds the pool of {self._sizes[-1]} slots")
 
     def __call__(
         self,
@@ -100,29 +103,28 @@ class CudaGraphStep:
         forced: torch.Tensor | None,
         top_k_caps: tuple[int, int],
     ) -> torch.Tensor:
-        """Step ``slots`` (distinct, real ones); a copy of their ``B`` packed output rows."""
-        batch = len(slots)
-        size = self.bucket_for(batch)
+        """Step ``slots`` (distinct); a copy of their packed output rows, in their order."""
+        size = self.bucket_for(int(slots.max()) + 1)
         bucket = self._bucket(size, top_k_caps)
-        padded = np.full(size, self._scratch, dtype=np.int64)
-        padded[:batch] = slots
-        bucket.slots.copy_(torch.from_numpy(padded), non_blocking=False)
-        bucket.user[:batch].copy_(user_codes)
-        if forced is None:
-            bucket.forced.fill_(-1)
-        else:
-            bucket.forced[:batch].copy_(forced)
-            bucket.forced[batch:].fill_(-1)
+        mask = np.zeros(size, dtype=np.bool_)
+        mask[slots] = True
+        index = torch.from_numpy(slots).to(self._device)
+        bucket.active.copy_(torch.from_numpy(mask))
+        bucket.user.zero_()  # inactive rows: any valid codes (they are never stored)
+        bucket.user.index_copy_(0, index, user_codes)
+        bucket.forced.fill_(-1)
+        if forced is not None:
+            bucket.forced.index_copy_(0, index, forced)
         if bucket.graph is not None:
             bucket.graph.replay()
             assert bucket.output is not None
             output = bucket.output
         else:
             output = self._run(bucket, top_k_caps)
-        return output[:batch].clone()
+        return output.index_select(0, index)
 
     def _run(self, bucket: _Bucket, top_k_caps: tuple[int, int]) -> torch.Tensor:
-        return self._step(bucket.slots, bucket.user, bucket.forced, top_k_caps)
+        return self._step(bucket.active, bucket.user, bucket.forced, top_k_caps)
 
     def _bucket(self, size: int, top_k_caps: tuple[int, int]) -> _Bucket:
         key = (size, top_k_caps)
@@ -131,7 +133,7 @@ class CudaGraphStep:
             config = self._step.model.config
             long = {"dtype": torch.long, "device": self._device}
             bucket = _Bucket(
-                slots=torch.full((size,), self._scratch, **long),
+                active=torch.zeros(size, dtype=torch.bool, device=self._device),
                 user=torch.zeros(size, config.user_q, **long),
                 forced=torch.full((size, 1 + config.agent_q), -1, **long),
             )
@@ -141,7 +143,7 @@ class CudaGraphStep:
         return bucket
 
     def _capture(self, bucket: _Bucket, top_k_caps: tuple[int, int]) -> None:
-        """Warm up on a side stream, then capture; the buffers still point at the scratch slot."""
+        """Warm up on a side stream, then capture; no row is active, so no slot changes."""
         side = torch.cuda.Stream(self._device)
         side.wait_stream(torch.cuda.current_stream(self._device))
         with torch.cuda.stream(side):

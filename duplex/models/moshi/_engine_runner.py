@@ -69,7 +69,8 @@ class MoshiEngineRunner:
         seed: base sampling seed (see the module docstring).
         sampling: temperature / top-k of text and audio; its ``seed`` is ignored.
         speech_rms: output RMS (full scale 1.0) above which a frame counts as speech.
-        cuda_graphs: replay the LM step as CUDA graphs (default: on when the LM is on CUDA).
+        cuda_graphs: replay the LM step and Mimi's frames as CUDA graphs (default: on
+            when the model is on CUDA).
 
     Raises:
         ValueError: the spec's frame or rate is not Mimi's.
@@ -98,7 +99,10 @@ class MoshiEngineRunner:
         self._config = loaded.lm.config
         self._lm = MoshiRunner(loaded.lm, max_slots=spec.max_slots, cuda_graphs=cuda_graphs)
         self._mimi = MimiStreams(
-            loaded.mimi, max_slots=spec.max_slots, num_codebooks=self._config.user_q
+            loaded.mimi,
+            max_slots=spec.max_slots,
+            num_codebooks=self._config.user_q,
+            cuda_graphs=cuda_graphs,
         )
         self._device = loaded.lm.text_linear.weight.device
         self._pieces = loaded.pieces

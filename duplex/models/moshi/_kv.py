@@ -2,22 +2,25 @@
 
 Every slot owns ``context`` rows per layer; frame ``n`` of a slot writes row
 ``n % context``. A slot's fill length is ``min(n + 1, context)`` after the
-write, and attention reads only rows below it: rows past the fill length hold
-whatever an earlier session left there, so resetting a slot is O(1) (the
-runner just restarts its frame counter) and never touches other slots.
+write. Because RoPE is applied before keys are stored, attention is invariant
+to the order of rows in the ring; once a slot wraps, its ring holds exactly
+the last ``context`` frames, which is the reference's ``delta < context`` window.
 
-Because RoPE is applied before keys are stored, attention is invariant to the
-order of rows in the ring; once a slot wraps, its ring holds exactly the last
-``context`` frames, which is the reference's ``delta < context`` window.
+`ring_attention` is the torch reference (the oracle): it reads only filled
+rows of the slots it is given and ignores whatever the other rows hold.
 
-`ring_attention` is the torch reference for the slot-indexed decode kernel
-(a Triton version will read rows in place instead of gathering them).
-`masked_attention` is the static-shape version a CUDA graph captures: it
-gathers ``context`` rows per slot, but reads an unfilled row's index as row 0
-(always filled) so garbage never enters (NaN or inf there would survive SDPA's
-mask: ``NaN + -inf`` is NaN), and runs ``scaled_dot_product_attention`` in the
-model dtype with a boolean mask. Redirecting indices costs nothing over the
-gather itself, unlike zeroing the gathered rows (two more passes over them).
+`prefix_attention` is what the static step (and its CUDA graph) runs: the
+batch is the prefix of slots ``[0, P)``, so one layer's keys and values are
+read in place as views ``[P, H, context, D]`` by ``scaled_dot_product_attention``
+with a boolean fill mask, with no gather (gathering every row's ring cost
+about 3 GB of copies per layer at P = 64). The price: masked rows are still
+*read*, and garbage there is not harmless (``NaN + -inf`` is NaN, and
+``0 * inf`` is NaN), so a slot's rows must be finite. `KVRing.clear` zeroes a
+slot's rows in every layer and the runner calls it on every reset (one memset
+of ``kv_bytes_per_slot``, about 1.5 GB and half a millisecond on an H200 for
+the 7B). Rows never attend across slots: NaN in slot ``i``'s rings can only
+reach row ``i``'s output. An fp8 ring is converted to the query dtype one layer
+at a time (one pass over the prefix view, still no gather).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import final
 import torch
 import torch.nn.functional as F
 
-__all__ = ["KVRing", "masked_attention", "ring_attention"]
+__all__ = ["KVRing", "prefix_attention", "ring_attention"]
 
 
 def ring_attention(
@@ -63,31 +66,29 @@ def ring_attention(
     return torch.einsum("bhl,bhld->bhd", probs, v).to(q.dtype)
 
 
-def masked_attention(
+def prefix_attention(
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
-    slots: torch.Tensor,
     lengths: torch.Tensor,
 ) -> torch.Tensor:
-    """`ring_attention` with static shapes: every ring row is read, unfilled rows are masked.
+    """`ring_attention` for the slot prefix ``[0, P)``, in place and with static shapes.
+
+    Every ring row is read and rows at or past a slot's fill are masked, so
+    they must hold finite values (`KVRing.clear` zeroes them on reset).
 
     Args:
-        q: ``[B, H, D]`` queries (RoPE applied).
-        keys, values: one layer's rings, ``[slots, H, context, D]`` (any float dtype).
-        slots: ``[B]`` slot index of each row.
-        lengths: ``[B]`` filled rows per slot (at least 1), computed on the device.
+        q: ``[P, H, D]`` queries (RoPE applied); row ``i`` is slot ``i``.
+        keys, values: one layer's rings of slots ``[0, P)``, ``[P, H, context, D]``
+            (views; any float dtype, converted to ``q``'s when it differs).
+        lengths: ``[P]`` filled rows per slot (at least 1), computed on the device.
 
     Returns:
-        ``[B, H, D]`` attention output in ``q``'s dtype.
+        ``[P, H, D]`` attention output in ``q``'s dtype.
     """
     positions = torch.arange(keys.shape[2], device=q.device)
-    filled = positions[None, :] < lengths[:, None]  # [B, L]
-    rows = torch.where(filled, positions[None, :], 0)  # unfilled -> row 0: never garbage
-    # Advanced indices around a slice put their [B, L] shape first: [B, L, H, D].
-    k = keys[slots[:, None], :, rows].to(q.dtype).transpose(1, 2)  # [B, H, L, D]
-    v = values[slots[:, None], :, rows].to(q.dtype).transpose(1, 2)
-    mask = filled[:, None, None, :]  # [B, 1, 1, L]
+    mask = (positions[None, :] < lengths[:, None])[:, None, None, :]  # [P, 1, 1, context]
+    k, v = keys.to(q.dtype), values.to(q.dtype)  # no copy unless the ring is fp8
     return F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask)[:, :, 0]
 
 
@@ -97,6 +98,8 @@ class KVRing:
 
     Storage is ``[layers, slots, heads, context, head_dim]`` (about 1.5 GiB per
     slot for the 7B config in bf16). The runner owns it and the slot frame counters.
+    Rows start at zero and `clear` re-zeroes a slot: `prefix_attention` reads
+    masked rows too, so no row may hold NaN or inf from an earlier owner.
     """
 
     def __init__(
@@ -122,11 +125,21 @@ class KVRing:
         frames: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        active: torch.Tensor | None = None,
     ) -> None:
-        """Store one frame's ``[B, H, D]`` keys/values at row ``frame % context`` of each slot."""
+        """Store one frame's ``[B, H, D]`` keys/values at row ``frame % context`` of each slot.
+
+        Rows where ``active`` is False write back what the ring held (they are
+        stepped only to fill a static batch and must leave their slot as it was).
+        """
         rows = frames % self.context
-        self.keys[layer, slots, :, rows] = k.to(self.keys.dtype)
-        self.values[layer, slots, :, rows] = v.to(self.values.dtype)
+        for store, new in ((self.keys, k), (self.values, v)):
+            if active is not None:
+                # where in the model dtype: torch.where has no float8 kernels, and an
+                # fp8 -> bf16 -> fp8 round trip is exact
+                old = store[layer, slots, :, rows].to(new.dtype)
+                new = torch.where(active[:, None, None], new, old)
+            store[layer, slots, :, rows] = new.to(store.dtype)
 
     def attend(
         self,
@@ -134,10 +147,17 @@ class KVRing:
         q: torch.Tensor,
         slots: torch.Tensor,
         lengths: torch.Tensor,
-        max_len: int | None,
+        max_len: int,
     ) -> torch.Tensor:
-        """`ring_attention` over one layer's rings; `masked_attention` when ``max_len`` is None."""
-        keys, values = self.keys[layer], self.values[layer]
-        if max_len is None:
-            return masked_attention(q, keys, values, slots, lengths)
-        return ring_attention(q, keys, values, slots, lengths, max_len)
+        """`ring_attention` over one layer's rings of ``slots`` (the dynamic reference)."""
+        return ring_attention(q, self.keys[layer], self.values[layer], slots, lengths, max_len)
+
+    def attend_prefix(self, layer: int, q: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """`prefix_attention` over one layer's rings of slots ``[0, len(q))``, in place."""
+        prefix = q.shape[0]
+        return prefix_attention(q, self.keys[layer, :prefix], self.values[layer, :prefix], lengths)
+
+    def clear(self, slot: int) -> None:
+        """Zero every layer's rows of one slot, so masked reads of them stay finite."""
+        self.keys[:, slot].zero_()
+        self.values[:, slot].zero_()

@@ -120,17 +120,22 @@ class MoshiLM(nn.Module):
         slots: torch.Tensor,
         frames: torch.Tensor,
         max_len: int | None = None,
+        active: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One frame of the temporal transformer for a batch of slots.
 
         Args:
             tokens: ``[B, K]`` input column per row.
             ring: the runner's KV rings; this frame's keys/values are written into them.
-            slots: ``[B]`` slot index per row.
+            slots: ``[B]`` slot index per row; with ``max_len`` None it must be
+                ``arange(B)`` (the static step runs the slot prefix ``[0, B)``).
             frames: ``[B]`` frame index per row (RoPE position; ring row ``frame % context``).
             max_len: ``max(min(frames + 1, context))`` computed on the host, to read only
-                that many ring rows (`ring_attention`); None reads all ``context`` rows with
-                a mask (`masked_attention`: static shapes, no host sync, graph-capturable).
+                that many rows of the given slots (`ring_attention`); None attends over
+                the prefix's rings in place with a mask (`prefix_attention`: static
+                shapes, no host sync, graph-capturable).
+            active: ``[B]`` bool, rows whose keys/values are stored (None: all); the
+                others leave their ring as it was.
 
         Returns:
             ``hidden [B, dim]`` after ``out_norm`` and ``text_logits [B, text_card]`` (float32).
@@ -141,8 +146,11 @@ class MoshiLM(nn.Module):
             assert isinstance(layer, _TemporalLayer)
             q, k, v = layer.self_attn.qkv(layer.norm1(x))  # [B, H, D] each
             q, k = apply_rope(q, k, frames, self.config.max_period)
-            ring.write(index, slots, frames, k, v)
-            attended = ring.attend(index, q, slots, lengths, max_len)
+            ring.write(index, slots, frames, k, v, active)
+            if max_len is None:
+                attended = ring.attend_prefix(index, q, lengths)
+            else:
+                attended = ring.attend(index, q, slots, lengths, max_len)
             x = x + layer.self_attn.out(attended)
             x = x + layer.gating(layer.norm2(x))
         hidden = self.out_norm(x)

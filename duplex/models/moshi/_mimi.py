@@ -139,6 +139,7 @@ class MimiTransformer(nn.Module):
         valid = held >= 0  # [B, C]
         gap = positions[:, :, None] - held[:, None, :]  # [B, T, C]
         mask = (valid[:, None, :] & (gap >= 0) & (gap < context))[:, None]
+        unwritten = ~valid[:, None, :, None]
         slot_rows = ring.slots[:, None]
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, positions)
@@ -146,8 +147,9 @@ class MimiTransformer(nn.Module):
             ring.values[index, slot_rows, :, rows] = v.transpose(1, 2).to(ring.values.dtype)
             keys = ring.keys[index, ring.slots].to(q.dtype)  # [B, H, C, D]
             values = ring.values[index, ring.slots].to(q.dtype)
-            keys = torch.where(valid[:, None, :, None], keys, 0.0)
-            values = torch.where(valid[:, None, :, None], values, 0.0)
+            # A Python scalar fill: no host tensor, so no copy for CUDA graph capture to refuse.
+            keys = keys.masked_fill(unwritten, 0.0)
+            values = values.masked_fill(unwritten, 0.0)
             out = F.scaled_dot_product_attention(q, keys, values, mask)
             x = self._finish(layer, x, out)
         return x

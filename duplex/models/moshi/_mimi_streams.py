@@ -2,27 +2,43 @@
 
 `MimiStreams` owns every per-slot tensor of one `MimiModel`: the conv
 left-context and transposed-conv overlap buffers of each direction (packed in
-one ``[max_slots, n]`` row per slot, so a step is one gather and one scatter),
-the KV rings of the encoder and decoder transformers (``context`` latent steps
-per slot) and the frame counters that give RoPE positions and the first-frame
-replicate padding. Encode and decode have separate counters: a slot may start
-decoding later than it starts encoding.
+one ``[max_slots + 1, n]`` row per slot, so a step is one gather and one
+scatter), the KV rings of the encoder and decoder transformers (``context``
+latent steps per slot) and the device frame counters that give RoPE positions
+and the first-frame replicate padding. Encode and decode have separate
+counters: a slot may start decoding later than it starts encoding.
 
 `reset_slot` zeroes that slot's conv row and counters and nothing else; ring
 rows the slot has not written since are masked by position (as in `KVRing`),
 so the rings are never cleared. Each listed slot advances by exactly one
 80 ms frame per call, equal to the reference ``MimiModel`` under
 ``streaming(batch_size)`` fed one frame at a time.
+
+CUDA graphs. The eager frame is launch-bound (hundreds of small kernels), so
+on CUDA each direction's frame replays a graph per batch bucket (the LM's
+`bucket_sizes`; decode also per code count ``K``). A frame is a fixed
+function of static buffers: the bucket's slot ids and inputs, the state rows
+it gathers by slot id and scatters back, and the device counters; nothing in
+it reads the host. A batch of ``B`` rows is padded to its bucket with rows
+of the *scratch* slot (row ``max_slots`` of every state tensor, zero input):
+their outputs are dropped, they read and write only the scratch rows, and
+every frame ends by making the scratch slot fresh again, so it never drifts.
+Graphs are captured lazily on a bucket's first use, after warm-up runs that
+step only the scratch slot. With ``cuda_graphs=False`` (or on the CPU) the
+same padded frame runs eagerly, so CPU tests cover what gets captured.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import final
 
 import numpy as np
 import torch
 
+from ._cuda_graph import bucket_sizes
+from ._graph_capture import capture_graph
 from ._mimi import KVRingView, MimiModel
 from ._seanet import ConvState, StatefulConv
 
@@ -31,7 +47,10 @@ __all__ = ["MimiStreams"]
 
 @final
 class _Direction:
-    """Conv buffers, KV ring and frame counters of one direction (encode or decode)."""
+    """Conv buffers, KV ring and frame counters of one direction (encode or decode).
+
+    Every state tensor has ``max_slots + 1`` slot rows: the last is the scratch slot.
+    """
 
     def __init__(
         self,
@@ -43,35 +62,63 @@ class _Direction:
         kv_dtype: torch.dtype,
     ) -> None:
         config = model.config
+        rows = max_slots + 1
+        self.scratch = max_slots
         self.shapes = [layer.state_shape for layer in layers]
         self.sizes = [c * n for c, n in self.shapes]
-        self.convs = torch.zeros(max_slots, sum(self.sizes), device=device, dtype=dtype)
+        self.convs = torch.zeros(rows, sum(self.sizes), device=device, dtype=dtype)
         ring = (
             config.transformer_layers,
-            max_slots,
+            rows,
             config.transformer_heads,
             config.context,
             config.head_dim,
         )
         self.keys = torch.zeros(ring, device=device, dtype=kv_dtype)
         self.values = torch.zeros(ring, device=device, dtype=kv_dtype)
-        self.frames = np.zeros(max_slots, dtype=np.int64)
+        self.frames = torch.zeros(rows, dtype=torch.long, device=device)
+        self.host_frames = np.zeros(max_slots, dtype=np.int64)  # mirror for `frames()`
         self.latent_steps = config.latent_steps
 
-    def gather(self, slots: torch.Tensor, frames: np.ndarray) -> tuple[ConvState, KVRingView]:
-        rows = self.convs[slots]
+    def reset(self, slot: int) -> None:
+        """Zero one slot's conv row and counter (its ring rows are masked by position)."""
+        self.convs[slot].zero_()
+        self.frames[slot].zero_()
+        self.host_frames[slot] = 0
+
+    def step(
+        self, slots: torch.Tensor, run: Callable[[ConvState, KVRingView], torch.Tensor]
+    ) -> torch.Tensor:
+        """One frame of ``run`` for device ``slots`` (padding rows: the scratch slot).
+
+        Gathers the rows, runs, scatters them back and leaves the scratch slot
+        fresh; no host sync, so it can be captured.
+        """
+        rows = self.convs.index_select(0, slots)
+        frames = self.frames.index_select(0, slots)
         batch = rows.shape[0]
         buffers = [
             chunk.view(batch, *shape)
             for chunk, shape in zip(rows.split(self.sizes, dim=1), self.shapes, strict=True)
         ]
-        first = torch.as_tensor(frames == 0, device=rows.device)
-        offsets = torch.as_tensor(frames * self.latent_steps, device=rows.device)
-        return ConvState(buffers, first), KVRingView(self.keys, self.values, slots, offsets)
+        state = ConvState(buffers, frames == 0)
+        out = run(state, KVRingView(self.keys, self.values, slots, frames * self.latent_steps))
+        packed = torch.cat([b.reshape(batch, -1) for b in state.buffers], dim=1)
+        self.convs.index_copy_(0, slots, packed)
+        self.frames.index_copy_(0, slots, frames + 1)
+        self.convs[self.scratch].zero_()
+        self.frames[self.scratch].zero_()
+        return out
 
-    def scatter(self, slots: torch.Tensor, state: ConvState) -> None:
-        batch = slots.shape[0]
-        self.convs[slots] = torch.cat([b.reshape(batch, -1) for b in state.buffers], dim=1)
+
+@dataclass(slots=True)
+class _Bucket:
+    """Static buffers of one (direction, bucket size, input width) and, once captured, its graph."""
+
+    slots: torch.Tensor
+    inputs: torch.Tensor
+    output: torch.Tensor | None = None
+    graph: torch.cuda.CUDAGraph | None = field(default=None, repr=False)
 
 
 @final
@@ -80,12 +127,16 @@ class MimiStreams:
 
     Args:
         model: the codec (its device and dtype are the streams').
-        max_slots: slot pool size; ring memory is ``max_slots * config.kv_bytes_per_slot()``.
+        max_slots: slot pool size; ring memory is ``(max_slots + 1) * config.kv_bytes_per_slot()``
+            (one scratch slot for bucket padding).
         num_codebooks: codes `encode` returns per frame (default ``config.num_codebooks``).
         kv_dtype: ring storage dtype (default: the model's).
+        cuda_graphs: replay frames as CUDA graphs per batch bucket (default: on when the
+            model is on CUDA).
 
     Raises:
-        ValueError: ``max_slots < 1`` or ``num_codebooks`` outside ``1..n_q``.
+        ValueError: ``max_slots < 1``, ``num_codebooks`` outside ``1..n_q``, or
+            ``cuda_graphs=True`` off CUDA.
     """
 
     def __init__(
@@ -95,10 +146,14 @@ class MimiStreams:
         max_slots: int,
         num_codebooks: int | None = None,
         kv_dtype: torch.dtype | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
         if max_slots < 1:
             raise ValueError("max_slots must be at least 1")
         weight = next(model.parameters())
+        on_cuda = weight.device.type == "cuda"
+        if cuda_graphs and not on_cuda:
+            raise ValueError(f"CUDA graphs need a CUDA device, the model is on {weight.device}")
         self._model = model
         self._config = model.config
         self._num_codebooks = model.check_codebooks(num_codebooks)
@@ -108,6 +163,10 @@ class MimiStreams:
         args = (model, max_slots, weight.device, weight.dtype, kv_dtype or weight.dtype)
         self._encode = _Direction(model.encoder_convs, *args)
         self._decode = _Direction(model.decoder_convs, *args)
+        self._use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
+        self._sizes = bucket_sizes(max_slots)
+        self._buckets: dict[tuple[str, int, int], _Bucket] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self._use_graphs else None
 
     @property
     def model(self) -> MimiModel:
@@ -129,17 +188,33 @@ class MimiStreams:
         """Samples per frame (1920)."""
         return self._config.frame_size
 
+    @property
+    def use_graphs(self) -> bool:
+        """Whether frames replay captured CUDA graphs."""
+        return self._use_graphs
+
+    @property
+    def captured(self) -> int:
+        """Graphs captured so far (one per direction, bucket and decode code count in use)."""
+        return sum(b.graph is not None for b in self._buckets.values())
+
+    def bucket_for(self, batch: int) -> int:
+        """Rows a batch of ``batch`` slots runs as: the smallest bucket size >= ``batch``."""
+        for size in self._sizes:
+            if size >= batch:
+                return size
+        raise ValueError(f"batch of {batch} exceeds the pool of {self._max_slots} slots")
+
     def frames(self, slot: int) -> tuple[int, int]:
         """Frames the slot has encoded and decoded since its last reset."""
         self._check_slot(slot)
-        return int(self._encode.frames[slot]), int(self._decode.frames[slot])
+        return int(self._encode.host_frames[slot]), int(self._decode.host_frames[slot])
 
     def reset_slot(self, slot: int) -> None:
         """Make one slot fresh in both directions; no other slot is touched."""
         self._check_slot(slot)
-        for direction in (self._encode, self._decode):
-            direction.convs[slot] = 0
-            direction.frames[slot] = 0
+        self._encode.reset(slot)
+        self._decode.reset(slot)
 
     @torch.no_grad()
     def encode(self, slots: Sequence[int] | torch.Tensor, pcm: torch.Tensor) -> torch.Tensor:
@@ -158,13 +233,10 @@ class MimiStreams:
         slot_np = self._slots(slots)
         if tuple(pcm.shape) != (len(slot_np), self.frame_size):
             raise ValueError(f"pcm must have shape ({len(slot_np)}, {self.frame_size})")
-        direction = self._encode
-        slot_t = torch.as_tensor(slot_np, device=self._device)
-        convs, ring = direction.gather(slot_t, direction.frames[slot_np])
-        x = pcm.to(device=self._device, dtype=self._dtype)[:, None]
-        codes = self._model.encode_frames(x, convs, ring, self._num_codebooks)
-        direction.scatter(slot_t, convs)
-        direction.frames[slot_np] += 1
+        size = self.bucket_for(len(slot_np))
+        bucket = self._bucket("encode", size, self.frame_size)
+        codes = self._run(bucket, slot_np, pcm, self._encode_frame)
+        self._encode.host_frames[slot_np] += 1
         return codes[:, :, 0]
 
     @torch.no_grad()
@@ -198,14 +270,69 @@ class MimiStreams:
             raise ValueError("codes must be integers")
         if check_values and (int(codes.min()) < 0 or int(codes.max()) >= self._config.bins):
             raise ValueError(f"codes must lie in [0, {self._config.bins})")
-        direction = self._decode
-        slot_t = torch.as_tensor(slot_np, device=self._device)
-        convs, ring = direction.gather(slot_t, direction.frames[slot_np])
-        x = codes.to(device=self._device, dtype=torch.long)[:, :, None]
-        pcm = self._model.decode_frames(x, convs, ring)
-        direction.scatter(slot_t, convs)
-        direction.frames[slot_np] += 1
+        size = self.bucket_for(len(slot_np))
+        bucket = self._bucket("decode", size, codes.shape[1])
+        pcm = self._run(bucket, slot_np, codes, self._decode_frame)
+        self._decode.host_frames[slot_np] += 1
         return pcm[:, 0]
+
+    def _encode_frame(self, bucket: _Bucket) -> torch.Tensor:
+        """The captured encode: ``[size, frame_size]`` pcm -> ``[size, num_codebooks, 1]``."""
+        x = bucket.inputs[:, None]
+        model, count = self._model, self._num_codebooks
+        return self._encode.step(
+            bucket.slots, lambda convs, ring: model.encode_frames(x, convs, ring, count)
+        )
+
+    def _decode_frame(self, bucket: _Bucket) -> torch.Tensor:
+        """The captured decode: ``[size, K]`` codes -> ``[size, 1, frame_size]``."""
+        x = bucket.inputs[:, :, None]
+        model = self._model
+        return self._decode.step(
+            bucket.slots, lambda convs, ring: model.decode_frames(x, convs, ring)
+        )
+
+    def _run(
+        self,
+        bucket: _Bucket,
+        slot_np: np.ndarray,
+        inputs: torch.Tensor,
+        frame: Callable[[_Bucket], torch.Tensor],
+    ) -> torch.Tensor:
+        """Fill the bucket (padding: scratch slot, zero input), run or replay, copy rows out."""
+        batch = len(slot_np)
+        padded = np.full(bucket.slots.shape[0], self._encode.scratch, dtype=np.int64)
+        padded[:batch] = slot_np
+        bucket.slots.copy_(torch.from_numpy(padded))
+        bucket.inputs[batch:].zero_()
+        bucket.inputs[:batch].copy_(inputs)
+        if bucket.graph is None:
+            return frame(bucket)[:batch]
+        bucket.graph.replay()
+        assert bucket.output is not None
+        return bucket.output[:batch].clone()  # the next replay overwrites the output
+
+    def _bucket(self, kind: str, size: int, width: int) -> _Bucket:
+        key = (kind, size, width)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            encode = kind == "encode"
+            bucket = _Bucket(
+                slots=torch.full((size,), self._encode.scratch, device=self._device),
+                inputs=torch.zeros(
+                    size,
+                    width,
+                    device=self._device,
+                    dtype=self._dtype if encode else torch.long,
+                ),
+            )
+            if self._use_graphs:
+                frame = self._encode_frame if encode else self._decode_frame
+                bucket.graph, bucket.output = capture_graph(
+                    lambda: frame(bucket), device=self._device, pool=self._pool
+                )
+            self._buckets[key] = bucket
+        return bucket
 
     def _slots(self, slots: Sequence[int] | torch.Tensor) -> np.ndarray:
         if isinstance(slots, torch.Tensor):

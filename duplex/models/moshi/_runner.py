@@ -4,17 +4,22 @@
 frame counters, sampling seeds and parameters: a `SlotState` on the device)
 and steps any subset of slots given as indices, so sessions join and leave at
 any frame while the others keep their cadence. `reset_slot` touches only that
-slot's rows and is O(1): ring rows past a slot's fill length are never read,
-so they are not cleared. The token ring layout and the delays are described
-in ``_step.py``.
+slot's rows; it zeroes the slot's KV rings in every layer (one memset of
+``kv_bytes_per_slot``, about half a millisecond on an H200 for the 7B),
+because the static step's attention reads masked ring rows in place and
+they must be finite. The token ring layout and the delays are described in
+``_step.py``.
 
 A step is one `LMStep` call: static shapes, no host sync, sampling noise from
-counter-based hashes of each slot's seed and frame (``_rng.py``). On CUDA it
-runs through `CudaGraphStep`, which pads the batch to a bucket with the
-scratch slot and replays a captured graph per bucket (``cuda_graphs``, on by
-default there); elsewhere the same padded step runs eagerly.
-``static_shapes=False`` instead runs the dynamic reference path (host
-``max_len``, `ring_attention`, no padding) that tests compare against.
+counter-based hashes of each slot's seed and frame (``_rng.py``). It runs
+the slot prefix ``[0, P)`` for the bucket ``P >= max(slots) + 1`` through
+`CudaGraphStep`, which replays a captured graph per bucket on CUDA
+(``cuda_graphs``, on by default there) and runs the same step eagerly
+elsewhere; prefix rows not asked for are computed and discarded and keep
+their state, so the cost follows the highest slot id stepped (the engine's
+scheduler hands out the lowest free slot first). ``static_shapes=False``
+instead runs the dynamic reference path (any slots, host ``max_len``,
+`ring_attention`) that tests compare against.
 
 This runner speaks codes. `MoshiEngineRunner` (``_engine_runner.py``) wraps it
 with the Mimi streams and the text table to make the engine's ``ModelRunner``
@@ -92,8 +97,7 @@ class MoshiRunner:
 
     Args:
         model: the LM (its device and dtype are the runner's).
-        max_slots: slot pool size; KV memory is ``(max_slots + 1) * config.kv_bytes_per_slot()``
-            (one scratch slot pads batches to their bucket).
+        max_slots: slot pool size; KV memory is ``max_slots * config.kv_bytes_per_slot()``.
         kv_dtype: ring storage dtype (default: the model's).
         cuda_graphs: replay one CUDA graph per batch bucket (default: on when the model
             is on CUDA; refused elsewhere).
@@ -146,7 +150,7 @@ class MoshiRunner:
 
     @property
     def kv_ring(self) -> KVRing:
-        """The per-slot KV rings, scratch slot last (tests poke unfilled rows through this)."""
+        """The per-slot KV rings (tests poke unfilled rows through this)."""
         return self._state.ring
 
     @property
@@ -159,8 +163,12 @@ class MoshiRunner:
         return int(self._frames[slot])
 
     def reset_slot(self, slot: int, sampling: SlotSampling | None = None) -> None:
-        """Make one slot fresh (frame 0, its seed and parameters); no other slot is touched."""
+        """Make one slot fresh (frame 0, zeroed KV rings, its seed and parameters).
+
+        No other slot is touched.
+        """
         self._check_slot(slot)
+        self._state.ring.clear(slot)
         self._frames[slot] = 0
         self._state.frames[slot] = 0
         self._state.tokens[slot] = UNGENERATED
@@ -170,10 +178,10 @@ class MoshiRunner:
         """Move one slot's frame counter to ``frame``, as if it had already run that long.
 
         For benchmarks: the next step attends over ``min(frame + 1, context)`` ring
-        rows of the slot (whatever they hold; no real history is restored) and its
-        RoPE position is ``frame``. The slot's token ring is set to token 0 in every
-        stream, so once past ``max_delay`` its outputs are valid codes from the
-        first step on. No other slot is touched.
+        rows of the slot (whatever they hold: zeros after a reset; no real history
+        is restored) and its RoPE position is ``frame``. The slot's token ring is
+        set to token 0 in every stream, so once past ``max_delay`` its outputs are
+        valid codes from the first step on. No other slot is touched.
 
         Raises:
             ValueError: bad slot or negative frame.
@@ -227,7 +235,7 @@ class MoshiRunner:
             slot_t = torch.as_tensor(slot_np, device=self._device)
             if forced is None:
                 forced = torch.full((batch, 1 + config.agent_q), -1, device=self._device)
-            packed = self._step(slot_t, user, forced, self._top_k_caps, max_len)
+            packed = self._step.reference(slot_t, user, forced, self._top_k_caps, max_len)
         self._frames[slot_np] += 1
         agent = config.agent_q
         return StepTokens(

@@ -1,16 +1,23 @@
 """The whole LM step as one function of device tensors: what a CUDA graph captures.
 
-`SlotState` holds every per-slot tensor on the device, with one extra row (the
-*scratch* slot, index ``max_slots``) that padding rows of a batch step instead
-of a real slot: nothing it computes is ever read by a real slot.
+`SlotState` holds every per-slot tensor on the device.
 
 `LMStep` runs one frame for a batch of rows: user codes into the token ring,
 the temporal input column, the temporal transformer, text sampling, the
-``agent_q`` depth steps, the token ring update and the frame counters. Its
-inputs are device tensors and host constants only (the top-k caps, and
-``max_len`` for the dynamic reference path), so with ``max_len=None`` it has
-static shapes, no host syncs and no host-to-device copies: the same code runs
+``agent_q`` depth steps, the token ring update and the frame counters.
+
+The static step (`LMStep.__call__`) always runs the slot *prefix* ``[0, P)``,
+so attention reads each layer's rings in place (`prefix_attention`, no
+gather). Rows of the prefix that were not asked for (``active`` False: free
+slots, holes, live slots skipped this tick) are computed on whatever they
+hold and then discarded: every state write is a ``where(active, new, old)``,
+so their rings, token rings and frame counters stay exactly as they were, and
+rows never mix (NaN in an inactive row's ring stays in that row). Its inputs
+are device tensors and host constants only (the top-k caps), so it has static
+shapes, no host syncs and no host-to-device copies: the same code runs
 eagerly on the CPU (tests) and inside a captured graph on CUDA.
+`LMStep.reference` is the dynamic reference: any slots, in any order, host
+``max_len`` and `ring_attention`.
 
 Token ring (per slot, ``num_streams x (max_delay + 2 + user_lag)`` columns):
 at a slot's frame ``n``, user codebook ``q`` is written at column
@@ -47,7 +54,7 @@ def packed_width(config: MoshiConfig) -> int:
 
 @final
 class SlotState:
-    """Per-slot device tensors for ``max_slots`` slots plus the scratch slot.
+    """Per-slot device tensors for ``max_slots`` slots.
 
     ``temperature`` / ``top_k`` are ``[slots, 2]`` (column 0: text, 1: audio);
     ``seeds`` and ``frames`` feed the counter-based noise and the positions.
@@ -61,12 +68,10 @@ class SlotState:
         device: torch.device,
         kv_dtype: torch.dtype,
     ) -> None:
-        rows = max_slots + 1
-        self.scratch = max_slots
         self.columns = config.max_delay + 2 + config.user_lag
         self.ring = KVRing(
             num_layers=config.num_layers,
-            max_slots=rows,
+            max_slots=max_slots,
             num_heads=config.num_heads,
             context=config.context,
             head_dim=config.head_dim,
@@ -74,11 +79,18 @@ class SlotState:
             dtype=kv_dtype,
         )
         long = {"dtype": torch.long, "device": device}
-        self.tokens = torch.full((rows, config.num_streams, self.columns), UNGENERATED, **long)
-        self.frames = torch.zeros(rows, **long)
-        self.seeds = torch.zeros(rows, **long)
-        self.temperature = torch.zeros(rows, 2, dtype=torch.float32, device=device)
-        self.top_k = torch.zeros(rows, 2, **long)
+        self.tokens = torch.full((max_slots, config.num_streams, self.columns), UNGENERATED, **long)
+        self.frames = torch.zeros(max_slots, **long)
+        self.seeds = torch.zeros(max_slots, **long)
+        self.temperature = torch.zeros(max_slots, 2, dtype=torch.float32, device=device)
+        self.top_k = torch.zeros(max_slots, 2, **long)
+
+
+def _keep(active: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """``new`` on active rows, ``old`` elsewhere (``active`` broadcasts from the left)."""
+    if active is None:
+        return new
+    return torch.where(active.view(-1, *[1] * (new.dim() - 1)), new, old)
 
 
 @final
@@ -99,26 +111,58 @@ class LMStep:
 
     def __call__(
         self,
+        active: torch.Tensor,
+        user_codes: torch.Tensor,
+        forced: torch.Tensor,
+        top_k_caps: tuple[int, int],
+    ) -> torch.Tensor:
+        """Step slots ``[0, P)`` one frame; only ``active`` rows change their slot's state.
+
+        Args:
+            active: ``[P]`` bool, the slots asked for; the others are computed (on any
+                input) and discarded.
+            user_codes: ``[P, user_q]`` the user's Mimi codes for this frame.
+            forced: ``[P, 1 + agent_q]`` tokens used instead of sampling where ``>= 0``.
+            top_k_caps: (text, audio) upper bounds of the rows' effective top-k.
+
+        Returns:
+            ``[P, packed_width]`` int64 (see `reference`); inactive rows are garbage.
+        """
+        slots = torch.arange(active.shape[0], device=active.device)
+        return self._run(slots, active, user_codes, forced, top_k_caps, None)
+
+    def reference(
+        self,
         slots: torch.Tensor,
         user_codes: torch.Tensor,
         forced: torch.Tensor,
         top_k_caps: tuple[int, int],
-        max_len: int | None = None,
+        max_len: int,
     ) -> torch.Tensor:
-        """Step ``slots`` one frame and advance their device frame counters.
+        """Step ``slots`` (distinct, any order) one frame with `ring_attention`.
 
         Args:
-            slots: ``[B]`` slot per row; only the scratch slot may repeat.
+            slots: ``[B]`` slot per row.
             user_codes: ``[B, user_q]`` the user's Mimi codes for this frame.
             forced: ``[B, 1 + agent_q]`` tokens used instead of sampling where ``>= 0``.
             top_k_caps: (text, audio) upper bounds of the rows' effective top-k.
-            max_len: None for the static path; else the host's ``max(fill)``, to
-                attend with `ring_attention` (the dynamic reference).
+            max_len: the host's ``max(fill)`` of ``slots``: ring rows read per slot.
 
         Returns:
             ``[B, packed_width]`` int64: de-delayed text, audio codes, valid flag, and
             this step's sampled text and audio codes.
         """
+        return self._run(slots, None, user_codes, forced, top_k_caps, max_len)
+
+    def _run(
+        self,
+        slots: torch.Tensor,
+        active: torch.Tensor | None,
+        user_codes: torch.Tensor,
+        forced: torch.Tensor,
+        top_k_caps: tuple[int, int],
+        max_len: int | None,
+    ) -> torch.Tensor:
         config = self.model.config
         state = self.state
         columns = state.columns
@@ -127,12 +171,15 @@ class LMStep:
 
         user_delays = self._delays[self._user_rows]
         user_cols = (frames[:, None] + config.user_lag + user_delays[None, :]) % columns
-        state.tokens[rows, self._user_rows[None, :], user_cols] = user_codes
+        user_index = (rows, self._user_rows[None, :], user_cols)
+        state.tokens[user_index] = _keep(active, user_codes, state.tokens[user_index])
         column = state.tokens[rows, self._all_rows[None, :], (frames % columns)[:, None]]
         starting = frames[:, None] <= self._delays[None, :]
         column = torch.where(starting, self._initial[None, :], column)
 
-        hidden, text_logits = self.model.temporal_step(column, state.ring, slots, frames, max_len)
+        hidden, text_logits = self.model.temporal_step(
+            column, state.ring, slots, frames, max_len, active
+        )
         seeds = state.seeds[slots]
         temperature = state.temperature[slots]
         top_k = state.top_k[slots]
@@ -149,13 +196,13 @@ class LMStep:
         audio = self.model.depth_step(hidden, text, lambda step, lg: sample(step + 1, lg))
 
         target = ((frames + 1) % columns)[:, None]
-        state.tokens[rows, self._agent_rows[None, :], target] = torch.cat(
-            [text[:, None], audio], dim=1
-        )
+        agent_index = (rows, self._agent_rows[None, :], target)
+        chosen = torch.cat([text[:, None], audio], dim=1)
+        state.tokens[agent_index] = _keep(active, chosen, state.tokens[agent_index])
         out_delays = self._delays[self._agent_rows]
         out_cols = (frames[:, None] + 1 - config.max_delay + out_delays[None, :]) % columns
         out = state.tokens[rows, self._agent_rows[None, :], out_cols]
         valid = frames + 1 > config.max_delay
         out = torch.where(valid[:, None], out, UNGENERATED)
-        state.frames[slots] = frames + 1
+        state.frames[slots] = frames + (1 if active is None else active.long())
         return torch.cat([out, valid[:, None].long(), text[:, None], audio], dim=1)

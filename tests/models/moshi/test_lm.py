@@ -267,7 +267,12 @@ def test_slots_join_and_leave_at_any_frame_without_changing_anyones_tokens(
         assert got[name] == run_alone(tiny, codes[name], sampling, slot=slot), name
 
 
-def test_attention_never_reads_unfilled_ring_rows(tiny: MoshiLM) -> None:
+def test_attention_gives_unfilled_ring_rows_no_weight(tiny: MoshiLM) -> None:
+    """Stale finite values in a slot's unfilled rows change nothing; other slots' NaN neither.
+
+    The static step reads masked rows in place, so they must be finite: NaN there
+    would reach the output (``reset_slot`` zeroes a slot's rings for that reason).
+    """
     codes = user_codes(TINY, 6, seed=9)
     clean = run_alone(tiny, codes, slot=1)
     runner = MoshiRunner(tiny, max_slots=3)
@@ -275,9 +280,9 @@ def test_attention_never_reads_unfilled_ring_rows(tiny: MoshiLM) -> None:
     ring = runner.kv_ring
     got = []
     for n in range(6):
-        ring.keys[:, 1, :, n:] = float("nan")
-        ring.values[:, 1, :, n:] = float("inf")
-        ring.keys[:, [0, 2]] = 1e30  # other slots' garbage
+        ring.keys[:, 1, :, n:] = 1e30
+        ring.values[:, 1, :, n:] = -1e30
+        ring.keys[:, [0, 2]] = float("nan")  # other slots (slot 0 runs in the prefix)
         got.append(frame_row(runner.step([1], codes[n : n + 1]), 0))
     assert got == clean
 

@@ -1,4 +1,4 @@
-"""The graph-capturable LM step on the CPU: counter-based sampling, masked attention, padding.
+"""The graph-capturable LM step on the CPU: counter-based sampling, prefix attention, holes.
 
 The static step (`LMStep` through `CudaGraphStep`, eager here) is checked
 against the dynamic reference step (host ``max_len``, `ring_attention`, no
@@ -24,8 +24,8 @@ from duplex.models.moshi import (
     SlotSampling,
     StepTokens,
     counter_uniform,
-    masked_attention,
     moshi_preset,
+    prefix_attention,
     random_lm,
     ring_attention,
     sample_tokens,
@@ -141,25 +141,40 @@ def test_sampling_frequencies_follow_the_softmax() -> None:
 # --- attention -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_masked_attention_equals_ring_attention_with_garbage_rows(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
+def test_prefix_attention_equals_ring_attention_over_filled_rows(dtype: torch.dtype) -> None:
     generator = torch.Generator().manual_seed(2)
-    slots_n, heads, context, dim = 6, 4, 16, 8
+    slots_n, heads, context, dim = 5, 4, 16, 8
     keys = torch.randn(slots_n, heads, context, dim, generator=generator)
     values = torch.randn(slots_n, heads, context, dim, generator=generator)
-    slots = torch.tensor([3, 0, 5, 1, 2])
     lengths = torch.tensor([1, 16, 7, 3, 12])
-    for slot, length in zip(slots.tolist(), lengths.tolist(), strict=True):
-        keys[slot, :, length:] = float("nan")
-        values[slot, :, length:] = float("inf")
-    keys[4] = float("nan")  # a slot nobody reads
-    q = torch.randn(5, heads, dim, generator=generator)
-    want = ring_attention(q, keys, values, slots, lengths, context)
-    got = masked_attention(q.to(dtype), keys.to(dtype), values.to(dtype), slots, lengths)
-    assert got.dtype == dtype and bool(torch.isfinite(got).all())
+    for slot, length in enumerate(lengths.tolist()):
+        keys[slot, :, length:] = 1e4 * (slot + 1)  # stale but finite: masked, never weighted
+        values[slot, :, length:] = 0.0
+    keys, values = keys.to(dtype), values.to(dtype)  # an fp8 ring is read as bf16
+    q_dtype = torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
+    q = torch.randn(slots_n, heads, dim, generator=generator)
+    want = ring_attention(q, keys.float(), values.float(), torch.arange(slots_n), lengths, context)
+    got = prefix_attention(q.to(q_dtype), keys, values, lengths)
+    assert got.dtype == q_dtype and bool(torch.isfinite(got).all())
     tolerance = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.float(), want, atol=tolerance, rtol=tolerance)
-    assert bool(torch.isnan(keys[3, :, 1:]).all())  # the ring itself is untouched
+
+
+def test_prefix_attention_keeps_nan_in_its_own_row() -> None:
+    """Garbage in one slot's ring (even NaN in masked rows) reaches only that slot's row."""
+    generator = torch.Generator().manual_seed(3)
+    keys = torch.randn(4, 2, 8, 4, generator=generator)
+    values = torch.randn(4, 2, 8, 4, generator=generator)
+    q = torch.randn(4, 2, 4, generator=generator)
+    lengths = torch.tensor([3, 8, 1, 5])
+    clean = prefix_attention(q, keys, values, lengths)
+    keys[2, :, 4:] = float("nan")  # masked rows of slot 2: still read, so its row is NaN
+    values[2] = float("inf")
+    dirty = prefix_attention(q, keys, values, lengths)
+    assert bool(torch.isnan(dirty[2]).all())
+    others = [0, 1, 3]
+    assert torch.equal(dirty[others], clean[others])
 
 
 # --- the static step ----------------------------------------------------------------------
@@ -187,7 +202,7 @@ def staggered(
 def test_static_step_equals_the_dynamic_reference_step(small: MoshiLM) -> None:
     static = MoshiRunner(small, max_slots=5)
     assert not static.graph_step.use_graphs  # CPU: the padded step runs eagerly
-    static.kv_ring.keys[:] = float("nan")  # garbage everywhere, scratch slot included
+    static.kv_ring.keys[:] = float("nan")  # garbage everywhere: reset zeroes a slot's rings
     static.kv_ring.values[:] = float("inf")
     dynamic = MoshiRunner(small, max_slots=5, static_shapes=False)
     assert staggered(static, GREEDY) == staggered(dynamic, GREEDY)
@@ -195,9 +210,11 @@ def test_static_step_equals_the_dynamic_reference_step(small: MoshiLM) -> None:
     assert staggered(static, SAMPLED, 8) == staggered(dynamic, SAMPLED, 8)
 
 
-def test_scratch_padding_never_changes_real_slots(small: MoshiLM) -> None:
+def test_prefix_rows_not_asked_for_keep_their_state(small: MoshiLM) -> None:
+    """Slots 5, 0, 2 with holes at 1, 3, 4 and free slots 6, 7: the prefix runs all 8 rows."""
     assert bucket_sizes(5) == (1, 2, 4, 5) and bucket_sizes(8) == (1, 2, 4, 8)
-    inputs = [codes(6, seed=s) for s in range(3)]
+    live = (5, 0, 2)  # out of slot order: the output follows this order
+    inputs = {slot: codes(6, seed=slot) for slot in live}
 
     def alone(slot: int) -> list[tuple[int, ...]]:
         runner = MoshiRunner(small, max_slots=8)
@@ -205,19 +222,48 @@ def test_scratch_padding_never_changes_real_slots(small: MoshiLM) -> None:
         return [row(runner.step([slot], inputs[slot][n : n + 1]), 0) for n in range(6)]
 
     runner = MoshiRunner(small, max_slots=8)
-    assert runner.graph_step.bucket_for(3) == 4  # one padding row steps the scratch slot
-    scratch = 8  # the scratch slot is index max_slots
-    for slot in range(3):
+    assert runner.graph_step.bucket_for(max(live) + 1) == 8
+    for slot in range(8):
         runner.reset_slot(slot, replace(SAMPLED, seed=slot))
-    got: list[list[tuple[int, ...]]] = [[], [], []]
+    runner.seek(3, 20)  # a hole mid-session: its state must survive the ticks it skips
+    ring = runner.kv_ring
+    for hole in (1, 4, 7):
+        ring.keys[:, hole] = float("nan")  # never reset again: NaN stays in its own row
+        ring.values[:, hole] = float("inf")
+    ring.keys[:, 3] = 1e30
+    state = runner._state  # the untouched slots' tensors are compared below
+    before = {
+        name: getattr(state, name).clone()
+        for name in ("tokens", "frames", "seeds", "temperature", "top_k")
+    }
+    keys_before, values_before = ring.keys.clone(), ring.values.clone()
+    got: dict[int, list[tuple[int, ...]]] = {slot: [] for slot in live}
     for n in range(6):
-        runner.kv_ring.keys[:, scratch] = float("nan")
-        out = runner.step([2, 0, 1], torch.stack([inputs[s][n] for s in (2, 0, 1)]))
-        for index, slot in enumerate((2, 0, 1)):
+        out = runner.step(list(live), torch.stack([inputs[s][n] for s in live]))
+        assert out.slots == live
+        for index, slot in enumerate(live):
             got[slot].append(row(out, index))
-    assert bool(torch.isfinite(runner.kv_ring.keys[:, scratch]).any())  # padding ran there
-    assert got == [alone(slot) for slot in range(3)]
-    assert [runner.frames(s) for s in range(4)] == [6, 6, 6, 0]
+    assert got == {slot: alone(slot) for slot in live}
+    assert [runner.frames(s) for s in range(8)] == [6, 0, 6, 20, 0, 6, 0, 0]
+    untouched = [1, 3, 4, 6, 7]
+    for name, tensor in before.items():
+        assert torch.equal(getattr(state, name)[untouched], tensor[untouched]), name
+    # byte-exact (NaN included): compare the raw bits
+    for now, then in ((ring.keys, keys_before), (ring.values, values_before)):
+        assert torch.equal(
+            now[:, untouched].view(torch.int32), then[:, untouched].view(torch.int32)
+        )
+        assert not torch.equal(now[:, list(live)], then[:, list(live)])
+
+
+def test_reset_zeroes_only_that_slots_rings(small: MoshiLM) -> None:
+    runner = MoshiRunner(small, max_slots=3)
+    ring = runner.kv_ring
+    ring.keys[:] = float("nan")
+    ring.values[:] = 7.0
+    runner.reset_slot(1)
+    assert bool((ring.keys[:, 1] == 0).all() and (ring.values[:, 1] == 0).all())
+    assert bool(torch.isnan(ring.keys[:, [0, 2]]).all() and (ring.values[:, [0, 2]] == 7).all())
 
 
 def test_sampled_session_is_deterministic_per_seed_and_slot_independent(small: MoshiLM) -> None:
