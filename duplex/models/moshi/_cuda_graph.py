@@ -30,21 +30,10 @@ from typing import final
 import numpy as np
 import torch
 
+from ._graph_capture import bucket_sizes, capture_graph, smallest_bucket
 from ._step import LMStep
 
-__all__ = ["CudaGraphStep", "bucket_sizes"]
-
-_WARMUP_RUNS = 2
-
-
-def bucket_sizes(max_slots: int) -> tuple[int, ...]:
-    """Padded batch sizes: 1, 2, 4, ... below ``max_slots``, then ``max_slots``."""
-    sizes = []
-    size = 1
-    while size < max_slots:
-        sizes.append(size)
-        size *= 2
-    return (*sizes, max_slots)
+__all__ = ["CudaGraphStep"]
 
 
 @dataclass(slots=True)
@@ -91,10 +80,7 @@ class CudaGraphStep:
 
     def bucket_for(self, prefix: int) -> int:
         """The bucket that runs slots ``[0, prefix)``: the smallest size >= ``prefix``."""
-        for size in self._sizes:
-            if size >= prefix:
-                return size
-        raise ValueError(f"slot prefix of {prefix} exceeds the pool of {self._sizes[-1]} slots")
+        return smallest_bucket(self._sizes, prefix)
 
     def __call__(
         self,
@@ -143,14 +129,7 @@ class CudaGraphStep:
         return bucket
 
     def _capture(self, bucket: _Bucket, top_k_caps: tuple[int, int]) -> None:
-        """Warm up on a side stream, then capture; no row is active, so no slot changes."""
-        side = torch.cuda.Stream(self._device)
-        side.wait_stream(torch.cuda.current_stream(self._device))
-        with torch.cuda.stream(side):
-            for _ in range(_WARMUP_RUNS):
-                self._run(bucket, top_k_caps)
-        torch.cuda.current_stream(self._device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            bucket.output = self._run(bucket, top_k_caps)
-        bucket.graph = graph
+        """Warm up and capture; no row is active, so no slot changes."""
+        bucket.graph, bucket.output = capture_graph(
+            lambda: self._run(bucket, top_k_caps), device=self._device, pool=self._pool
+        )

@@ -7,9 +7,32 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["capture_graph"]
+__all__ = ["bucket_sizes", "capture_graph", "smallest_bucket"]
 
 T = TypeVar("T")
+
+
+def bucket_sizes(max_slots: int) -> tuple[int, ...]:
+    """Padded batch sizes: 1, 2, 4, ... below ``max_slots``, then ``max_slots``."""
+    sizes = []
+    size = 1
+    while size < max_slots:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, max_slots)
+
+
+def smallest_bucket(sizes: tuple[int, ...], rows: int) -> int:
+    """The smallest bucket size that holds ``rows``.
+
+    Raises:
+        ValueError: ``rows`` is larger than the largest bucket.
+    """
+    for size in sizes:
+        if size >= rows:
+            return size
+    raise ValueError(f"{rows} rows exceed the largest bucket of {sizes[-1]} slots")
+
 
 WARMUP_RUNS = 2
 """Eager runs before capture: they initialize cuBLAS / cuDNN handles and autotuning."""

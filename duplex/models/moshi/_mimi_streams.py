@@ -37,8 +37,7 @@ from typing import final
 import numpy as np
 import torch
 
-from ._cuda_graph import bucket_sizes
-from ._graph_capture import capture_graph
+from ._graph_capture import bucket_sizes, capture_graph, smallest_bucket
 from ._mimi import KVRingView, MimiModel
 from ._seanet import ConvState, StatefulConv
 
@@ -200,10 +199,7 @@ class MimiStreams:
 
     def bucket_for(self, batch: int) -> int:
         """Rows a batch of ``batch`` slots runs as: the smallest bucket size >= ``batch``."""
-        for size in self._sizes:
-            if size >= batch:
-                return size
-        raise ValueError(f"batch of {batch} exceeds the pool of {self._max_slots} slots")
+        return smallest_bucket(self._sizes, batch)
 
     def frames(self, slot: int) -> tuple[int, int]:
         """Frames the slot has encoded and decoded since its last reset."""

@@ -9,7 +9,6 @@ are all checked against plain causal attention.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,15 +33,6 @@ from duplex.models.moshi import (
 )
 
 TINY = moshi_preset("tiny")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Tiny ops are all overhead: extra OpenMP threads only add wake-ups on a busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ Oracles:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,15 +47,6 @@ FRAME = TINY.frame_size
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "mimi_tiny"
 PCM_ATOL = 1e-5
 """Streamed PCM vs the reference (absolute; measured 3e-7 on a peak of ~0.97)."""
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Tiny ops are all overhead: extra OpenMP threads only add wake-ups on a busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ Oracles:
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,15 +31,6 @@ from duplex.models.moshi._seanet import ConvState
 
 TINY = mimi_preset("tiny")
 FRAME = TINY.frame_size
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Tiny ops are all overhead: extra OpenMP threads only add wake-ups on a busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

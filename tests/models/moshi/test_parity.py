@@ -11,7 +11,6 @@ the tool. PersonaPlex (``tiny-personaplex``) has no fixture: ``moshi==0.2.13``'s
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,15 +22,6 @@ from duplex.models.moshi import GREEDY, MoshiLM, MoshiRunner, load_lm, moshi_pre
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "moshi_tiny"
 SESSIONS = ("a", "b")
 TRACE_KEYS = ("user_codes", "text", "audio", "returned", "sampled_text", "sampled_audio")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Tiny ops are all overhead: extra OpenMP threads only add wake-ups on a busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

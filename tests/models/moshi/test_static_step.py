@@ -8,7 +8,6 @@ graph captures on the GPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -30,21 +29,12 @@ from duplex.models.moshi import (
     ring_attention,
     sample_tokens,
 )
-from duplex.models.moshi._cuda_graph import bucket_sizes
+from duplex.models.moshi._graph_capture import bucket_sizes
 from duplex.models.moshi._rng import mix64
 from duplex.models.moshi._step import LMStep, SlotState
 
 SMALL = replace(moshi_preset("tiny"), context=8)
 SAMPLED = SlotSampling(seed=11, text=SamplingParams(0.7, 25), audio=SamplingParams(0.8, 250))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Tiny ops are all overhead: extra OpenMP threads only add wake-ups on a busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
