@@ -12,6 +12,7 @@
     ├── ModelError                          engines and model runners (in-process, not wire)
     │   ├── UnknownModel (LookupError)      no model registered under that name
     │   ├── SlotReleased                    a slot handle used after its release
+    │   ├── PromptUnsupported (ValueError)  a slot prompt the model cannot take
     │   └── RunnerContractError             a runner's output broke the ModelRunner contract
     └── ProtocolError                       a client event the session refuses
         └── one subclass per wire error code (``code`` / ``error_type`` class attributes)
@@ -133,6 +134,11 @@ class UnknownModel(ModelError, LookupError):
 
 class SlotReleased(ModelError):
     """A slot handle was used after it was released; its slot may already serve someone else."""
+
+
+class PromptUnsupported(ModelError, ValueError):
+    """A slot was asked for with a prompt the model cannot take (no prompt support,
+    or a voice it does not have); refused when the slot is taken, never ignored."""
 
 
 class RunnerContractError(ModelError):

@@ -22,7 +22,7 @@ from typing import Protocol, TypeVar, final
 import trio
 
 from ._engine import Engine, EngineStatistics, InputPush, SlotHandle, SlotOutput
-from ._interface import ModelSpec, PcmFrame
+from ._interface import ModelSpec, PcmFrame, SlotPrompt
 from ._ticker import Fanout, Subscriber, Ticker, loop_counters
 
 __all__ = ["DriverStatistics", "EngineDriver", "Offload"]
@@ -93,16 +93,26 @@ class EngineDriver:
         """The driven model's spec and capabilities."""
         return self._engine.spec
 
-    def attach(self, owner: str, send_channel: Subscriber[SlotOutput]) -> SlotHandle | None:
-        """Take a slot and deliver its outputs to ``send_channel``.
+    def attach(
+        self,
+        owner: str,
+        send_channel: Subscriber[SlotOutput],
+        *,
+        prompt: SlotPrompt | None = None,
+    ) -> SlotHandle | None:
+        """Take a slot (replaying ``prompt`` into it first) and deliver its outputs to
+        ``send_channel``.
 
         The channel (or any `Subscriber`) stays the caller's: the driver never
         closes it. Bound it to a few frames; outputs that find it full are dropped.
 
         Returns:
             The slot handle, or ``None`` when admission says no (slots or step time).
+
+        Raises:
+            PromptUnsupported: a non-empty prompt for a model that takes none.
         """
-        handle = self._engine.acquire_slot(owner)
+        handle = self._engine.acquire_slot(owner, prompt)
         if handle is not None:
             self._fanout.subscribers[handle] = send_channel
         return handle

@@ -20,6 +20,17 @@ is already waiting, a queued frame that is itself silence (RMS under
 ``silence_rms``) is skipped: the model's timeline gets back the silence it was
 given. Speech is never skipped; the lag is repaid in the user's next pause.
 
+Prompts: `acquire_slot` takes a `SlotPrompt` (refused with `PromptUnsupported`
+unless the spec ``supports_prompts``); the plan of the slot's first tick
+carries it in ``new_prompts``. While the runner replays it, the slot's ticks
+are *held*: the engine pops no input (it stays queued, nothing is lost, no
+underrun or lag is counted) and the runner's silent outputs still go to the
+session, so a replay of N frames delays the session by N ticks. The first tick
+of a prompted slot (and the first after a `reset`) is held; after that the
+runner's ``FrameOutput.holds_input`` says whether the next one is. Each held
+tick raises the slot's queue bound by one frame, so input sent in real time
+during the replay is kept; that backlog stays as N frames of extra latency.
+
 Video is aligned to the audio clock: a frame is stamped with the number of
 input samples pushed before it, and reaches the model with the tick whose
 audio covers that instant (not before its audio, not a tick late). When the
@@ -32,14 +43,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import final
 
 import numpy as np
 
-from duplex.exceptions import RunnerContractError, SlotReleased, VideoInputUnsupported
+from duplex.exceptions import (
+    PromptUnsupported,
+    RunnerContractError,
+    SlotReleased,
+    VideoInputUnsupported,
+)
 from duplex.pcm import float_to_pcm16
 
 from ._interface import (
@@ -48,6 +64,7 @@ from ._interface import (
     ModelSpec,
     PcmFrame,
     SlotInput,
+    SlotPrompt,
     StepPlan,
     VideoFrame,
 )
@@ -175,8 +192,14 @@ class _Slot:
     frame_samples: int
     epoch: int = 0
     ticks: int = 0
+    prompt: SlotPrompt | None = None
     fresh: bool = True
     reset_pending: bool = False
+    holding: bool = False
+    """The next tick replays the prompt: its input stays queued."""
+    held: int = 0
+    """Held ticks since the input was last cleared: the queue may exceed its bound by
+    this many frames, the backlog a replay leaves (so input sent meanwhile is kept)."""
     queue: deque[PcmFrame] = field(init=False)
     partial: PcmFrame = field(init=False)
     filled: int = 0
@@ -195,7 +218,7 @@ class _Slot:
     video_dropped: int = 0
 
     def __post_init__(self) -> None:
-        self.queue = deque(maxlen=self.max_input_frames)
+        self.queue = deque()  # bounded by push_input: max_input_frames + held
         self.partial = np.zeros(self.frame_samples, dtype=np.float32)
         self.video = deque(maxlen=self.max_video_frames)
 
@@ -203,6 +226,7 @@ class _Slot:
         self.queue.clear()
         self.filled = 0
         self.consumed = self.pushed  # nothing before this point will be consumed
+        self.held = 0
         self.lag = 0  # nothing is waiting, so nothing runs late
         self.video.clear()
 
@@ -262,11 +286,22 @@ class Engine:
         """The model's spec and capabilities."""
         return self._spec
 
-    def acquire_slot(self, owner: str) -> SlotHandle | None:
+    def acquire_slot(self, owner: str, prompt: SlotPrompt | None = None) -> SlotHandle | None:
         """Take a slot for ``owner``; ``None`` when admission says no (no slot or no time).
 
-        The slot goes live at the next step with fresh runner state.
+        The slot goes live at the next step with fresh runner state; a non-empty
+        ``prompt`` is replayed into it first (see the module docstring).
+
+        Raises:
+            PromptUnsupported: ``prompt`` is not empty and the model takes no prompts.
         """
+        if prompt is not None and prompt.empty:
+            prompt = None
+        if prompt is not None and not self._spec.supports_prompts:
+            raise PromptUnsupported(f"model {self._spec.name!r} takes no prompt")
+        check = getattr(self._runner, "check_prompt", None)
+        if prompt is not None and check is not None:
+            check(prompt)  # reads only files: safe next to a running step
         with self._lock:
             slot = self._scheduler.allocate()
             if slot is None:
@@ -274,7 +309,12 @@ class Engine:
             self._generation += 1
             handle = SlotHandle(slot, owner, self._generation)
             self._slots[slot] = _Slot(
-                handle, self._max_input_frames, self._max_video_frames, self._spec.frame_samples
+                handle,
+                self._max_input_frames,
+                self._max_video_frames,
+                self._spec.frame_samples,
+                prompt=prompt,
+                holding=prompt is not None,
             )
             return handle
 
@@ -318,7 +358,7 @@ class Engine:
                 if slot.filled < frame_samples:
                     break
                 slot.filled = 0
-                if len(slot.queue) < slot.max_input_frames:
+                if len(slot.queue) < slot.max_input_frames + slot.held:
                     slot.queue.append(slot.partial.copy())
                     queued += 1
                 else:
@@ -356,7 +396,8 @@ class Engine:
         unless ``clear_input`` is false (a barge-in keeps what the user is saying).
 
         Other slots are untouched. Outputs of a step already running carry the
-        previous epoch, so the session can fence them off.
+        previous epoch, so the session can fence them off. A prompted slot
+        replays its prompt again (the reset wiped it), holding its input meanwhile.
 
         Raises:
             SlotReleased: the handle was released.
@@ -367,6 +408,7 @@ class Engine:
                 slot.clear_input()
             slot.epoch = epoch
             slot.reset_pending = True
+            slot.holding = slot.prompt is not None
 
     def has_work(self) -> bool:
         """A step would do something: a slot is live or a release awaits the runner."""
@@ -454,7 +496,7 @@ class Engine:
             result.check(plan)
         except (TypeError, ValueError) as exc:
             raise RunnerContractError(f"runner {self._spec.name!r}: {exc}") from exc
-        self._update(plan, released, duration)
+        self._update(plan, released, duration, tags, result.outputs)
         pcm16 = float_to_pcm16(np.stack([out.pcm for out in result.outputs])).astype("<i2")
         return {
             handle: SlotOutput(
@@ -474,15 +516,24 @@ class Engine:
             released = tuple(self._releasing)
             to_reset = list(released)
             new: list[int] = []
+            prompts: dict[int, SlotPrompt] = {}
             continuing: list[int] = []
             inputs: list[SlotInput] = []
             tags: list[tuple[SlotHandle, int, int]] = []
             for slot_id in sorted(self._slots):
                 slot = self._slots[slot_id]
                 (new if slot.fresh else continuing).append(slot_id)
+                if slot.fresh and slot.prompt is not None:
+                    prompts[slot_id] = slot.prompt
                 if slot.fresh or slot.reset_pending:
                     to_reset.append(slot_id)
                 slot.fresh = slot.reset_pending = False
+                if slot.holding:  # a prompt replay tick: the input waits, nothing is owed
+                    inputs.append(SlotInput(slot_id, None, slot.ticks * frame_samples, held=True))
+                    tags.append((slot.handle, slot.epoch, 0))
+                    slot.ticks += 1
+                    slot.held += 1
+                    continue
                 skipped = self._repay_lag(slot)
                 frame = slot.queue.popleft() if slot.queue else None
                 if frame is None:
@@ -508,6 +559,7 @@ class Engine:
                 continuing_slots=tuple(continuing),
                 released_slots=released,
                 inputs=tuple(inputs),
+                new_prompts=MappingProxyType(prompts),
             )
             self._ticks += 1
             return plan, released, to_reset, tags
@@ -533,9 +585,21 @@ class Engine:
         self._silence_skipped += 1
         return 1
 
-    def _update(self, plan: StepPlan | None, released: tuple[int, ...], duration: float) -> None:
-        """Record the step; return the slot ids the runner has reset to the pool."""
+    def _update(
+        self,
+        plan: StepPlan | None,
+        released: tuple[int, ...],
+        duration: float,
+        tags: Sequence[tuple[SlotHandle, int, int]] = (),
+        outputs: Sequence[FrameOutput] = (),
+    ) -> None:
+        """Record the step, learn which slots hold their next input, and return the
+        released slot ids to the pool."""
         with self._lock:
+            for (handle, epoch, _), out in zip(tags, outputs, strict=True):
+                slot = self._live(handle)
+                if slot is not None and slot.epoch == epoch and not slot.reset_pending:
+                    slot.holding = slot.prompt is not None and out.holds_input
             for slot_id in released:
                 self._releasing.remove(slot_id)
                 self._scheduler.free(slot_id)

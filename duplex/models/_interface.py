@@ -11,7 +11,7 @@ Do not subclass these classes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, final
 
@@ -25,6 +25,7 @@ __all__ = [
     "PcmFrame",
     "RunnerFactory",
     "SlotInput",
+    "SlotPrompt",
     "StepOutput",
     "StepPlan",
     "VideoFrame",
@@ -58,6 +59,8 @@ class ModelSpec:
         supports_video_input: the runner consumes `VideoFrame`s.
         supports_model_native_turn_policy: ``speaking``/``end_of_turn`` are the model's own.
         max_slots: size of the slot pool (concurrent sessions) the runner allocates state for.
+        supports_prompts: the runner takes a `SlotPrompt` per slot (PersonaPlex); others
+            refuse a non-empty one when the slot is acquired, never ignore it.
     """
 
     name: str
@@ -66,6 +69,7 @@ class ModelSpec:
     supports_video_input: bool = False
     supports_model_native_turn_policy: bool = False
     max_slots: int = 64
+    supports_prompts: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -103,21 +107,55 @@ class VideoFrame:
 
 @final
 @dataclass(frozen=True, slots=True)
+class SlotPrompt:
+    """What a session asks the model to be, fixed when its slot is taken.
+
+    A prompt-capable runner replays it into the slot before the slot goes live
+    (and again after every reset of the slot, since a reset wipes what the
+    replay built).
+
+    Args:
+        text: a system prompt (persona, task), in the model's own language.
+        voice: the name of a voice prompt the runner resolves itself (e.g. a file
+            in the checkpoint folder); never a path a client chooses.
+    """
+
+    text: str | None = field(default=None, repr=False)
+    voice: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.text is not None and not isinstance(self.text, str):
+            raise TypeError("SlotPrompt.text must be a string")
+        if self.voice is not None and not isinstance(self.voice, str):
+            raise TypeError("SlotPrompt.voice must be a string")
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to replay (no text, no voice)."""
+        return not (self.text and self.text.strip()) and not self.voice
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class SlotInput:
     """One live slot's input for one tick.
 
     Args:
         slot: slot id.
-        frame: the input frame, or ``None`` for an underrun (the runner feeds silence).
+        frame: the input frame, or ``None`` for an underrun (the runner feeds silence)
+            or for a tick the runner asked to hold (``held``).
         position: audio-clock position of this frame in the slot's stream, in samples;
             it advances by one frame per tick the slot is live, underruns included.
         video: video frames that arrived since the previous tick, oldest first.
+        held: the engine kept the slot's input queued because the runner's previous
+            output for it said ``holds_input`` (a prompt replay); ``frame`` is ``None``.
     """
 
     slot: int
     frame: PcmFrame | None = field(repr=False)
     position: int
     video: tuple[VideoFrame, ...] = ()
+    held: bool = False
 
     @property
     def underrun(self) -> bool:
@@ -133,6 +171,7 @@ class StepPlan:
     ``new_slots`` went live since the last step, ``continuing_slots`` were live
     before, ``released_slots`` were dropped (their state is already reset).
     ``inputs`` holds one entry per live slot, ordered by slot id.
+    ``new_prompts`` holds the non-empty `SlotPrompt` of new slots that have one.
     """
 
     tick: int
@@ -141,6 +180,7 @@ class StepPlan:
     continuing_slots: tuple[int, ...]
     released_slots: tuple[int, ...]
     inputs: tuple[SlotInput, ...]
+    new_prompts: Mapping[int, SlotPrompt] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         live = self.new_slots + self.continuing_slots
@@ -153,6 +193,10 @@ class StepPlan:
         for item in self.inputs:
             if item.frame is not None:
                 _check_frame(item.frame, self.frame_samples, f"input frame of slot {item.slot}")
+                if item.held:
+                    raise ValueError(f"held input of slot {item.slot} must carry no frame")
+        if not set(self.new_prompts) <= set(self.new_slots):
+            raise ValueError("new_prompts must name new slots only")
 
     @property
     def live_slots(self) -> tuple[int, ...]:
@@ -173,6 +217,9 @@ class FrameOutput:
         end_of_turn: the model finished its turn at this frame.
         video_frame_ids: ids of the video frames consumed this tick.
         latest_video_pts_ms: pts of the newest consumed video frame, if any.
+        holds_input: the slot's next tick is still a prompt replay: the engine keeps
+            its input queued and sends ``held`` instead (no input is lost, none is
+            counted as an underrun; the session just hears silence meanwhile).
     """
 
     slot: int
@@ -182,6 +229,7 @@ class FrameOutput:
     end_of_turn: bool = False
     video_frame_ids: tuple[str, ...] = ()
     latest_video_pts_ms: int | None = None
+    holds_input: bool = False
 
 
 @final
@@ -207,7 +255,10 @@ class ModelRunner(Protocol):
     """Executes plans; never chooses who runs (vllm's ``GPUModelRunner`` role).
 
     The engine calls `reset_slot` and `execute` from one thread at a time, so a
-    runner needs no locking of its own.
+    runner needs no locking of its own. A runner whose spec ``supports_prompts``
+    may also define ``check_prompt(prompt: SlotPrompt) -> None`` (raising
+    ``PromptUnsupported``): the engine calls it, from the acquiring thread, before
+    it hands out a prompted slot, so a bad prompt fails the session's start.
     """
 
     @property

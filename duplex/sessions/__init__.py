@@ -16,6 +16,7 @@ from ._config import (
     Capabilities,
     SessionConfig,
     SessionOptions,
+    SessionPrompt,
 )
 from ._effects import (
     CLOSE_GOING_AWAY,
@@ -176,6 +177,7 @@ __all__ = [
     "SessionExpired",
     "SessionMachine",
     "SessionOptions",
+    "SessionPrompt",
     "SessionReplaced",
     "SessionResume",
     "SessionResumed",

@@ -22,8 +22,8 @@ import numpy as np
 import trio
 
 from duplex.actors import Actor, ActorContext, ActorRef, ControlMessage, LaneSpec, Overflow
-from duplex.exceptions import InternalError, MailboxFull
-from duplex.models import EngineDriver, SlotHandle, SlotOutput, VadDriver, VadWindow
+from duplex.exceptions import InternalError, MailboxFull, PromptUnsupported
+from duplex.models import EngineDriver, SlotHandle, SlotOutput, SlotPrompt, VadDriver, VadWindow
 
 from ._config import SessionConfig
 from ._effects import (
@@ -286,7 +286,11 @@ class SessionActor(Actor[Any]):
         res.sink.closed = True
         res.driver.detach(res.handle)
         sink = EngineSink(res.sink.limit)
-        handle = driver.attach(self.machine.session_id, sink)
+        try:  # the prompt was accepted by the same model before the restart
+            prompt = slot_prompt(self.machine.config)
+            handle = driver.attach(self.machine.session_id, sink, prompt=prompt)
+        except PromptUnsupported:
+            handle = None
         if handle is None:
             ctx.log.error("no slot on the restarted engine; ending the session")
             self.resources.released = True
@@ -442,3 +446,9 @@ def _model_frame(output: SlotOutput) -> ModelFrame:
         consumed_video_frame_ids=tuple(frame.video_frame_ids),
         latest_video_pts_ms=frame.latest_video_pts_ms,
     )
+
+
+def slot_prompt(config: SessionConfig) -> SlotPrompt | None:
+    """The engine's form of the session's prompt (``None`` when it has none)."""
+    prompt = config.prompt
+    return None if prompt is None else SlotPrompt(text=prompt.text, voice=prompt.voice)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, final
 
 from duplex.exceptions import BadEvent, ConfigError
@@ -28,6 +28,7 @@ __all__ = [
     "Capabilities",
     "SessionConfig",
     "SessionOptions",
+    "SessionPrompt",
 ]
 
 MODEL_SAMPLE_RATE = 24_000
@@ -70,6 +71,26 @@ def _unit(key: str, value: object) -> None:
 def _choice(key: str, value: object, choices: tuple[Any, ...]) -> None:
     if value not in choices:
         raise _config_error(key, f"must be one of {', '.join(map(str, choices))}; got {value!r}")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SessionPrompt:
+    """A session's prompt (``session.prompt``): a system text and a voice name.
+
+    The hub hands it to the engine as a ``SlotPrompt``; this core module imports
+    no model code.
+    """
+
+    text: str | None = field(default=None, repr=False)
+    voice: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("text", "voice"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, str):
+                param = f"session.prompt.{key}"
+                raise BadEvent(f"{param} must be a string", param=param)
 
 
 @final
@@ -119,6 +140,11 @@ class SessionConfig:
     otherwise keep no assistant turns at all; ack-aware clients choose
     ``ack_only``.
 
+    ``prompt``: the `SessionPrompt` (text, voice) replayed into the session's engine
+    slot before it goes live (prompt-capable models only, ``supports_prompts``).
+    It is fixed when the session opens: a ``session.update`` may repeat it but not
+    change it, since the replay already shaped the model's state.
+
     Raises:
         ConfigError: a value breaks its rule; the message names the key.
     """
@@ -156,6 +182,7 @@ class SessionConfig:
     max_tracked_responses: int = 16
     input_audio_codec: str = "pcm16"
     output_audio_codec: str = "pcm16"
+    prompt: SessionPrompt | None = None
 
     def __post_init__(self) -> None:
         _choice("overlap_policy", self.overlap_policy, OVERLAP_POLICIES)
@@ -244,6 +271,10 @@ class SessionConfig:
             raise BadEvent(
                 f"session.vad is {self.vad!r} for the whole session", param="session.vad"
             )
+        if options.prompt is not None and options.prompt != self.prompt:
+            raise BadEvent(  # the replay ran when the slot went live
+                "session.prompt is fixed when the session is created", param="session.prompt"
+            )
         try:
             return self.updated(options)
         except ConfigError as exc:
@@ -285,6 +316,8 @@ class SessionOptions:
     """Which VAD backs ``server_vad`` (``SESSION_VAD_MODES``). Set when a session opens
     (the Realtime projection asks for ``silero``); a ``session.update`` may not change it.
     No wire protocol exposes it."""
+    prompt: SessionPrompt | None = None
+    """The session's prompt (``session.create`` only; see `SessionConfig`)."""
 
     def __post_init__(self) -> None:
         checks: tuple[tuple[str, tuple[Any, ...] | None], ...] = (
@@ -332,6 +365,8 @@ class SessionOptions:
             raise BadEvent(
                 "session.vad_threshold must be a number from 0 to 1", param="session.vad_threshold"
             )
+        if self.prompt is not None and not isinstance(self.prompt, SessionPrompt):
+            raise BadEvent("session.prompt must be an object", param="session.prompt")
         for key in ("false_interruption_enabled", "vad_create_response", "vad_interrupt_response"):
             value = getattr(self, key)
             if value is not None and not isinstance(value, bool):
@@ -358,6 +393,8 @@ class Capabilities:
     output_sample_rate: int = MODEL_SAMPLE_RATE
     supports_video_input: bool = False
     supports_model_native_turn_policy: bool = False
+    supports_prompts: bool = False
+    """``session.prompt`` is accepted (PersonaPlex)."""
 
     def __post_init__(self) -> None:
         _positive("chunk_period_ms", self.chunk_period_ms)

@@ -39,6 +39,7 @@ from ._actor import (
     SessionResources,
     VadReplaced,
     VadResources,
+    slot_prompt,
 )
 from ._admission import Admission
 from ._config import Capabilities, SessionConfig, SessionOptions
@@ -247,7 +248,11 @@ class SessionHub:
             self._refused.inc()
             raise errors.ResourceExhausted(f"duplex_session_capacity_exhausted: limit={limit}")
         sink = EngineSink(ENGINE_OUTPUT_BUFFER)
-        handle = driver.attach(session_id, sink)
+        try:
+            handle = driver.attach(session_id, sink, prompt=slot_prompt(config))
+        except errors.PromptUnsupported as exc:  # no prompts, or a voice it does not have
+            self.admission.release(session_id)
+            raise errors.UnsupportedParameter(str(exc), param="session.prompt") from exc
         if handle is None:
             self.admission.release(session_id)
             self._refused.inc()

@@ -73,6 +73,7 @@ from duplex.sessions import (
     SessionCreated,
     SessionExpired,
     SessionOptions,
+    SessionPrompt,
     SessionReplaced,
     SessionResume,
     SessionResumed,
@@ -109,7 +110,9 @@ _SESSION_FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "false_interruption_timeout_s": ("false_interruption_timeout_s", (int, float)),
     "playback_commit_policy": ("playback_commit_policy", str),
     "input_sample_rate": ("input_sample_rate", int),
+    "prompt": ("prompt", dict),
 }
+_PROMPT_FIELDS = ("text", "voice")
 
 
 # ------------------------------------------------------------------ field readers
@@ -193,8 +196,25 @@ def _session_options(obj: Mapping[str, Any]) -> SessionOptions:
         except BadEvent as exc:
             raise BadEvent(exc.message, param=f"session.{key}") from exc
         if value is not None:
-            values[name] = value
+            values[name] = _prompt(value) if key == "prompt" else value
     return SessionOptions(**values)
+
+
+def _prompt(obj: Mapping[str, Any]) -> SessionPrompt:
+    """``session.prompt``: ``{text?, voice?}`` strings (unknown keys refused)."""
+    unknown = sorted(set(obj) - set(_PROMPT_FIELDS))
+    if unknown:
+        raise BadEvent(
+            f"unknown session.prompt field {unknown[0]!r}; known: text, voice",
+            param=f"session.prompt.{unknown[0]}",
+        )
+    fields: dict[str, str | None] = {}
+    for key in _PROMPT_FIELDS:
+        try:
+            fields[key] = _get(obj, key, str, required=False)
+        except BadEvent as exc:
+            raise BadEvent(exc.message, param=f"session.prompt.{key}") from exc
+    return SessionPrompt(text=fields["text"], voice=fields["voice"])
 
 
 def _append(obj: Mapping[str, Any]) -> AudioAppend:

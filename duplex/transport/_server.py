@@ -62,6 +62,7 @@ def capabilities_for(spec: ModelSpec) -> Capabilities:
     return Capabilities(
         supports_video_input=spec.supports_video_input,
         supports_model_native_turn_policy=spec.supports_model_native_turn_policy,
+        supports_prompts=spec.supports_prompts,
         chunk_period_ms=int(spec.frame_ms),
     )
 

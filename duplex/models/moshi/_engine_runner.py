@@ -32,6 +32,17 @@ only on the configured seed, where it ran (slot and generation) and its own
 input, never on its neighbours, and a server restarted with the same seed
 replays it exactly.
 
+Prompts (PersonaPlex, ``spec.supports_prompts``: configs with ``user_lag == 1``):
+a new slot's `SlotPrompt` becomes a `PromptReplay` (``_prompt.py``) built once
+per distinct prompt (a voice is Mimi-encoded once, through the new slot's own
+encoder stream, which is then reset; the text is sentencepiece-encoded inside
+the system tags). The slot's first ``held`` ticks replay it: their user codes
+come from the replay (the engine holds the session's input, ``holds_input``),
+their text and audio are forced, the slot's Mimi encoder and decoder do not
+run, and the output is a silent frame with no text and ``speaking=False``.
+The delayed streams stay forced for ``max_delay`` more frames, then the slot
+samples freely. A `reset_slot` of a live slot replays the prompt again.
+
 No host sync happens inside ``execute`` before the final copy-out: slot lists,
 frame counters and warm-up are known on the host, and Mimi's code-range check
 (a device read) is skipped because the codes come from ``card``-way sampling.
@@ -40,14 +51,19 @@ frame counters and warm-up are known on the host, and Mimi's code-range check
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from typing import final
 
 import numpy as np
+import sentencepiece
 import torch
 
-from .._interface import FrameOutput, ModelSpec, StepOutput, StepPlan
+from duplex.exceptions import PromptUnsupported
+
+from .._interface import FrameOutput, ModelSpec, SlotPrompt, StepOutput, StepPlan
 from ._checkpoint import LoadedMoshi
 from ._mimi_streams import MimiStreams
+from ._prompt import PromptReplay, VoiceLibrary, build_replay, wrap_with_system_tags
 from ._runner import MoshiRunner, SlotSampling
 
 __all__ = ["MoshiEngineRunner", "stream_seed"]
@@ -73,8 +89,11 @@ class MoshiEngineRunner:
             when the model is on CUDA).
 
     Raises:
-        ValueError: the spec's frame or rate is not Mimi's.
+        ValueError: the spec's frame or rate is not Mimi's, or it claims prompts for a
+            config that cannot take them.
     """
+
+    _MAX_CACHED_PROMPTS = 64
 
     def __init__(
         self,
@@ -110,6 +129,15 @@ class MoshiEngineRunner:
         self._sampling = sampling or SlotSampling()
         self._speech_rms = speech_rms
         self._generation = np.full(spec.max_slots, -1, dtype=np.int64)
+        if spec.supports_prompts and self._config.user_lag != 1:
+            raise ValueError(f"spec {spec.name!r} claims prompts; only PersonaPlex takes them")
+        self._initial = loaded.lm.initial_tokens
+        self._checkpoint = loaded.checkpoint
+        self._voices = VoiceLibrary(loaded.checkpoint.folder, mimi_config.sample_rate)
+        self._tokenizer: sentencepiece.SentencePieceProcessor | None = None
+        self._slot_replays: list[PromptReplay | None] = [None] * spec.max_slots
+        self._replays: OrderedDict[SlotPrompt, PromptReplay] = OrderedDict()
+        self._voice_codes: dict[str, torch.Tensor] = {}
 
     @property
     def spec(self) -> ModelSpec:
@@ -131,25 +159,59 @@ class MoshiEngineRunner:
         return int(self._generation[slot])
 
     def reset_slot(self, slot: int) -> None:
-        """Make the slot fresh in the LM and both Mimi directions; reseed its sampling."""
+        """Make the slot fresh in the LM and both Mimi directions; reseed its sampling.
+
+        A live prompted slot replays its prompt again from its next tick.
+        """
         self._mimi.reset_slot(slot)
         self._lm.reset_slot(slot, self._slot_sampling(slot))
+
+    def check_prompt(self, prompt: SlotPrompt) -> None:
+        """Refuse a prompt this checkpoint cannot replay; called when a slot is taken.
+
+        Reads the voice's WAV (once per voice), so a bad voice fails the session's
+        start, not a tick.
+
+        Raises:
+            PromptUnsupported: the model takes no prompts, or the voice is unusable.
+        """
+        if not self._spec.supports_prompts:
+            raise PromptUnsupported(f"model {self._spec.name!r} takes no prompt")
+        if prompt.voice:
+            self._voices.check(prompt.voice)
+
+    def replay(self, slot: int) -> PromptReplay | None:
+        """The prompt replay of the slot's current session (``None``: unprompted)."""
+        return self._slot_replays[slot]
 
     def execute(self, plan: StepPlan) -> StepOutput:
         """Encode, step and decode one frame for every live slot (see the module docstring)."""
         for slot in plan.new_slots:  # already reset by the engine; start its next generation
             self._generation[slot] += 1
             self._lm.reset_slot(slot, self._slot_sampling(slot))
+            prompt = plan.new_prompts.get(slot)
+            self._slot_replays[slot] = None if prompt is None else self._prepare(prompt, slot)
         slots = list(plan.live_slots)
         frame = self._spec.frame_samples
-        pcm_in = np.zeros((len(slots), frame), dtype=np.float32)
-        for row, item in enumerate(plan.inputs):
+        frames = [self._lm.frames(s) for s in slots]
+        replays = [self.replay(s) for s in slots]
+        held = [r is not None and n < r.held for r, n in zip(replays, frames, strict=True)]
+        for item, hold in zip(plan.inputs, held, strict=True):
+            if hold and item.frame is not None:
+                raise ValueError(f"slot {item.slot} replays its prompt; its input must be held")
+        live = [r for r, hold in enumerate(held) if not hold]
+        pcm_in = np.zeros((len(live), frame), dtype=np.float32)
+        for row, r in enumerate(live):
+            item = plan.inputs[r]
             if item.frame is not None:
                 pcm_in[row] = item.frame
-        warm = [self._lm.frames(s) + 1 > self._config.max_delay for s in slots]
+        warm = [
+            not hold and n + 1 > self._config.max_delay
+            for hold, n in zip(held, frames, strict=True)
+        ]
         with torch.no_grad():
-            user = self._mimi.encode(slots, torch.from_numpy(pcm_in).to(self._device))
-            tokens = self._lm.step(slots, user)
+            user, forced = self._user_and_forced(slots, live, pcm_in, replays, frames)
+            tokens = self._lm.step(slots, user, forced)
             pcm = torch.zeros(len(slots), frame, device=self._device)
             rows = [r for r, ok in enumerate(warm) if ok]
             if rows:
@@ -163,12 +225,93 @@ class MoshiEngineRunner:
             meta = torch.stack([tokens.text.double(), level.double()], dim=1).cpu().numpy()
         outputs = []
         for row, slot in enumerate(slots):
-            text = self._piece(int(meta[row, 0]))
+            text = "" if held[row] else self._piece(int(meta[row, 0]))
             speaking = warm[row] and (bool(text) or meta[row, 1] > self._speech_rms)
+            replay = replays[row]
+            holds = replay is not None and frames[row] + 1 < replay.held
             outputs.append(
-                FrameOutput(slot=slot, pcm=pcm_host[row], text=text, speaking=bool(speaking))
+                FrameOutput(
+                    slot=slot,
+                    pcm=pcm_host[row],
+                    text=text,
+                    speaking=bool(speaking),
+                    holds_input=holds,
+                )
             )
         return StepOutput(tuple(outputs))
+
+    def _user_and_forced(
+        self,
+        slots: list[int],
+        live: list[int],
+        pcm_in: np.ndarray,
+        replays: list[PromptReplay | None],
+        frames: list[int],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """User codes (Mimi for live rows, the replay's for held ones) and forced tokens."""
+        config = self._config
+        user = torch.zeros(len(slots), config.user_q, dtype=torch.long, device=self._device)
+        if live:
+            codes = self._mimi.encode(
+                [slots[r] for r in live], torch.from_numpy(pcm_in).to(self._device)
+            )
+            user[torch.tensor(live, device=self._device)] = codes
+        forced: torch.Tensor | None = None
+        for row, (replay, n) in enumerate(zip(replays, frames, strict=True)):
+            if replay is None or n >= replay.frames:
+                continue
+            if forced is None:
+                forced = torch.full(
+                    (len(slots), 1 + config.agent_q), -1, dtype=torch.long, device=self._device
+                )
+            forced[row] = replay.forced[n]
+            if n < replay.held:
+                user[row] = replay.user[n]
+        return user, forced
+
+    def _prepare(self, prompt: SlotPrompt, slot: int) -> PromptReplay:
+        """Build (or reuse) the prompt's replay; a voice is encoded on ``slot``'s Mimi."""
+        cached = self._replays.get(prompt)
+        if cached is not None:
+            self._replays.move_to_end(prompt)
+            return cached
+        voice = None
+        if prompt.voice:
+            voice = self._voice_codes.get(prompt.voice)
+            if voice is None:
+                voice = self._encode_voice(prompt.voice, slot)
+                self._voice_codes[prompt.voice] = voice
+        tokens: list[int] = []
+        if prompt.text and prompt.text.strip():
+            tokens = list(self._text_tokenizer().Encode(wrap_with_system_tags(prompt.text)))
+            if any(not 0 <= t < self._config.text_card for t in tokens):
+                raise PromptUnsupported("the tokenizer produced ids outside the text vocabulary")
+        replay = build_replay(self._config, self._initial, tokens, voice, self._device)
+        self._replays[prompt] = replay
+        while len(self._replays) > self._MAX_CACHED_PROMPTS:
+            self._replays.popitem(last=False)
+        return replay
+
+    def _encode_voice(self, name: str, slot: int) -> torch.Tensor:
+        """The voice's Mimi codes ``[frames, agent_q]``, through the slot's (then reset) encoder."""
+        pcm = self._voices.pcm(name)
+        frame = self._spec.frame_samples
+        padded = np.zeros(-(-pcm.size // frame) * frame, dtype=np.float32)
+        padded[: pcm.size] = pcm  # the reference pads the last frame with zeros
+        codes = []
+        with torch.no_grad():
+            for start in range(0, padded.size, frame):
+                chunk = torch.from_numpy(padded[start : start + frame]).to(self._device)
+                codes.append(self._mimi.encode([slot], chunk[None])[0])
+        self._mimi.reset_slot(slot)
+        return torch.stack(codes)[:, : self._config.agent_q].cpu()
+
+    def _text_tokenizer(self) -> sentencepiece.SentencePieceProcessor:
+        if self._tokenizer is None:
+            tokenizer = sentencepiece.SentencePieceProcessor()
+            tokenizer.Load(str(self._checkpoint.tokenizer_path))
+            self._tokenizer = tokenizer
+        return self._tokenizer
 
     def _piece(self, token: int) -> str:
         return self._pieces[token] if 0 <= token < len(self._pieces) else ""

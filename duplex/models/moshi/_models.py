@@ -24,6 +24,7 @@ from ._checkpoint import (
     load_checkpoint,
     tiny_checkpoint,
 )
+from ._config import moshi_preset
 from ._engine_runner import MoshiEngineRunner
 
 __all__ = ["MOSHI_MODEL_NAMES", "moshi_spec", "resolve_moshi"]
@@ -36,7 +37,8 @@ _DEFAULT_MAX_SLOTS = 32  # 7B: ~1.6 GB of bf16 KV ring a slot next to ~15 GB of 
 
 
 def moshi_spec(preset: str) -> ModelSpec:
-    """The engine spec of a Moshi preset: 24 kHz, 80 ms frames, model-native turns."""
+    """The engine spec of a Moshi preset: 24 kHz, 80 ms frames, model-native turns;
+    PersonaPlex presets (``user_lag == 1``) take prompts."""
     return ModelSpec(
         name=preset,
         sample_rate=24_000,
@@ -44,6 +46,7 @@ def moshi_spec(preset: str) -> ModelSpec:
         supports_video_input=False,
         supports_model_native_turn_policy=True,
         max_slots=_MAX_SLOTS.get(preset, _DEFAULT_MAX_SLOTS),
+        supports_prompts=moshi_preset(preset).user_lag == 1,
     )
 
 

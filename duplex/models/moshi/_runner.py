@@ -24,8 +24,8 @@ instead runs the dynamic reference path (any slots, host ``max_len``,
 This runner speaks codes. `MoshiEngineRunner` (``_engine_runner.py``) wraps it
 with the Mimi streams and the text table to make the engine's ``ModelRunner``
 (PCM in, PCM and text out); it passes each session's `SlotSampling` (its seed)
-through `reset_slot`. Still missing: prompt replay (PersonaPlex voice and text
-prompts, through ``forced``) and a fused sampler.
+through `reset_slot`, and replays PersonaPlex prompts through ``forced``
+(``_prompt.py``). Still missing: a fused sampler.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ class MoshiRunner:
                 ``>= 0`` (negative: sample). They are in column (delayed) layout: they
                 replace this step's ``sampled_*`` values, feed the next depth step and
                 reach the output ``max_delay - delay`` frames later. Prompt replay
-                (PersonaPlex text prompt, silence codes) will build on this.
+                (`MoshiEngineRunner`, ``_prompt.py``) forces whole columns through it.
 
         Raises:
             ValueError: bad slots or shapes.
