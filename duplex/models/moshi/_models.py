@@ -9,6 +9,7 @@ when the engine starts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -24,30 +25,95 @@ from ._checkpoint import (
     load_checkpoint,
     tiny_checkpoint,
 )
-from ._config import moshi_preset
+from ._config import MoshiConfig, moshi_preset
 from ._engine_runner import MoshiEngineRunner
+from ._mimi_config import MimiConfig
+from ._mimi_weights import expected_mimi_tensors
+from ._weights import expected_tensors
 
-__all__ = ["MOSHI_MODEL_NAMES", "moshi_spec", "resolve_moshi"]
+__all__ = [
+    "MOSHI_MODEL_NAMES",
+    "memory_slots",
+    "moshi_spec",
+    "per_slot_bytes",
+    "resolve_moshi",
+    "weight_bytes",
+]
 
 MOSHI_MODEL_NAMES = ("tiny", *HF_REPOS)
 """Names resolved without a path; any folder path (or ``PRESET:PATH``) works too."""
 
 _MAX_SLOTS = {"tiny": 16, "tiny-personaplex": 16}
-_DEFAULT_MAX_SLOTS = 32  # 7B: ~1.6 GB of bf16 KV ring a slot next to ~15 GB of weights
+_DEFAULT_MAX_SLOTS = 32  # 7B on CPU (a test or a demo): ~1.6 GB of KV ring a slot
+MAX_GPU_SLOTS = 256
+"""Upper bound of a GPU slot pool (the CUDA graph buckets go up to the pool size)."""
+GPU_RESERVE_BYTES = 4 << 30
+"""Kept free on the GPU: allocator fragmentation, cuBLAS workspaces, graph pools."""
+_SLOT_OVERHEAD = 1.1
+"""Per-slot activations and graph buffers on top of the rings (measured peak on the
+H200 at 64 slots: about 1.5 GiB a slot for 7B in bf16, rings 1.4 GiB)."""
 
 
-def moshi_spec(preset: str) -> ModelSpec:
+def moshi_spec(preset: str, max_slots: int | None = None) -> ModelSpec:
     """The engine spec of a Moshi preset: 24 kHz, 80 ms frames, model-native turns;
-    PersonaPlex presets (``user_lag == 1``) take prompts."""
+    PersonaPlex presets (``user_lag == 1``) take prompts. ``max_slots``: the pool
+    size (by default a fixed CPU-sized pool; on a GPU, `memory_slots`)."""
     return ModelSpec(
         name=preset,
         sample_rate=24_000,
         frame_samples=1_920,
         supports_video_input=False,
         supports_model_native_turn_policy=True,
-        max_slots=_MAX_SLOTS.get(preset, _DEFAULT_MAX_SLOTS),
+        max_slots=max_slots or _MAX_SLOTS.get(preset, _DEFAULT_MAX_SLOTS),
         supports_prompts=moshi_preset(preset).user_lag == 1,
     )
+
+
+def weight_bytes(lm: MoshiConfig, mimi: MimiConfig, *, lm_bytes: int = 2) -> int:
+    """Bytes of the loaded weights: the LM at ``lm_bytes`` a value, Mimi in float32."""
+    lm_values = sum(math.prod(shape) for shape in expected_tensors(lm).values())
+    mimi_values = sum(math.prod(shape) for shape in expected_mimi_tensors(mimi).values())
+    return lm_values * lm_bytes + mimi_values * 4
+
+
+def per_slot_bytes(lm: MoshiConfig, mimi: MimiConfig, *, kv_bytes: int = 2) -> int:
+    """Bytes one slot holds: its temporal KV ring, Mimi's rings, and working room."""
+    rings = lm.kv_bytes_per_slot(kv_bytes) + mimi.kv_bytes_per_slot(4)
+    return int(rings * _SLOT_OVERHEAD)
+
+
+def memory_slots(
+    free_bytes: int,
+    weights: int,
+    per_slot: int,
+    *,
+    reserve: int = GPU_RESERVE_BYTES,
+    cap: int = MAX_GPU_SLOTS,
+) -> int:
+    """The largest slot pool that fits next to the weights in ``free_bytes`` (at most ``cap``).
+
+    Raises:
+        ConfigError: not even one slot fits.
+    """
+    slots = min(cap, (free_bytes - weights - reserve) // per_slot)
+    if slots < 1:
+        gib = 1 << 30
+        raise ConfigError(
+            f"not enough GPU memory for one session: {free_bytes / gib:.1f} GiB free, "
+            f"weights {weights / gib:.1f} GiB, {per_slot / gib:.2f} GiB a session, "
+            f"{reserve / gib:.0f} GiB kept free"
+        )
+    return int(slots)
+
+
+def _spec_for(checkpoint: MoshiCheckpoint, options: ModelOptions) -> ModelSpec:
+    """On a GPU the pool is as large as free memory allows; on CPU it is fixed."""
+    if not options.device.startswith("cuda"):
+        return moshi_spec(checkpoint.lm.name)
+    free, _total = torch.cuda.mem_get_info(torch.device(options.device))
+    weights = weight_bytes(checkpoint.lm, checkpoint.mimi)
+    slots = memory_slots(free, weights, per_slot_bytes(checkpoint.lm, checkpoint.mimi))
+    return moshi_spec(checkpoint.lm.name, slots)
 
 
 def _check_device(device: str) -> None:
@@ -74,7 +140,7 @@ def resolve_moshi(name: str, options: ModelOptions) -> tuple[ModelSpec, RunnerFa
     if found is None:
         return None
     _check_device(options.device)
-    return moshi_spec(found.lm.name), _factory(lambda: found, options)
+    return _spec_for(found, options), _factory(lambda: found, options)
 
 
 def _factory(locate: Callable[[], MoshiCheckpoint], options: ModelOptions) -> RunnerFactory:

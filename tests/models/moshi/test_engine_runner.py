@@ -260,3 +260,20 @@ def test_registry_builds_tiny_into_the_cache_and_runs(tmp_path: Path) -> None:
     assert handle is not None
     eng.push_input(handle, tone(0, 0))
     assert eng.step(0.0)[handle].frame.pcm.shape == (FRAME,)
+
+
+def test_gpu_pools_are_sized_from_free_memory() -> None:
+    from duplex.exceptions import ConfigError
+    from duplex.models.moshi import mimi_preset, moshi_preset
+    from duplex.models.moshi._models import memory_slots, per_slot_bytes, weight_bytes
+
+    lm, mimi = moshi_preset("moshi-7b"), mimi_preset("mimi")
+    weights, per_slot = weight_bytes(lm, mimi), per_slot_bytes(lm, mimi)
+    assert 15.3e9 < weights < 15.9e9  # 7.69 G bf16 LM values + 79 M float32 Mimi values
+    assert lm.kv_bytes_per_slot(2) < per_slot < 1.2 * lm.kv_bytes_per_slot(2) + 1e8
+    gib = 1 << 30
+    # an H200 with 139 GiB free: the measured run fit 80 slots in bf16
+    assert 70 <= memory_slots(139 * gib, weights, per_slot) <= 80
+    assert memory_slots(10_000 * gib, weights, per_slot) == 256  # capped
+    with pytest.raises(ConfigError, match="one session"):
+        memory_slots(20 * gib, weights, per_slot)
