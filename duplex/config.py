@@ -53,6 +53,8 @@ class ServerConfig:
     """Torch device of the model: ``cpu``, ``cuda`` or ``cuda:N``."""
     model_seed: int = 0
     """Base sampling seed; with it, a session's output is reproducible."""
+    loopback_delay_ms: int = 240
+    """Echo delay of the ``loopback`` model, a multiple of 80 ms."""
     model_cache_dir: str = ""
     """Folder for locally built models (``tiny``); empty: ``$XDG_CACHE_HOME/duplex/models``."""
     max_sessions: int = 0

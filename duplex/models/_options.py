@@ -35,6 +35,7 @@ class ModelOptions:
         seed: base sampling seed; each session's sampling stream derives from it.
         cache_dir: folder for models built locally (the ``tiny`` checkpoint);
             `default_cache_dir` when ``None``.
+        loopback_delay_ms: the ``loopback`` model's echo delay (whole 80 ms frames).
 
     Raises:
         ConfigError: the device string is not one of the forms above.
@@ -43,6 +44,7 @@ class ModelOptions:
     device: str = "cpu"
     seed: int = 0
     cache_dir: Path | None = None
+    loopback_delay_ms: int = 240
 
     def __post_init__(self) -> None:
         if not _DEVICE.match(self.device):

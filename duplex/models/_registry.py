@@ -8,6 +8,7 @@ entry whose factory loads them with the given `ModelOptions`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from duplex.exceptions import UnknownModel
@@ -21,8 +22,16 @@ __all__ = ["get_model", "model_names", "register_model"]
 Resolver = Callable[[str, ModelOptions], tuple[ModelSpec, RunnerFactory] | None]
 
 
-def _loopback(spec: ModelSpec) -> ModelRunner:
-    return LoopbackRunner(spec)
+def _loopback(name: str, options: ModelOptions) -> tuple[ModelSpec, RunnerFactory] | None:
+    if name != "loopback":
+        return None
+    delay = options.loopback_delay_ms
+    LoopbackRunner(dataclasses.replace(LOOPBACK_SPEC, max_slots=1), delay_ms=delay)  # fail now
+
+    def build(spec: ModelSpec) -> ModelRunner:
+        return LoopbackRunner(spec, delay_ms=delay)
+
+    return LOOPBACK_SPEC, build
 
 
 def _moshi(name: str, options: ModelOptions) -> tuple[ModelSpec, RunnerFactory] | None:
@@ -31,8 +40,9 @@ def _moshi(name: str, options: ModelOptions) -> tuple[ModelSpec, RunnerFactory] 
     return resolve_moshi(name, options)
 
 
-_MODELS: dict[str, tuple[ModelSpec, RunnerFactory]] = {"loopback": (LOOPBACK_SPEC, _loopback)}
+_MODELS: dict[str, tuple[ModelSpec, RunnerFactory]] = {}
 _RESOLVERS: tuple[tuple[tuple[str, ...], Resolver], ...] = (
+    (("loopback",), _loopback),
     (("moshi-7b", "personaplex-7b", "tiny"), _moshi),
 )
 """Each family's resolver and the names it answers without a path."""

@@ -47,6 +47,7 @@ def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
         device=server.model_device,
         seed=server.model_seed,
         cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None,
+        loopback_delay_ms=server.loopback_delay_ms,
     )
     spec, factory = get_model(server.model, options)
     if config.session.model_sample_rate != spec.sample_rate:

@@ -3,11 +3,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from duplex.exceptions import UnknownModel
+from duplex.exceptions import ConfigError, UnknownModel
 from duplex.models import (
     LOOPBACK_SPEC,
     FrameOutput,
     LoopbackRunner,
+    ModelOptions,
     ModelSpec,
     SlotInput,
     StepOutput,
@@ -82,3 +83,11 @@ def test_registry_has_loopback_and_rejects_unknown_and_duplicates() -> None:
         get_model("nope")
     with pytest.raises(ValueError):
         register_model(LOOPBACK_SPEC, factory)
+
+
+def test_loopback_delay_comes_from_the_options_and_is_checked_when_resolved() -> None:
+    spec, factory = get_model("loopback", ModelOptions(loopback_delay_ms=80))
+    runner = factory(spec)
+    assert isinstance(runner, LoopbackRunner) and runner.delay_frames == 1
+    with pytest.raises(ConfigError, match="delay_ms"):
+        get_model("loopback", ModelOptions(loopback_delay_ms=100))
