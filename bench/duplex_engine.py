@@ -654,104 +654,16 @@ def run_ours(
 # --------------------------------------------------------------------------- reference
 
 
-def _gated_width(dim: int, feedforward: int) -> int:
-    return (21 * dim) // 8 if feedforward == 4 * dim else (2 * feedforward) // 3
+def reference_arguments(config: Any, mimi_config: Any) -> tuple[Any, Any]:
+    """``get_moshi_lm`` kwargs and ``get_mimi`` config for our presets: None for the 7B and
+    ``mimi`` (the loaders' defaults), else the parity tools' mapping (tools/reference_configs.py).
+    Call after `import_ours`: the mapping imports our config modules."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from reference_configs import reference_kwargs, reference_mimi_config
 
-
-def reference_lm_kwargs(config: Any) -> dict[str, Any] | None:
-    """``LMModel`` kwargs for one of our presets (None: ``moshi-7b``, the loader's defaults)."""
-    if config.name == "moshi-7b":
-        return None
-    ff = int(4.125 * config.dim)
-    dff = int(4.125 * config.depformer_dim)
-    if _gated_width(config.dim, ff) != config.ffn_hidden or (
-        _gated_width(config.depformer_dim, dff) != config.depformer_ffn_hidden
-    ):
-        raise ValueError(f"{config.name}: feed-forward widths are not hidden_scale 4.125")
-    if config.user_lag or config.agent_q != config.dep_q:
-        raise ValueError(f"{config.name}: not a Moshi (user_lag 0, agent_q == dep_q) layout")
-    return {
-        "dim": config.dim,
-        "text_card": config.text_card,
-        "existing_text_padding_id": config.text_padding_id,
-        "n_q": config.n_q,
-        "dep_q": config.dep_q,
-        "card": config.card,
-        "num_heads": config.num_heads,
-        "num_layers": config.num_layers,
-        "hidden_scale": 4.125,
-        "causal": True,
-        "layer_scale": None,
-        "context": config.context,
-        "max_period": config.max_period,
-        "gating": "silu",
-        "norm": "rms_norm_f32",
-        "positional_embedding": "rope",
-        "depformer_dim": config.depformer_dim,
-        "depformer_dim_feedforward": dff,
-        "depformer_num_heads": config.depformer_num_heads,
-        "depformer_num_layers": config.depformer_num_layers,
-        "depformer_layer_scale": None,
-        "depformer_multi_linear": True,
-        "depformer_context": config.dep_q,
-        "depformer_max_period": config.max_period,
-        "depformer_gating": "silu",
-        "depformer_pos_emb": "none",
-        "depformer_weights_per_step": True,
-        "delays": list(config.delays),
-    }
-
-
-def reference_mimi_config(config: Any) -> dict[str, Any] | None:
-    """``get_mimi`` config for one of our Mimi presets (None: ``mimi``, the loader's default)."""
-    if config.name == "mimi":
-        return None
-    return {
-        "sample_rate": config.sample_rate,
-        "channels": 1,
-        "frame_rate": config.frame_rate,
-        "seanet": {
-            "channels": 1,
-            "dimension": config.dimension,
-            "causal": True,
-            "n_filters": config.n_filters,
-            "n_residual_layers": config.n_residual_layers,
-            "activation": "ELU",
-            "compress": config.compress,
-            "dilation_base": config.dilation_base,
-            "disable_norm_outer_blocks": 0,
-            "kernel_size": config.kernel_size,
-            "residual_kernel_size": config.residual_kernel_size,
-            "last_kernel_size": config.last_kernel_size,
-            "norm": "none",
-            "pad_mode": "constant",
-            "ratios": list(config.ratios),
-            "true_skip": True,
-        },
-        "quantizer": {
-            "dimension": config.codebook_dim,
-            "n_q": config.n_q,
-            "bins": config.bins,
-            "input_dimension": config.dimension,
-            "output_dimension": config.dimension,
-        },
-        "transformer": {
-            "d_model": config.dimension,
-            "num_heads": config.transformer_heads,
-            "num_layers": config.transformer_layers,
-            "causal": True,
-            "layer_scale": 0.01,
-            "context": config.context,
-            "conv_layout": True,
-            "max_period": config.max_period,
-            "gating": "none",
-            "norm": "layer_norm",
-            "positional_embedding": "rope",
-            "dim_feedforward": config.transformer_ffn,
-            "input_dimension": config.dimension,
-            "output_dimensions": [config.dimension],
-        },
-    }
+    lm_kwargs = None if config.name == "moshi-7b" else reference_kwargs(config)
+    mimi = None if mimi_config.name == "mimi" else reference_mimi_config(mimi_config)
+    return lm_kwargs, mimi
 
 
 def _reinit_if_not_finite(model: torch.nn.Module, seed: int) -> bool:
@@ -796,11 +708,10 @@ def run_reference(
     log("reference: building LM and Mimi")
     started = time.monotonic()
     torch.manual_seed(WEIGHT_SEED)
-    lm = loaders.get_moshi_lm(
-        None, lm_kwargs=reference_lm_kwargs(config), device=device, dtype=lm_dtype(device)
-    )
+    lm_kwargs, mimi_kwargs = reference_arguments(config, mimi_config)
+    lm = loaders.get_moshi_lm(None, lm_kwargs=lm_kwargs, device=device, dtype=lm_dtype(device))
     lm.eval()
-    mimi = loaders.get_mimi(None, reference_mimi_config(mimi_config), device=device)
+    mimi = loaders.get_mimi(None, mimi_kwargs, device=device)
     record["reinitialized_lm"] = _reinit_if_not_finite(lm, WEIGHT_SEED)
     record["lm_params"] = sum(p.numel() for p in lm.parameters())
     record["mimi_params"] = sum(p.numel() for p in mimi.parameters())

@@ -57,65 +57,13 @@ os.environ.setdefault("NO_CUDA_GRAPH", "1")
 
 import numpy as np
 import torch
+from reference_configs import reference_mimi_config
 from safetensors.torch import save_file
 
 from duplex.models.moshi import MimiConfig, mimi_preset
 
 PCM_ATOL = 1e-5
 """Absolute PCM tolerance the test uses (decoded amplitudes are of order 0.1-1)."""
-
-
-def reference_config(config: MimiConfig) -> dict[str, Any]:
-    """The ``get_mimi`` config dict of the reference for our ``config``."""
-    seanet = {
-        "channels": 1,
-        "dimension": config.dimension,
-        "causal": True,
-        "n_filters": config.n_filters,
-        "n_residual_layers": config.n_residual_layers,
-        "activation": "ELU",
-        "compress": config.compress,
-        "dilation_base": config.dilation_base,
-        "disable_norm_outer_blocks": 0,
-        "kernel_size": config.kernel_size,
-        "residual_kernel_size": config.residual_kernel_size,
-        "last_kernel_size": config.last_kernel_size,
-        "norm": "none",
-        "pad_mode": "constant",
-        "ratios": list(config.ratios),
-        "true_skip": True,
-    }
-    quantizer = {
-        "dimension": config.codebook_dim,
-        "n_q": config.n_q,
-        "bins": config.bins,
-        "input_dimension": config.dimension,
-        "output_dimension": config.dimension,
-    }
-    transformer = {
-        "d_model": config.dimension,
-        "num_heads": config.transformer_heads,
-        "num_layers": config.transformer_layers,
-        "causal": True,
-        "layer_scale": 0.01,
-        "context": config.context,
-        "conv_layout": True,
-        "max_period": config.max_period,
-        "gating": "none",
-        "norm": "layer_norm",
-        "positional_embedding": "rope",
-        "dim_feedforward": config.transformer_ffn,
-        "input_dimension": config.dimension,
-        "output_dimensions": [config.dimension],
-    }
-    return {
-        "sample_rate": config.sample_rate,
-        "channels": 1,
-        "frame_rate": config.frame_rate,
-        "seanet": seanet,
-        "quantizer": quantizer,
-        "transformer": transformer,
-    }
 
 
 def official_name(name: str) -> str:
@@ -199,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     config = mimi_preset(args.preset)
-    ref_config = reference_config(config)
+    ref_config = reference_mimi_config(config)
     args.out.mkdir(parents=True, exist_ok=True)
     weights_path = args.out / "mimi.safetensors"
     blank = loaders.get_mimi(None, ref_config, num_codebooks=config.num_codebooks)

@@ -59,81 +59,13 @@ os.environ.setdefault("NO_CUDA_GRAPH", "1")
 
 import numpy as np
 import torch
+from reference_configs import UnsupportedByReference, reference_kwargs
 from safetensors.torch import load_file, save_file
 
 from duplex.models.moshi import MoshiConfig, moshi_preset
 
 REFERENCE_VERSION = "0.2.13"
 SESSIONS = {"a": 1001, "b": 1002}  # session name -> user-code seed
-
-
-class UnsupportedByReference(Exception):
-    """The config has no equivalent in the reference ``LMModel`` / ``LMGen``."""
-
-
-def _reference_feedforward(dim: int, hidden: int) -> int:
-    """A ``dim_feedforward`` whose reference SiLU gating width is ``hidden``."""
-    for feedforward in (int(4.125 * dim), (3 * hidden + 1) // 2, 3 * hidden // 2 + 1):
-        width = (21 * dim) // 8 if feedforward == 4 * dim else (2 * feedforward) // 3
-        if width == hidden:
-            return feedforward
-    raise UnsupportedByReference(f"no dim_feedforward gives gated hidden {hidden} at dim {dim}")
-
-
-def reference_kwargs(config: MoshiConfig) -> dict[str, Any]:
-    """``LMModel`` keyword arguments equal to ``config`` (every field accounted for).
-
-    Raises:
-        UnsupportedByReference: the reference loop cannot run this config.
-    """
-    if config.user_lag != 0:
-        raise UnsupportedByReference(
-            "user_lag=1 is PersonaPlex's forked LMGen (it reads column offset - 1 and keeps a "
-            "max_delay + 3 cache); moshi 0.2.13's LMGen feeds user codes at offset + delay"
-        )
-    if config.agent_q != config.dep_q or config.n_q - config.dep_q != config.user_q:
-        raise UnsupportedByReference(
-            f"moshi 0.2.13's LMGen samples all dep_q={config.dep_q} depth steps and takes "
-            f"n_q - dep_q = {config.n_q - config.dep_q} user codebooks; agent_q={config.agent_q} "
-            "(PersonaPlex: 16 depth weight sets, 8 sampled) is not modelled"
-        )
-    if config.norm_eps != 1e-8:
-        raise UnsupportedByReference("only rms_norm_f32 (eps 1e-8) is mapped")
-    return {
-        # name: labels only.
-        "dim": config.dim,
-        "num_layers": config.num_layers,
-        "num_heads": config.num_heads,
-        "hidden_scale": _reference_feedforward(config.dim, config.ffn_hidden) / config.dim,
-        "context": config.context,
-        "card": config.card,
-        "text_card": config.text_card,
-        "n_q": config.n_q,
-        "dep_q": config.dep_q,  # == agent_q, checked above
-        "delays": list(config.delays),
-        "depformer_dim": config.depformer_dim,
-        "depformer_num_layers": config.depformer_num_layers,
-        "depformer_num_heads": config.depformer_num_heads,
-        "depformer_dim_feedforward": _reference_feedforward(
-            config.depformer_dim, config.depformer_ffn_hidden
-        ),
-        "max_period": config.max_period,
-        "norm": "rms_norm_f32",  # norm_eps 1e-8, float32
-        # user_lag 0: LMGen's own layout, checked above.
-        "existing_text_padding_id": config.text_padding_id,
-        # Fixed by the moshi_7b_202409 architecture our MoshiLM implements:
-        "causal": True,
-        "layer_scale": None,
-        "gating": "silu",
-        "positional_embedding": "rope",
-        "depformer_multi_linear": True,
-        "depformer_weights_per_step": True,
-        "depformer_pos_emb": "none",
-        "depformer_gating": "silu",
-        "depformer_layer_scale": None,
-        "depformer_max_period": config.max_period,
-        "depformer_context": config.dep_q,  # overridden to None by LMModel; kept like the 7B
-    }
 
 
 def _check_shapes(model: torch.nn.Module, config: MoshiConfig) -> None:
