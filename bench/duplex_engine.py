@@ -37,8 +37,8 @@ One command runs every phase and writes what it has after each batch size:
     ``mimi.encode`` -> ``LMGen.step`` (temp 0.8 / 0.7, top-k 250 / 25) ->
     ``mimi.decode(tokens[:, 1:])`` + the same host copy-out, timed the same way
     after at least 5 warm-up frames (it captures CUDA graphs in the first ones).
-``ours-fp8``
-    ``ours-full`` with the KV ring stored as float8 e4m3 (half the bytes: more
+``ours-fp8``, ``ours-fp8-staggered``
+    ``ours-full`` / ``ours`` with the KV ring stored as float8 e4m3 (half the bytes: more
     slots fit, half the attention reads).
 
 Every frame is bracketed by ``torch.cuda.synchronize()``; CUDA events recorded
@@ -112,7 +112,14 @@ REFERENCE_MIN_WARMUP = 5
 MEMORY_RESERVE = 4 * GIB
 """Kept free when sizing slot pools (allocator fragmentation, cuBLAS workspaces, Mimi)."""
 
-PHASES = ("smoke", "ours", "ours-full", "reference", "ours-fp8")
+OUR_PHASES: dict[str, tuple[str, bool, str]] = {
+    "ours": ("staggered", False, "ours (staggered)"),
+    "ours-full": ("full", False, "ours (full context)"),
+    "ours-fp8": ("full", True, "ours (full context, fp8 KV)"),
+    "ours-fp8-staggered": ("staggered", True, "ours (staggered, fp8 KV)"),
+}
+"""Our phases: (session offsets, fp8 KV ring, label)."""
+PHASES = ("smoke", *OUR_PHASES, "reference")
 PRESET_MIMI = {"moshi-7b": "mimi", "tiny": "tiny"}
 
 
@@ -531,14 +538,14 @@ def fit_slots(device: torch.device, want: int, per_slot: int) -> tuple[int, dict
 
 
 def our_per_slot_bytes(config: Any, mimi_config: Any, kv_bytes: int) -> int:
-    """KV ring + Mimi state + attention temporaries of one slot (an estimate for sizing)."""
+    """KV ring + Mimi state of one slot (an estimate for sizing).
+
+    The ring attention kernel reads the rings in place in their stored dtype, so
+    an fp8 ring needs no bf16 copy.
+    """
     ring = config.kv_bytes_per_slot(kv_bytes)
     mimi = mimi_config.kv_bytes_per_slot(4) + 16 * 1024**2
-    # prefix_attention reads the rings in place; an fp8 ring is converted to bf16
-    # one layer at a time (keys and values, full context, per slot of the prefix).
-    rows = config.num_heads * config.context * config.head_dim
-    temporaries = rows * 2 * 2 if kv_bytes != 2 else 0
-    return ring + mimi + temporaries
+    return ring + mimi
 
 
 def run_ours(
@@ -547,15 +554,16 @@ def run_ours(
     device: torch.device,
     lm: Any,
     mimi: Any,
-    mode: str,
+    phase: str,
     results: Results,
     record: dict,
     deadline: float,
 ) -> None:
-    """Time our engine for each B; ``mode`` is ``staggered``, ``full`` or ``fp8``."""
+    """Time our engine for each B, as `OUR_PHASES` says for ``phase``."""
     config = lm.config
-    kv_dtype = torch.float8_e4m3fn if mode == "fp8" else None
-    kv_bytes = 1 if mode == "fp8" else torch.finfo(lm_dtype(device)).bits // 8
+    mode, fp8, _ = OUR_PHASES[phase]
+    kv_dtype = torch.float8_e4m3fn if fp8 else None
+    kv_bytes = 1 if fp8 else torch.finfo(lm_dtype(device)).bits // 8
     per_slot = our_per_slot_bytes(config, mimi.config, kv_bytes)
     want = max(args.batches)
     max_slots, memory = fit_slots(device, want, per_slot)
@@ -594,7 +602,7 @@ def run_ours(
             if time.monotonic() > deadline:
                 entry["skipped"] = "time budget spent"
                 continue
-            log(f"ours-{mode} B={batch}")
+            log(f"{phase} B={batch}")
             slots = list(range(batch))
             if mode == "staggered":
                 starts = [int((i + 0.5) * context / batch) for i in range(batch)]
@@ -796,7 +804,7 @@ def ratios(data: dict[str, Any]) -> dict[str, dict[str, float]]:
     """ours / reference median and p99 per B, for each of our phases."""
     reference = data.get("phases", {}).get("reference", {}).get("per_batch", {})
     out: dict[str, dict[str, float]] = {}
-    for phase in ("ours", "ours-full", "ours-fp8"):
+    for phase in OUR_PHASES:
         per_batch = data.get("phases", {}).get(phase, {}).get("per_batch", {})
         for batch, entry in per_batch.items():
             ref = reference.get(batch, {})
@@ -826,7 +834,7 @@ def _cell(entry: dict[str, Any] | None) -> str:
 
 def write_markdown(out: Path, data: dict[str, Any]) -> None:
     phases = data.get("phases", {})
-    columns = [p for p in ("ours", "ours-full", "ours-fp8", "reference") if p in phases]
+    columns = [p for p in PHASES[1:] if p in phases]
     batches = sorted({int(b) for p in columns for b in phases[p].get("per_batch", {})})
     rat = data.get("ratios", {})
     lines = [
@@ -850,13 +858,13 @@ def write_markdown(out: Path, data: dict[str, Any]) -> None:
             f"{', error: ' + smoke['error'][:200] if 'error' in smoke else ''})",
             "",
         ]
-    header = ["B", *columns] + [f"{p} / ref" for p in ("ours", "ours-full", "ours-fp8") if p in rat]
+    header = ["B", *columns] + [f"{p} / ref" for p in OUR_PHASES if p in rat]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---:|" * len(header))
     for batch in batches:
         row = [str(batch)]
         row += [_cell(phases[p].get("per_batch", {}).get(str(batch))) for p in columns]
-        for phase in ("ours", "ours-full", "ours-fp8"):
+        for phase in OUR_PHASES:
             if phase in rat:
                 value = rat[phase].get(str(batch))
                 row.append(f"{value['median']:.2f}" if value else "—")
@@ -893,13 +901,10 @@ def write_plot(out: Path, data: dict[str, Any]) -> str | None:
         return f"no plot: {type(error).__name__}: {error}"
     phases = data.get("phases", {})
     figure, axis = plt.subplots(figsize=(7, 4.5))
-    styles = {
-        "ours": ("C0", "ours (staggered)"),
-        "ours-full": ("C1", "ours (full context)"),
-        "ours-fp8": ("C2", "ours (full context, fp8 KV)"),
-        "reference": ("C3", "reference moshi 0.2.13 (lockstep)"),
-    }
-    for phase, (color, label) in styles.items():
+    styles = {phase: label for phase, (_, _, label) in OUR_PHASES.items()}
+    styles["reference"] = "reference moshi 0.2.13 (lockstep)"
+    for index, (phase, label) in enumerate(styles.items()):
+        color = f"C{index}"
         per_batch = phases.get(phase, {}).get("per_batch", {})
         points = sorted((int(b), e) for b, e in per_batch.items() if "median_ms" in e)
         if not points:
@@ -1088,14 +1093,16 @@ def main(argv: list[str] | None = None) -> int:
         models.clear()
         free_memory(device)
 
-    for phase, mode in (("ours", "staggered"), ("ours-full", "full")):
+    def measure(phase: str) -> None:
+        def body(record: dict) -> None:
+            lm, mimi = ensure_models(record)
+            run_ours(args, ours, device, lm, mimi, phase, results, record, deadline)
+
+        guarded(phase, data, results, body)
+
+    for phase in ("ours", "ours-full"):
         if phase in phases:
-
-            def body(record: dict, mode: str = mode) -> None:
-                lm, mimi = ensure_models(record)
-                run_ours(args, ours, device, lm, mimi, mode, results, record, deadline)
-
-            guarded(phase, data, results, body)
+            measure(phase)
 
     if "reference" in phases:
         release_models()
@@ -1106,13 +1113,9 @@ def main(argv: list[str] | None = None) -> int:
             lambda record: run_reference(args, ours, device, results, record, deadline),
         )
 
-    if "ours-fp8" in phases:
-
-        def fp8(record: dict) -> None:
-            lm, mimi = ensure_models(record)
-            run_ours(args, ours, device, lm, mimi, "fp8", results, record, deadline)
-
-        guarded("ours-fp8", data, results, fp8)
+    for phase in ("ours-fp8", "ours-fp8-staggered"):
+        if phase in phases:
+            measure(phase)
     release_models()
 
     data["ratios"] = ratios(data)

@@ -1,1 +1,24 @@
-"""duplex.kernels"""
+"""Triton kernels with their torch references (the CPU path and the test oracle).
+
+`ring_attention`: one-query decode attention over per-slot KV rings that
+loads only each slot's filled rows, in the ring's stored dtype.
+
+`rms_norm`: RMSNorm over the last axis in one kernel (float32 math).
+
+`rope`: interleaved rotary embedding of q and k in one launch (float32 math).
+"""
+
+from ._triton import available as triton_available
+from .ring_attention import ring_attention, ring_attention_reference
+from .rms_norm import rms_norm, rms_norm_reference
+from .rope import rope, rope_reference
+
+__all__ = [
+    "ring_attention",
+    "ring_attention_reference",
+    "rms_norm",
+    "rms_norm_reference",
+    "rope",
+    "rope_reference",
+    "triton_available",
+]

@@ -41,7 +41,7 @@ from ._checkpoint import (
 from ._config import MOSHI_PRESETS, MoshiConfig, moshi_preset
 from ._cuda_graph import CudaGraphStep
 from ._engine_runner import MoshiEngineRunner, stream_seed
-from ._kv import KVRing, prefix_attention, ring_attention
+from ._kv import KVRing, prefix_attention
 from ._lm import MoshiLM, TokenChooser
 from ._mimi import MimiModel
 from ._mimi_config import MIMI_PRESETS, MimiConfig, mimi_preset
@@ -96,7 +96,6 @@ __all__ = [
     "random_lm",
     "random_mimi",
     "resolve_moshi",
-    "ring_attention",
     "sample_tokens",
     "save_random_lm",
     "save_random_mimi",

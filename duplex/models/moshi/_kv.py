@@ -6,64 +6,35 @@ write. Because RoPE is applied before keys are stored, attention is invariant
 to the order of rows in the ring; once a slot wraps, its ring holds exactly
 the last ``context`` frames, which is the reference's ``delta < context`` window.
 
-`ring_attention` is the torch reference (the oracle): it reads only filled
-rows of the slots it is given and ignores whatever the other rows hold.
+`ring_attention_reference` (duplex/kernels) is the torch oracle: it gathers
+only the filled rows of the slots it is given and ignores whatever the other
+rows hold; the dynamic reference step uses it.
 
 `prefix_attention` is what the static step (and its CUDA graph) runs: the
 batch is the prefix of slots ``[0, P)``, so one layer's keys and values are
-read in place as views ``[P, H, context, D]`` by ``scaled_dot_product_attention``
-with a boolean fill mask, with no gather (gathering every row's ring cost
-about 3 GB of copies per layer at P = 64). The price: masked rows are still
-*read*, and garbage there is not harmless (``NaN + -inf`` is NaN, and
-``0 * inf`` is NaN), so a slot's rows must be finite. `KVRing.clear` zeroes a
-slot's rows in every layer and the runner calls it on every reset (one memset
-of ``kv_bytes_per_slot``, about 1.5 GB and half a millisecond on an H200 for
-the 7B). Rows never attend across slots: NaN in slot ``i``'s rings can only
-reach row ``i``'s output. An fp8 ring is converted to the query dtype one layer
-at a time (one pass over the prefix view, still no gather).
+read in place as views ``[P, H, context, D]``, with no gather (gathering every
+row's ring cost about 3 GB of copies per layer at P = 64). On CUDA it is the
+Triton kernel `ring_attention` (duplex/kernels), which loads only each slot's
+filled rows, in the ring's own dtype (fp8 at one byte an element). Elsewhere
+it is ``scaled_dot_product_attention`` with a boolean fill mask: masked rows
+are still *read*, and garbage there is not harmless (``NaN + -inf`` is NaN,
+and ``0 * inf`` is NaN), so a slot's rows must be finite. `KVRing.clear`
+zeroes a slot's rows in every layer and the runner calls it on every reset
+(one memset of ``kv_bytes_per_slot``, about 1.5 GB and half a millisecond on an
+H200 for the 7B). Rows never attend across slots: NaN in slot ``i``'s rings
+can only reach row ``i``'s output.
 """
 
 from __future__ import annotations
 
-import math
 from typing import final
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["KVRing", "prefix_attention", "ring_attention"]
+from duplex.kernels import ring_attention, ring_attention_reference, triton_available
 
-
-def ring_attention(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    slots: torch.Tensor,
-    lengths: torch.Tensor,
-    max_len: int,
-) -> torch.Tensor:
-    """One query per row against the filled part of its slot's ring.
-
-    Args:
-        q: ``[B, H, D]`` queries (RoPE applied).
-        keys, values: one layer's rings, ``[slots, H, context, D]``.
-        slots: ``[B]`` slot index of each row.
-        lengths: ``[B]`` filled rows per slot (at least 1: the current frame).
-        max_len: ``max(lengths)``, known on the host so no device sync is needed.
-
-    Returns:
-        ``[B, H, D]`` attention output in ``q``'s dtype.
-    """
-    k = keys[slots, :, :max_len].float()  # [B, H, L, D]
-    v = values[slots, :, :max_len].float()
-    filled = torch.arange(max_len, device=q.device)[None, :] < lengths[:, None]  # [B, L]
-    filled = filled[:, None, :]  # [B, 1, L]
-    scores = torch.einsum("bhd,bhld->bhl", q.float(), k) / math.sqrt(q.shape[-1])
-    # where, not masked_fill on a product: rows past the fill may hold NaN/inf garbage.
-    scores = torch.where(filled, scores, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    v = torch.where(filled[..., None], v, 0.0)
-    return torch.einsum("bhl,bhld->bhd", probs, v).to(q.dtype)
+__all__ = ["KVRing", "prefix_attention"]
 
 
 def prefix_attention(
@@ -72,10 +43,11 @@ def prefix_attention(
     values: torch.Tensor,
     lengths: torch.Tensor,
 ) -> torch.Tensor:
-    """`ring_attention` for the slot prefix ``[0, P)``, in place and with static shapes.
+    """Attention of the slot prefix ``[0, P)`` over its rings, in place and with static shapes.
 
-    Every ring row is read and rows at or past a slot's fill are masked, so
-    they must hold finite values (`KVRing.clear` zeroes them on reset).
+    CUDA: the Triton kernel (filled rows only). Elsewhere every ring row is
+    read and rows at or past a slot's fill are masked, so they must hold
+    finite values (`KVRing.clear` zeroes them on reset).
 
     Args:
         q: ``[P, H, D]`` queries (RoPE applied); row ``i`` is slot ``i``.
@@ -86,6 +58,8 @@ def prefix_attention(
     Returns:
         ``[P, H, D]`` attention output in ``q``'s dtype.
     """
+    if q.is_cuda and triton_available():
+        return ring_attention(q, keys, values, lengths)
     positions = torch.arange(keys.shape[2], device=q.device)
     mask = (positions[None, :] < lengths[:, None])[:, None, None, :]  # [P, 1, 1, context]
     k, v = keys.to(q.dtype), values.to(q.dtype)  # no copy unless the ring is fp8
@@ -98,8 +72,8 @@ class KVRing:
 
     Storage is ``[layers, slots, heads, context, head_dim]`` (about 1.5 GiB per
     slot for the 7B config in bf16). The runner owns it and the slot frame counters.
-    Rows start at zero and `clear` re-zeroes a slot: `prefix_attention` reads
-    masked rows too, so no row may hold NaN or inf from an earlier owner.
+    Rows start at zero and `clear` re-zeroes a slot: off CUDA `prefix_attention`
+    reads masked rows too, so no row may hold NaN or inf from an earlier owner.
     """
 
     def __init__(
@@ -149,8 +123,10 @@ class KVRing:
         lengths: torch.Tensor,
         max_len: int,
     ) -> torch.Tensor:
-        """`ring_attention` over one layer's rings of ``slots`` (the dynamic reference)."""
-        return ring_attention(q, self.keys[layer], self.values[layer], slots, lengths, max_len)
+        """`ring_attention_reference` over one layer's rings of ``slots`` (the dynamic step)."""
+        return ring_attention_reference(
+            q, self.keys[layer], self.values[layer], lengths, slots, max_len
+        )
 
     def attend_prefix(self, layer: int, q: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """`prefix_attention` over one layer's rings of slots ``[0, len(q))``, in place."""

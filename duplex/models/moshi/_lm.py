@@ -131,7 +131,7 @@ class MoshiLM(nn.Module):
                 ``arange(B)`` (the static step runs the slot prefix ``[0, B)``).
             frames: ``[B]`` frame index per row (RoPE position; ring row ``frame % context``).
             max_len: ``max(min(frames + 1, context))`` computed on the host, to read only
-                that many rows of the given slots (`ring_attention`); None attends over
+                that many rows of the given slots (`ring_attention_reference`); None attends over
                 the prefix's rings in place with a mask (`prefix_attention`: static
                 shapes, no host sync, graph-capturable).
             active: ``[B]`` bool, rows whose keys/values are stored (None: all); the

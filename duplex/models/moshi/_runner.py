@@ -19,7 +19,7 @@ elsewhere; prefix rows not asked for are computed and discarded and keep
 their state, so the cost follows the highest slot id stepped (the engine's
 scheduler hands out the lowest free slot first). ``static_shapes=False``
 instead runs the dynamic reference path (any slots, host ``max_len``,
-`ring_attention`) that tests compare against.
+`ring_attention_reference`) that tests compare against.
 
 This runner speaks codes. `MoshiEngineRunner` (``_engine_runner.py``) wraps it
 with the Mimi streams and the text table to make the engine's ``ModelRunner``
@@ -102,7 +102,7 @@ class MoshiRunner:
         cuda_graphs: replay one CUDA graph per batch bucket (default: on when the model
             is on CUDA; refused elsewhere).
         static_shapes: False runs the dynamic reference step instead (host ``max_len``,
-            `ring_attention`, no padding, no graphs); for tests.
+            `ring_attention_reference`, no padding, no graphs); for tests.
     """
 
     def __init__(

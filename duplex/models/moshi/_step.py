@@ -17,7 +17,7 @@ are device tensors and host constants only (the top-k caps), so it has static
 shapes, no host syncs and no host-to-device copies: the same code runs
 eagerly on the CPU (tests) and inside a captured graph on CUDA.
 `LMStep.reference` is the dynamic reference: any slots, in any order, host
-``max_len`` and `ring_attention`.
+``max_len`` and `ring_attention_reference`.
 
 Token ring (per slot, ``num_streams x (max_delay + 2 + user_lag)`` columns):
 at a slot's frame ``n``, user codebook ``q`` is written at column
@@ -139,7 +139,7 @@ class LMStep:
         top_k_caps: tuple[int, int],
         max_len: int,
     ) -> torch.Tensor:
-        """Step ``slots`` (distinct, any order) one frame with `ring_attention`.
+        """Step ``slots`` (distinct, any order) one frame with `ring_attention_reference`.
 
         Args:
             slots: ``[B]`` slot per row.

@@ -1,0 +1,219 @@
+"""One-query decode attention over per-slot KV rings, reading only each slot's filled rows.
+
+Layout: one layer's rings are ``[slots, H, context, D]``; a slot's rows
+``[0, length)`` are filled (RoPE is applied before keys are stored, so the
+order of rows in the ring does not matter). Row ``b`` of the batch attends to
+slot ``slots[b]`` (or slot ``b``: the engine steps the slot prefix).
+
+`ring_attention_reference` is the torch oracle: it gathers the rows it needs
+and computes in float32. `ring_attention` is the Triton kernel
+(flash-decoding): the ring is cut into splits of ``SPLIT_ROWS`` rows, one
+program per (row, head, split) walks its split in ``BLOCK_ROWS`` tiles with
+an online softmax, and a second kernel merges the splits. A split that starts
+at or past the slot's fill exits at once, so a young session costs what it
+has filled, not the whole ring; rows past the fill are never loaded (their
+content does not matter, NaN included). Keys and values are loaded in their
+stored dtype (float32, bf16 or float8 e4m3) and converted in registers: an
+fp8 ring is read at one byte per element. No host sync: the grid depends on
+shapes only, so a CUDA graph can capture it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _triton
+
+if _triton.available():
+    import triton
+    import triton.language as tl
+
+__all__ = ["SPLIT_ROWS", "ring_attention", "ring_attention_reference"]
+
+SPLIT_ROWS = 256
+"""Ring rows per program: 12 splits of a 3000-row ring (enough programs at B = 1)."""
+BLOCK_ROWS = 64
+
+
+def ring_attention_reference(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    lengths: torch.Tensor,
+    slots: torch.Tensor | None = None,
+    max_len: int | None = None,
+) -> torch.Tensor:
+    """One query per row against the filled part of its slot's ring (float32, gathered).
+
+    Args:
+        q: ``[B, H, D]`` queries (RoPE applied).
+        keys, values: one layer's rings, ``[slots, H, context, D]``, any float dtype.
+        lengths: ``[B]`` filled rows per row's slot (at least 1: the current frame).
+        slots: ``[B]`` slot of each row; None means row ``b`` reads slot ``b``.
+        max_len: at least ``max(lengths)`` (host value, so no device sync); None reads
+            the whole ring.
+
+    Returns:
+        ``[B, H, D]`` in ``q``'s dtype.
+    """
+    if slots is None:
+        slots = torch.arange(q.shape[0], device=q.device)
+    rows = keys.shape[2] if max_len is None else max_len
+    k = keys[slots, :, :rows].float()  # [B, H, L, D]
+    v = values[slots, :, :rows].float()
+    filled = torch.arange(rows, device=q.device)[None, :] < lengths[:, None]  # [B, L]
+    filled = filled[:, None, :]  # [B, 1, L]
+    scores = torch.einsum("bhd,bhld->bhl", q.float(), k) / math.sqrt(q.shape[-1])
+    # where, not masked_fill on a product: rows past the fill may hold NaN/inf garbage.
+    scores = torch.where(filled, scores, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    v = torch.where(filled[..., None], v, 0.0)
+    return torch.einsum("bhl,bhld->bhd", probs, v).to(q.dtype)
+
+
+def ring_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    lengths: torch.Tensor,
+    slots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`ring_attention_reference` as a Triton kernel (CUDA; interpreted for host tensors).
+
+    ``keys`` / ``values`` may be strided views (one layer of a larger pool) as
+    long as the last axis is contiguous; ``lengths`` must be in ``[1, context]``.
+    """
+    batch, heads, head_dim = q.shape
+    context = keys.shape[2]
+    if head_dim & (head_dim - 1) or keys.stride(-1) != 1 or values.stride(-1) != 1:
+        raise ValueError("ring_attention needs a power-of-two head_dim and contiguous rows")
+    q = q.contiguous()
+    splits = -(-context // SPLIT_ROWS)
+    partial = torch.empty(batch, heads, splits, head_dim + 2, device=q.device, dtype=torch.float32)
+    out = torch.empty_like(q)
+    if slots is None:
+        slots = torch.arange(batch, device=q.device)
+    _split[(batch, heads, splits)](
+        q,
+        keys,
+        values,
+        lengths,
+        slots,
+        partial,
+        q.stride(0),
+        q.stride(1),
+        keys.stride(0),
+        keys.stride(1),
+        keys.stride(2),
+        values.stride(0),
+        values.stride(1),
+        values.stride(2),
+        1.0 / math.sqrt(head_dim),
+        splits,
+        SPLIT_ROWS=SPLIT_ROWS,
+        BLOCK_ROWS=BLOCK_ROWS,
+        HEAD_DIM=head_dim,
+    )
+    _merge[(batch, heads)](
+        partial,
+        out,
+        out.stride(0),
+        out.stride(1),
+        splits,
+        SPLITS=1 << (splits - 1).bit_length(),
+        HEAD_DIM=head_dim,
+    )
+    return out
+
+
+if _triton.available():
+
+    @triton.jit
+    def _split(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        len_ptr,
+        slot_ptr,
+        part_ptr,
+        stride_qb,
+        stride_qh,
+        stride_ks,
+        stride_kh,
+        stride_kr,
+        stride_vs,
+        stride_vh,
+        stride_vr,
+        scale,
+        splits,
+        SPLIT_ROWS: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        length = tl.load(len_ptr + b).to(tl.int32)
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        start = s * SPLIT_ROWS
+        end = tl.minimum(start + SPLIT_ROWS, length)
+        d = tl.arange(0, HEAD_DIM)
+        q = tl.load(q_ptr + b * stride_qb + h * stride_qh + d).to(tl.float32) * scale
+        k_base = k_ptr + slot * stride_ks + h * stride_kh
+        v_base = v_ptr + slot * stride_vs + h * stride_vh
+        best = tl.full([], float("-inf"), tl.float32)
+        total = tl.full([], 0.0, tl.float32)
+        acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+        for row in range(start, end, BLOCK_ROWS):
+            rows = row + tl.arange(0, BLOCK_ROWS)
+            filled = rows < end
+            k = tl.load(
+                k_base + rows[:, None] * stride_kr + d[None, :],
+                mask=filled[:, None],
+                other=0.0,
+            ).to(tl.float32)
+            scores = tl.where(filled, tl.sum(k * q[None, :], axis=1), float("-inf"))
+            new_best = tl.maximum(best, tl.max(scores, axis=0))
+            rescale = tl.exp(best - new_best)
+            weights = tl.exp(scores - new_best)
+            v = tl.load(
+                v_base + rows[:, None] * stride_vr + d[None, :],
+                mask=filled[:, None],
+                other=0.0,
+            ).to(tl.float32)
+            acc = acc * rescale + tl.sum(weights[:, None] * v, axis=0)
+            total = total * rescale + tl.sum(weights, axis=0)
+            best = new_best
+        part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (HEAD_DIM + 2)
+        tl.store(part + d, acc)
+        tl.store(part + HEAD_DIM, best)
+        tl.store(part + HEAD_DIM + 1, total)
+
+    @triton.jit
+    def _merge(
+        part_ptr,
+        out_ptr,
+        stride_ob,
+        stride_oh,
+        splits,
+        SPLITS: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.arange(0, SPLITS)
+        d = tl.arange(0, HEAD_DIM)
+        used = s < splits
+        part = part_ptr + (b * tl.num_programs(1) + h) * splits * (HEAD_DIM + 2)
+        rows = part + s * (HEAD_DIM + 2)
+        best = tl.load(rows + HEAD_DIM, mask=used, other=float("-inf"))
+        total = tl.load(rows + HEAD_DIM + 1, mask=used, other=0.0)
+        top = tl.max(best, axis=0)
+        # an empty split has best = -inf, so its weight is exp(-inf) = 0
+        weight = tl.where(best > float("-inf"), tl.exp(best - top), 0.0)
+        acc = tl.load(rows[:, None] + d[None, :], mask=used[:, None], other=0.0)
+        value = tl.sum(acc * weight[:, None], axis=0) / tl.sum(total * weight, axis=0)
+        out = out_ptr + b * stride_ob + h * stride_oh + d
+        tl.store(out, value.to(out_ptr.dtype.element_ty))
