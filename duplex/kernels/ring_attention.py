@@ -34,7 +34,12 @@ __all__ = ["SPLIT_ROWS", "ring_attention", "ring_attention_reference"]
 
 SPLIT_ROWS = 256
 """Ring rows per program: 12 splits of a 3000-row ring (enough programs at B = 1)."""
-BLOCK_ROWS = 64
+BLOCK_ROWS = 32
+"""Rows per tile of the online softmax."""
+NUM_WARPS = 4
+_DOT_DTYPES = {torch.float32: "float32", torch.float8_e4m3fn: "float16"}
+"""Tensor-core operand type per ring dtype (else bf16). fp8 widens to fp16 in one
+instruction per pair; the query and the softmax weights are rounded to it."""
 
 
 def ring_attention_reference(
@@ -79,18 +84,30 @@ def ring_attention(
     values: torch.Tensor,
     lengths: torch.Tensor,
     slots: torch.Tensor | None = None,
+    *,
+    split_rows: int = SPLIT_ROWS,
+    block_rows: int = BLOCK_ROWS,
+    num_warps: int = NUM_WARPS,
+    dot: bool | None = None,
 ) -> torch.Tensor:
     """`ring_attention_reference` as a Triton kernel (CUDA; interpreted for host tensors).
 
     ``keys`` / ``values`` may be strided views (one layer of a larger pool) as
     long as the last axis is contiguous; ``lengths`` must be in ``[1, context]``.
+    The tiling arguments are for tuning (bench/kernels.py); ``split_rows`` must
+    be a multiple of ``block_rows``. ``dot`` puts the scores and the weighted sum
+    on tensor cores (16 copies of the query); None means on CUDA, where it is
+    faster (Triton's interpreter mishandles 16-bit ``tl.dot``, so host runs use
+    the elementwise form unless asked).
     """
     batch, heads, head_dim = q.shape
     context = keys.shape[2]
     if head_dim & (head_dim - 1) or keys.stride(-1) != 1 or values.stride(-1) != 1:
         raise ValueError("ring_attention needs a power-of-two head_dim and contiguous rows")
     q = q.contiguous()
-    splits = -(-context // SPLIT_ROWS)
+    if split_rows % block_rows:
+        raise ValueError("split_rows must be a multiple of block_rows")
+    splits = -(-context // split_rows)
     partial = torch.empty(batch, heads, splits, head_dim + 2, device=q.device, dtype=torch.float32)
     out = torch.empty_like(q)
     if slots is None:
@@ -112,9 +129,12 @@ def ring_attention(
         values.stride(2),
         1.0 / math.sqrt(head_dim),
         splits,
-        SPLIT_ROWS=SPLIT_ROWS,
-        BLOCK_ROWS=BLOCK_ROWS,
+        SPLIT_ROWS=split_rows,
+        BLOCK_ROWS=block_rows,
         HEAD_DIM=head_dim,
+        DOT=q.is_cuda if dot is None else dot,
+        DOT_DTYPE=getattr(tl, _DOT_DTYPES.get(keys.dtype, "bfloat16")),
+        num_warps=num_warps,
     )
     _merge[(batch, heads)](
         partial,
@@ -151,6 +171,8 @@ if _triton.available():
         SPLIT_ROWS: tl.constexpr,
         BLOCK_ROWS: tl.constexpr,
         HEAD_DIM: tl.constexpr,
+        DOT: tl.constexpr,
+        DOT_DTYPE: tl.constexpr,
     ):
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -166,6 +188,8 @@ if _triton.available():
         best = tl.full([], float("-inf"), tl.float32)
         total = tl.full([], 0.0, tl.float32)
         acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+        # tensor cores want 16 query rows: 16 copies of q, every product row is the same
+        q_rows = tl.broadcast_to(q[None, :], (16, HEAD_DIM)).to(DOT_DTYPE)
         for row in range(start, end, BLOCK_ROWS):
             rows = row + tl.arange(0, BLOCK_ROWS)
             filled = rows < end
@@ -173,8 +197,13 @@ if _triton.available():
                 k_base + rows[:, None] * stride_kr + d[None, :],
                 mask=filled[:, None],
                 other=0.0,
-            ).to(tl.float32)
-            scores = tl.where(filled, tl.sum(k * q[None, :], axis=1), float("-inf"))
+            )
+            if DOT:
+                dots = tl.dot(q_rows, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee")
+                raw = tl.max(dots, axis=0)
+            else:
+                raw = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
+            scores = tl.where(filled, raw, float("-inf"))
             new_best = tl.maximum(best, tl.max(scores, axis=0))
             rescale = tl.exp(best - new_best)
             weights = tl.exp(scores - new_best)
@@ -182,8 +211,13 @@ if _triton.available():
                 v_base + rows[:, None] * stride_vr + d[None, :],
                 mask=filled[:, None],
                 other=0.0,
-            ).to(tl.float32)
-            acc = acc * rescale + tl.sum(weights[:, None] * v, axis=0)
+            )
+            if DOT:
+                weight_rows = tl.broadcast_to(weights[None, :], (16, BLOCK_ROWS)).to(DOT_DTYPE)
+                mixed = tl.dot(weight_rows, v.to(DOT_DTYPE), input_precision="ieee")
+                acc = acc * rescale + tl.max(mixed, axis=0)
+            else:
+                acc = acc * rescale + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
             total = total * rescale + tl.sum(weights, axis=0)
             best = new_best
         part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (HEAD_DIM + 2)

@@ -91,3 +91,15 @@ def test_kernel_at_the_7b_shape_on_cuda(ring_dtype: torch.dtype) -> None:
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_tensor_core_form_equals_reference() -> None:
+    """The ``tl.dot`` form (CUDA's default) on a float32 ring, which the interpreter runs."""
+    generator = torch.Generator().manual_seed(10)
+    keys, values = _rings(generator, 1, 3, 2, 100, 16)
+    keys, values = keys[0].to(DEVICE), values[0].to(DEVICE)
+    lengths = torch.tensor([1, 33, 100], device=DEVICE)
+    q = torch.randn(3, 2, 16, generator=generator).to(DEVICE)
+    got = ring_attention(q, keys, values, lengths, dot=True)
+    want = ring_attention_reference(q, keys, values, lengths)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)

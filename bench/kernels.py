@@ -1,0 +1,141 @@
+"""Ring decode attention on one GPU: our Triton kernel against masked SDPA over the whole ring.
+
+One layer of the 7B temporal transformer (32 heads of 128, a 3000-row ring),
+B rows, fills either spread over the ring (``staggered``: row i at
+``(i + 0.5) * 3000 / B`` rows, as sessions at different offsets) or all full.
+For each case it times (CUDA events, median of ``--reps`` calls after warm-up):
+
+- ``sdpa``: what the static step ran before the kernel, ``scaled_dot_product_attention``
+  over each row's whole ring view with a boolean fill mask (bf16 only; an fp8
+  ring first needs a bf16 copy, which is timed too);
+- ``kernel``: `duplex.kernels.ring_attention` with each tiling of ``--sweep``
+  (split rows / block rows / warps), checked against the torch reference.
+
+Effective bandwidth is the bytes of *filled* keys and values divided by the time.
+
+    PYTHONPATH=$PWD python3 bench/kernels.py --out out/kernels
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from duplex.kernels import ring_attention, ring_attention_reference  # noqa: E402
+
+HEADS, HEAD_DIM, CONTEXT = 32, 128, 3000
+
+
+def timed(fn: Any, reps: int) -> float:
+    """Median microseconds of ``fn()`` over ``reps`` calls (after 3 warm-up calls)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor):
+    mask = (torch.arange(keys.shape[2], device=q.device)[None, :] < lengths[:, None])[
+        :, None, None, :
+    ]
+    k, v = keys.to(q.dtype), values.to(q.dtype)
+    return F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask)[:, :, 0]
+
+
+def measure(
+    dtype: torch.dtype,
+    batch: int,
+    fill: str,
+    tilings: list[tuple[int, int, int, bool]],
+    reps: int,
+    generator: torch.Generator,
+) -> dict[str, Any]:
+    """One case: SDPA and every tiling of the kernel on the same rings."""
+    device = generator.device
+    shape = (batch, HEADS, CONTEXT, HEAD_DIM)
+    keys = torch.randn(shape, generator=generator, device=device).to(dtype)
+    values = torch.randn(shape, generator=generator, device=device).to(dtype)
+    q = torch.randn(batch, HEADS, HEAD_DIM, generator=generator, device=device)
+    q = q.to(torch.bfloat16)
+    if fill == "staggered":
+        fills = [int((i + 0.5) * CONTEXT / batch) + 1 for i in range(batch)]
+    else:
+        fills = [CONTEXT] * batch
+    lengths = torch.tensor(fills, device=device)
+    filled_bytes = sum(fills) * HEADS * HEAD_DIM * keys.element_size() * 2
+    want = ring_attention_reference(q, keys, values, lengths).float()
+    row: dict[str, Any] = {
+        "dtype": str(dtype).removeprefix("torch."),
+        "batch": batch,
+        "fill": fill,
+        "filled_gb": round(filled_bytes / 1e9, 3),
+        "sdpa_us": round(timed(lambda: sdpa(q, keys, values, lengths), reps), 1),
+    }
+    for split_rows, block_rows, warps, dot in tilings:
+        tiling = {
+            "split_rows": split_rows,
+            "block_rows": block_rows,
+            "num_warps": warps,
+            "dot": bool(dot),
+        }
+        got = ring_attention(q, keys, values, lengths, **tiling).float()
+        micros = timed(lambda t=tiling: ring_attention(q, keys, values, lengths, **t), reps)
+        name = f"{split_rows}/{block_rows}/{warps}{'/dot' if dot else ''}"
+        row[f"kernel_{name}_us"] = round(micros, 1)
+        row[f"kernel_{name}_gbps"] = round(filled_bytes / micros / 1e3, 1)
+        row[f"kernel_{name}_max_err"] = round(float((got - want).abs().max()), 5)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,16,64,128")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument(
+        "--sweep",
+        default="128/64/4,256/64/4,256/32/4,256/64/8,512/64/4,512/128/8",
+        help="split_rows/block_rows/num_warps[/dot] tilings to time (dot: tensor cores)",
+    )
+    parser.add_argument("--out", type=Path, default=Path("out/kernels"))
+    args = parser.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",")]
+    tilings = []
+    for text in args.sweep.split(","):
+        fields = text.split("/")
+        numbers = [int(x) for x in fields[:3]]
+        tilings.append((*numbers, fields[3:] == ["dot"]))
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for dtype, batch, fill in itertools.product(
+        (torch.bfloat16, torch.float8_e4m3fn), batches, ("staggered", "full")
+    ):
+        rows.append(measure(dtype, batch, fill, tilings, args.reps, generator))
+        print(json.dumps(rows[-1]), flush=True)
+        torch.cuda.empty_cache()
+    out = args.out.with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    document = {"command": " ".join(["python3", *sys.argv]), "device": torch.cuda.get_device_name()}
+    out.write_text(json.dumps({**document, "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
