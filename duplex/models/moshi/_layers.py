@@ -8,12 +8,15 @@ step), ``gating.linear_in.weight`` / ``gating.linear_out.weight``.
 
 from __future__ import annotations
 
-import math
 from typing import final
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from duplex.kernels import rms_norm, rms_norm_reference, rope, rope_reference, triton_available
+from duplex.kernels.rms_norm import MAX_DIM as RMS_NORM_MAX_DIM
+from duplex.kernels.rope import rope_supports
 
 __all__ = ["Attention", "GatedFFN", "RMSNorm", "apply_rope", "embed"]
 
@@ -31,24 +34,27 @@ def apply_rope(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Interleaved rotary embedding, computed in float32 like the reference.
 
+    On CUDA with Triton this is one kernel for q and k (`duplex.kernels.rope`);
+    elsewhere, or when autograd needs the graph, the torch reference (`rope_reference`).
+
     Args:
         q, k: ``[..., T, H, D]`` with time on axis -3 (``T`` may be absent: ``[B, H, D]``).
         positions: absolute frame index, broadcastable to the leading ``[..., T]`` axes.
         max_period: rotation base.
     """
-    dim = q.shape[-1]
-    half = torch.arange(dim // 2, device=q.device, dtype=torch.float32)
-    freqs = torch.exp(half * (-math.log(max_period) * 2 / dim))
-    angles = positions.float()[..., None, None] * freqs  # [..., 1, D/2]
-    cos, sin = torch.cos(angles), torch.sin(angles)
+    if (
+        q.is_cuda
+        and triton_available()
+        and not _needs_grad(q, k)
+        and rope_supports(q, k, positions)
+    ):
+        return rope(q, k, positions, max_period)
+    return rope_reference(q, k, positions, max_period)
 
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        pairs = x.float().unflatten(-1, (dim // 2, 2))
-        re, im = pairs[..., 0], pairs[..., 1]
-        out = torch.stack((re * cos - im * sin, re * sin + im * cos), dim=-1)
-        return out.flatten(-2).to(x.dtype)
 
-    return rotate(q), rotate(k)
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    """Autograd would record these ops (the Triton kernels have no backward)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 @final
@@ -61,9 +67,15 @@ class RMSNorm(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, 1, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        scale = torch.rsqrt(self.eps + xf.pow(2).mean(dim=-1, keepdim=True))
-        return (xf * (self.alpha.reshape(-1).float() * scale)).to(x.dtype)
+        """One Triton kernel on CUDA (`duplex.kernels.rms_norm`), else the torch reference."""
+        if (
+            x.is_cuda
+            and triton_available()
+            and x.shape[-1] <= RMS_NORM_MAX_DIM
+            and not _needs_grad(x, self.alpha)
+        ):
+            return rms_norm(x, self.alpha, self.eps)
+        return rms_norm_reference(x, self.alpha, self.eps)
 
 
 @final
