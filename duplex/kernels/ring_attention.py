@@ -34,8 +34,9 @@ __all__ = ["SPLIT_ROWS", "ring_attention", "ring_attention_reference"]
 
 SPLIT_ROWS = 256
 """Ring rows per program: 12 splits of a 3000-row ring (enough programs at B = 1)."""
-BLOCK_ROWS = 32
-"""Rows per tile of the online softmax."""
+BLOCK_ROWS = {1: 64, 2: 32, 4: 32}
+"""Rows per tile of the online softmax, by ring element size (tuned on an H200:
+docs/benchmarks.md, "Ring decode attention kernel")."""
 NUM_WARPS = 4
 _DOT_DTYPES = {torch.float32: "float32", torch.float8_e4m3fn: "float16"}
 """Tensor-core operand type per ring dtype (else bf16). fp8 widens to fp16 in one
@@ -86,7 +87,7 @@ def ring_attention(
     slots: torch.Tensor | None = None,
     *,
     split_rows: int = SPLIT_ROWS,
-    block_rows: int = BLOCK_ROWS,
+    block_rows: int | None = None,
     num_warps: int = NUM_WARPS,
     dot: bool | None = None,
 ) -> torch.Tensor:
@@ -96,15 +97,17 @@ def ring_attention(
     long as the last axis is contiguous; ``lengths`` must be in ``[1, context]``.
     The tiling arguments are for tuning (bench/kernels.py); ``split_rows`` must
     be a multiple of ``block_rows``. ``dot`` puts the scores and the weighted sum
-    on tensor cores (16 copies of the query); None means on CUDA, where it is
-    faster (Triton's interpreter mishandles 16-bit ``tl.dot``, so host runs use
-    the elementwise form unless asked).
+    on tensor cores (16 copies of the query); None means on CUDA with
+    ``head_dim >= 16``, where it is faster (Triton's interpreter mishandles
+    16-bit ``tl.dot``, so host runs use the elementwise form unless asked).
     """
     batch, heads, head_dim = q.shape
     context = keys.shape[2]
     if head_dim & (head_dim - 1) or keys.stride(-1) != 1 or values.stride(-1) != 1:
         raise ValueError("ring_attention needs a power-of-two head_dim and contiguous rows")
     q = q.contiguous()
+    if block_rows is None:
+        block_rows = BLOCK_ROWS[keys.element_size()]
     if split_rows % block_rows:
         raise ValueError("split_rows must be a multiple of block_rows")
     splits = -(-context // split_rows)
@@ -132,7 +135,8 @@ def ring_attention(
         SPLIT_ROWS=split_rows,
         BLOCK_ROWS=block_rows,
         HEAD_DIM=head_dim,
-        DOT=q.is_cuda if dot is None else dot,
+        # tensor cores need inner dimensions of at least 16
+        DOT=(q.is_cuda and head_dim >= 16) if dot is None else dot,
         DOT_DTYPE=getattr(tl, _DOT_DTYPES.get(keys.dtype, "bfloat16")),
         num_warps=num_warps,
     )
