@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from duplex.kernels import ring_attention, triton_available
+
 from ._config import MoshiConfig
 from ._kv import KVRing
 from ._layers import Attention, GatedFFN, RMSNorm, apply_rope, embed
@@ -175,21 +177,32 @@ class MoshiLM(nn.Module):
         shape = (batch, c.depformer_num_heads, steps, c.depformer_head_dim)
         caches = [(hidden.new_zeros(shape), hidden.new_zeros(shape)) for _ in self.depformer.layers]
         scale = 1.0 / math.sqrt(c.depformer_head_dim)
+        # on CUDA the ring attention kernel reads the frame's steps 0..s: one launch
+        # pair instead of seven small ones per layer and step
+        fused = hidden.is_cuda and triton_available()
         previous = text_token
         chosen: list[torch.Tensor] = []
         for step in range(steps):
             table = self.depformer_text_emb if step == 0 else self.depformer_emb[step - 1]
             assert isinstance(table, nn.Embedding)
             x = F.linear(hidden, self.depformer_in[step].weight) + embed(table.weight, previous)
+            filled = torch.full((batch,), step + 1, device=hidden.device) if fused else None
             for layer, (keys, values) in zip(self.depformer.layers, caches, strict=True):
                 assert isinstance(layer, _DepthLayer)
                 q, k, v = layer.self_attn.qkv(layer.norm1(x), step)
                 keys[:, :, step] = k
                 values[:, :, step] = v
-                scores = torch.einsum("bhd,bhsd->bhs", q.float(), keys[:, :, : step + 1].float())
-                probs = torch.softmax(scores * scale, dim=-1)
-                attended = torch.einsum("bhs,bhsd->bhd", probs, values[:, :, : step + 1].float())
-                x = x + layer.self_attn.out(attended.to(x.dtype), step)
+                if filled is not None:
+                    attended = ring_attention(q, keys, values, filled)
+                else:
+                    scores = torch.einsum(
+                        "bhd,bhsd->bhs", q.float(), keys[:, :, : step + 1].float()
+                    )
+                    probs = torch.softmax(scores * scale, dim=-1)
+                    attended = torch.einsum(
+                        "bhs,bhsd->bhd", probs, values[:, :, : step + 1].float()
+                    ).to(x.dtype)
+                x = x + layer.self_attn.out(attended, step)
                 x = x + layer.gating[step](layer.norm2(x))
             logits = self.linears[step](x).float()
             previous = choose(step, logits)
