@@ -47,7 +47,9 @@ def test_kernel_equals_reference_on_filled_rows_of_a_strided_pool(
     want = ring_attention_reference(q.float(), layer_keys, layer_values, lengths)
     assert got.dtype == q_dtype and got.shape == q.shape
     assert bool(torch.isfinite(got).all())
-    tolerance = TOLERANCE[q_dtype]
+    # on CUDA, tensor cores take the query in the ring's 16-bit operand type
+    rounded = DEVICE.type == "cuda" and ring_dtype != torch.float32
+    tolerance = TOLERANCE[torch.bfloat16 if rounded else q_dtype]
     torch.testing.assert_close(got.float(), want, atol=tolerance, rtol=tolerance)
 
 

@@ -6,7 +6,7 @@
 checkpoint tensor names; `load_lm` / `save_random_lm` read and write those
 names; `MoshiRunner` owns per-slot state (KV rings, delayed token ring,
 sampling seeds) and steps any subset of slots at any frame, with one static-shape
-step over the slot prefix (`sample_tokens` on `counter_uniform` noise,
+step over the slot prefix (`duplex.kernels.sample` on counter-based noise,
 `prefix_attention` over the rings in place) that `CudaGraphStep` replays as a
 CUDA graph per prefix bucket on the GPU.
 
@@ -48,9 +48,8 @@ from ._mimi_config import MIMI_PRESETS, MimiConfig, mimi_preset
 from ._mimi_streams import MimiStreams
 from ._mimi_weights import expected_mimi_tensors, load_mimi, random_mimi, save_random_mimi
 from ._models import MOSHI_MODEL_NAMES, moshi_spec, resolve_moshi
-from ._rng import counter_uniform
 from ._runner import GREEDY, MoshiRunner, SlotSampling, StepTokens
-from ._sampling import SamplingParams, sample_tokens
+from ._sampling import SamplingParams
 from ._text import text_pieces, write_tiny_tokenizer
 from ._weights import expected_tensors, load_lm, random_lm, save_random_lm
 
@@ -81,7 +80,6 @@ __all__ = [
     "TokenChooser",
     "build_tiny_checkpoint",
     "check_checkpoint",
-    "counter_uniform",
     "expected_mimi_tensors",
     "expected_tensors",
     "find_checkpoint",
@@ -96,7 +94,6 @@ __all__ = [
     "random_lm",
     "random_mimi",
     "resolve_moshi",
-    "sample_tokens",
     "save_random_lm",
     "save_random_mimi",
     "stream_seed",

@@ -11,7 +11,7 @@ they must be finite. The token ring layout and the delays are described in
 ``_step.py``.
 
 A step is one `LMStep` call: static shapes, no host sync, sampling noise from
-counter-based hashes of each slot's seed and frame (``_rng.py``). It runs
+counter-based hashes of each slot's seed and frame (``duplex/kernels/sampling.py``). It runs
 the slot prefix ``[0, P)`` for the bucket ``P >= max(slots) + 1`` through
 `CudaGraphStep`, which replays a captured graph per bucket on CUDA
 (``cuda_graphs``, on by default there) and runs the same step eagerly
@@ -37,12 +37,13 @@ from typing import final
 import numpy as np
 import torch
 
+from duplex.kernels.sampling import as_int64
+
 from .._interface import ModelSpec
 from ._config import MoshiConfig
 from ._cuda_graph import CudaGraphStep
 from ._kv import KVRing
 from ._lm import MoshiLM
-from ._rng import as_int64
 from ._sampling import SamplingParams, effective_top_k
 from ._step import UNGENERATED, LMStep, SlotState
 

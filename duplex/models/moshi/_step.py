@@ -35,11 +35,12 @@ from typing import final
 
 import torch
 
+from duplex.kernels import sample as sample_kernel
+from duplex.kernels import sample_reference, triton_available
+
 from ._config import MoshiConfig
 from ._kv import KVRing
 from ._lm import MoshiLM
-from ._rng import counter_uniform
-from ._sampling import sample_tokens
 
 __all__ = ["UNGENERATED", "LMStep", "SlotState", "packed_width"]
 
@@ -186,9 +187,16 @@ class LMStep:
 
         def sample(stream: int, logits: torch.Tensor) -> torch.Tensor:
             audio = int(stream > 0)
-            uniform = counter_uniform(seeds, frames, stream, logits.shape[-1])
-            token = sample_tokens(
-                logits, temperature[:, audio], top_k[:, audio], uniform, top_k_caps[audio]
+            # one fused launch per stream on CUDA; the same tokens from torch elsewhere
+            fn = sample_kernel if logits.is_cuda and triton_available() else sample_reference
+            token = fn(
+                logits,
+                temperature[:, audio],
+                top_k[:, audio],
+                seeds,
+                frames,
+                stream,
+                top_k_caps[audio],
             )
             return torch.where(forced[:, stream] >= 0, forced[:, stream], token)
 

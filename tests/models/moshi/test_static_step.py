@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from duplex.kernels import ring_attention_reference
+from duplex.kernels import counter_uniform, ring_attention_reference, sample_tokens
+from duplex.kernels.sampling import mix64
 from duplex.models.moshi import (
     GREEDY,
     CudaGraphStep,
@@ -23,14 +24,11 @@ from duplex.models.moshi import (
     SamplingParams,
     SlotSampling,
     StepTokens,
-    counter_uniform,
     moshi_preset,
     prefix_attention,
     random_lm,
-    sample_tokens,
 )
 from duplex.models.moshi._graph_capture import bucket_sizes
-from duplex.models.moshi._rng import mix64
 from duplex.models.moshi._step import LMStep, SlotState
 
 SMALL = replace(moshi_preset("tiny"), context=8)
