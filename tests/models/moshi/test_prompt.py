@@ -255,3 +255,37 @@ def test_input_sent_in_real_time_during_a_long_replay_is_kept(plex: LoadedMoshi)
     assert replay is not None and replay.held > 4
     assert consumed == (len(sent) - replay.held) * FRAME
     assert eng.slot_statistics(handle).queue_depth == replay.held  # the backlog, kept
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_replay_on_cuda_graphs_equals_eager_and_cpu(
+    plex: LoadedMoshi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompted and an unprompted session on the GPU: replayed CUDA graphs (with the
+    Triton kernels) give the eager GPU frames, and the same text as the CPU."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # float32 as on the CPU
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    gpu = load_checkpoint(plex.checkpoint, device="cuda")
+    inputs = {"a": signal("a", 6), "b": signal("b", 6)}
+
+    def run(loaded: LoadedMoshi, graphs: bool | None) -> dict[str, Trace]:
+        spec = moshi_spec("tiny-personaplex")
+        eng = Engine(
+            MoshiEngineRunner(loaded, spec, seed=SEED, cuda_graphs=graphs),
+            timer=FakeTimer(),
+            max_input_frames=64,
+        )
+        a, b = eng.acquire_slot("a", SlotPrompt(text=TEXT)), eng.acquire_slot("b")
+        assert a is not None and b is not None
+        return drive(eng, {"a": a, "b": b}, inputs)
+
+    graphed, eager, cpu = run(gpu, True), run(gpu, False), run(plex, None)
+    for name in inputs:
+        assert [t for _, t in graphed[name]] == [t for _, t in eager[name]], name
+        np.testing.assert_allclose(
+            np.stack([p for p, _ in graphed[name]]),
+            np.stack([p for p, _ in eager[name]]),
+            rtol=0,
+            atol=1e-4,
+        )
+        assert [t for _, t in graphed[name]] == [t for _, t in cpu[name]], name
