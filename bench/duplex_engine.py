@@ -41,8 +41,10 @@ One command runs every phase and writes what it has after each batch size:
     ``ours-full`` / ``ours`` with the KV ring stored as float8 e4m3 (half the bytes: more
     slots fit, half the attention reads).
 
-Phase order: ``smoke``, ``reference`` (on a fresh device: at B = 64 it needs ~102 GiB of
-KV), then ours. Every frame is bracketed by ``torch.cuda.synchronize()``; CUDA events recorded
+Phase order: ``smoke``, ``reference``, then ours. On CUDA the reference runs each B in a
+child process of this script (``--reference-per-process``, the default): it keeps each B's KV
+cache and graphs alive, so in one process a B = 64 (~102 GiB of KV) no longer fits after
+B = 32. Every frame is bracketed by ``torch.cuda.synchronize()``; CUDA events recorded
 inside the frame (no extra host sync) split it into encode / LM / decode.
 Stats per B: median, p99, mean, min, max ms, peak ``max_memory_allocated``.
 B values whose KV ring cannot fit (estimated from free memory) are skipped with
@@ -85,6 +87,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
 import traceback
@@ -798,6 +801,33 @@ def run_reference(
         free_memory(device)
 
 
+def reference_per_process(args: argparse.Namespace, record: dict) -> None:
+    """`run_reference` for each B in a child process of this script, merged into ``record``."""
+    record["per_batch"] = {}
+    record["per_process"] = True
+    for batch in args.batches:
+        out = args.out.with_name(f"{args.out.name}-reference-b{batch}")
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            *("--device", str(args.device), "--preset", args.preset),
+            *("--phases", "reference", "--batches", str(batch)),
+            *("--steps", str(args.steps), "--warmup", str(args.warmup)),
+            *("--out", str(out), "--no-reference-per-process"),
+        ]
+        log(f"reference B={batch} in a child process")
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        try:
+            child = json.loads(out.with_suffix(".json").read_text())["phases"]["reference"]
+        except (OSError, KeyError, ValueError) as error:
+            tail = (done.stdout + done.stderr)[-1500:]
+            record["per_batch"][str(batch)] = {"error": f"child failed ({error}): {tail}"}
+            continue
+        record["per_batch"][str(batch)] = child.get("per_batch", {}).get(str(batch), child)
+        for key in ("moshi_version", "moshi_path", "stubbed_modules", "lm_params", "build_s"):
+            record.setdefault(key, child.get(key))
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -1013,6 +1043,13 @@ def main(argv: list[str] | None = None) -> int:
         help="ours phases: replay the LM step and Mimi frames as CUDA graphs per batch "
         "bucket (CUDA only)",
     )
+    parser.add_argument(
+        "--reference-per-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CUDA: time the reference at each B in a fresh child process (it keeps each "
+        "B's KV cache and graphs alive, so after B = 32 a B = 64 no longer fits)",
+    )
     args = parser.parse_args(argv)
     args.batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
@@ -1101,18 +1138,16 @@ def main(argv: list[str] | None = None) -> int:
 
         guarded(phase, data, results, body)
 
-    # The reference first, on a fresh device: at B = 64 it needs ~102 GiB of KV, which
-    # it could not get after our phases had run in the same process.
     if "reference" in phases:
-        guarded(
-            "reference",
-            data,
-            results,
-            lambda record: run_reference(args, ours, device, results, record, deadline),
-        )
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            data["phases"]["reference"]["free_gib_after"] = gib(free)
+        if args.reference_per_process and device.type == "cuda":
+            guarded("reference", data, results, lambda record: reference_per_process(args, record))
+        else:
+            guarded(
+                "reference",
+                data,
+                results,
+                lambda record: run_reference(args, ours, device, results, record, deadline),
+            )
     for phase in OUR_PHASES:
         if phase in phases:
             measure(phase)

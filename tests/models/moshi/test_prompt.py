@@ -264,7 +264,6 @@ def test_replay_on_cuda_graphs_equals_eager_and_cpu(
     """A prompted and an unprompted session on the GPU: replayed CUDA graphs (with the
     Triton kernels) give the eager GPU frames, and the same text as the CPU."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # float32 as on the CPU
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     gpu = load_checkpoint(plex.checkpoint, device="cuda")
     inputs = {"a": signal("a", 6), "b": signal("b", 6)}
 
