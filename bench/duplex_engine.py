@@ -89,6 +89,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import types
@@ -805,8 +806,9 @@ def reference_per_process(args: argparse.Namespace, record: dict) -> None:
     """`run_reference` for each B in a child process of this script, merged into ``record``."""
     record["per_batch"] = {}
     record["per_process"] = True
+    scratch = Path(tempfile.mkdtemp(prefix="duplex-engine-reference-"))
     for batch in args.batches:
-        out = args.out.with_name(f"{args.out.name}-reference-b{batch}")
+        out = scratch / f"b{batch}"
         command = [
             sys.executable,
             str(Path(__file__).resolve()),
