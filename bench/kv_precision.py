@@ -1,15 +1,21 @@
 """Accuracy cost of storing the temporal KV ring in bf16 or fp8 (e4m3) instead of float32.
 
     .venv/bin/python bench/kv_precision.py [--preset tiny] [--frames 200] [--seeds 3]
+    PYTHONPATH=$PWD python3 bench/kv_precision.py --device cuda --preset moshi-7b
 
 One seeded random-weight LM (float32 compute) steps the same teacher-forced input
 columns (random tokens, the same for every ring) through rings of each storage
 dtype, so every ring sees exactly the same history and differences come from KV
 storage alone, not from diverging samples. Per frame it compares the text logits
 with the float32 ring's: max |diff|, KL(p32 || p) of the softmax, and whether the
-argmax agrees. Runs on CPU; the ring reads use the model's reference attention.
-Random weights are not a trained model: the figures bound the storage error on
-this architecture, they do not measure a conversation's quality.
+argmax agrees. On CPU the model computes in float32, the baseline is the float32
+ring and the reads use the reference attention. With ``--device cuda`` the model is
+built on the GPU in bf16 as it is served (``--preset moshi-7b`` works), the baseline is
+the bf16 ring, and the reads are the served static step's, i.e. the Triton ring
+attention kernel (an fp8 ring is read at one byte an element, with the query rounded
+to fp16 for the tensor cores). Random weights are not a trained model: the figures
+bound the storage error on this architecture, they do not measure a conversation's
+quality.
 """
 
 from __future__ import annotations
@@ -26,34 +32,48 @@ from duplex.models.moshi import KVRing, moshi_preset, random_lm
 DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 
 
-def run(preset: str, frames: int, seed: int) -> dict[str, dict[str, float]]:
+def run(preset: str, frames: int, seed: int, device: torch.device) -> dict[str, dict[str, float]]:
     config = moshi_preset(preset)
-    model = random_lm(config, seed)
+    cuda = device.type == "cuda"
+    if cuda:
+        from duplex_engine import build_lm_on_device, import_ours
+
+        model = build_lm_on_device(import_ours(), config, device, torch.bfloat16, seed)
+        dtypes = {k: v for k, v in DTYPES.items() if k != "float32"}
+        base_name = "bf16"
+    else:
+        model = random_lm(config, seed)
+        dtypes, base_name = DTYPES, "float32"
     generator = torch.Generator().manual_seed(1000 + seed)
     high = torch.tensor([config.text_card, *([config.card] * config.n_q)])
     columns = (torch.rand(frames, config.num_streams, generator=generator) * high).long()
     logits: dict[str, list[torch.Tensor]] = {}
-    for name, dtype in DTYPES.items():
+    for name, dtype in dtypes.items():
         ring = KVRing(
             num_layers=config.num_layers,
             max_slots=1,
             num_heads=config.num_heads,
             context=config.context,
             head_dim=config.head_dim,
+            device=device,
             dtype=dtype,
         )
-        slots = torch.zeros(1, dtype=torch.long)
+        slots = torch.zeros(1, dtype=torch.long, device=device)
         rows = []
         with torch.no_grad():
             for frame in range(frames):
-                at = torch.tensor([frame])
-                max_len = min(frame + 1, config.context)
-                _, text = model.temporal_step(columns[frame : frame + 1], ring, slots, at, max_len)
-                rows.append(text[0])
+                at = torch.tensor([frame], device=device)
+                # CUDA: None is the served static path (the kernel); CPU: the reference
+                max_len = None if cuda else min(frame + 1, config.context)
+                column = columns[frame : frame + 1].to(device)
+                _, text = model.temporal_step(column, ring, slots, at, max_len)
+                rows.append(text[0].float().cpu())
         logits[name] = rows
     out: dict[str, dict[str, float]] = {}
-    base = torch.stack(logits["float32"])
-    for name in ("bf16", "fp8_e4m3"):
+    base = torch.stack(logits[base_name])
+    for name in dtypes:
+        if name == base_name:
+            continue
         other = torch.stack(logits[name])
         p = torch.log_softmax(base, dim=-1)
         q = torch.log_softmax(other, dim=-1)
@@ -74,10 +94,12 @@ def main() -> int:
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--frames", type=int, default=200)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=Path("out/kv_precision.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    results = {str(seed): run(args.preset, args.frames, seed) for seed in range(args.seeds)}
+    device = torch.device(args.device)
+    results = {str(seed): run(args.preset, args.frames, seed, device) for seed in range(args.seeds)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps({"params": vars(args) | {"out": str(args.out)}, "results": results}, indent=1)
