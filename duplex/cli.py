@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--model-device", help="torch device of the model: cpu, cuda, cuda:N")
     serve.add_argument("--model-seed", type=int, help="base sampling seed of the model")
+    serve.add_argument(
+        "--kv-cache-dtype", choices=["auto", "fp8"], help="Moshi KV ring storage (default auto)"
+    )
     serve.add_argument("--log-format", choices=["console", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return parser
@@ -57,6 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
             ("model", args.model),
             ("model_device", args.model_device),
             ("model_seed", args.model_seed),
+            ("kv_cache_dtype", args.kv_cache_dtype),
             ("log_format", args.log_format),
             ("log_level", args.log_level),
         )

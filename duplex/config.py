@@ -53,6 +53,9 @@ class ServerConfig:
     """Torch device of the model: ``cpu``, ``cuda`` or ``cuda:N``."""
     model_seed: int = 0
     """Base sampling seed; with it, a session's output is reproducible."""
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    """Storage of Moshi's KV rings: ``auto`` (the LM's dtype: bf16 on a GPU) or ``fp8``
+    (e4m3: half the bytes, about twice the sessions; accuracy cost in docs/benchmarks.md)."""
     loopback_delay_ms: int = 240
     """Echo delay of the ``loopback`` model, a multiple of 80 ms."""
     model_cache_dir: str = ""

@@ -36,19 +36,24 @@ class ModelOptions:
         cache_dir: folder for models built locally (the ``tiny`` checkpoint);
             `default_cache_dir` when ``None``.
         loopback_delay_ms: the ``loopback`` model's echo delay (whole 80 ms frames).
+        kv_cache_dtype: KV ring storage of Moshi models: ``auto`` (the LM's dtype) or
+            ``fp8`` (float8 e4m3).
 
     Raises:
-        ConfigError: the device string is not one of the forms above.
+        ConfigError: the device string or the KV dtype is not one of the forms above.
     """
 
     device: str = "cpu"
     seed: int = 0
     cache_dir: Path | None = None
     loopback_delay_ms: int = 240
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if not _DEVICE.match(self.device):
             raise ConfigError(f"model device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ConfigError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
 
     @property
     def cache_folder(self) -> Path:

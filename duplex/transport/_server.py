@@ -46,6 +46,7 @@ def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
     options = ModelOptions(
         device=server.model_device,
         seed=server.model_seed,
+        kv_cache_dtype=server.kv_cache_dtype,
         cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None,
         loopback_delay_ms=server.loopback_delay_ms,
     )

@@ -87,6 +87,8 @@ class MoshiEngineRunner:
         speech_rms: output RMS (full scale 1.0) above which a frame counts as speech.
         cuda_graphs: replay the LM step and Mimi's frames as CUDA graphs (default: on
             when the model is on CUDA).
+        kv_dtype: storage of the temporal KV rings (default: the LM's dtype); float8
+            e4m3 halves their bytes (the server's ``kv_cache_dtype = "fp8"``).
 
     Raises:
         ValueError: the spec's frame or rate is not Mimi's, or it claims prompts for a
@@ -104,6 +106,7 @@ class MoshiEngineRunner:
         sampling: SlotSampling | None = None,
         speech_rms: float = 0.01,
         cuda_graphs: bool | None = None,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         mimi_config = loaded.mimi.config
         if (spec.sample_rate, spec.frame_samples) != (
@@ -116,7 +119,9 @@ class MoshiEngineRunner:
             )
         self._spec = spec
         self._config = loaded.lm.config
-        self._lm = MoshiRunner(loaded.lm, max_slots=spec.max_slots, cuda_graphs=cuda_graphs)
+        self._lm = MoshiRunner(
+            loaded.lm, max_slots=spec.max_slots, cuda_graphs=cuda_graphs, kv_dtype=kv_dtype
+        )
         self._mimi = MimiStreams(
             loaded.mimi,
             max_slots=spec.max_slots,

@@ -112,7 +112,9 @@ def _spec_for(checkpoint: MoshiCheckpoint, options: ModelOptions) -> ModelSpec:
         return moshi_spec(checkpoint.lm.name)
     free, _total = torch.cuda.mem_get_info(torch.device(options.device))
     weights = weight_bytes(checkpoint.lm, checkpoint.mimi)
-    slots = memory_slots(free, weights, per_slot_bytes(checkpoint.lm, checkpoint.mimi))
+    kv_bytes = 1 if options.kv_cache_dtype == "fp8" else 2
+    per_slot = per_slot_bytes(checkpoint.lm, checkpoint.mimi, kv_bytes=kv_bytes)
+    slots = memory_slots(free, weights, per_slot)
     return moshi_spec(checkpoint.lm.name, slots)
 
 
@@ -152,6 +154,8 @@ def _factory(locate: Callable[[], MoshiCheckpoint], options: ModelOptions) -> Ru
             device=options.device,
             lm_dtype=torch.bfloat16 if cuda else torch.float32,
         )
-        return MoshiEngineRunner(loaded, spec, seed=options.seed)
+        fp8 = options.kv_cache_dtype == "fp8"
+        kv_dtype = torch.float8_e4m3fn if fp8 else None
+        return MoshiEngineRunner(loaded, spec, seed=options.seed, kv_dtype=kv_dtype)
 
     return build

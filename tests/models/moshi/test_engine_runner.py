@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from duplex.exceptions import ConfigError, UnknownModel
 from duplex.models import Engine, ModelOptions, SlotHandle, get_model, model_names
@@ -277,3 +278,34 @@ def test_gpu_pools_are_sized_from_free_memory() -> None:
     assert memory_slots(10_000 * gib, weights, per_slot) == 256  # capped
     with pytest.raises(ConfigError, match="one session"):
         memory_slots(20 * gib, weights, per_slot)
+
+
+def test_fp8_kv_doubles_the_gpu_pool_and_serves(loaded: LoadedMoshi, tmp_path: Path) -> None:
+    """``kv_cache_dtype = "fp8"``: rings of one byte an element, about twice the slots on
+    a GPU, and a tiny engine with an fp8 ring still speaks (CPU: stored fp8, read as float)."""
+    from duplex.models.moshi import mimi_preset, moshi_preset
+    from duplex.models.moshi._models import memory_slots, per_slot_bytes, weight_bytes
+
+    lm, mimi = moshi_preset("moshi-7b"), mimi_preset("mimi")
+    weights, gib = weight_bytes(lm, mimi), 1 << 30
+    bf16 = memory_slots(139 * gib, weights, per_slot_bytes(lm, mimi))
+    fp8 = memory_slots(139 * gib, weights, per_slot_bytes(lm, mimi, kv_bytes=1))
+    assert 1.9 * bf16 <= fp8 <= 2.0 * bf16
+
+    options = ModelOptions(seed=SEED, cache_dir=tmp_path, kv_cache_dtype="fp8")
+    spec, factory = get_model("tiny", options)
+    runner = factory(spec)
+    assert isinstance(runner, MoshiEngineRunner)
+    assert runner.lm_runner.kv_ring.keys.dtype == torch.float8_e4m3fn
+    eng = Engine(runner, timer=FakeTimer())
+    handle = eng.acquire_slot("x")
+    assert handle is not None
+    texts, peaks = [], []
+    for tick, frame in enumerate(signal("x", 6)):
+        eng.push_input(handle, frame)
+        result = eng.step(tick * 0.08)[handle]
+        texts.append(result.frame.text)
+        peaks.append(float(np.abs(result.frame.pcm).max()))
+    assert "".join(texts) and 0 < max(peaks) <= 1.0
+    with pytest.raises(ConfigError, match="kv_cache_dtype"):
+        ModelOptions(kv_cache_dtype="int4")
