@@ -4,9 +4,10 @@
 each B it builds the same engine (full ``moshi-7b`` config, seeded random
 weights, CUDA graphs per batch bucket, sessions at staggered offsets or all at
 full context), warms it up (graph capture), then records ``--frames`` frames
-under ``torch.profiler`` and sums kernel time by family (attention, matmul,
-top-k / sort, softmax, elementwise, indexing, convolution, reduction, copy,
-other) and by kernel name. Kernels replayed from CUDA graphs are reported one
+under ``torch.profiler`` and sums kernel time by family (attention, including
+our Triton ring attention; our other Triton kernels: RMSNorm, RoPE, sampling;
+matmul, top-k / sort, softmax, elementwise, indexing, convolution, reduction,
+copy, other) and by kernel name. Kernels replayed from CUDA graphs are reported one
 by one by CUPTI, so the graphed frame is what is measured.
 
     PYTHONPATH=$PWD/out/devdeps:$PWD python3 bench/engine_profile.py \\
@@ -43,7 +44,8 @@ from duplex_engine import (
 )
 
 FAMILIES = (
-    ("attention", ("attention", "fmha", "flash", "attn", "ring_decode")),
+    ("attention", ("attention", "fmha", "flash", "attn")),
+    ("triton_fused", ("_rms_norm", "_rope", "_sample")),
     ("matmul", ("gemm", "gemv", "cutlass", "xmma", "cublas", "sm90", "splitk", "matmul")),
     ("topk_sort", ("topk", "sort", "radix", "select")),
     ("softmax", ("softmax",)),

@@ -115,7 +115,7 @@ def ring_attention(
     out = torch.empty_like(q)
     if slots is None:
         slots = torch.arange(batch, device=q.device)
-    _split[(batch, heads, splits)](
+    _ring_attention_split[(batch, heads, splits)](
         q,
         keys,
         values,
@@ -140,7 +140,7 @@ def ring_attention(
         DOT_DTYPE=getattr(tl, _DOT_DTYPES.get(keys.dtype, "bfloat16")),
         num_warps=num_warps,
     )
-    _merge[(batch, heads)](
+    _ring_attention_merge[(batch, heads)](
         partial,
         out,
         out.stride(0),
@@ -155,7 +155,7 @@ def ring_attention(
 if _triton.available():
 
     @triton.jit
-    def _split(
+    def _ring_attention_split(
         q_ptr,
         k_ptr,
         v_ptr,
@@ -230,7 +230,7 @@ if _triton.available():
         tl.store(part + HEAD_DIM + 1, total)
 
     @triton.jit
-    def _merge(
+    def _ring_attention_merge(
         part_ptr,
         out_ptr,
         stride_ob,
