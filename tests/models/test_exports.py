@@ -58,9 +58,14 @@ def test_only_the_drivers_import_trio() -> None:
 
 
 def test_models_import_only_the_layers_below() -> None:
-    # actors is the bottom layer; exceptions and the PCM16 scale are leaf modules
+    # actors is the bottom layer; exceptions and the PCM16 scale are leaf modules; the
+    # kernels (duplex.kernels) import only torch and triton
     allowed = {"duplex.exceptions", "duplex.actors", "duplex.pcm"}
+    below = ("duplex.models", "duplex.kernels")
     for path in PACKAGE.rglob("*.py"):
         for name in _imports(path):
             if name.startswith("duplex"):
-                assert name in allowed or name.startswith("duplex.models"), (path.name, name)
+                assert name in allowed or name.startswith(below), (path.name, name)
+    for path in (PACKAGE.parent / "kernels").rglob("*.py"):
+        for name in _imports(path):
+            assert not name.startswith("duplex") or name.startswith("duplex.kernels"), name
