@@ -12,12 +12,12 @@ import numpy.typing as npt
 
 __all__ = ["float_to_pcm16", "pcm16_to_float"]
 
+_SCALE_IN = np.float32(1.0 / 32768.0)
+
 
 def pcm16_to_float(pcm: npt.ArrayLike) -> npt.NDArray[np.float32]:
     """Scale int16 samples (any shape) to float32 in [-1, 1)."""
-    out = np.asarray(pcm, dtype=np.int16).astype(np.float32)
-    out *= np.float32(1.0 / 32768.0)
-    return out
+    return np.multiply(np.asarray(pcm, dtype=np.int16), _SCALE_IN, dtype=np.float32)
 
 
 def float_to_pcm16(pcm: npt.ArrayLike) -> npt.NDArray[np.int16]:

@@ -69,7 +69,8 @@ class EnergyVad:
         if whole == 0:
             return []
         frames = data[: whole * self._frame].reshape(whole, self._frame)
-        energy = np.square(frames).sum(axis=1, dtype=np.float64)  # einsum is slower this small
+        # ``add.reduce`` is ``sum`` without its Python wrapper; einsum is slower this small
+        energy = np.add.reduce(np.square(frames), axis=1, dtype=np.float64)
         loud = energy >= self._threshold * self._threshold * self._frame
         events: list[SpeechStarted | SpeechStopped] = []
         for is_loud in loud.tolist():

@@ -6,7 +6,6 @@ the socket to a connection actor and waits for it to end.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.applications import Starlette
@@ -132,8 +131,8 @@ def build_app(
             duplex = duplex_flag(params.get("duplex"))
             resume_only = duplex_flag(params.get("resume"))
         except ProtocolError as exc:
-            body = NativeProjection().encode(ErrorEvent.from_exception(exc), None)[0]
-            await websocket.send_text(json.dumps(body))
+            (text,) = NativeProjection().frames(ErrorEvent.from_exception(exc), None)
+            await websocket.send_text(text)
             await websocket.close(1008, "bad_query")
             return
         projection = RealtimeProjection(

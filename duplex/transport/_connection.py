@@ -16,7 +16,6 @@ The session lives on when this actor ends (``Detach`` starts its grace period).
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, final
 
@@ -47,8 +46,8 @@ class Projection(Protocol):
         """One frame to one event; raises only ``ProtocolError``."""
         ...
 
-    def encode(self, event: ServerEvent, seq: int | None) -> list[dict[str, Any]]:
-        """One session event to the wire events that carry it (JSON-ready)."""
+    def frames(self, event: ServerEvent, seq: int | None) -> list[str]:
+        """One session event to the JSON text frames that carry it."""
         ...
 
     @property
@@ -123,8 +122,8 @@ class ConnectionActor(Actor[Any]):
         if self.ws.application_state is not WebSocketState.CONNECTED:
             return
         try:
-            for wire_event in self.projection.encode(event, seq):
-                await self.ws.send_text(json.dumps(wire_event, separators=(",", ":")))
+            for text in self.projection.frames(event, seq):
+                await self.ws.send_text(text)
         except (OSError, RuntimeError, trio.BrokenResourceError):
             ctx.stop()  # the peer is gone; the reader tells the session
 

@@ -12,6 +12,8 @@ Nothing else escapes (websockets' "parse errors never escape the core").
 connection-scoped events, which are never journaled). Audio in: base64 PCM16
 LE or float32 LE with ``sample_rate``; audio out: base64 PCM16 LE at 24 kHz.
 This dict is the wire edge: no dict with a ``type`` key goes further in.
+`NativeProjection.frames` writes it as JSON text; audio deltas, one per frame,
+are written by `audio_delta_text` from a template with the same text.
 """
 
 from __future__ import annotations
@@ -86,10 +88,13 @@ from duplex.sessions import (
     VideoConsumed,
 )
 
+from ._json_text import b64, dumps, number, string
+
 __all__ = [
     "CLIENT_EVENT_NAMES",
     "DEFAULT_MAX_EVENT_BYTES",
     "SERVER_EVENT_NAMES",
+    "audio_delta_text",
     "encode_server_event",
     "parse_client_event",
 ]
@@ -335,10 +340,6 @@ def parse_client_event(
 # --------------------------------------------------------------------- encoders
 
 
-def _b64out(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
 def _config(config: SessionConfig) -> dict[str, Any]:
     return {
         "overlap_policy": config.overlap_policy,
@@ -437,7 +438,7 @@ def _body(event: ServerEvent) -> tuple[str, dict[str, Any]]:
         case AudioDelta():
             return "response.audio.delta", {
                 **_delta_ids(event.response_id, event.item_id, event.epoch),
-                "delta": _b64out(event.pcm),
+                "delta": b64(event.pcm),
                 "format": "pcm16",
                 "sample_rate_hz": event.sample_rate,
                 "audio_start_ms": event.audio_start_ms,
@@ -587,6 +588,27 @@ def encode_server_event(
     }
 
 
+def audio_delta_text(
+    event: AudioDelta,
+    seq: int | None,
+    *,
+    random_bytes: Callable[[int], bytes] = os.urandom,
+) -> str:
+    """`encode_server_event` of an audio delta, as its JSON text, from a template.
+
+    The event sent for every frame: the same text as `dumps` of the dict, field
+    for field, without building the dict (``_json_text`` says why).
+    """
+    return (
+        f'{{"type":"response.audio.delta","event_id":"event_{random_bytes(12).hex()}",'
+        f'"server_event_seq":{number(seq)},"response_id":{string(event.response_id)},'
+        f'"item_id":{string(event.item_id)},"output_index":0,"content_index":0,'
+        f'"epoch":{number(event.epoch)},"delta":"{b64(event.pcm)}","format":"pcm16",'
+        f'"sample_rate_hz":{number(event.sample_rate)},'
+        f'"audio_start_ms":{number(event.audio_start_ms)}}}'
+    )
+
+
 class NativeProjection:
     """The native protocol as a connection's codec; it keeps no state of its own."""
 
@@ -596,8 +618,10 @@ class NativeProjection:
     def parse(self, data: str | bytes) -> ClientEvent:
         return parse_client_event(data, max_size=self.max_size)
 
-    def encode(self, event: ServerEvent, seq: int | None) -> list[dict[str, Any]]:
-        return [encode_server_event(event, seq)]
+    def frames(self, event: ServerEvent, seq: int | None) -> list[str]:
+        if isinstance(event, AudioDelta):
+            return [audio_delta_text(event, seq)]
+        return [dumps(encode_server_event(event, seq))]
 
     @property
     def initial_options(self) -> SessionOptions | None:

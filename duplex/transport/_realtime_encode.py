@@ -17,7 +17,6 @@ rather than inventing numbers.
 
 from __future__ import annotations
 
-import base64
 import os
 from collections.abc import Callable
 from typing import Any, Literal, final
@@ -50,6 +49,7 @@ from duplex.sessions import (
 
 from ._duplex_wire import encode_server_event
 from ._g711 import alaw_encode, ulaw_encode
+from ._json_text import b64, number, string
 from ._realtime_session import FORMAT_SAMPLE_RATES, GA_FORMATS, WireFormats
 
 __all__ = ["DUPLEX_SERVER_EVENTS", "RealtimeEncoder"]
@@ -74,10 +74,6 @@ _CANCEL_REASONS = {  # session reason -> RealtimeResponseStatus.reason
     "input_cleared": "client_cancelled",
     "session_closed": "client_cancelled",
 }
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
 
 
 def _ms(value: float) -> int:
@@ -419,26 +415,29 @@ class RealtimeEncoder:
             ),
         ]
 
-    def _audio_delta(self, event: AudioDelta) -> list[dict[str, Any]]:
+    def _audio_payload(self, event: AudioDelta) -> bytes:
+        """The delta's audio in the output format (resampled for G.711; may be empty)."""
         fmt = self._formats.output
         rate = FORMAT_SAMPLE_RATES[fmt]
         if fmt == "pcm16" and event.sample_rate == rate:
-            payload = event.pcm  # the model's PCM16 passes through untouched
-        else:
-            resampler = self._resampler
-            if resampler is None or (resampler.in_rate, resampler.out_rate) != (
-                event.sample_rate,
-                rate,
-            ):
-                self._resampler = StreamingResampler(event.sample_rate, rate)
-            pcm = self._resampler.process(pcm16_to_float(np.frombuffer(event.pcm, dtype="<i2")))
-            pcm16 = float_to_pcm16(pcm)
-            if fmt == "pcm16":
-                payload = pcm16.astype("<i2").tobytes()
-            else:
-                payload = ulaw_encode(pcm16) if fmt == "g711_ulaw" else alaw_encode(pcm16)
+            return event.pcm  # the model's PCM16 passes through untouched
+        resampler = self._resampler
+        if resampler is None or (resampler.in_rate, resampler.out_rate) != (
+            event.sample_rate,
+            rate,
+        ):
+            self._resampler = StreamingResampler(event.sample_rate, rate)
+        pcm = self._resampler.process(pcm16_to_float(np.frombuffer(event.pcm, dtype="<i2")))
+        pcm16 = float_to_pcm16(pcm)
+        if fmt == "pcm16":
+            return pcm16.astype("<i2").tobytes()
+        return ulaw_encode(pcm16) if fmt == "g711_ulaw" else alaw_encode(pcm16)
+
+    def _audio_delta(self, event: AudioDelta) -> list[dict[str, Any]]:
+        payload = self._audio_payload(event)
         if not payload:
             return []
+        fmt = self._formats.output
         kind = self._name("response.output_audio.delta", "response.audio.delta")
         extra: dict[str, Any] = {}
         if self.duplex:
@@ -446,10 +445,38 @@ class RealtimeEncoder:
                 "epoch": event.epoch,
                 "audio_start_ms": event.audio_start_ms,
                 "format": fmt,
-                "sample_rate_hz": rate,
+                "sample_rate_hz": FORMAT_SAMPLE_RATES[fmt],
             }
         ids = self._part_ids(event.response_id, event.item_id)
-        return [self._new(kind, **ids, delta=_b64(payload), **extra)]
+        return [self._new(kind, **ids, delta=b64(payload), **extra)]
+
+    def audio_delta_text(
+        self, event: AudioDelta, seq: int | None, formats: WireFormats
+    ) -> list[str]:
+        """`encode` of an audio delta, as JSON text, from a template.
+
+        The event sent for every frame: the same text as ``_json_text.dumps`` of
+        each dict `encode` returns, without building them.
+        """
+        self._formats = formats
+        payload = self._audio_payload(event)
+        if not payload:
+            return []
+        kind = self._name("response.output_audio.delta", "response.audio.delta")
+        extra = ""
+        if self.duplex:
+            fmt = formats.output
+            extra = (
+                f',"epoch":{number(event.epoch)},'
+                f'"audio_start_ms":{number(event.audio_start_ms)},"format":{string(fmt)},'
+                f'"sample_rate_hz":{number(FORMAT_SAMPLE_RATES[fmt])},'
+                f'"server_event_seq":{number(seq)}'
+            )
+        return [
+            f'{{"type":"{kind}","event_id":"event_{self._random_bytes(12).hex()}",'
+            f'"response_id":{string(event.response_id)},"item_id":{string(event.item_id)},'
+            f'"output_index":0,"content_index":0,"delta":"{b64(payload)}"{extra}}}'
+        ]
 
     def _response_done(self, event: ResponseDone) -> list[dict[str, Any]]:
         rid, iid = event.response_id, event.item_id

@@ -62,6 +62,7 @@ from duplex.sessions import (
     AudioAppend,
     AudioClear,
     AudioCommit,
+    AudioDelta,
     ClientEvent,
     ErrorEvent,
     ItemCreate,
@@ -81,6 +82,7 @@ from duplex.sessions import (
 
 from ._duplex_wire import DEFAULT_MAX_EVENT_BYTES, parse_client_event
 from ._g711 import alaw_decode, ulaw_decode
+from ._json_text import dumps
 from ._realtime_encode import DUPLEX_SERVER_EVENTS, RealtimeEncoder, Schema
 from ._realtime_session import (
     AUDIO_FORMATS,
@@ -527,6 +529,12 @@ class RealtimeProjection:
         if isinstance(event, ErrorEvent):
             event = replace(event, param=wire_param(event.param, self.schema))
         return self._encoder.encode(event, seq, self._sent_formats())
+
+    def frames(self, event: ServerEvent, seq: int | None) -> list[str]:
+        """`encode` as the JSON text frames to send (audio deltas from a template)."""
+        if isinstance(event, AudioDelta):  # follows no config; its text equals `dumps`'s
+            return self._encoder.audio_delta_text(event, seq, self._sent_formats())
+        return [dumps(wire) for wire in self.encode(event, seq)]
 
 
 def parse_realtime_event(

@@ -35,6 +35,8 @@ from duplex.transport import (
     encode_server_event,
     parse_client_event,
 )
+from duplex.transport._duplex_wire import NativeProjection, audio_delta_text
+from duplex.transport._json_text import dumps
 
 
 def _b64(data: bytes) -> str:
@@ -213,6 +215,42 @@ def test_every_server_event_has_its_issue_name():
     names = {encode_server_event(_sample(cls), 1)["type"] for cls in SERVER_EVENT_TYPES}
     assert names == set(SERVER_EVENT_NAMES)
     assert len(SERVER_EVENT_TYPES) == len(SERVER_EVENT_NAMES)
+
+
+def _ids(n: int) -> bytes:
+    return bytes(range(n))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    response_id=st.text(max_size=12),
+    item_id=st.text(max_size=12),
+    epoch=st.integers(min_value=0, max_value=2**64),
+    pcm=st.binary(max_size=64).map(lambda b: b[: len(b) // 2 * 2]),
+    rate=st.integers(min_value=1, max_value=192_000),
+    start=st.floats() | st.integers(min_value=0, max_value=2**40),
+    seq=st.none() | st.integers(min_value=1, max_value=2**64),
+)
+def test_audio_delta_template_writes_what_dumps_writes(
+    response_id, item_id, epoch, pcm, rate, start, seq
+):
+    event = AudioDelta(response_id, item_id, epoch, pcm, rate, start)
+    text = audio_delta_text(event, seq, random_bytes=_ids)
+    assert text == dumps(encode_server_event(event, seq, random_bytes=_ids))
+
+
+def test_native_frames_are_the_wire_events_as_json():
+    projection = NativeProjection()
+    delta = AudioDelta("resp_1", "item_1", 3, b"\x01\x00\xff\x7f", 24000, 160.0)
+    err = ErrorEvent("bad_event", "invalid_request_error", "nope \u00e9", "e1", None)
+    for event, seq in ((delta, 4), (err, None), (_sample(ResponseDone), 5)):
+        (text,) = projection.frames(event, seq)
+        wire = json.loads(text)
+        assert wire.pop("event_id").startswith("event_")
+        expected = encode_server_event(event, seq)
+        del expected["event_id"]
+        assert wire == expected
+    assert projection.frames(delta, 4)[0].startswith('{"type":"response.audio.delta",')
 
 
 json_values = st.recursive(

@@ -83,6 +83,13 @@ def test_float_scale_round_trips(samples):
     assert np.array_equal(float_to_pcm16(pcm16_to_float(pcm)), pcm)
 
 
+def test_pcm16_scale_is_exact_over_every_int16():
+    pcm = np.arange(-32768, 32768, dtype=np.int16)
+    out = pcm16_to_float(pcm)
+    assert out.dtype == np.float32 and out.flags.writeable and out.flags.owndata
+    assert np.array_equal(out, pcm.astype(np.float64) / 32768.0)
+
+
 def test_float_to_pcm16_clips():
     out = float_to_pcm16(np.array([2.0, -2.0, 0.5], dtype=np.float32))
     assert out.tolist() == [32767, -32768, 16384]

@@ -4,6 +4,7 @@ own pydantic models (strict), client frames as the SDK sends them, audio formats
 import base64
 import contextlib
 import json
+import math
 import typing
 
 import numpy as np
@@ -20,6 +21,7 @@ from duplex import sessions as ds
 from duplex.exceptions import ProtocolError
 from duplex.pcm import pcm16_to_float
 from duplex.transport._g711 import alaw_encode, ulaw_decode, ulaw_encode
+from duplex.transport._json_text import dumps
 from duplex.transport._realtime_wire import (
     DUPLEX_CLIENT_EVENTS,
     DUPLEX_SERVER_EVENTS,
@@ -609,6 +611,41 @@ def test_g711_output_is_resampled_seamlessly(fmt, decode_name):
     steady = slice(100, 8000 - 100)
     corr = np.corrcoef(first[steady][lag:], ideal[steady][: -lag or None])[0, 1]
     assert corr > 0.99
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    schema=st.sampled_from(["ga", "beta"]),
+    duplex=st.booleans(),
+    output=st.sampled_from(["pcm16", "g711_ulaw", "g711_alaw"]),
+    rate=st.sampled_from([24000, 16000]),
+    chunks=st.lists(st.binary(max_size=400).map(lambda b: b[: len(b) // 2 * 2]), max_size=4),
+    ids=st.tuples(st.text(max_size=8), st.text(max_size=8)),
+    epoch=st.integers(min_value=0, max_value=2**64),
+    start=st.floats() | st.integers(min_value=0, max_value=2**40),
+    seq=st.none() | st.integers(min_value=1, max_value=2**64),
+)
+def test_audio_delta_frames_write_what_encode_dumps(
+    schema, duplex, output, rate, chunks, ids, epoch, start, seq
+):
+    """The per-frame template's text is `dumps` of `encode`'s dicts, resampler state and all."""
+
+    def fixed(n: int) -> bytes:
+        return bytes(range(n))
+
+    by_text, by_dict = (
+        RealtimeProjection(
+            schema=schema, duplex=duplex, formats=WireFormats(output=output), random_bytes=fixed
+        )
+        for _ in range(2)
+    )
+    for chunk in chunks:
+        event = ds.AudioDelta(*ids, epoch, chunk, rate, start)
+        texts = by_text.frames(event, seq)
+        assert texts == [dumps(wire) for wire in by_dict.encode(event, seq)]
+        if math.isfinite(start):
+            for text in texts:
+                check_wire(json.loads(text), schema=schema, duplex=duplex)
 
 
 # ------------------------------------------------------------------------ fuzz
