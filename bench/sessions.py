@@ -406,7 +406,11 @@ async def run_step(
         due=np.full((n, frames), np.nan),
         received=np.full((n, frames), np.nan),
     )
-    gate = asyncio.Semaphore(HANDSHAKES)
+    # duplex with tick phases: sessions open one at a time, so session j joins phase
+    # group j % phases (the engine fills the smallest group, lowest first; the grid
+    # probe's session has left), i.e. its tick is (j % phases) * period / phases later
+    phases = args.duplex_tick_phases if target.sessions else 1
+    gate = asyncio.Semaphore(1 if phases > 1 else HANDSHAKES)
     opened = await asyncio.gather(
         *(open_session(server.url, gate) for _ in range(n)), return_exceptions=True
     )
@@ -416,9 +420,10 @@ async def run_step(
         await asyncio.gather(*(_close(ws, duplex=duplex) for ws in sockets))
         return {"sessions": n, "refused": len(refused), "refusal": refused[0][:300]}
 
-    # frame k of session j is due theta_j before tick (base + k * period)
+    # frame k of session j is due theta_j before its tick (base + offsets[j] + k * period)
     guard = args.guard_ms / 1000
     thetas = [guard + (PERIOD_S - guard) * (j + 0.5) / n for j in range(n)]
+    offsets = [(j % phases) * PERIOD_S / phases for j in range(n)]
     now = time.monotonic() + 0.5
     base = phase + math.ceil((now - phase) / PERIOD_S) * PERIOD_S + PERIOD_S
     window = (base + first * PERIOD_S - PERIOD_S, base + frames * PERIOD_S - PERIOD_S)
@@ -433,7 +438,7 @@ async def run_step(
         cpu[key + "_machine"], cpu[key + "_steal"] = machine_cpu_seconds()
 
     async def send(j: int, ws: ClientConnection) -> None:
-        theta = thetas[j]
+        theta = thetas[j] - offsets[j]
         for k in range(frames):
             due = base + k * PERIOD_S - theta
             await _sleep_until(due)
@@ -482,7 +487,8 @@ async def run_step(
         task.cancel()
     await asyncio.gather(*receivers, return_exceptions=True)
 
-    result = summarize(data, first, phase if target.ticked else None, target.delay_s)
+    ticks = np.asarray([phase + offset for offset in offsets]) if target.ticked else None
+    result = summarize(data, first, ticks, target.delay_s)
     wall = cpu["end_wall"] - cpu["start_wall"]
     used = {k: 100 * (cpu["end_" + k] - cpu["start_" + k]) / wall for k in cpu_keys(cpu)}
     result.update(
@@ -518,9 +524,10 @@ def _pcts(values: np.ndarray) -> dict[str, float]:
 
 
 def summarize(
-    data: StepData, first: int, phase: float | None, delay_s: float = 0.0
+    data: StepData, first: int, phase: np.ndarray | None, delay_s: float = 0.0
 ) -> dict[str, Any]:
-    """Latency percentiles over the measure window; ``phase`` set: a ticked server's metrics."""
+    """Latency percentiles over the measure window; ``phase`` (each session's tick phase)
+    set: a ticked server's metrics."""
     columns = [k for k in range(first, data.sent.shape[1]) if voiced(k)]
     sent = data.sent[:, columns]
     received = data.received[:, columns]
@@ -538,8 +545,11 @@ def summarize(
     if phase is None:
         out["excess_ms"] = out["raw_ms"]
         return out
-    tick = phase + np.ceil((sent[got] - phase) / PERIOD_S) * PERIOD_S
+    phases = np.broadcast_to(phase[:, None], sent.shape)[got]
+    tick = phases + np.ceil((sent[got] - phases) / PERIOD_S) * PERIOD_S
     excess = received[got] - (tick + delay_s)
+    # a session placed in the wrong phase group would show echoes before its tick
+    out["excess_min_ms"] = round(float(excess.min() * 1000), 2) if excess.size else math.nan
     if delay_s:
         out["minus_delay_ms"] = _pcts(raw - delay_s)
     out["excess_ms"] = _pcts(excess)
@@ -855,6 +865,13 @@ def main() -> int:
     )
     parser.add_argument("--guard-ms", type=float, default=20.0)
     parser.add_argument(
+        "--duplex-tick-phases",
+        type=int,
+        default=4,
+        help="phase groups of the duplex server's model (the loopback's tick_phases); "
+        "sessions then open one at a time and each is timed against its own group's tick",
+    )
+    parser.add_argument(
         "--max-foreign-pct",
         type=float,
         default=15.0,
@@ -914,6 +931,7 @@ def main() -> int:
             "warmup_s": args.warmup,
             "measure_s": args.measure,
             "guard_ms": args.guard_ms,
+            "duplex_tick_phases": args.duplex_tick_phases,
             "budget_ms": args.budget_ms,
             "collapse_ms": args.collapse_ms,
             "frame_ms": PERIOD_S * 1000,

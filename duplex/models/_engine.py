@@ -31,6 +31,14 @@ runner's ``FrameOutput.holds_input`` says whether the next one is. Each held
 tick raises the slot's queue bound by one frame, so input sent in real time
 during the replay is kept; that backlog stays as N frames of extra latency.
 
+Phases: with ``spec.tick_phases`` G > 1 every slot belongs to one of G groups
+(a newcomer joins the smallest, lowest first) and ``step(now, phase)`` steps
+only that group; the driver calls the G phases in turn, ``frame_period / G``
+apart, so each slot still steps once per frame while each sub-tick's outputs
+are a G-th of the whole (one CPU core sends them before the next group's are
+due, instead of all sessions' at one instant). Queued commands (releases,
+resets) are applied at whichever step comes first.
+
 Video is aligned to the audio clock: a frame is stamped with the number of
 input samples pushed before it, and reaches the model with the tick whose
 audio covers that instant (not before its audio, not a tick late). When the
@@ -190,6 +198,8 @@ class _Slot:
     max_input_frames: int
     max_video_frames: int
     frame_samples: int
+    phase: int = 0
+    """The group this slot steps in (see "Phases" in the module docstring)."""
     epoch: int = 0
     ticks: int = 0
     prompt: SlotPrompt | None = None
@@ -263,7 +273,9 @@ class Engine:
             raise ValueError("max_lag_frames and silence_rms must be >= 0")
         self._runner = runner
         self._spec = runner.spec
-        self._scheduler = scheduler or Scheduler(self._spec.max_slots, self._spec.frame_period_s)
+        self._scheduler = scheduler or Scheduler(
+            self._spec.max_slots, self._spec.frame_period_s, phases=self._spec.tick_phases
+        )
         self._max_input_frames = max_input_frames
         self._max_video_frames = max_video_frames
         self._max_lag = max_lag_frames
@@ -308,11 +320,15 @@ class Engine:
                 return None
             self._generation += 1
             handle = SlotHandle(slot, owner, self._generation)
+            sizes = [0] * self._spec.tick_phases
+            for live in self._slots.values():
+                sizes[live.phase] += 1
             self._slots[slot] = _Slot(
                 handle,
                 self._max_input_frames,
                 self._max_video_frames,
                 self._spec.frame_samples,
+                phase=sizes.index(min(sizes)),
                 prompt=prompt,
                 holding=prompt is not None,
             )
@@ -415,11 +431,12 @@ class Engine:
         with self._lock:
             return bool(self._slots or self._releasing)
 
-    def step(self, now: float) -> dict[SlotHandle, SlotOutput]:
-        """Run one tick over every live slot; ``now`` is the tick's scheduled time.
+    def step(self, now: float, phase: int | None = None) -> dict[SlotHandle, SlotOutput]:
+        """Run one tick over the live slots of ``phase`` (``None``: every live slot);
+        ``now`` is the tick's scheduled time.
 
         Returns:
-            One output per slot that was live when the step began.
+            One output per slot of the phase that was live when the step began.
 
         Raises:
             RunnerContractError: the runner's output does not match the plan.
@@ -428,7 +445,7 @@ class Engine:
         if not self._stepping.acquire(blocking=False):
             raise RuntimeError("Engine.step is not reentrant")
         try:
-            return self._step(now)
+            return self._step(now, phase)
         finally:
             self._stepping.release()
 
@@ -482,8 +499,8 @@ class Engine:
             raise SlotReleased(f"slot handle {handle} was released")
         return slot
 
-    def _step(self, now: float) -> dict[SlotHandle, SlotOutput]:
-        plan, released, to_reset, tags = self._schedule()
+    def _step(self, now: float, phase: int | None) -> dict[SlotHandle, SlotOutput]:
+        plan, released, to_reset, tags = self._schedule(phase)
         for slot_id in to_reset:
             self._runner.reset_slot(slot_id)
         if plan is None:
@@ -508,9 +525,9 @@ class Engine:
         }
 
     def _schedule(
-        self,
+        self, phase: int | None
     ) -> tuple[StepPlan | None, tuple[int, ...], list[int], list[tuple[SlotHandle, int, int]]]:
-        """Apply queued commands and take one frame per live slot, under the lock."""
+        """Apply queued commands and take one frame per live slot of ``phase``, under the lock."""
         frame_samples = self._spec.frame_samples
         with self._lock:
             released = tuple(self._releasing)
@@ -522,6 +539,8 @@ class Engine:
             tags: list[tuple[SlotHandle, int, int]] = []
             for slot_id in sorted(self._slots):
                 slot = self._slots[slot_id]
+                if phase is not None and slot.phase != phase:
+                    continue
                 (new if slot.fresh else continuing).append(slot_id)
                 if slot.fresh and slot.prompt is not None:
                     prompts[slot_id] = slot.prompt
@@ -605,4 +624,4 @@ class Engine:
                 self._scheduler.free(slot_id)
             if plan is not None:
                 self._scheduler.record_step(len(plan.inputs), duration)
-                self._overruns += duration > self._spec.frame_period_s
+                self._overruns += duration > self._spec.frame_period_s / self._spec.tick_phases

@@ -61,6 +61,11 @@ class ModelSpec:
         max_slots: size of the slot pool (concurrent sessions) the runner allocates state for.
         supports_prompts: the runner takes a `SlotPrompt` per slot (PersonaPlex); others
             refuse a non-empty one when the slot is acquired, never ignore it.
+        tick_phases: the engine spreads its slots over this many groups, stepped in
+            turn at ``frame_period / tick_phases`` apart, so each slot still steps once
+            per frame but a group's outputs leave in their own sub-tick instead of all
+            slots' outputs at one instant. Pays for a model whose step cost grows with
+            its rows anyway (the loopback); a batched GPU model wants 1 (one batch).
     """
 
     name: str
@@ -70,6 +75,7 @@ class ModelSpec:
     supports_model_native_turn_policy: bool = False
     max_slots: int = 64
     supports_prompts: bool = False
+    tick_phases: int = 1
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -78,6 +84,7 @@ class ModelSpec:
             ("sample_rate", self.sample_rate),
             ("frame_samples", self.frame_samples),
             ("max_slots", self.max_slots),
+            ("tick_phases", self.tick_phases),
         ):
             if value <= 0:
                 raise ValueError(f"ModelSpec.{key} must be positive, got {value}")

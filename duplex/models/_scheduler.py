@@ -61,7 +61,10 @@ class Scheduler:
     Args:
         max_slots: size of the slot pool.
         frame_period_s: seconds per tick.
-        deadline_fraction: share of the frame period a step may take at p99.
+        phases: the slots are stepped in this many groups per frame period (see
+            ``ModelSpec.tick_phases``): a step has ``frame_period_s / phases`` and
+            holds about ``1 / phases`` of the live slots.
+        deadline_fraction: share of a step's period it may take at p99.
         window: how many recent steps the p99 is computed over (bounded deque).
         min_samples: steps needed at one batch size before its p99 counts.
     """
@@ -71,20 +74,22 @@ class Scheduler:
         max_slots: int,
         frame_period_s: float,
         *,
+        phases: int = 1,
         deadline_fraction: float = 0.8,
         window: int = 512,
         min_samples: int = 16,
     ) -> None:
         if max_slots <= 0:
             raise ValueError("max_slots must be positive")
-        if frame_period_s <= 0:
-            raise ValueError("frame_period_s must be positive")
+        if frame_period_s <= 0 or phases <= 0:
+            raise ValueError("frame_period_s and phases must be positive")
         if not 0 < deadline_fraction <= 1:
             raise ValueError("deadline_fraction must be in (0, 1]")
         if window <= 0 or min_samples <= 0:
             raise ValueError("window and min_samples must be positive")
         self._max_slots = max_slots
-        self._budget_s = deadline_fraction * frame_period_s
+        self._budget_s = deadline_fraction * frame_period_s / phases
+        self._phases = phases
         self._min_samples = min_samples
         self._states = [SlotState.FREE] * max_slots
         self._free: list[int] = list(range(max_slots))  # a heap: lowest id first
@@ -94,7 +99,7 @@ class Scheduler:
 
     @property
     def budget_s(self) -> float:
-        """The p99 step time a batch may take: ``deadline_fraction * frame_period_s``."""
+        """The p99 step time a batch may take: ``deadline_fraction * frame_period_s / phases``."""
         return self._budget_s
 
     def state(self, slot: int) -> SlotState:
@@ -110,7 +115,10 @@ class Scheduler:
         with batch size, so the smallest over-budget size b* caps capacity at
         b* - 1. Sizes not yet measured are presumed to fit: capacity is probed
         upward one admission at a time, and an over-budget size ages out of the
-        window once smaller batches have run ``window`` steps.
+        window once smaller batches have run ``window`` steps. With phases, the
+        engine balances the groups (sizes differ by at most one), so n live
+        slots make batches of at most ``ceil(n / phases)``: capacity is
+        ``phases * (b* - 1)``.
         """
         by_batch: dict[int, list[float]] = {}
         for batch, duration in self._steps:
@@ -121,7 +129,7 @@ class Scheduler:
             if batch > capacity or len(durations) < self._min_samples:
                 continue
             if _nearest_rank(sorted(durations), 0.99) > self._budget_s:
-                capacity = batch - 1
+                capacity = min(capacity, self._phases * (batch - 1))
                 break
         return capacity
 

@@ -224,3 +224,38 @@ async def test_dropped_outputs_carry_their_input_samples_forward(
     assert driver.statistics().dropped_full == 2
     assert (first.input_samples, second.input_samples) == (FRAME, 3 * FRAME)
     assert second.frame.video_frame_ids == ("v1",) and second.frame.latest_video_pts_ms == 40
+
+
+async def test_phase_groups_step_in_turn_on_a_sub_tick_grid(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``tick_phases=4``: slots join the smallest group; the grid is period / 4 and each
+    sub-tick steps one group, so every slot still steps once per period, on its own
+    offset, and echoes exactly what it would alone."""
+    spec = ModelSpec(name="loopback", max_slots=8, tick_phases=4)
+    driver = EngineDriver(loopback_engine(spec=spec, delay_ms=0), offload=inline)
+    handles, channels = [], []
+    for k in range(6):
+        send, recv = _channel(8)
+        handle = driver.attach(f"s{k}", send)
+        assert handle is not None
+        handles.append(handle)
+        channels.append(recv)
+    seen: list[list[SlotOutput]] = [[] for _ in handles]
+    async with trio.open_nursery() as nursery:
+        start = trio.current_time()
+        await nursery.start(driver.run)
+        for k in range(5):
+            for index, handle in enumerate(handles):
+                driver.push_input(handle, tone(index + 1, k))
+            for index, recv in enumerate(channels):
+                seen[index].append(await recv.receive())
+        nursery.cancel_scope.cancel()
+    # groups fill smallest first: 0, 1, 2, 3, 0, 1
+    for index, outputs in enumerate(seen):
+        phase = index % 4
+        for k, out in enumerate(outputs):
+            assert out.at == pytest.approx(start + (k * 4 + phase) * PERIOD / 4, abs=1e-9)
+            assert out.position == k * FRAME and out.input_samples == FRAME
+            np.testing.assert_array_equal(out.frame.pcm, tone(index + 1, k))
+    assert driver.statistics().late_ticks == 0

@@ -94,3 +94,14 @@ def test_rejects_bad_arguments() -> None:
         Scheduler(1, PERIOD, deadline_fraction=1.5)
     with pytest.raises(ValueError):
         Scheduler(1, PERIOD).record_step(0, 0.1)
+
+
+def test_phases_split_the_budget_and_multiply_capacity() -> None:
+    """Four phase groups: a step has a quarter of the period, and holds a quarter of the
+    slots, so the smallest over-budget batch b* caps capacity at 4 * (b* - 1)."""
+    s = Scheduler(64, PERIOD, phases=4, min_samples=10)
+    assert s.budget_s == pytest.approx(BUDGET / 4)
+    for _ in range(20):
+        s.record_step(3, BUDGET / 4 * 0.9)
+        s.record_step(4, BUDGET / 4 * 1.1)
+    assert s.capacity() == 12
