@@ -2,14 +2,14 @@
 
 Tick k is scheduled at ``t0 + k * period`` on trio's clock, so the cadence
 never drifts and runs under ``MockClock``. With ``spec.tick_phases`` G > 1 the
-grid is ``period / G`` and the ticks step the engine's phase groups in turn.
+grid is ``period / G`` and tick k steps the engine's phase group ``k mod G``.
 Each step runs off the trio thread; a tick whose step finishes after the next
 tick's scheduled time is late and counted, and the following ticks run back to
 back until the loop is on its grid again (each tick consumes one queued input
-frame, so catching up keeps latency instead of skipping frames). Outputs go to each slot's subscriber
-(a bounded memory channel or a sink into the session's mailbox) with
-``send_nowait``: a full one drops the output and counts it, so one slow
-session never holds up the tick.
+frame, so catching up keeps latency instead of skipping frames). Outputs go to
+each slot's subscriber (a bounded memory channel or a sink into the session's
+mailbox) with ``send_nowait``: a full one drops the output and counts it, so
+one slow session never holds up the tick.
 """
 
 from __future__ import annotations
@@ -84,7 +84,6 @@ class EngineDriver:
         self._offload = offload
         self._phases = engine.spec.tick_phases
         self._ticker = Ticker(engine.spec.frame_period_s / self._phases)
-        self._next_phase = 0
         self._fanout: Fanout[SlotHandle, SlotOutput] = Fanout(self.detach)
         self._carry: dict[SlotHandle, SlotOutput] = {}
         """The last dropped output per slot (already holding what it carried): its input
@@ -156,8 +155,9 @@ class EngineDriver:
         await self._ticker.run(self._engine.has_work, self._tick, task_status=task_status)
 
     async def _tick(self, scheduled: float) -> None:
-        phase = self._next_phase if self._phases > 1 else None
-        self._next_phase = (self._next_phase + 1) % self._phases
+        # the phase follows the grid position (idle ticks included), so a group's
+        # offset within the frame never moves
+        phase = (self._ticker.ticks - 1) % self._phases if self._phases > 1 else None
         outputs = await self._offload(partial(self._engine.step, scheduled, phase))
         for handle, output in outputs.items():
             carried = self._carry.pop(handle, None)

@@ -259,3 +259,24 @@ async def test_phase_groups_step_in_turn_on_a_sub_tick_grid(
             assert out.position == k * FRAME and out.input_samples == FRAME
             np.testing.assert_array_equal(out.frame.pcm, tone(index + 1, k))
     assert driver.statistics().late_ticks == 0
+
+
+async def test_phase_offsets_survive_idle_ticks(autojump_clock: trio.testing.MockClock) -> None:
+    """A group's offset within the frame is a property of the grid: after the engine idles
+    for a while (no slot, so no steps), a new slot in group 0 steps on group 0's offset."""
+    spec = ModelSpec(name="loopback", max_slots=4, tick_phases=4)
+    driver = EngineDriver(loopback_engine(spec=spec, delay_ms=0), offload=inline)
+    async with trio.open_nursery() as nursery:
+        start = trio.current_time()
+        await nursery.start(driver.run)
+        for pause in (0.0, 0.03, 0.05):  # idle for 1.5 and 2.5 sub-ticks between sessions
+            await trio.sleep(pause)
+            send, recv = _channel(4)
+            handle = driver.attach("a", send)
+            assert handle is not None
+            driver.push_input(handle, tone(1, 0))
+            out = await recv.receive()
+            assert driver.detach(handle)
+            offset = (out.at - start) % PERIOD
+            assert min(offset, PERIOD - offset) == pytest.approx(0.0, abs=1e-9)
+        nursery.cancel_scope.cancel()
