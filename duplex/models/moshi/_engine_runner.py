@@ -34,9 +34,10 @@ replays it exactly.
 
 Prompts (PersonaPlex, ``spec.supports_prompts``: configs with ``user_lag == 1``):
 a new slot's `SlotPrompt` becomes a `PromptReplay` (``_prompt.py``) built once
-per distinct prompt (a voice is Mimi-encoded once, through the new slot's own
-encoder stream, which is then reset; the text is sentencepiece-encoded inside
-the system tags). The slot's first ``held`` ticks replay it: their user codes
+per distinct prompt (a WAV voice is Mimi-encoded once, through the new slot's
+own encoder stream, which is then reset; a ``.pt`` voice's codes were recovered
+from its embeddings when the slot was taken; the text is sentencepiece-encoded
+inside the system tags). The slot's first ``held`` ticks replay it: their user codes
 come from the replay (the engine holds the session's input, ``holds_input``),
 their text and audio are forced, the slot's Mimi encoder and decoder do not
 run, and the output is a silent frame with no text and ``speaking=False``.
@@ -138,7 +139,11 @@ class MoshiEngineRunner:
             raise ValueError(f"spec {spec.name!r} claims prompts; only PersonaPlex takes them")
         self._initial = loaded.lm.initial_tokens
         self._checkpoint = loaded.checkpoint
-        self._voices = VoiceLibrary(loaded.checkpoint.folder, mimi_config.sample_rate)
+        self._voices = VoiceLibrary(
+            loaded.checkpoint.folder,
+            mimi_config.sample_rate,
+            lm=loaded.lm if spec.supports_prompts else None,
+        )
         self._tokenizer: sentencepiece.SentencePieceProcessor | None = None
         self._slot_replays: list[PromptReplay | None] = [None] * spec.max_slots
         self._replays: OrderedDict[SlotPrompt, PromptReplay] = OrderedDict()
@@ -174,8 +179,8 @@ class MoshiEngineRunner:
     def check_prompt(self, prompt: SlotPrompt) -> None:
         """Refuse a prompt this checkpoint cannot replay; called when a slot is taken.
 
-        Reads the voice's WAV (once per voice), so a bad voice fails the session's
-        start, not a tick.
+        Reads the voice's WAV, or recovers a ``.pt`` voice's codes (once per voice),
+        so a bad voice fails the session's start, not a tick.
 
         Raises:
             PromptUnsupported: the model takes no prompts, or the voice is unusable.
@@ -284,7 +289,10 @@ class MoshiEngineRunner:
         if prompt.voice:
             voice = self._voice_codes.get(prompt.voice)
             if voice is None:
-                voice = self._encode_voice(prompt.voice, slot)
+                loaded = self._voices.voice(prompt.voice)
+                voice = loaded.codes  # a .pt voice: its codes, recovered by check_prompt
+                if voice is None:
+                    voice = self._encode_voice(prompt.voice, slot)
                 self._voice_codes[prompt.voice] = voice
         tokens: list[int] = []
         if prompt.text and prompt.text.strip():
@@ -299,7 +307,8 @@ class MoshiEngineRunner:
 
     def _encode_voice(self, name: str, slot: int) -> torch.Tensor:
         """The voice's Mimi codes ``[frames, agent_q]``, through the slot's (then reset) encoder."""
-        pcm = self._voices.pcm(name)
+        pcm = self._voices.voice(name).pcm
+        assert pcm is not None
         frame = self._spec.frame_samples
         padded = np.zeros(-(-pcm.size // frame) * frame, dtype=np.float32)
         padded[: pcm.size] = pcm  # the reference pads the last frame with zeros

@@ -15,10 +15,14 @@ from duplex.models import Engine, SlotHandle, SlotPrompt
 from duplex.models._loopback import LOOPBACK_SPEC, LoopbackRunner
 from duplex.models.moshi._checkpoint import LoadedMoshi, build_tiny_checkpoint, load_checkpoint
 from duplex.models.moshi._engine_runner import MoshiEngineRunner
+from duplex.models.moshi._lm import MoshiLM
 from duplex.models.moshi._models import moshi_spec
 from duplex.models.moshi._prompt import (
     PROMPT_SILENCE_FRAMES,
+    SILENCE_CODES,
+    VoiceTables,
     prompt_codes,
+    voice_codes_from_embeddings,
     wrap_with_system_tags,
 )
 from duplex.models.moshi._runner import StepTokens
@@ -30,9 +34,14 @@ TEXT = "You are a small robot. Tell a story."
 Trace = list[tuple[np.ndarray, str]]
 
 
-def _write_wav(path: Path, seconds: float, rate: int = 24_000) -> None:
+def _write_wav(path: Path, seconds: float, rate: int = 24_000, noise: bool = False) -> None:
     t = np.arange(int(seconds * rate)) / rate
-    pcm = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
+    wave_ = 0.3 * np.sin(2 * np.pi * 220 * t)
+    if noise:  # varied frames, so the voice's codes vary
+        wave_ = wave_ * np.sin(2 * np.pi * 1.3 * t) + 0.2 * np.random.default_rng(
+            5
+        ).standard_normal(t.size)
+    pcm = (np.clip(wave_, -1, 1) * 32767).astype("<i2")
     path.parent.mkdir(parents=True, exist_ok=True)
     with wave.open(str(path), "wb") as out:
         out.setnchannels(1)
@@ -41,13 +50,66 @@ def _write_wav(path: Path, seconds: float, rate: int = 24_000) -> None:
         out.writeframes(pcm.tobytes())
 
 
+def wav_codes(loaded: LoadedMoshi, voice: str) -> torch.Tensor:
+    """The voice's Mimi codes ``[V, 8]`` as a WAV-prompted slot computes them."""
+    return runner(loaded)._encode_voice(voice, slot=0)
+
+
+def reference_voice_file(lm: MoshiLM, codes: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What NVIDIA's PersonaPlex saves after a voice pass over ``codes`` (``[V, 8]``).
+
+    Mirrors ``LMGen._step_voice_prompt_core`` with ``save_voice_prompt_embeddings``
+    (NVIDIA/personaplex ``moshi/moshi/models/lm.py``): the model runs in bfloat16; call
+    ``t`` of the pass forces text PAD (3), agent codes ``codes[t]`` and the user SINE
+    codes; from call 1 on it saves ``embed_codes`` of the column it consumes (column
+    ``t - 1``: the 16 audio embeddings summed in order, then the text embedding), and the
+    file's ``cache`` is the token ring (width ``max_delay + 3``, unwritten ``-2``) after the
+    pass. Written from the reference's rules, not from ``duplex``'s own column builder.
+    """
+    config = lm.config
+    assert (config.agent_q, config.user_q, config.max_delay) == (8, 8, 1)
+    _, sine = prompt_codes(config)
+    frames = codes.shape[0]
+    initial = [config.text_card] + [config.card] * 16
+    delays = config.delays
+    width = config.max_delay + 3
+    ring = torch.full((17, width), -2, dtype=torch.long)
+    columns = []
+    for t in range(frames):  # prepare_step_input of call t (offset t)
+        for k in range(1, 17):
+            token = codes[t, k - 1] if k <= 8 else sine[k - 9]
+            ring[k, (t + delays[k]) % width] = token
+        ring[0, t % width] = 3
+        for k, delay in enumerate(delays):
+            if t <= delay:
+                ring[k, t % width] = initial[k]
+        if t == 0:
+            ring[:, 0] = torch.tensor(initial)
+        else:
+            columns.append(ring[:, (t - 1) % width].clone())  # the model input, column t - 1
+    tables = [lm.emb[k].weight.detach().bfloat16() for k in range(16)]
+    text = lm.text_emb.weight.detach().bfloat16()
+    embeddings = []
+    for column in columns:
+        total = tables[0][column[1]]
+        for k in range(1, 16):
+            total = total + tables[k][column[k + 1]]
+        embeddings.append((total + text[column[0]])[None, None])  # [B=1, T=1, dim]
+    return {"embeddings": torch.stack(embeddings), "cache": ring[None]}
+
+
 @pytest.fixture(scope="module")
 def plex(tmp_path_factory: pytest.TempPathFactory) -> LoadedMoshi:
     folder = tmp_path_factory.mktemp("tiny-personaplex")
     checkpoint = build_tiny_checkpoint(folder, seed=3, preset="tiny-personaplex")
     _write_wav(folder / "voices" / "robot.wav", 0.5, rate=16_000)  # resampled to 24 kHz
+    _write_wav(folder / "speech.wav", 2.0, noise=True)
     (folder / "voices" / "NATF0.pt").write_bytes(b"not supported")
-    return load_checkpoint(checkpoint)
+    loaded = load_checkpoint(checkpoint)
+    for voice in ("robot", "speech"):  # written before any runner: runners read .pt tables
+        saved = reference_voice_file(loaded.lm, wav_codes(loaded, voice))
+        torch.save(saved, folder / "voices" / f"{voice}-pt.pt")
+    return loaded
 
 
 def runner(loaded: LoadedMoshi, seed: int = SEED) -> MoshiEngineRunner:
@@ -231,7 +293,7 @@ def test_prompts_are_refused_where_they_cannot_run(plex: LoadedMoshi, tmp_path: 
         plain.acquire_slot("a", SlotPrompt(text="hi"))
     eng = Engine(runner(plex), timer=FakeTimer())
     assert eng.spec.supports_prompts
-    with pytest.raises(PromptUnsupported, match="embeddings"):
+    with pytest.raises(PromptUnsupported, match="not a readable torch file"):
         eng.acquire_slot("a", SlotPrompt(voice="NATF0"))
     with pytest.raises(PromptUnsupported, match="no voice"):
         eng.acquire_slot("a", SlotPrompt(voice="nobody"))
@@ -255,6 +317,118 @@ def test_input_sent_in_real_time_during_a_long_replay_is_kept(plex: LoadedMoshi)
     assert replay is not None and replay.held > 4
     assert consumed == (len(sent) - replay.held) * FRAME
     assert eng.slot_statistics(handle).queue_depth == replay.held  # the backlog, kept
+
+
+def test_pt_voice_turns_back_into_the_wav_codes(plex: LoadedMoshi) -> None:
+    config = plex.lm.config
+    assert (config.agent_q, config.user_q) == (8, 8)  # what prompts need
+    tables = VoiceTables.of(plex.lm)
+    silence, _ = prompt_codes(config)
+    for voice, frames in (("robot", 7), ("speech", 25)):
+        want = wav_codes(plex, voice)
+        assert want.shape == (frames, 8)
+        path = plex.checkpoint.folder / "voices" / f"{voice}-pt.pt"
+        got = voice_codes_from_embeddings(path, tables)
+        assert torch.equal(got[1:], want[1:]), voice  # frame 0 never reaches the model
+        assert got[0].tolist() == list(silence) == [c % config.card for c in SILENCE_CODES]
+
+
+def test_pt_voice_replays_exactly_as_its_wav(plex: LoadedMoshi) -> None:
+    frames = signal("v", 5)
+
+    def once(voice: str) -> tuple[Trace, list[torch.Tensor | None], tuple[torch.Tensor, ...]]:
+        run = runner(plex)
+        calls = spy(run)
+        eng = Engine(run, timer=FakeTimer(), max_input_frames=64)
+        handle = eng.acquire_slot("v", SlotPrompt(text=TEXT, voice=voice))
+        assert handle is not None
+        trace = drive(eng, {"v": handle}, {"v": frames})["v"]
+        replay = run.replay(handle.slot)
+        assert replay is not None
+        held = torch.tensor(replay.held)
+        return trace, [f for _, f in calls], (held, replay.user.cpu(), replay.forced.cpu())
+
+    for voice in ("robot", "speech"):
+        wav, pt = once(voice), once(f"{voice}-pt")
+        for a, b in zip(wav[2], pt[2], strict=True):
+            assert torch.equal(a, b), voice
+        assert len(wav[1]) == len(pt[1])
+        for a, b in zip(wav[1], pt[1], strict=True):
+            assert (a is None and b is None) or (
+                a is not None and b is not None and torch.equal(a, b)
+            )
+        assert [t for _, t in wav[0]] == [t for _, t in pt[0]], voice
+        np.testing.assert_array_equal(
+            np.stack([p for p, _ in wav[0]]), np.stack([p for p, _ in pt[0]])
+        )
+
+
+def test_pt_voice_of_other_weights_is_refused(plex: LoadedMoshi, tmp_path: Path) -> None:
+    other = load_checkpoint(build_tiny_checkpoint(tmp_path, seed=4, preset="tiny-personaplex"))
+    _write_wav(tmp_path / "voices" / "robot.wav", 0.5)
+    saved = reference_voice_file(plex.lm, wav_codes(plex, "robot"))  # seed 3's weights
+    eng = Engine(runner(other), timer=FakeTimer())
+    torch.save(saved, tmp_path / "voices" / "plex.pt")  # added after the model loaded: fine
+    with pytest.raises(PromptUnsupported, match="do not match this checkpoint"):
+        eng.acquire_slot("a", SlotPrompt(voice="plex"))
+    assert eng.statistics().live_slots == 0
+    own = reference_voice_file(other.lm, wav_codes(other, "robot"))
+    torch.save(own, tmp_path / "voices" / "own.pt")
+    assert eng.acquire_slot("b", SlotPrompt(voice="own.pt")) is not None  # its own weights
+
+
+def test_malformed_pt_voices_are_refused_and_the_engine_goes_on(plex: LoadedMoshi) -> None:
+    voices = plex.checkpoint.folder / "voices"
+    good = torch.load(voices / "robot-pt.pt", weights_only=True)
+    emb, cache = good["embeddings"], good["cache"]
+    noisy = emb + 0.05 * torch.randn(emb.shape, generator=torch.Generator().manual_seed(1))
+    ring = cache.clone()
+    ring[0, 0, (emb.shape[0]) % ring.shape[2]] = 5  # column V-1's text is PAD (3)
+    codes = cache.clone()
+    codes[0, 1, (emb.shape[0]) % codes.shape[2]] = plex.lm.config.card  # not a voice code
+    bad: dict[str, object] = {
+        "keys": {"embeddings": emb},
+        "extra": {**good, "offset": torch.tensor(7)},
+        "list": [emb, cache],
+        "rank": {"embeddings": emb[:, 0, 0], "cache": cache},
+        "dim": {"embeddings": torch.zeros(3, 1, 1, 65, dtype=torch.bfloat16), "cache": cache},
+        "empty": {"embeddings": emb[:0], "cache": cache},
+        "int": {"embeddings": emb.long(), "cache": cache},
+        "nan": {"embeddings": emb.float().fill_(float("nan")), "cache": cache},
+        "width": {"embeddings": emb, "cache": cache[..., :3]},
+        "cache-dtype": {"embeddings": emb, "cache": cache.float()},
+        "noise": {"embeddings": noisy, "cache": cache},
+        "ring": {"embeddings": emb, "cache": ring},
+        "ring-code": {"embeddings": emb, "cache": codes},
+        "pickle": {"embeddings": emb, "cache": Path("x")},  # weights_only refuses classes
+    }
+    for name, value in bad.items():
+        torch.save(value, voices / f"bad-{name}.pt")
+    (voices / "bad-zip.pt").write_bytes(b"PK\x03\x04 truncated")
+    eng = Engine(runner(plex), timer=FakeTimer(), max_input_frames=64)
+    messages = {
+        "keys": "dict of 'embeddings' and 'cache'",
+        "extra": "dict of 'embeddings' and 'cache'",
+        "list": "dict of 'embeddings' and 'cache'",
+        "noise": "do not match",
+        "ring": "do not match",
+        "ring-code": "do not match",
+        "pickle": "not a readable torch file",
+        "zip": "not a readable torch file",
+        "nan": "not finite",
+        "width": "cache must be",
+        "cache-dtype": "cache must be",
+    }
+    for name in [*bad, "zip"]:
+        with pytest.raises(PromptUnsupported, match=messages.get(name, "embeddings must be")):
+            eng.acquire_slot(name, SlotPrompt(voice=f"bad-{name}"))
+        assert eng.statistics().live_slots == 0
+    with pytest.raises(PromptUnsupported, match="not a readable torch file"):
+        eng.acquire_slot("natf", SlotPrompt(voice="NATF0"))
+    handle = eng.acquire_slot("ok", SlotPrompt(voice="robot-pt"))
+    assert handle is not None
+    got = drive(eng, {"ok": handle}, {"ok": signal("o", 3)})["ok"]
+    assert any(p.any() for p, _ in got[-3:])  # live after its replay
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
