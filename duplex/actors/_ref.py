@@ -130,6 +130,19 @@ class ActorRef(Generic[M]):
         except ActorStopped:
             self._hooks.dead_letter(self.path, message, "stopped")
 
+    async def tell_eager(self, message: M) -> None:
+        """`tell` for the per-frame path: with room on the lane it delivers at once,
+        without trio's scheduling round trip (no checkpoint); only a full ``block``
+        lane makes it wait, as `tell` does.
+
+        Raises:
+            MailboxFull: the lane's policy is ``reject`` and it is full.
+        """
+        try:
+            self.tell_nowait(message)
+        except trio.WouldBlock:
+            await self.tell(message)
+
     def tell_nowait(self, message: M) -> None:
         """Deliver ``message`` now or raise.
 

@@ -387,11 +387,7 @@ class SessionActor(Actor[Any]):
             case Send(event, seq, generation):
                 connection = self.connections.get(generation)
                 if connection is not None:
-                    message = Outbound(event, seq)
-                    try:  # the per-frame path: no scheduler round trip while there is room
-                        connection.tell_nowait(message)
-                    except trio.WouldBlock:
-                        await connection.tell(message)
+                    await connection.tell_eager(Outbound(event, seq))
             case CloseConnection(generation, code, reason):
                 connection = self.connections.pop(generation, None)
                 if connection is not None:

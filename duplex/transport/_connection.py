@@ -160,11 +160,7 @@ class ConnectionActor(Actor[Any]):
 
     async def _dispatch(self, ctx: ActorContext, event: Any) -> None:
         if self.session is not None:
-            message = FromClient(self.generation, event)
-            try:  # the per-frame path: no scheduler round trip while there is room
-                self.session.tell_nowait(message)
-            except trio.WouldBlock:
-                await self.session.tell(message)
+            await self.session.tell_eager(FromClient(self.generation, event))
             return
         if isinstance(event, SessionResume):
             session = self.hub.lookup(event.session_id)

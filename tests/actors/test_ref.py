@@ -249,3 +249,27 @@ async def test_wait_stopped_returns_when_the_actor_is_gone(
         await ref.tell(Stop())
         with trio.fail_after(1):
             await ref.wait_stopped()
+
+
+async def test_tell_eager_delivers_without_a_checkpoint_and_waits_when_full(
+    registry: MetricsRegistry, autojump_clock: trio.testing.MockClock
+) -> None:
+    """With room on the lane the message is queued before `tell_eager` returns, and no
+    other task ran in between; a full ``block`` lane makes it wait like `tell`."""
+    lanes = (LaneSpec("data", capacity=1, overflow=Overflow.BLOCK),)
+    async with open_actor_system(registry=registry) as system:
+        ref = await system.spawn(Sleeper, name="s", lanes=lanes)
+        ran: list[str] = []
+
+        async def other() -> None:
+            ran.append("other")
+
+        async with trio.open_nursery() as nursery:
+            ref.tell_nowait(Slow(5))  # the actor is busy for 5 s
+            await trio.sleep(1)
+            nursery.start_soon(other)
+            await ref.tell_eager(Slow(0))  # room: queued at once, no checkpoint
+            assert ran == [] and ref.statistics().lane("data").queued == 1
+            started = trio.current_time()
+            await ref.tell_eager(Slow(0))  # full: waits until the actor takes the first
+            assert trio.current_time() - started == pytest.approx(4.0)
