@@ -61,8 +61,8 @@ hold `SILENCE_CODES` there; the replay is then the WAV voice's, token for token.
 The reference replays a ``.pt`` by stepping its transformer on the embeddings
 and copying the ring back, which leaves the model as the WAV pass did; so does
 replaying the codes. The search reads `VoiceTables`, host copies of the rows
-taken when the runner starts (only if ``voices/`` then holds a ``.pt``), so it
-never touches the model's device from the caller's thread.
+taken when a prompt-capable runner starts, so it never touches the model's
+device from the caller's thread.
 """
 
 from __future__ import annotations
