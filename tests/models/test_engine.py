@@ -456,3 +456,23 @@ def test_clearing_input_forgives_the_lag() -> None:
     engine.reset(h, 1)
     engine.push_input(h, np.zeros(2 * FRAME, np.float32))
     assert [engine.step(1.0 + k)[h].input_samples for k in range(2)] == [FRAME] * 2
+
+
+def test_phase_groups_are_filled_smallest_first_and_stepped_alone() -> None:
+    """``tick_phases=3``: newcomers join the smallest group; ``step(now, phase)`` steps only
+    that group's slots; a release queued meanwhile is applied by whichever step comes next."""
+    spec = ModelSpec(name="loopback", max_slots=8, tick_phases=3)
+    eng = loopback_engine(spec=spec, delay_ms=0)
+    handles = [eng.acquire_slot(f"s{k}") for k in range(5)]
+    assert all(h is not None for h in handles)
+    for k, handle in enumerate(handles):
+        assert handle is not None
+        eng.push_input(handle, tone(k + 1, 0))
+    groups = {phase: set(eng.step(0.0, phase)) for phase in range(3)}
+    assert groups == {0: {handles[0], handles[3]}, 1: {handles[1], handles[4]}, 2: {handles[2]}}
+    assert handles[2] is not None and eng.release_slot(handles[2])
+    assert eng.step(0.1, 0).keys() == {handles[0], handles[3]}  # frees slot 2's id too
+    newcomer = eng.acquire_slot("late")  # group 2 is now the smallest
+    assert newcomer is not None and newcomer.slot == 2
+    eng.push_input(newcomer, tone(9, 0))
+    assert set(eng.step(0.2, 2)) == {newcomer}
