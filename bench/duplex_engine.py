@@ -255,6 +255,28 @@ def is_oom(error: BaseException) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
+def log_batch(entry: dict[str, Any]) -> None:
+    """One line per measured B: median, p99, split and peak memory."""
+    log(
+        f"  median {entry['median_ms']} ms, p99 {entry['p99_ms']} ms, "
+        f"{entry.get('split_median_ms')}, {entry.get('max_allocated_gib')} GiB"
+    )
+
+
+def record_failure(entry: dict[str, Any], error: Exception) -> bool:
+    """Put a failed B's error in its entry; True when it ran out of memory (stop growing B).
+
+    Call it from the ``except`` block: the traceback is the one being handled.
+    """
+    entry["error"] = f"{type(error).__name__}: {error}"[:2000]
+    log(f"  failed: {entry['error'][:300]}")
+    if is_oom(error):
+        entry["oom"] = True
+        return True
+    entry["traceback"] = traceback.format_exc()[-4000:]
+    return False
+
+
 class FrameClock:
     """Wall time of one frame (synchronized at both ends) and a split from marks inside it.
 
@@ -646,17 +668,10 @@ def run_ours(
                     ((audio >= 0) & (audio < config.card)).all()
                     and ((text >= 0) & (text < config.text_card)).all()
                 )
-                log(
-                    f"  median {entry['median_ms']} ms, p99 {entry['p99_ms']} ms, "
-                    f"{entry.get('split_median_ms')}, {entry.get('max_allocated_gib')} GiB"
-                )
+                log_batch(entry)
             except Exception as error:
-                entry["error"] = f"{type(error).__name__}: {error}"[:2000]
-                log(f"  failed: {entry['error'][:300]}")
-                if is_oom(error):
-                    entry["oom"] = True
+                if record_failure(entry, error):
                     break
-                entry["traceback"] = traceback.format_exc()[-4000:]
             finally:
                 results.save()
     finally:
@@ -784,17 +799,10 @@ def run_reference(
                     entry["pcm_finite"] = (
                         bool(torch.isfinite(last_out).all()) if last_out is not None else None
                     )
-                log(
-                    f"  median {entry['median_ms']} ms, p99 {entry['p99_ms']} ms, "
-                    f"{entry.get('split_median_ms')}, {entry.get('max_allocated_gib')} GiB"
-                )
+                log_batch(entry)
             except Exception as error:
-                entry["error"] = f"{type(error).__name__}: {error}"[:2000]
-                log(f"  failed: {entry['error'][:300]}")
-                if is_oom(error):
-                    entry["oom"] = True
+                if record_failure(entry, error):
                     break
-                entry["traceback"] = traceback.format_exc()[-4000:]
             finally:
                 results.save()
     finally:
