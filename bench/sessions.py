@@ -156,11 +156,26 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (``duplex serve``'s connection workers)."""
+    tree, i = [pid], 0
+    while i < len(tree):
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{tree[i]}/task"):
+                with open(f"/proc/{tree[i]}/task/{task}/children") as f:
+                    tree += [int(child) for child in f.read().split()]
+        i += 1
+    return tree
+
+
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all threads), in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """utime + stime of a process (all threads) and its live descendants, in seconds."""
+    total = 0
+    for member in process_tree(pid):
+        with contextlib.suppress(OSError), open(f"/proc/{member}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def machine_cpu_seconds() -> tuple[float, float]:
@@ -173,11 +188,12 @@ def machine_cpu_seconds() -> tuple[float, float]:
 
 
 def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return math.nan
+    """Resident memory of a process and its live descendants."""
+    total = 0
+    for member in process_tree(pid):
+        with contextlib.suppress(OSError), open(f"/proc/{member}/status") as f:
+            total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return total / 1024 if total else math.nan
 
 
 @dataclass

@@ -35,6 +35,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--kv-cache-dtype", choices=["auto", "fp8"], help="Moshi KV ring storage (default auto)"
     )
+    serve.add_argument(
+        "--connection-workers",
+        type=int,
+        metavar="N",
+        help="processes for WebSocket I/O, JSON and base64 (default 0: all in one process)",
+    )
     serve.add_argument("--log-format", choices=["console", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return parser
@@ -61,6 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
             ("model_device", args.model_device),
             ("model_seed", args.model_seed),
             ("kv_cache_dtype", args.kv_cache_dtype),
+            ("connection_workers", args.connection_workers),
             ("log_format", args.log_format),
             ("log_level", args.log_level),
         )

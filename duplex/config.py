@@ -39,6 +39,9 @@ _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 _MIB = 1024 * 1024
 
 
+MAX_CONNECTION_WORKERS = 64
+
+
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerConfig:
@@ -74,6 +77,10 @@ class ServerConfig:
     """A socket that has opened no session by then (``/v1/duplex`` before its first event,
     ``/v1/realtime?resume=1`` before ``session.resume``) gets ``first_event_timeout`` and is
     closed with 1008; 0 disables. Admission counts sessions, so idle sockets are bounded here."""
+    connection_workers: int = 0
+    """Worker processes that accept the port's connections and do their WebSocket I/O, JSON
+    and base64, relaying decoded events to this process, which keeps every session and the
+    engine (docs/operations.md, "Connection workers"). 0: one process does everything."""
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     shutdown_grace_s: float = 5.0
@@ -89,6 +96,11 @@ class ServerConfig:
             raise ConfigError(f"max_sessions: must be >= 0, got {self.max_sessions}")
         if self.max_frame_bytes < 1024:
             raise ConfigError(f"max_frame_bytes: must be at least 1024, got {self.max_frame_bytes}")
+        if not 0 <= self.connection_workers <= MAX_CONNECTION_WORKERS:
+            raise ConfigError(
+                f"connection_workers: must be 0..{MAX_CONNECTION_WORKERS}, "
+                f"got {self.connection_workers}"
+            )
         if self.vad_streams < 1:
             raise ConfigError(f"vad_streams: must be >= 1, got {self.vad_streams}")
         if self.shutdown_grace_s < 0:

@@ -1,18 +1,23 @@
 """The ASGI app: one Starlette app, one port, every route.
 
-Routes are thin: HTTP handlers read runtime state, the WebSocket route hands
-the socket to a connection actor and waits for it to end.
+Routes are thin and ask a ``Backend`` for everything: ``HubBackend`` when the
+sessions live in this process, a worker's link to the session process when
+they do not (``_frontend.py``). HTTP handlers read runtime state; WebSocket
+routes wrap the socket in its wire projection and hand it to the backend,
+which runs its connection until it ends.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
-from starlette.websockets import WebSocket, WebSocketState
+from starlette.websockets import WebSocket
 
 from duplex import __version__
 from duplex.actors import ActorRef, ActorSystem, Restart
@@ -21,11 +26,44 @@ from duplex.metrics import MetricsRegistry
 from duplex.sessions import ErrorEvent
 from duplex.sessions._hub import SessionHub
 
-from ._connection import ConnectionActor, Projection
+from ._connection import ConnectionActor
 from ._duplex_wire import NativeProjection
 from ._realtime_wire import RealtimeProjection, duplex_flag, schema_from_headers
+from ._sockets import EventSocket, WebSocketEvents
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+JSON_CONTENT_TYPE = "application/json"
+
+HttpRoute = Literal["health", "models", "metrics"]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One HTTP answer, as plain data (it crosses a worker's link)."""
+
+    status: int
+    media_type: str
+    body: bytes
+
+    @classmethod
+    def json(cls, content: Any, status: int = 200) -> Reply:
+        text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return cls(status, JSON_CONTENT_TYPE, text.encode())
+
+    def response(self) -> Response:
+        return Response(self.body, status_code=self.status, media_type=self.media_type)
+
+
+class Backend(Protocol):
+    """What the routes need from the process that owns the sessions."""
+
+    async def http(self, route: HttpRoute) -> Reply:
+        """The answer to ``GET`` on one of the HTTP routes."""
+        ...
+
+    async def connect(self, socket: EventSocket, *, autostart: bool) -> None:
+        """Run one client socket's connection until it ends."""
+        ...
 
 
 class Connections:
@@ -48,76 +86,96 @@ class Connections:
             await self.system.stop(ref)
 
 
-def build_app(
-    hub: SessionHub,
-    connections: Connections,
-    *,
-    registry: MetricsRegistry,
-    max_frame_bytes: int,
-    realtime_vad: str | None = None,
-    first_event_timeout_s: float = 0.0,
-) -> Starlette:
-    """The app for one running hub (engine + sessions).
+class HubBackend:
+    """The sessions of this process: one hub (engine + sessions), its connections, its metrics."""
 
-    ``realtime_vad`` backs ``server_vad`` in Realtime turn-based sessions
-    (``server.realtime_vad``); ``None`` leaves it to the session defaults.
-    ``first_event_timeout_s`` closes sockets that open no session in time (0: never).
-    """
-    model = hub.spec
+    def __init__(
+        self,
+        hub: SessionHub,
+        registry: MetricsRegistry,
+        *,
+        first_event_timeout_s: float = 0.0,
+    ) -> None:
+        """``first_event_timeout_s`` closes sockets that open no session in time (0: never)."""
+        self.hub = hub
+        self.registry = registry
+        self.connections = Connections(hub.system)
+        self.first_event_timeout_s = first_event_timeout_s
 
-    async def health(request: Request) -> Response:
-        stats = hub.admission.statistics()
-        return JSONResponse(
-            {
+    def reply(self, route: HttpRoute) -> Reply:
+        hub = self.hub
+        if route == "health":
+            stats = hub.admission.statistics()
+            health = {
                 "status": "ok" if hub.ready else "starting",
                 "engine_starts": hub.engine_starts,
                 "vad_starts": hub.vad_starts,
                 "version": __version__,
-                "model": model.name,
+                "model": hub.spec.name,
                 "sessions": {"live": stats.live, "capacity": stats.capacity},
-            },
-            status_code=200 if hub.ready else 503,
-        )
+            }
+            return Reply.json(health, 200 if hub.ready else 503)
+        if route == "models":
+            card: dict[str, Any] = {
+                "id": hub.spec.name,
+                "object": "model",
+                "owned_by": "duplex",
+                "created": 0,
+                "capabilities": hub.capabilities.as_dict(),
+            }
+            return Reply.json({"object": "list", "data": [card]})
+        return Reply(200, PROMETHEUS_CONTENT_TYPE, self.registry.render().encode())
 
-    async def models(request: Request) -> Response:
-        card: dict[str, Any] = {
-            "id": model.name,
-            "object": "model",
-            "owned_by": "duplex",
-            "created": 0,
-            "capabilities": hub.capabilities.as_dict(),
-        }
-        return JSONResponse({"object": "list", "data": [card]})
+    async def http(self, route: HttpRoute) -> Reply:
+        return self.reply(route)
 
-    async def metrics(request: Request) -> Response:
-        return PlainTextResponse(registry.render(), media_type=PROMETHEUS_CONTENT_TYPE)
-
-    async def run_connection(
-        websocket: WebSocket, projection: Projection, *, autostart: bool
-    ) -> None:
+    async def connect(self, socket: EventSocket, *, autostart: bool) -> None:
+        hub = self.hub
         generation = hub.next_generation()
         ref = await hub.system.spawn(
             ConnectionActor,
-            websocket,
+            socket,
             hub,
             generation,
-            projection,
             autostart,
-            first_event_timeout_s,
+            self.first_event_timeout_s,
             name=f"connection-{generation}",
             restart=Restart.TEMPORARY,
         )
-        await connections.add(ref)
+        await self.connections.add(ref)
         try:
             await ref.wait_stopped()
         finally:
-            connections.live.discard(ref)
-        if websocket.application_state is WebSocketState.CONNECTED:  # the actor crashed
-            await websocket.close(1011, "internal_error")
+            self.connections.live.discard(ref)
+        if socket.open:  # the actor crashed
+            await socket.close(1011, "internal_error")
+
+
+def build_app(
+    backend: Backend,
+    *,
+    max_frame_bytes: int,
+    realtime_vad: str | None = None,
+) -> Starlette:
+    """The routes, over ``backend``.
+
+    ``realtime_vad`` backs ``server_vad`` in Realtime turn-based sessions
+    (``server.realtime_vad``); ``None`` leaves it to the session defaults.
+    """
+
+    async def health(request: Request) -> Response:
+        return (await backend.http("health")).response()
+
+    async def models(request: Request) -> Response:
+        return (await backend.http("models")).response()
+
+    async def metrics(request: Request) -> Response:
+        return (await backend.http("metrics")).response()
 
     async def duplex_socket(websocket: WebSocket) -> None:
         await websocket.accept()
-        await run_connection(websocket, NativeProjection(max_size=max_frame_bytes), autostart=False)
+        projection = NativeProjection(max_size=max_frame_bytes)
+        await backend.connect(WebSocketEvents(websocket, projection), autostart=False)
 
     async def realtime_socket(websocket: WebSocket) -> None:
         """OpenAI Realtime: the session opens on connect, as OpenAI's does.
@@ -142,7 +200,7 @@ def build_app(
             max_size=max_frame_bytes,
             vad=realtime_vad,
         )
-        await run_connection(websocket, projection, autostart=not resume_only)
+        await backend.connect(WebSocketEvents(websocket, projection), autostart=not resume_only)
 
     return Starlette(
         routes=[

@@ -1,10 +1,11 @@
-"""The connection actor: one WebSocket, decoded on the way in, one writer on the way out.
+"""The connection actor: one client socket, decoded on the way in, one writer on the way out.
 
 Two halves, so neither can wait on the other:
 
-- the *reader* task decodes frames (``parse_client_event``) and tells the
+- the *reader* task takes decoded frames from its ``EventSocket`` and tells the
   session, in wire order; when the session's mailbox is full it stops reading,
-  which is backpressure all the way to the client's TCP window;
+  which is backpressure all the way to the client's TCP window (through a
+  worker's link credits when the socket lives in a connection worker);
 - the actor's message loop is the only *writer*: it sends what the session
   tells it (``Outbound``) and closes the socket on ``CloseSocket``.
 
@@ -15,17 +16,14 @@ The session lives on when this actor ends (``Detach`` starts its grace period).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, final
+from typing import Any, ClassVar, final
 
 import trio
-from starlette.websockets import WebSocket, WebSocketState
 
 from duplex import exceptions as errors
 from duplex.actors import Actor, ActorContext, ActorRef, ControlMessage, LaneSpec
 from duplex.sessions import (
-    ClientEvent,
     ErrorEvent,
     ServerEvent,
     SessionCreate,
@@ -35,25 +33,10 @@ from duplex.sessions import (
 from duplex.sessions._actor import Attach, CloseSocket, Detach, FromClient, Outbound
 from duplex.sessions._hub import SessionHub
 
+from ._sockets import EventSocket, SocketGone
+
 DETACH_TIMEOUT_S = 5.0
 """How long the reader waits to tell the session it left, on its way out."""
-
-
-class Projection(Protocol):
-    """A wire protocol, per connection: frames to session events and back (sans-I/O)."""
-
-    def parse(self, data: str | bytes) -> ClientEvent:
-        """One frame to one event; raises only ``ProtocolError``."""
-        ...
-
-    def frames(self, event: ServerEvent, seq: int | None) -> list[str]:
-        """One session event to the JSON text frames that carry it."""
-        ...
-
-    @property
-    def initial_options(self) -> SessionOptions | None:
-        """Options for a session this protocol opens without a ``session.create``."""
-        ...
 
 
 _FIRST_EVENT = "first-event"
@@ -76,17 +59,15 @@ class ConnectionActor(Actor[Any]):
 
     def __init__(
         self,
-        websocket: WebSocket,
+        socket: EventSocket,
         hub: SessionHub,
         generation: int,
-        projection: Projection,
         autostart: bool,
         first_event_timeout_s: float = 0.0,
     ):
-        self.ws = websocket
+        self.socket = socket
         self.hub = hub
         self.generation = generation
-        self.projection = projection
         self.autostart = autostart
         self.first_event_timeout_s = first_event_timeout_s
         self.session: ActorRef[Any] | None = None
@@ -94,15 +75,15 @@ class ConnectionActor(Actor[Any]):
 
     async def on_start(self, ctx: ActorContext) -> None:
         if self.autostart:  # OpenAI clients expect session.created before they speak
-            await self._open(ctx, self.projection.initial_options, None)
+            await self._open(ctx, self.socket.initial_options, None)
         elif self.first_event_timeout_s > 0:
             ctx.start_timer(_FIRST_EVENT, self.first_event_timeout_s, _FirstEventDue())
         ctx.start_soon(self._read, ctx)
 
     async def on_stop(self, ctx: ActorContext) -> None:
-        if self.ws.application_state is WebSocketState.CONNECTED:
+        if self.socket.open:
             with trio.move_on_after(1):
-                await self.ws.close(1001, "server_shutdown")
+                await self.socket.close(1001, "server_shutdown")
 
     async def receive(self, ctx: ActorContext, message: Any) -> Any:
         match message:
@@ -119,21 +100,17 @@ class ConnectionActor(Actor[Any]):
     # -- the writer ----------------------------------------------------------
 
     async def _write(self, ctx: ActorContext, event: ServerEvent, seq: int | None) -> None:
-        if self.ws.application_state is not WebSocketState.CONNECTED:
+        if not self.socket.open:
             return
         try:
-            for text in self.projection.frames(event, seq):
-                await self.ws.send_text(text)
-        except (OSError, RuntimeError, trio.BrokenResourceError):
+            await self.socket.send(event, seq)
+        except SocketGone:
             ctx.stop()  # the peer is gone; the reader tells the session
 
     async def _close(self, ctx: ActorContext, code: int, reason: str) -> None:
         self.session = None  # the session closed us: it needs no Detach
         self.closing = True  # and frames still in flight must not open a new one
-        if self.ws.application_state is WebSocketState.CONNECTED:
-            # already gone is fine: there is nothing left to close
-            with contextlib.suppress(OSError, RuntimeError, trio.BrokenResourceError):
-                await self.ws.close(code, reason)
+        await self.socket.close(code, reason)
         ctx.stop()
 
     # -- the reader ----------------------------------------------------------
@@ -141,19 +118,13 @@ class ConnectionActor(Actor[Any]):
     async def _read(self, ctx: ActorContext) -> None:
         try:
             while not self.closing:
-                try:
-                    message = await self.ws.receive()
-                except RuntimeError:  # starlette: the socket was closed under us
+                received = await self.socket.receive()
+                if received is None or self.closing:
                     break
-                if message["type"] == "websocket.disconnect" or self.closing:
-                    break
-                text, data = message.get("text"), message.get("bytes")
-                raw: str | bytes = text if text is not None else (data or b"")
-                try:
-                    event = self.projection.parse(raw)
-                    await self._dispatch(ctx, event)
-                except errors.ProtocolError as exc:
-                    await self._refuse(ctx, exc, close=None)
+                if isinstance(received, errors.ProtocolError):
+                    await self._refuse(ctx, received, close=None)
+                else:
+                    await self._dispatch(ctx, received)
         finally:
             await self._detach()
             ctx.stop()
@@ -175,9 +146,7 @@ class ConnectionActor(Actor[Any]):
             ctx.cancel_timer(_FIRST_EVENT)
             await session.tell(Attach(self.generation, ctx.self, event))
             return
-        options = (
-            event.options if isinstance(event, SessionCreate) else self.projection.initial_options
-        )
+        options = event.options if isinstance(event, SessionCreate) else self.socket.initial_options
         opened = await self._open(ctx, options, getattr(event, "event_id", None))
         if opened and not isinstance(event, SessionCreate):  # any other first event autostarts
             assert self.session is not None

@@ -1,4 +1,8 @@
-"""Server assembly: actor system, engine, shared VAD, hub and hypercorn in one trio process."""
+"""Server assembly: actor system, engine, shared VAD, hub and hypercorn in one trio process.
+
+With ``server.connection_workers`` the WebSocket I/O moves to worker processes
+(``_workers.py``); everything else stays here.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from pathlib import Path
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
+from hypercorn.utils import repr_socket_addr
 
 from duplex.actors import ActorSystem, open_actor_system, run_until_signal
 from duplex.actors._supervisor import unwrap
@@ -31,7 +36,8 @@ from duplex.models import (
 from duplex.sessions import Capabilities
 from duplex.sessions._hub import SessionHub
 
-from ._app import Connections, build_app
+from ._app import HubBackend, build_app
+from ._workers import ConnectionWorkers, WorkerSettings
 
 
 def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
@@ -159,36 +165,74 @@ async def serve_duplex(
                 await system.stop(engine_ref)
             raise
     freeze_startup_objects()
-    connections = Connections(system)
-    app = build_app(
-        hub,
-        connections,
-        registry=registry,
-        max_frame_bytes=config.server.max_frame_bytes,
-        first_event_timeout_s=config.server.first_event_timeout_s,
-        realtime_vad=config.server.realtime_vad,
-    )
-
-    async def shutdown_trigger() -> None:
-        await system.wait_shutdown_requested()
-        await connections.close_all()  # each socket closes with 1001 before hypercorn drains
-
+    server = config.server
+    backend = HubBackend(hub, registry, first_event_timeout_s=server.first_event_timeout_s)
     hyper = HypercornConfig()
-    hyper.bind = [f"{config.server.host}:{config.server.port}"]
-    hyper.websocket_max_message_size = 2 * config.server.max_frame_bytes
-    hyper.graceful_timeout = config.server.shutdown_grace_s
+    hyper.bind = [f"{server.host}:{server.port}"]
+    hyper.websocket_max_message_size = 2 * server.max_frame_bytes
+    hyper.graceful_timeout = server.shutdown_grace_s
     hyper.accesslog = None
     hyper.errorlog = None
-    log.info("starting", bind=hyper.bind, model=spec.name, vad="silero" if vad_ref else None)
+    log.info(
+        "starting",
+        bind=hyper.bind,
+        model=spec.name,
+        vad="silero" if vad_ref else None,
+        connection_workers=server.connection_workers,
+    )
     try:
-        # hypercorn returns after its graceful shutdown; then the engine stops
-        await serve(app, hyper, shutdown_trigger=shutdown_trigger, task_status=task_status)
+        if server.connection_workers:
+            settings = WorkerSettings(
+                max_frame_bytes=server.max_frame_bytes,
+                realtime_vad=server.realtime_vad,
+                shutdown_grace_s=server.shutdown_grace_s,
+                log_format=server.log_format,
+                log_level=server.log_level,
+            )
+            await serve_with_workers(
+                backend, hyper, server.connection_workers, settings, registry, task_status
+            )
+        else:
+            app = build_app(
+                backend, max_frame_bytes=server.max_frame_bytes, realtime_vad=server.realtime_vad
+            )
+
+            async def shutdown_trigger() -> None:
+                await system.wait_shutdown_requested()
+                await backend.connections.close_all()  # each socket closes with 1001 first
+
+            # hypercorn returns after its graceful shutdown; then the engine stops
+            await serve(app, hyper, shutdown_trigger=shutdown_trigger, task_status=task_status)
     finally:
         with trio.CancelScope(shield=True):
             if vad_ref is not None:
                 await system.stop(vad_ref)
             await system.stop(engine_ref)
     log.info("stopped")
+
+
+async def serve_with_workers(
+    backend: HubBackend,
+    hyper: HypercornConfig,
+    count: int,
+    settings: WorkerSettings,
+    registry: MetricsRegistry,
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
+    """Bind here, serve in ``count`` connection workers; returns once they have all exited."""
+    (listener,) = hyper.create_sockets().insecure_sockets
+    try:
+        listener.listen(hyper.backlog)
+        workers = ConnectionWorkers(backend, listener, count, settings, registry)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(workers.run)
+            bind = repr_socket_addr(listener.family, listener.getsockname())
+            task_status.started([f"http://{bind}"])
+            await backend.hub.system.wait_shutdown_requested()
+            await backend.connections.close_all()  # each socket closes with 1001 first
+            workers.stop()
+    finally:
+        listener.close()
 
 
 def run_server(config: Config) -> int:

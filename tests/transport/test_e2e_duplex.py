@@ -13,6 +13,13 @@ from websockets.exceptions import ConnectionClosed
 from .wsclient import FRAME, Client, client, running_server, silence, tone
 
 MODEL = {"session.overlap_policy": "model"}
+Layout = dict[str, int]
+
+
+@pytest.fixture(params=[0, 2], ids=["one-process", "two-workers"])
+def workers(request: pytest.FixtureRequest) -> Layout:
+    """Every test runs on both layouts: sockets in this process, or in two connection workers."""
+    return {"server.connection_workers": request.param}
 
 
 def resume(created: dict, cursor: int) -> dict:
@@ -32,8 +39,8 @@ async def open_session(c: Client, **session: object) -> dict:
     return created
 
 
-async def test_stream_echo_response_lifecycle() -> None:
-    async with running_server(**MODEL) as server, client(server) as c:
+async def test_stream_echo_response_lifecycle(workers: Layout) -> None:
+    async with running_server(**MODEL, **workers) as server, client(server) as c:
         created = await open_session(c)
         caps = created["session"]["capabilities"]
         assert caps["chunk_period_ms"] == 80 and caps["supports_session_resume"] is True
@@ -77,10 +84,10 @@ async def test_stream_echo_response_lifecycle() -> None:
     ],
 )  # fmt: skip
 async def test_bad_input_gets_one_typed_error_and_the_session_stays_usable(
-    frame: str | bytes, code: str
+    frame: str | bytes, code: str, workers: Layout
 ) -> None:
     limit = {"server.max_frame_bytes": 65536}
-    async with running_server(**MODEL, **limit) as server, client(server) as c:
+    async with running_server(**MODEL, **limit, **workers) as server, client(server) as c:
         await open_session(c)
         await c.stream(tone(2), realtime=False)
         await c.send(frame)
@@ -95,8 +102,8 @@ async def test_bad_input_gets_one_typed_error_and_the_session_stays_usable(
         assert len(c.of("error")) == 1
 
 
-async def test_disconnect_mid_response_then_resume_replays_in_order() -> None:
-    async with running_server(**MODEL) as server:
+async def test_disconnect_mid_response_then_resume_replays_in_order(workers: Layout) -> None:
+    async with running_server(**MODEL, **workers) as server:
         async with client(server) as c:
             created = await open_session(c)
             await c.stream(tone(12), realtime=False)
@@ -120,8 +127,8 @@ async def test_disconnect_mid_response_then_resume_replays_in_order() -> None:
             assert sum(len(base64.b64decode(e["delta"])) for e in audio) == 12 * 2 * FRAME
 
 
-async def test_takeover_replaces_the_old_socket() -> None:
-    async with running_server(**MODEL) as server, client(server) as old:
+async def test_takeover_replaces_the_old_socket(workers: Layout) -> None:
+    async with running_server(**MODEL, **workers) as server, client(server) as old:
         created = await open_session(old)
         async with client(server) as new:
             await new.send(resume(created, 0))
@@ -138,8 +145,8 @@ async def test_takeover_replaces_the_old_socket() -> None:
             assert error["error"]["code"] == "unknown_session"
 
 
-async def test_admission_limit_closes_with_1013_and_capacity_returns() -> None:
-    async with running_server(**{"server.max_sessions": 1}) as server:
+async def test_admission_limit_closes_with_1013_and_capacity_returns(workers: Layout) -> None:
+    async with running_server(**{"server.max_sessions": 1}, **workers) as server:
         async with client(server) as first:
             await open_session(first)
             async with client(server) as second:
@@ -163,8 +170,8 @@ async def test_admission_limit_closes_with_1013_and_capacity_returns() -> None:
             await open_session(third)
 
 
-async def test_disconnect_grace_expires_the_session() -> None:
-    async with running_server(**{"session.disconnect_grace_s": 0.3}) as server:
+async def test_disconnect_grace_expires_the_session(workers: Layout) -> None:
+    async with running_server(**{"session.disconnect_grace_s": 0.3}, **workers) as server:
         async with client(server) as c:
             created = await open_session(c)
         await trio.sleep(0.8)
@@ -177,8 +184,8 @@ async def test_disconnect_grace_expires_the_session() -> None:
         assert server.system.lookup(created["session"]["id"]) is None
 
 
-async def test_client_barge_in_cancels_the_response() -> None:
-    async with running_server(**MODEL) as server, client(server) as c:
+async def test_client_barge_in_cancels_the_response(workers: Layout) -> None:
+    async with running_server(**MODEL, **workers) as server, client(server) as c:
         await open_session(c)
         await c.stream(tone(15), realtime=False)
         first = await c.until("response.audio.delta")
@@ -194,8 +201,8 @@ async def test_client_barge_in_cancels_the_response() -> None:
                 assert e["type"] != "response.audio.delta" or e["epoch"] > epoch
 
 
-async def test_video_frames_reach_the_model() -> None:
-    async with running_server(**MODEL) as server, client(server) as c:
+async def test_video_frames_reach_the_model(workers: Layout) -> None:
+    async with running_server(**MODEL, **workers) as server, client(server) as c:
         await open_session(c)
         jpeg = base64.b64encode(b"\xff\xd8\xff\xe0fakejpeg").decode()
         for i in range(3):
@@ -211,8 +218,8 @@ async def test_video_frames_reach_the_model() -> None:
         assert ids == ["f0", "f1", "f2"]
 
 
-async def test_http_routes() -> None:
-    async with running_server() as server, httpx.AsyncClient() as http:
+async def test_http_routes(workers: Layout) -> None:
+    async with running_server(**workers) as server, httpx.AsyncClient() as http:
         health = await http.get(server.http + "/health")
         assert health.status_code == 200 and health.json()["status"] == "ok"
         models = (await http.get(server.http + "/v1/models")).json()
@@ -223,8 +230,8 @@ async def test_http_routes() -> None:
         assert 'duplex_engine_capacity_slots{model="loopback"} 256' in metrics.text
 
 
-async def test_shutdown_closes_open_sockets_with_1001() -> None:
-    async with running_server() as server, client(server) as c:
+async def test_shutdown_closes_open_sockets_with_1001(workers: Layout) -> None:
+    async with running_server(**workers) as server, client(server) as c:
         await open_session(c)
         server.system.request_shutdown()
         with trio.fail_after(2), pytest.raises(ConnectionClosed) as closed:
@@ -233,8 +240,8 @@ async def test_shutdown_closes_open_sockets_with_1001() -> None:
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
 
 
-async def test_a_socket_that_opens_no_session_in_time_is_closed() -> None:
-    async with running_server(**{"server.first_event_timeout_s": 0.5}) as server:
+async def test_a_socket_that_opens_no_session_in_time_is_closed(workers: Layout) -> None:
+    async with running_server(**{"server.first_event_timeout_s": 0.5}, **workers) as server:
         async with client(server) as idle:
             err = await idle.recv(timeout=5.0)
             assert (err["type"], err["error"]["code"]) == ("error", "first_event_timeout")

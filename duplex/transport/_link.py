@@ -1,0 +1,260 @@
+"""The link between the session process and one connection worker process.
+
+One stream socket (a ``socketpair`` made at spawn), carrying typed messages as
+length-prefixed pickles. Both ends are our own processes from one install, so
+pickle is safe here and costs a few microseconds a frame; it never touches
+client bytes, which the worker has already parsed into session events.
+
+The framing is sans-I/O (``encode`` and ``Decoder``); ``Link`` is the I/O
+edge: ``post`` never blocks and one sender task writes everything posted since
+its last write in one ``send_all``, so a tick's worth of frames costs one
+syscall. Flow control is per connection, by credits (``Window``/``Tally``):
+the link itself never stops a fast connection for a slow one.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, final
+
+import trio
+
+from duplex.sessions import ServerEvent, SessionOptions
+
+from ._app import Reply
+from ._sockets import Received
+
+HEADER = struct.Struct("<I")
+MAX_MESSAGE_BYTES = 1 << 30
+"""A message over this is a broken link, not a big frame: client frames are capped far lower."""
+
+WINDOW = 64
+"""Frames in flight per connection and direction: the worker reads at most this many frames
+the session process has not yet taken, and the session process writes at most this many the
+worker has not yet written to the socket. Past it, each side waits, so a slow client or a
+slow session backs up to its own socket only."""
+
+
+class LinkBroken(Exception):
+    """The bytes on the link are not a sequence of framed messages."""
+
+
+# -- messages, worker to session process ---------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The worker is serving on the shared listener."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Connected:
+    """A WebSocket was accepted; the session process runs its connection actor."""
+
+    conn: int
+    autostart: bool
+    initial_options: SessionOptions | None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class FromSocket:
+    """One decoded frame (an event or its typed error), or ``None``: the peer left."""
+
+    conn: int
+    received: Received
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Written:
+    """``count`` more frames were written to the socket: credits for ``ToSocket``."""
+
+    conn: int
+    count: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    request: int
+    route: str
+
+
+# -- messages, session process to worker ---------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ToSocket:
+    conn: int
+    event: ServerEvent
+    seq: int | None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class CloseConnection:
+    conn: int
+    code: int
+    reason: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Consumed:
+    """``count`` more frames were taken by the connection actor: credits for ``FromSocket``."""
+
+    conn: int
+    count: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class HttpReply:
+    request: int
+    reply: Reply
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Shut down: stop accepting, let open sockets finish, exit."""
+
+
+# -- framing (sans-I/O) --------------------------------------------------------
+
+
+def encode(message: object) -> bytes:
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return HEADER.pack(len(body)) + body
+
+
+class Decoder:
+    """Bytes in, in any chunking; whole messages out, in order."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        buffer = self._buffer
+        buffer += data
+        messages: list[Any] = []
+        start, end = 0, len(buffer)
+        while end - start >= HEADER.size:
+            (size,) = HEADER.unpack_from(buffer, start)
+            if size > MAX_MESSAGE_BYTES:
+                raise LinkBroken(f"a message of {size} bytes")
+            stop = start + HEADER.size + size
+            if stop > end:
+                break
+            try:
+                messages.append(pickle.loads(buffer[start + HEADER.size : stop]))
+            except Exception as exc:
+                raise LinkBroken(f"an undecodable message: {exc!r}") from exc
+            start = stop
+        del buffer[:start]
+        return messages
+
+    @property
+    def pending(self) -> int:
+        """Bytes of a message not yet complete."""
+        return len(self._buffer)
+
+
+# -- flow control --------------------------------------------------------------
+
+
+class Window:
+    """Credits of the sending side: ``take`` one per frame, waits at zero until ``give``."""
+
+    def __init__(self, size: int = WINDOW) -> None:
+        self.free = size
+        self.closed = False
+        self._lot = trio.lowlevel.ParkingLot()
+
+    async def take(self) -> bool:
+        """One credit; ``False`` once the connection is closed."""
+        while self.free == 0 and not self.closed:
+            await self._lot.park()
+        if self.closed:
+            return False
+        self.free -= 1
+        return True
+
+    def give(self, count: int) -> None:
+        self.free += count
+        self._lot.unpark_all()
+
+    def close(self) -> None:
+        self.closed = True
+        self._lot.unpark_all()
+
+
+class Tally:
+    """Credits of the receiving side: returns them in batches of half a window."""
+
+    def __init__(self, size: int = WINDOW) -> None:
+        self.batch = max(1, size // 2)
+        self.count = 0
+
+    def add(self) -> int:
+        """Count one frame done; the credits to return now (0: not yet)."""
+        self.count += 1
+        if self.count < self.batch:
+            return 0
+        count, self.count = self.count, 0
+        return count
+
+
+# -- the I/O edge --------------------------------------------------------------
+
+
+class Link:
+    """One end of a link over a trio stream."""
+
+    def __init__(self, stream: trio.abc.Stream, *, receive_size: int = 1 << 18) -> None:
+        self.stream = stream
+        self.receive_size = receive_size
+        self._out: list[bytes] = []
+        self._posted = trio.Event()
+        self.closed = False
+
+    def post(self, message: object) -> None:
+        """Queue ``message`` for the sender; never blocks. Dropped once the link is closed."""
+        if self.closed:
+            return
+        self._out.append(encode(message))
+        self._posted.set()
+
+    async def send_loop(self) -> None:
+        """Write what is posted, in order, until the peer is gone."""
+        try:
+            while True:
+                await self._posted.wait()
+                self._posted = trio.Event()
+                data, self._out = b"".join(self._out), []
+                await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.closed = True
+
+    async def messages(self) -> AsyncIterator[Any]:
+        """Messages as they arrive, until the peer closes its end."""
+        decoder = Decoder()
+        while True:
+            try:
+                data = await self.stream.receive_some(self.receive_size)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                self.closed = True
+                if decoder.pending:
+                    raise LinkBroken(f"the link ended inside a message ({decoder.pending} bytes)")
+                return
+            for message in decoder.feed(data):
+                yield message

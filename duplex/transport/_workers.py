@@ -1,0 +1,248 @@
+"""Connection workers, seen from the session process: spawned, supervised, relayed.
+
+With ``server.connection_workers = N`` the session process binds the port and
+runs no HTTP server itself: N worker processes (``_frontend.py``) accept on the
+shared listener and do the WebSocket I/O, JSON and base64 of their sockets.
+Sessions, connection actors, the engine and admission stay here, in one
+process, exactly as without workers; each worker socket is a ``LinkedSocket``
+under an ordinary connection actor. So resume and takeover work across
+workers, and a worker that dies costs its sockets only: their sessions wait
+out ``disconnect_grace_s`` for a resume while the worker is restarted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import trio
+
+from duplex.logs import get_logger
+from duplex.metrics import MetricsRegistry
+from duplex.sessions import ServerEvent, SessionOptions
+
+from ._app import HubBackend
+from ._link import (
+    CloseConnection,
+    Connected,
+    Consumed,
+    FromSocket,
+    HttpReply,
+    HttpRequest,
+    Link,
+    LinkBroken,
+    Ready,
+    Stop,
+    Tally,
+    ToSocket,
+    Window,
+    Written,
+)
+from ._sockets import Received, SocketGone
+
+RESTART_DELAY_S = 1.0
+"""Pause before a dead worker's replacement starts, so a crash loop cannot spin a core."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """What a worker needs of the config (its command line carries it as JSON)."""
+
+    max_frame_bytes: int
+    realtime_vad: str
+    shutdown_grace_s: float
+    log_format: str
+    log_level: str
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSettings:
+        return cls(**json.loads(text))
+
+
+class LinkedSocket:
+    """A client socket held by a worker, as the connection actor sees it."""
+
+    def __init__(self, link: Link, conn: int, initial_options: SessionOptions | None) -> None:
+        self.link = link
+        self.conn = conn
+        self._initial_options = initial_options
+        self._inbox_in, self._inbox = trio.open_memory_channel[Received](math.inf)
+        self._consumed = Tally()
+        self.window = Window()  # frames the worker has not yet written
+        self._closed = False
+
+    @property
+    def open(self) -> bool:
+        return not self._closed and not self.window.closed
+
+    @property
+    def initial_options(self) -> SessionOptions | None:
+        return self._initial_options
+
+    def deliver(self, received: Received) -> None:
+        """A frame from the worker (bounded there by our credits); ``None``: the peer left."""
+        if received is None:
+            self.peer_left()
+            return
+        self._inbox_in.send_nowait(received)
+
+    def peer_left(self) -> None:
+        self.window.close()
+        self._inbox_in.close()
+
+    async def receive(self) -> Received:
+        try:
+            received = await self._inbox.receive()
+        except trio.EndOfChannel:
+            return None
+        credits = self._consumed.add()
+        if credits:
+            self.link.post(Consumed(self.conn, credits))
+        return received
+
+    async def send(self, event: ServerEvent, seq: int | None) -> None:
+        if not await self.window.take():
+            raise SocketGone
+        self.link.post(ToSocket(self.conn, event, seq))
+
+    async def close(self, code: int, reason: str) -> None:
+        if self.open:
+            self._closed = True
+            self.link.post(CloseConnection(self.conn, code, reason))
+
+
+class ConnectionWorkers:
+    """Spawns ``count`` workers on ``listener`` and keeps them running until ``stop``."""
+
+    def __init__(
+        self,
+        backend: HubBackend,
+        listener: socket.socket,
+        count: int,
+        settings: WorkerSettings,
+        registry: MetricsRegistry,
+    ) -> None:
+        self.backend = backend
+        self.listener = listener
+        self.count = count
+        self.settings = settings
+        self.links: dict[int, Link] = {}
+        self.stopping = False
+        self.log = get_logger(component="workers")
+        self._restarts = registry.counter(
+            "duplex_connection_worker_restarts_total", "Connection workers restarted after exiting"
+        )
+        self._sockets = registry.gauge(
+            "duplex_connection_worker_sockets", "Client sockets open in connection workers"
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start every worker, report once all serve, then supervise them until ``stop``."""
+        async with trio.open_nursery() as nursery:
+            for index in range(self.count):
+                await nursery.start(self._keep, index)
+            task_status.started()
+
+    def stop(self) -> None:
+        """Ask every worker to finish its sockets and exit."""
+        self.stopping = True
+        for link in self.links.values():
+            link.post(Stop())
+
+    async def _keep(self, index: int, *, task_status: trio.TaskStatus[None]) -> None:
+        started = False
+
+        def on_ready() -> None:
+            nonlocal started
+            if not started:
+                started = True
+                task_status.started()
+
+        while True:
+            process, link = await self._spawn(index)
+            self.links[index] = link
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(link.send_loop)
+                    await self._route(link, on_ready)
+                    nursery.cancel_scope.cancel()
+            except LinkBroken as exc:
+                self.log.error("connection worker link broken", worker=index, error=str(exc))
+            finally:
+                del self.links[index]
+                code = await self._reap(process)
+            if self.stopping:
+                return
+            if not started:
+                raise RuntimeError(f"connection worker {index} exited with {code} before serving")
+            self.log.error("connection worker exited; restarting", worker=index, code=code)
+            self._restarts.inc()
+            await trio.sleep(RESTART_DELAY_S)
+            if self.stopping:
+                return
+
+    async def _spawn(self, index: int) -> tuple[trio.Process, Link]:
+        ours, theirs = socket.socketpair()
+        listen_fd, link_fd = self.listener.fileno(), theirs.fileno()
+        command = [
+            sys.executable,
+            "-m",
+            "duplex.transport._frontend",
+            f"--index={index}",
+            f"--listen-fd={listen_fd}",
+            f"--link-fd={link_fd}",
+            f"--settings={self.settings.to_json()}",
+        ]
+        try:
+            process = await trio.lowlevel.open_process(command, pass_fds=(listen_fd, link_fd))
+        finally:
+            theirs.close()  # the worker holds it now; ours sees EOF when the worker exits
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        return process, Link(stream)
+
+    async def _reap(self, process: trio.Process) -> int:
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(self.settings.shutdown_grace_s + 2):
+                return await process.wait()
+            process.kill()
+            return await process.wait()
+
+    async def _route(self, link: Link, on_ready: Callable[[], None]) -> None:
+        """Deliver the worker's messages until its link ends, then end its connections."""
+        sockets: dict[int, LinkedSocket] = {}
+
+        async def connection(conn: int, socket: LinkedSocket, autostart: bool) -> None:
+            self._sockets.inc()
+            try:
+                await self.backend.connect(socket, autostart=autostart)
+            finally:
+                sockets.pop(conn, None)
+                self._sockets.dec()
+
+        async with trio.open_nursery() as nursery:
+            try:
+                async for message in link.messages():
+                    match message:
+                        case FromSocket(conn, received):
+                            if (linked := sockets.get(conn)) is not None:
+                                linked.deliver(received)
+                        case Written(conn, count):
+                            if (linked := sockets.get(conn)) is not None:
+                                linked.window.give(count)
+                        case Connected(conn, autostart, options):
+                            sockets[conn] = linked = LinkedSocket(link, conn, options)
+                            nursery.start_soon(connection, conn, linked, autostart)
+                        case HttpRequest(request, route):
+                            link.post(HttpReply(request, self.backend.reply(route)))
+                        case Ready():
+                            on_ready()
+            finally:
+                for linked in sockets.values():
+                    linked.peer_left()
