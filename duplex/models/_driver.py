@@ -37,6 +37,11 @@ class Offload(Protocol):
     def __call__(self, sync_fn: Callable[[], _T], /) -> Awaitable[_T]: ...
 
 
+async def inline(sync_fn: Callable[[], _T], /) -> _T:
+    """The `Offload` that runs the callable on the event loop itself."""
+    return sync_fn()
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class DriverStatistics:
@@ -75,12 +80,15 @@ class EngineDriver:
 
     Args:
         engine: the engine to drive.
-        offload: how a step leaves the trio thread; tests may pass an inline
-            runner so ``MockClock`` autojump cannot fire mid-step.
+        offload: how a step leaves the trio thread; ``None``: `inline` for a spec
+            that ``steps_inline``, else ``trio.to_thread.run_sync``. Tests may pass
+            `inline` so ``MockClock`` autojump cannot fire mid-step.
     """
 
-    def __init__(self, engine: Engine, *, offload: Offload = trio.to_thread.run_sync) -> None:
+    def __init__(self, engine: Engine, *, offload: Offload | None = None) -> None:
         self._engine = engine
+        if offload is None:
+            offload = inline if engine.spec.steps_inline else trio.to_thread.run_sync
         self._offload = offload
         self._phases = engine.spec.tick_phases
         self._ticker = Ticker(engine.spec.frame_period_s / self._phases)

@@ -66,6 +66,9 @@ class ModelSpec:
             per frame but a group's outputs leave in their own sub-tick instead of all
             slots' outputs at one instant. Pays for a model whose step cost grows with
             its rows anyway (the loopback); a batched GPU model wants 1 (one batch).
+        steps_inline: a step is so cheap (the loopback's numpy copies, well under a
+            millisecond for 64 rows) that it runs on the event loop: handing it to a
+            thread and waking the loop for its result costs more than the step.
     """
 
     name: str
@@ -76,6 +79,7 @@ class ModelSpec:
     max_slots: int = 64
     supports_prompts: bool = False
     tick_phases: int = 1
+    steps_inline: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -25,10 +25,12 @@ LOOPBACK_SPEC = ModelSpec(
     supports_model_native_turn_policy=True,
     max_slots=256,
     tick_phases=4,
+    steps_inline=True,
 )
 """Loopback decides speaking/end-of-turn itself, so the ``model`` turn policy is usable.
 Its rows are independent (no batching gain), so its slots step in 4 phase groups, 20 ms
-apart: each sub-tick sends a quarter of the outputs."""
+apart: each sub-tick sends a quarter of the outputs. Its steps are copies, so they run on
+the event loop."""
 
 
 @final

@@ -14,12 +14,16 @@ the link itself never stops a fast connection for a slow one.
 
 from __future__ import annotations
 
+import copyreg
+import dataclasses
+import io
 import pickle
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, final
 
+import numpy as np
 import trio
 
 from duplex.sessions import ServerEvent, SessionOptions
@@ -130,9 +134,55 @@ class Stop:
 # -- framing (sans-I/O) --------------------------------------------------------
 
 
-def encode(message: object) -> bytes:
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return HEADER.pack(len(body)) + body
+def _array(data: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    return np.frombuffer(data, dtype).reshape(shape).copy()  # writable, like the original
+
+
+def _reduce_array(array: np.ndarray) -> tuple[Any, tuple[Any, ...]]:
+    return _array, (array.tobytes(), array.dtype.str, array.shape)
+
+
+def _reduce_fields(cls: type) -> Callable[[Any], tuple[Any, tuple[Any, ...]]]:
+    names = tuple(field.name for field in dataclasses.fields(cls))
+
+    def reduce(obj: Any) -> tuple[Any, tuple[Any, ...]]:
+        return cls, tuple([getattr(obj, name) for name in names])
+
+    return reduce
+
+
+class Encoder:
+    """Messages to frames, with one pickler reused and two fast paths.
+
+    numpy's own reduce takes about 8 us for an 80 ms frame, raw bytes well
+    under 1; a dataclass's generated ``__getstate__`` walks ``fields()`` on
+    every call, so the link's own messages (which wrap every frame) reduce
+    to their constructor. Session events keep the generated pickling.
+    """
+
+    def __init__(self) -> None:
+        self._out = io.BytesIO()
+        self._pickler = pickle.Pickler(self._out, protocol=pickle.HIGHEST_PROTOCOL)
+        table: dict[type, Any] = dict(copyreg.dispatch_table)
+        table[np.ndarray] = _reduce_array
+        for cls in (Connected, FromSocket, Written, HttpRequest, ToSocket, CloseConnection,
+                    Consumed, HttpReply):  # fmt: skip
+            table[cls] = _reduce_fields(cls)
+        self._pickler.dispatch_table = table
+
+    def encode(self, message: object) -> bytes:
+        """One framed message: its length, then its pickle."""
+        out = self._out
+        out.seek(0)
+        out.truncate()
+        self._pickler.clear_memo()
+        self._pickler.dump(message)
+        body = out.getvalue()
+        return HEADER.pack(len(body)) + body
+
+
+encode = Encoder().encode
+"""The process's encoder: synchronous, so every link of the process can share it."""
 
 
 class Decoder:
