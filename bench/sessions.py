@@ -1,6 +1,7 @@
 """Concurrent loopback sessions against ``duplex serve`` and two bare hypercorn echoes, in one run.
 
     .venv/bin/python bench/sessions.py [--counts 10,25,50,...] [--warmup S] [--measure S]
+        [--targets bare,tick,duplex[,workers]] [--workers N]
         [--duplex-rev REV | --duplex-src DIR] [--out PREFIX]
 
 The load generator is this process (asyncio + the ``websockets`` client); the
@@ -19,6 +20,10 @@ local ports:
 - ``duplex``: ``duplex serve`` (model ``loopback``,
   ``DUPLEX_SESSION__OVERLAP_POLICY=model`` so every speaking frame is echoed; the
   working tree, or ``git archive`` of ``--duplex-rev``).
+- ``workers`` (opt-in: ``--targets bare,tick,duplex,workers``): the same
+  ``duplex serve`` with ``DUPLEX_SERVER__CONNECTION_WORKERS=N`` (``--workers``,
+  default 4): N worker processes do the WebSocket I/O, JSON and base64 and relay
+  to the session process. Read and reported like ``duplex``.
 
 For each session count, each target in turn on a freshly started server: N
 WebSockets each send ``session.create``, then one 80 ms 24 kHz PCM16
@@ -35,11 +40,11 @@ the engine repays the lag a late frame leaves by skipping queued silence.
 Latency, per frame, in ms (``s`` = send, ``r`` = receipt of its echo):
 
 - ``raw``: ``r - s``.
-- ``minus_delay`` (duplex): ``r - s - 240``, the loopback's fixed 3-frame delay
+- ``minus_delay`` (duplex, workers): ``r - s - 240``, the loopback's fixed 3-frame delay
   taken off. It still holds the wait for the engine tick that consumes the
   frame: the engine steps once per 80 ms on its own clock, so a frame waits
   0..80 ms for its tick whatever the load.
-- ``excess`` (duplex): ``r - (first engine tick after s + 240)``, the latency
+- ``excess`` (duplex, workers): ``r - (first engine tick after s + 240)``, the latency
   over an ideal zero-overhead frame-synchronous server; for ``tick``,
   ``r - first tick after s`` (no model delay). The tick grid is
   estimated from echo receipt times of a probe session on an idle server (so
@@ -51,15 +56,16 @@ Latency, per frame, in ms (``s`` = send, ``r`` = receipt of its echo):
 
 Capacity: the largest count whose p99 ``excess`` is under ``--budget-ms``
 (20) with under 1% of frames lost; reported as duplex / bare (goal >= 0.8) and
-duplex / tick. A count where a target's p99 passes
-``--collapse-ms`` or loses over 5% of its frames is its last. CPU: utime +
-stime of the server process (all its threads) over the measure window, from
+duplex / tick, and workers / bare and workers / tick when ``workers`` ran. A count
+where a target's p99 passes ``--collapse-ms`` or loses over 5% of its frames is its
+last. CPU: utime + stime of the server process (all its threads) and its
+descendants (``workers``' connection workers) over the measure window, from
 ``/proc/<pid>/stat``, in % of one core; the load generator's own CPU too, and
 the CPU other processes took (``/proc/stat``): before each count the script
 waits for a quiet machine (``--quiet-wait``) and measures again (``--retries``)
 when others took over ``--max-foreign-pct``, keeping the least disturbed try.
-Diagnostics: ``--duplex-env KEY=VALUE``, ``--duplex-gc off|freeze``
-(``bench/_duplex_gc.py``); ``--report-only A.json [B.json ...]`` redraws.
+Diagnostics (duplex and workers alike): ``--duplex-env KEY=VALUE``, ``--duplex-gc
+off|freeze`` (``bench/_duplex_gc.py``); ``--report-only A.json [B.json ...]`` redraws.
 
 Writes ``<out>.json``, ``<out>.md`` and, when matplotlib imports, ``<out>.png``.
 """
@@ -256,17 +262,25 @@ class Server:
 
 
 def duplex_server(
-    out: Path, src: Path | None = None, extra_env: dict[str, str] | None = None, gc_mode: str = ""
+    out: Path,
+    src: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    gc_mode: str = "",
+    workers: int = 0,
+    name: str = "duplex",
 ) -> Server:
     """``duplex serve`` of the working tree, or of the ``duplex`` package under ``src``.
 
     ``gc_mode`` (diagnostic): serve through ``bench/_duplex_gc.py`` with the collector
-    ``off`` or ``freeze``-d after startup.
+    ``off`` or ``freeze``-d after startup. ``workers``: that many connection worker
+    processes (``server.connection_workers``). ``name``: the target, for the log file.
     """
     port = free_port()
     env = {"DUPLEX_SESSION__OVERLAP_POLICY": "model", "DUPLEX_LOG_LEVEL": "warning"}
     env.update(extra_env or {})
-    log = out.with_name(out.name + ".duplex.log")
+    if workers:
+        env["DUPLEX_SERVER__CONNECTION_WORKERS"] = str(workers)
+    log = out.with_name(f"{out.name}.{name}.log")
     script = Path(sys.executable).parent / "duplex"
     argv = [str(script)] if script.exists() else [sys.executable, "-m", "duplex.cli"]
     if src is not None:  # run from src so its package shadows the working tree's
@@ -275,7 +289,7 @@ def duplex_server(
     if gc_mode:
         argv = [sys.executable, str(ROOT / "bench" / "_duplex_gc.py"), gc_mode]
     serve = [*argv, "serve", "--port", str(port)]
-    return Server("duplex", serve, env, port, log, cwd=src or ROOT)
+    return Server(name, serve, env, port, log, cwd=src or ROOT)
 
 
 def checkout(rev: str, out: Path) -> Path:
@@ -317,15 +331,23 @@ class Target:
     sessions: bool = False  # duplex protocol: ``session.close``; live sessions in ``/health``
 
 
+def duplex_target(workers: bool = False) -> Target:
+    """``duplex serve`` as a target; ``workers``: with ``--workers`` connection workers."""
+    name = "workers" if workers else "duplex"
+
+    def factory(args: argparse.Namespace) -> Server:
+        count = args.workers if workers else 0
+        src, env, gc = args.duplex_src, args.duplex_env, args.duplex_gc
+        return duplex_server(args.out_path, src, env, gc, workers=count, name=name)
+
+    return Target(factory, ticked=True, delay_s=MODEL_DELAY_S, sessions=True)
+
+
 TARGETS = {
     "bare": Target(lambda args: echo_server(args.out_path), ticked=False),
     "tick": Target(lambda args: echo_server(args.out_path, PERIOD_S * 1000), ticked=True),
-    "duplex": Target(
-        lambda args: duplex_server(args.out_path, args.duplex_src, args.duplex_env, args.duplex_gc),
-        ticked=True,
-        delay_s=MODEL_DELAY_S,
-        sessions=True,
-    ),
+    "duplex": duplex_target(),
+    "workers": duplex_target(workers=True),
 }
 
 
@@ -444,6 +466,7 @@ async def run_step(
     base = phase + math.ceil((now - phase) / PERIOD_S) * PERIOD_S + PERIOD_S
     window = (base + first * PERIOD_S - PERIOD_S, base + frames * PERIOD_S - PERIOD_S)
     cpu: dict[str, float] = {}
+    processes: dict[str, int] = {}
 
     async def sample_cpu(key: str, when: float) -> None:
         await _sleep_until(when)
@@ -452,6 +475,7 @@ async def run_step(
         cpu[key + "_client"] = time.process_time()
         cpu[key + "_idle"] = sum(cpu_seconds(s.pid) for s in idle)
         cpu[key + "_machine"], cpu[key + "_steal"] = machine_cpu_seconds()
+        processes[key] = len(process_tree(server.pid))
 
     async def send(j: int, ws: ClientConnection) -> None:
         theta = thetas[j] - offsets[j]
@@ -516,6 +540,7 @@ async def run_step(
         foreign_cpu_pct=round(used["machine"] - used["server"] - used["client"] - used["idle"], 1),
         steal_pct=round(used["steal"], 1),
         server_rss_mib=round(rss_mib(server.pid), 1),
+        server_processes=processes["end"],  # the CPU and RSS above sum over them
         events=dict(data.events),
         duplicate_echoes=data.duplicates,
         errors=data.errors,
@@ -587,17 +612,35 @@ def capacity(rows: list[dict[str, Any]], budget_ms: float) -> int:
     return max(ok, default=0)
 
 
-def ratio(caps: dict[str, int], reference: str) -> float | None:
-    """duplex capacity / ``reference``'s, or ``None`` when either was not measured."""
-    if not caps.get(reference) or "duplex" not in caps:
+def ratio(caps: dict[str, int], reference: str, target: str = "duplex") -> float | None:
+    """``target``'s capacity / ``reference``'s, or ``None`` when either was not measured."""
+    if not caps.get(reference) or target not in caps:
         return None
-    return round(caps["duplex"] / caps[reference], 3)
+    return round(caps[target] / caps[reference], 3)
+
+
+def capacities(caps: dict[str, int]) -> dict[str, Any]:
+    """``report["capacity"]``: capacity per target and the ratios to the echoes.
+
+    ``ratio`` / ``ratio_tick``: duplex / bare and duplex / tick; ``ratio_workers`` /
+    ``ratio_workers_tick``: the same for workers, only when it was measured.
+    """
+    out: dict[str, Any] = {**caps}
+    for target, prefix in (("duplex", "ratio"), ("workers", "ratio_workers")):
+        if target == "duplex" or target in caps:
+            out[prefix] = ratio(caps, "bare", target)
+            out[prefix + "_tick"] = ratio(caps, "tick", target)
+    return out
 
 
 def collapsed(row: dict[str, Any], args: argparse.Namespace) -> bool:
     if row.get("refused"):
         return True
     return bool(row["excess_ms"]["p99"] > args.collapse_ms or row["lost_pct"] > 5)
+
+
+Cells = dict[str, "dict[str, Any] | None"]  # target -> its row at one count (None: none)
+Column = tuple[str, Callable[[Cells], str]]  # a markdown column: header, cell of a count
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -614,41 +657,69 @@ def markdown(report: dict[str, Any]) -> str:
     def get(row: dict[str, Any] | None, key: str) -> str:
         return "—" if row is None or row.get("refused") else f(row[key])
 
+    def ticked(name: str) -> list[Column]:
+        return [
+            (f"{name} excess p50 / p99", lambda c: pair(c[name], "excess_ms")),
+            (f"{name} missed-tick %", lambda c: get(c[name], "missed_tick_pct")),
+            (f"{name} CPU %", lambda c: get(c[name], "server_cpu_pct")),
+        ]
+
+    def each(key: str) -> Callable[[Cells], str]:
+        return lambda c: " / ".join(get(c[name], key) for name in names)
+
     results = report["results"]
-    bare, tick, ours = (
-        {r["sessions"]: r for r in results.get(name, [])} for name in ("bare", "tick", "duplex")
-    )
-    lines = [
-        "| sessions | bare p50 / p99 | bare CPU % | tick excess p50 / p99 | tick missed-tick % "
-        "| tick CPU % | duplex raw p50 / p99 | duplex raw-240 p50 / p99 "
-        "| duplex excess p50 / p99 | duplex missed-tick % | duplex excess mod 80 p50 / p99 "
-        "| duplex CPU % | lost % bare / tick / duplex | load-gen CPU % bare / tick / duplex |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    # workers only when measured: reports without it render as they always did
+    names = ["bare", "tick", "duplex", *(["workers"] if results.get("workers") else [])]
+    by_count = {name: {r["sessions"]: r for r in results.get(name, [])} for name in names}
+    duplex_excess, duplex_missed, duplex_cpu = ticked("duplex")
+    columns: list[Column] = [
+        ("bare p50 / p99", lambda c: pair(c["bare"], "excess_ms")),
+        ("bare CPU %", lambda c: get(c["bare"], "server_cpu_pct")),
+        *ticked("tick"),
+        ("duplex raw p50 / p99", lambda c: pair(c["duplex"], "raw_ms")),
+        ("duplex raw-240 p50 / p99", lambda c: pair(c["duplex"], "minus_delay_ms")),
+        duplex_excess,
+        duplex_missed,
+        ("duplex excess mod 80 p50 / p99", lambda c: pair(c["duplex"], "excess_mod_tick_ms")),
+        duplex_cpu,
+        *(ticked("workers") if "workers" in names else []),
+        (f"lost % {' / '.join(names)}", each("lost_pct")),
+        (f"load-gen CPU % {' / '.join(names)}", each("client_cpu_pct")),
     ]
-    for n in sorted(set(bare) | set(tick) | set(ours)):
-        b, t, d = bare.get(n), tick.get(n), ours.get(n)
-        lines.append(
-            f"| {n} | {pair(b, 'excess_ms')} | {get(b, 'server_cpu_pct')} "
-            f"| {pair(t, 'excess_ms')} | {get(t, 'missed_tick_pct')} "
-            f"| {get(t, 'server_cpu_pct')} "
-            f"| {pair(d, 'raw_ms')} | {pair(d, 'minus_delay_ms')} | {pair(d, 'excess_ms')} "
-            f"| {get(d, 'missed_tick_pct')} | {pair(d, 'excess_mod_tick_ms')} "
-            f"| {get(d, 'server_cpu_pct')} "
-            f"| {get(b, 'lost_pct')} / {get(t, 'lost_pct')} / {get(d, 'lost_pct')} "
-            f"| {get(b, 'client_cpu_pct')} / {get(t, 'client_cpu_pct')} "
-            f"/ {get(d, 'client_cpu_pct')} |"
-        )
+    lines = [
+        "| sessions | " + " | ".join(header for header, _ in columns) + " |",
+        "|---:|" + "---:|" * len(columns),
+    ]
+    for n in sorted(set().union(*by_count.values())):
+        cells = {name: rows.get(n) for name, rows in by_count.items()}
+        lines.append(f"| {n} | " + " | ".join(cell(cells) for _, cell in columns) + " |")
     cap = report["capacity"]
+    workers = ""
+    if "workers" in names:
+        workers = (
+            f"; workers (duplex with {connection_workers(report)}) {cap.get('workers', '—')}, "
+            f"workers / bare {f(cap.get('ratio_workers'))} (goal ≥ 0.8), "
+            f"workers / tick {f(cap.get('ratio_workers_tick'))}"
+        )
+    ticked_names = "tick, duplex and workers" if workers else "tick and duplex"
+    delayed = "duplex and workers" if workers else "duplex"
     lines += [
         "",
         f"Capacity (p99 under {report['params']['budget_ms']:g} ms, under 1% lost): "
         f"bare echo {cap.get('bare', '—')}, tick echo {cap.get('tick', '—')}, "
         f"duplex {cap.get('duplex', '—')}; duplex / bare {f(cap.get('ratio'))} (goal ≥ 0.8), "
-        f"duplex / tick {f(cap.get('ratio_tick'))}. Latencies in ms; tick and duplex "
+        f"duplex / tick {f(cap.get('ratio_tick'))}{workers}. Latencies in ms; {ticked_names} "
         "capacities use `excess` (latency over the first tick after the send, plus the "
-        "model delay for duplex), bare uses raw.",
+        f"model delay for {delayed}), bare uses raw."
+        + (" workers CPU % sums its session process and its workers." if workers else ""),
     ]
     return "\n".join(lines) + "\n"
+
+
+def connection_workers(report: dict[str, Any]) -> str:
+    """The workers target's layout, for labels: 'N connection workers'."""
+    count = report["params"].get("workers", "?")
+    return f"{count} connection worker{'' if count == 1 else 's'}"
 
 
 def variant(report: dict[str, Any]) -> str:
@@ -674,6 +745,12 @@ def plot(report: dict[str, Any], path: Path, extra: Sequence[dict[str, Any]] = (
         ("tick", "excess_ms", "tick echo (excess over its tick)", "d-"),
         ("duplex", "excess_ms", "duplex (excess over ideal tick)", "s-"),
         ("duplex", "minus_delay_ms", "duplex (raw - 240 ms)", "s:"),
+        (
+            "workers",
+            "excess_ms",
+            f"duplex, {connection_workers(report)} (excess over ideal tick)",
+            "v-",
+        ),
     ]
     for target, key, label, style in series:
         rows = [r for r in report["results"].get(target, []) if not r.get("refused") and key in r]
@@ -768,7 +845,7 @@ async def measure_once(name: str, n: int, args: argparse.Namespace) -> dict[str,
             live_sessions = server.health()["sessions"]["live"]
             if live_sessions:
                 row["leftover_sessions"] = live_sessions
-                print(f"duplex: {live_sessions} sessions still live after closing")
+                print(f"{name}: {live_sessions} sessions still live after closing")
     finally:
         row_exit = await asyncio.to_thread(server.stop)
     row["server_command"] = server.command
@@ -790,6 +867,9 @@ async def bench(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
                 report_row(name, row)
                 attempts.append(row)
                 if row.get("refused") or row["foreign_cpu_pct"] <= args.max_foreign_pct:
+                    break
+                if attempt == args.retries:
+                    print(f"  other processes used {row['foreign_cpu_pct']}% CPU: no retries left")
                     break
                 print(f"  other processes used {row['foreign_cpu_pct']}% CPU: measuring again")
             # keep the attempt least disturbed by other processes
@@ -826,17 +906,19 @@ async def wait_quiet(server: Server, args: argparse.Namespace) -> None:
 def report_row(name: str, row: dict[str, Any]) -> None:
     n = row["sessions"]
     if row.get("refused"):
-        print(f"{name:6} n={n:4}  refused: {row['refusal']}", flush=True)
+        print(f"{name:7} n={n:4}  refused: {row['refusal']}", flush=True)
         return
     extra = ""
     if "missed_tick_pct" in row:
         extra = f"raw p99 {row['raw_ms']['p99']:7.1f}  missed-tick {row['missed_tick_pct']:5.1f}%  "
     if row.get("server_missed_ticks"):
         extra += f"server skipped {row['server_missed_ticks']} ticks  "
+    processes = row.get("server_processes", 1)
+    tree = f" ({processes} procs)" if processes > 1 else ""  # server_cpu_pct sums them
     print(
-        f"{name:6} n={n:4}  p50 {row['excess_ms']['p50']:7.2f}  "
+        f"{name:7} n={n:4}  p50 {row['excess_ms']['p50']:7.2f}  "
         f"p99 {row['excess_ms']['p99']:7.2f} ms  {extra}"
-        f"lost {row['lost_pct']:.2f}%  cpu {row['server_cpu_pct']:5.1f}%  "
+        f"lost {row['lost_pct']:.2f}%  cpu {row['server_cpu_pct']:5.1f}%{tree}  "
         f"client {row['client_cpu_pct']:5.1f}%  other {row['foreign_cpu_pct']:5.1f}%  "
         f"steal {row['steal_pct']:4.1f}%  late p99 {row['send_lateness_ms']['p99']:.1f} ms",
         flush=True,
@@ -855,7 +937,9 @@ def main() -> int:
     parser.add_argument("--drain", type=float, default=1.5, help="seconds to wait for echoes")
     parser.add_argument("--settle", type=float, default=1.0, help="idle seconds between steps")
     parser.add_argument(
-        "--targets", default="bare,tick,duplex", help="servers to measure, in order"
+        "--targets",
+        default="bare,tick,duplex",
+        help="servers to measure, in order, from bare,tick,duplex,workers",
     )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
@@ -878,6 +962,14 @@ def main() -> int:
         choices=["off", "freeze"],
         default="",
         help="diagnostic: serve with the garbage collector off or frozen after startup",
+    )
+    parser.add_argument(
+        "--workers",
+        metavar="N",
+        type=int,
+        default=4,
+        help="connection worker processes of the workers target "
+        "(DUPLEX_SERVER__CONNECTION_WORKERS; default 4)",
     )
     parser.add_argument("--guard-ms", type=float, default=20.0)
     parser.add_argument(
@@ -921,6 +1013,8 @@ def main() -> int:
     args.duplex_env = dict(kv.split("=", 1) for kv in args.duplex_env)
     if not set(args.targets) <= set(TARGETS):
         parser.error(f"--targets: choose from {', '.join(TARGETS)}")
+    if args.workers < 1:
+        parser.error("--workers: at least 1 (the duplex target is the one without workers)")
     out = Path(args.out)
     if not out.is_absolute():
         out = ROOT / out
@@ -955,12 +1049,9 @@ def main() -> int:
             "tick_ms": PERIOD_S * 1000,
             "duplex_env": args.duplex_env,
             "duplex_gc": args.duplex_gc or "on",
+            "workers": args.workers,  # connection workers of the workers target
         },
-        "capacity": {
-            **caps,
-            "ratio": ratio(caps, "bare"),  # duplex / bare
-            "ratio_tick": ratio(caps, "tick"),  # duplex / tick
-        },
+        "capacity": capacities(caps),
         "results": results,
     }
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
