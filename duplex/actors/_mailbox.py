@@ -265,13 +265,15 @@ class Mailbox(Generic[T]):
             Interrupted: ``interrupt()`` woke the receiver before a message came.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
+        parked = False
         while True:
             try:
                 item = self.get_nowait()
             except trio.WouldBlock:
                 pass
             else:
-                await trio.lowlevel.cancel_shielded_checkpoint()
+                if not parked:  # parking was the schedule point: no second one per message
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                 return item
             if self._receiver is not None:
                 raise trio.BusyResourceError("a mailbox has exactly one receiver")
@@ -282,6 +284,7 @@ class Mailbox(Generic[T]):
                 return trio.lowlevel.Abort.SUCCEEDED
 
             await trio.lowlevel.wait_task_rescheduled(abort)
+            parked = True
 
     async def wait_closed(self) -> None:
         """Wait until ``close`` was called."""

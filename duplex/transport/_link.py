@@ -26,7 +26,7 @@ from typing import Any, final
 import numpy as np
 import trio
 
-from duplex.sessions import ServerEvent, SessionOptions
+from duplex.sessions import AudioAppend, AudioDelta, ServerEvent, SessionOptions, TranscriptDelta
 
 from ._app import Reply
 from ._sockets import Received
@@ -134,12 +134,13 @@ class Stop:
 # -- framing (sans-I/O) --------------------------------------------------------
 
 
-def _array(data: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    return np.frombuffer(data, dtype).reshape(shape).copy()  # writable, like the original
+def _array(data: bytes, dtype: str, shape: tuple[int, ...], writeable: bool) -> np.ndarray:
+    array = np.frombuffer(data, dtype).reshape(shape)  # read-only, over ``data``: no copy
+    return array.copy() if writeable else array
 
 
 def _reduce_array(array: np.ndarray) -> tuple[Any, tuple[Any, ...]]:
-    return _array, (array.tobytes(), array.dtype.str, array.shape)
+    return _array, (array.tobytes(), array.dtype.str, array.shape, array.flags.writeable)
 
 
 def _reduce_fields(cls: type) -> Callable[[Any], tuple[Any, tuple[Any, ...]]]:
@@ -156,8 +157,9 @@ class Encoder:
 
     numpy's own reduce takes about 8 us for an 80 ms frame, raw bytes well
     under 1; a dataclass's generated ``__getstate__`` walks ``fields()`` on
-    every call, so the link's own messages (which wrap every frame) reduce
-    to their constructor. Session events keep the generated pickling.
+    every call, so the link's own messages (which wrap every frame) and the
+    per-frame events reduce to their constructor. Other events keep the
+    generated pickling.
     """
 
     def __init__(self) -> None:
@@ -166,7 +168,7 @@ class Encoder:
         table: dict[type, Any] = dict(copyreg.dispatch_table)
         table[np.ndarray] = _reduce_array
         for cls in (Connected, FromSocket, Written, HttpRequest, ToSocket, CloseConnection,
-                    Consumed, HttpReply):  # fmt: skip
+                    Consumed, HttpReply, AudioAppend, AudioDelta, TranscriptDelta):  # fmt: skip
             table[cls] = _reduce_fields(cls)
         self._pickler.dispatch_table = table
 
