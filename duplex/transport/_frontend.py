@@ -121,8 +121,9 @@ class LinkBackend:
                 return
             try:
                 await relay.socket.send(message.event, message.seq)
-            except SocketGone:  # the reader sees the disconnect and reports it
+            except SocketGone:  # the peer left: say so here, as the reader is cancelled now
                 relay.window.close()
+                self.link.post(FromSocket(relay.conn, None))
                 return
             credits = relay.written.add()
             if credits:

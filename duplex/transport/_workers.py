@@ -171,10 +171,8 @@ class ConnectionWorkers:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(link.send_loop)
-                    await self._route(link, on_ready)
+                    await self._route(index, link, on_ready)
                     nursery.cancel_scope.cancel()
-            except LinkBroken as exc:
-                self.log.error("connection worker link broken", worker=index, error=str(exc))
             finally:
                 del self.links[index]
                 code = await self._reap(process)
@@ -214,8 +212,13 @@ class ConnectionWorkers:
             process.kill()
             return await process.wait()
 
-    async def _route(self, link: Link, on_ready: Callable[[], None]) -> None:
-        """Deliver the worker's messages until its link ends, then end its connections."""
+    async def _route(self, index: int, link: Link, on_ready: Callable[[], None]) -> None:
+        """Deliver the worker's messages until its link ends, then end its connections.
+
+        A broken link (bytes that are not our messages: a worker of another version,
+        say) ends it too: we close our end, so the worker sees EOF, closes its sockets
+        (1011) and exits, and ``_keep`` starts a new one.
+        """
         sockets: dict[int, LinkedSocket] = {}
 
         async def connection(conn: int, socket: LinkedSocket, autostart: bool) -> None:
@@ -243,6 +246,9 @@ class ConnectionWorkers:
                             link.post(HttpReply(request, self.backend.reply(route)))
                         case Ready():
                             on_ready()
+            except LinkBroken as exc:
+                self.log.error("connection worker link broken", worker=index, error=str(exc))
+                await link.stream.aclose()
             finally:
                 for linked in sockets.values():
                     linked.peer_left()
