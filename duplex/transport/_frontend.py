@@ -30,6 +30,8 @@ from duplex.logs import configure_logging, get_logger
 
 from ._app import HttpRoute, Reply, build_app
 from ._link import (
+    CODE_FINGERPRINT,
+    EXIT_STALE_CODE,
     CloseConnection,
     Connected,
     Consumed,
@@ -200,6 +202,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the session process stops us in order
     settings = WorkerSettings.from_json(args.settings)
     configure_logging(settings.log_format, settings.log_level)  # type: ignore[arg-type]
+    if settings.fingerprint != CODE_FINGERPRINT:
+        get_logger(component="frontend", worker=args.index).error(
+            "duplex's code on disk changed since the server started; not starting"
+        )
+        return EXIT_STALE_CODE
     trio.run(run_worker, args.index, args.listen_fd, args.link_fd, settings)
     return 0
 

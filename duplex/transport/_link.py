@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import copyreg
 import dataclasses
+import hashlib
 import io
 import pickle
 import struct
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, final
 
 import numpy as np
@@ -44,6 +46,25 @@ slow session backs up to its own socket only."""
 
 class LinkBroken(Exception):
     """The bytes on the link are not a sequence of framed messages."""
+
+
+def _code_fingerprint() -> str:
+    """A digest of the source of every type that crosses a link."""
+    root = Path(__file__).resolve().parent.parent
+    sources = [*root.glob("sessions/*.py"), *root.glob("transport/*.py"), root / "exceptions.py"]
+    digest = hashlib.sha256()
+    for path in sorted(sources):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+CODE_FINGERPRINT = _code_fingerprint()
+"""Taken when this process imported the link. A worker is spawned from the files on disk,
+which a deploy may have changed since the server process started: pickles of changed
+classes would not load on the other side, so a worker whose fingerprint differs from the
+server's refuses to start (``EXIT_STALE_CODE``)."""
+
+EXIT_STALE_CODE = 3
 
 
 # -- messages, worker to session process ---------------------------------------

@@ -36,6 +36,7 @@ from duplex.models import (
 from duplex.sessions import Capabilities
 from duplex.sessions._hub import SessionHub
 
+from . import _link
 from ._app import HubBackend, build_app
 from ._workers import ConnectionWorkers, WorkerSettings
 
@@ -188,6 +189,7 @@ async def serve_duplex(
                 shutdown_grace_s=server.shutdown_grace_s,
                 log_format=server.log_format,
                 log_level=server.log_level,
+                fingerprint=_link.CODE_FINGERPRINT,
             )
             await serve_with_workers(
                 backend, hyper, server.connection_workers, settings, registry, task_status

@@ -27,6 +27,7 @@ from duplex.sessions import ServerEvent, SessionOptions
 
 from ._app import HubBackend
 from ._link import (
+    EXIT_STALE_CODE,
     CloseConnection,
     Connected,
     Consumed,
@@ -57,6 +58,8 @@ class WorkerSettings:
     shutdown_grace_s: float
     log_format: str
     log_level: str
+    fingerprint: str
+    """The server process's ``CODE_FINGERPRINT``."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -178,6 +181,11 @@ class ConnectionWorkers:
                 code = await self._reap(process)
             if self.stopping:
                 return
+            if code == EXIT_STALE_CODE:
+                raise RuntimeError(
+                    f"connection worker {index}: duplex's code on disk changed since this "
+                    "server started; restart the server"
+                )
             if not started:
                 raise RuntimeError(f"connection worker {index} exited with {code} before serving")
             self.log.error("connection worker exited; restarting", worker=index, code=code)

@@ -385,3 +385,22 @@ async def test_a_broken_link_restarts_its_worker_and_the_server_serves_on(
             await c2.send(resume(created, last))
             assert (await c2.recv(OPEN_TIMEOUT_S))["type"] == "session.resumed"
             await echo(c2, tone(3))
+
+
+def _messages(exc: BaseException) -> list[str]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [m for inner in exc.exceptions for m in _messages(inner)]
+    return [str(exc)]
+
+
+async def test_a_worker_from_changed_code_refuses_to_start_and_the_server_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Code on disk changed under a running server (a deploy): a worker spawned from it
+    could not read the server's pickles, so it exits, and the server stops with one
+    clear line instead of serving through a link that breaks on the first frame."""
+    monkeypatch.setattr(_link, "CODE_FINGERPRINT", "0" * 16)  # the server's view only
+    with pytest.raises(BaseException) as raised:  # a group, or the error itself
+        async with running_server(**{"server.connection_workers": 1}):
+            pass
+    assert any("code on disk changed" in m for m in _messages(raised.value)), raised.value
