@@ -365,17 +365,25 @@ class Engine:
             slot = self._require(handle)
             queued = rejected = 0
             pos = 0
-            while pos < len(pcm):
-                take = min(frame_samples - slot.filled, len(pcm) - pos)
-                slot.partial[slot.filled : slot.filled + take] = pcm[pos : pos + take]
-                slot.filled += take
-                slot.pushed += take
-                pos += take
-                if slot.filled < frame_samples:
-                    break
-                slot.filled = 0
+            size = len(pcm)
+            while pos < size:
+                if slot.filled == 0 and size - pos >= frame_samples:
+                    # a whole frame straight from the chunk: one copy, not two via `partial`
+                    frame = pcm[pos : pos + frame_samples]
+                    slot.pushed += frame_samples
+                    pos += frame_samples
+                else:
+                    take = min(frame_samples - slot.filled, size - pos)
+                    slot.partial[slot.filled : slot.filled + take] = pcm[pos : pos + take]
+                    slot.filled += take
+                    slot.pushed += take
+                    pos += take
+                    if slot.filled < frame_samples:
+                        break
+                    slot.filled = 0
+                    frame = slot.partial
                 if len(slot.queue) < slot.max_input_frames + slot.held:
-                    slot.queue.append(slot.partial.copy())
+                    slot.queue.append(frame.copy())
                     queued += 1
                 else:
                     rejected += 1
@@ -491,7 +499,10 @@ class Engine:
 
     def _live(self, handle: SlotHandle) -> _Slot | None:
         slot = self._slots.get(handle.slot)
-        return slot if slot is not None and slot.handle == handle else None
+        # ``is`` first: callers pass back the very handle they were given, and the
+        # dataclass ``__eq__`` (a Python-level tuple compare) is the slow path
+        same = slot is not None and (slot.handle is handle or slot.handle == handle)
+        return slot if same else None
 
     def _require(self, handle: SlotHandle) -> _Slot:
         slot = self._live(handle)
@@ -514,7 +525,9 @@ class Engine:
         except (TypeError, ValueError) as exc:
             raise RunnerContractError(f"runner {self._spec.name!r}: {exc}") from exc
         self._update(plan, released, duration, tags, result.outputs)
-        pcm16 = float_to_pcm16(np.stack([out.pcm for out in result.outputs])).astype("<i2")
+        # np.array of the equal-shaped rows is np.stack without its per-row Python work
+        pcm = np.array([out.pcm for out in result.outputs], dtype=np.float32)
+        pcm16 = float_to_pcm16(pcm).astype("<i2", copy=False)
         return {
             handle: SlotOutput(
                 handle, epoch, plan.tick, now, item.position, consumed, out, row.tobytes()

@@ -2,8 +2,8 @@
 
 It runs through the same engine interface real models use, so sessions,
 fencing, video delivery and admission are testable end to end without a
-model. State lives in arrays indexed by slot id, and one tick is a handful of
-vectorised numpy operations over the live slots.
+model. State lives in arrays indexed by slot id, and one tick's audio is a
+handful of vectorised numpy operations over the live slots.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class LoopbackRunner:
         self._ring = np.zeros((spec.max_slots, depth, spec.frame_samples), dtype=np.float32)
         self._ring_pos = np.full((spec.max_slots, depth), -1, dtype=np.int64)
         self._head = np.zeros(spec.max_slots, dtype=np.int64)
-        self._speaking = np.zeros(spec.max_slots, dtype=bool)
+        self._speaking = [False] * spec.max_slots  # read and set per row in `execute`
 
     @property
     def spec(self) -> ModelSpec:
@@ -101,36 +101,43 @@ class LoopbackRunner:
         self._speaking[slot] = False
 
     def execute(self, plan: StepPlan) -> StepOutput:
-        """Echo one frame per live slot, vectorised over the batch."""
+        """Echo one frame per live slot; the audio is vectorised over the batch."""
+        inputs = plan.inputs
         frame_samples = self._spec.frame_samples
-        slots = np.fromiter((i.slot for i in plan.inputs), dtype=np.int64, count=len(plan.inputs))
-        batch = np.zeros((len(slots), frame_samples), dtype=np.float32)
-        for row, item in enumerate(plan.inputs):
+        batch = np.zeros((len(inputs), frame_samples), dtype=np.float32)
+        for row, item in enumerate(inputs):
             if item.frame is not None:
                 batch[row] = item.frame
-        positions = np.fromiter(
-            (i.position for i in plan.inputs), dtype=np.int64, count=len(plan.inputs)
-        )
+        slots = np.array([item.slot for item in inputs], dtype=np.int64)
+        positions = np.array([item.position for item in inputs], dtype=np.int64)
         echoed, echoed_pos = self._delay_line(slots, batch, positions)
-        rms = np.sqrt(np.mean(np.square(echoed, dtype=np.float64), axis=1))
-        speaking = (rms > self._threshold) & (echoed_pos >= 0)
-        was_speaking = self._speaking[slots]
-        end_of_turn = was_speaking & ~speaking
-        self._speaking[slots] = speaking
-        marks_ms = echoed_pos * 1000 // self._spec.sample_rate
-        marked = speaking & (~was_speaking | (marks_ms % self._mark_every_ms == 0))
+        # np.mean's own sum and divide, without its Python-level wrapper (same bits)
+        power = np.add.reduce(np.square(echoed, dtype=np.float64), axis=1) / frame_samples
+        rms = np.sqrt(power).tolist()
+        # The flags are per row, next to the FrameOutput each row needs anyway: numpy
+        # calls on a batch of a few rows cost more than these Python comparisons.
+        threshold = self._threshold
+        rate = self._spec.sample_rate
+        every = self._mark_every_ms
+        was_speaking = self._speaking
         outputs = []
-        for row, item in enumerate(plan.inputs):
-            ids = tuple(v.frame_id for v in item.video)
+        for item, pcm, level, pos in zip(inputs, echoed, rms, echoed_pos.tolist(), strict=True):
+            slot = item.slot
+            speaking = level > threshold and pos >= 0
+            was = was_speaking[slot]
+            was_speaking[slot] = speaking
+            mark_ms = pos * 1000 // rate
+            marked = speaking and (not was or mark_ms % every == 0)
+            video = item.video
             outputs.append(
                 FrameOutput(
-                    slot=item.slot,
-                    pcm=echoed[row],
-                    text=f"[{marks_ms[row]}]" if marked[row] else "",
-                    speaking=bool(speaking[row]),
-                    end_of_turn=bool(end_of_turn[row]),
-                    video_frame_ids=ids,
-                    latest_video_pts_ms=max((v.pts_ms for v in item.video), default=None),
+                    slot,
+                    pcm,
+                    f"[{mark_ms}]" if marked else "",
+                    speaking,
+                    was and not speaking,
+                    tuple(v.frame_id for v in video) if video else (),
+                    max(v.pts_ms for v in video) if video else None,
                 )
             )
         return StepOutput(tuple(outputs))
@@ -145,8 +152,8 @@ class LoopbackRunner:
         if self._delay == 0:
             return batch, positions
         head = self._head[slots]
-        echoed = self._ring[slots, head].copy()
-        echoed_pos = self._ring_pos[slots, head].copy()
+        echoed = self._ring[slots, head]  # fancy indexing copies: no .copy() needed
+        echoed_pos = self._ring_pos[slots, head]
         self._ring[slots, head] = batch
         self._ring_pos[slots, head] = positions
         self._head[slots] = (head + 1) % self._delay

@@ -119,16 +119,23 @@ class InputPath:
         Raises:
             InputBackpressure: the pending input would pass ``max_pending_input_bytes``.
         """
-        rate = event.sample_rate or self.config.input_sample_rate
-        if self._resampler is None or self._resampler.in_rate != rate:
-            self._resampler = StreamingResampler(rate, self.config.model_sample_rate)
-        if not self.ledger.try_append(self._resampler.output_count(event.pcm.size) * 2):
-            limit = self.config.max_pending_input_bytes
+        config = self.config
+        rate = event.sample_rate or config.input_sample_rate
+        resampler = self._resampler
+        if resampler is None or resampler.in_rate != rate:
+            resampler = self._resampler = StreamingResampler(rate, config.model_sample_rate)
+        # Same rate: the model takes the client's samples as they are. An event's pcm is
+        # read-only and never changed (``_checks.float_pcm``), so it is passed on without
+        # the copy the identity resampler would make.
+        identity = resampler.identity
+        size = event.pcm.size if identity else resampler.output_count(event.pcm.size)
+        if not self.ledger.try_append(size * 2):
+            limit = config.max_pending_input_bytes
             raise InputBackpressure(f"pending input is over {limit} bytes; slow down")
-        pcm = self._resampler.process(event.pcm)
+        pcm = event.pcm if identity else resampler.process(event.pcm)
         start_ms = self.input_ms
         self.samples += pcm.size
-        if self.config.turn_policy == "turn_based" and pcm.size:
+        if config.turn_policy == "turn_based" and pcm.size:
             self._keep(pcm)
         speech: list[SpeechStarted | SpeechStopped] = []
         if self._vad is not None:

@@ -11,6 +11,7 @@ from math import gcd
 
 import numpy as np
 import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
 
 __all__ = ["StreamingResampler"]
 
@@ -80,12 +81,22 @@ class StreamingResampler:
         if count <= 0:
             self._history = buf[buf.size - (self._taps - 1) :]
             return np.zeros(0, dtype=np.float32)
-        k = np.arange(self._produced, self._produced + count, dtype=np.int64)
-        pos = k * self._down
-        newest = pos // self._up - base  # index in buf of the newest input in each window
-        phase = pos % self._up
-        window = newest[:, None] + np.arange(-(self._taps - 1), 1)[None, :]
-        out = (buf[window] * self._phases[phase]).sum(axis=1, dtype=np.float32)
+        # Output k uses filter phase (k * down) % up on the input window ending at
+        # (k * down) // up. Outputs ``up`` apart share a phase and their windows are
+        # ``down`` inputs apart, so each phase's windows are a strided view of ``buf``:
+        # no (count, taps) index, window or filter arrays are built, and the loop runs
+        # ``up`` times (at most 6 between the supported rates). Products and row sums
+        # are the same float32 operations, so the output is the same bits.
+        up, down, taps = self._up, self._down, self._taps
+        windows = sliding_window_view(buf, taps)
+        out = np.empty(count, dtype=np.float32)
+        for first in range(min(up, count)):
+            pos = (self._produced + first) * down
+            start = pos // up - base - (taps - 1)  # index in buf of its oldest input
+            rows = (count - first + up - 1) // up
+            phase_windows = windows[start : start + (rows - 1) * down + 1 : down]
+            products = phase_windows * self._phases[pos % up]
+            out[first::up] = products.sum(axis=1, dtype=np.float32)
         self._produced += count
-        self._history = buf[buf.size - (self._taps - 1) :]
-        return out.astype(np.float32, copy=False)
+        self._history = buf[buf.size - (taps - 1) :]
+        return out

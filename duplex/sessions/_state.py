@@ -210,6 +210,12 @@ TURN_TABLE: dict[tuple[TurnState, type], Rule] = {
     ),
 }
 
+# Lookups for `handle`, which runs for every frame. The event classes are final, so a
+# type's membership is ``isinstance`` without walking a 17-class tuple; only these
+# types have TURN_TABLE rows, so the others skip building and hashing its key.
+_CLIENT_TYPES = frozenset(CLIENT_EVENT_TYPES)
+_TURN_RULED = frozenset(kind for _, kind in TURN_TABLE)
+
 
 _COUNTERS = (
     "events_journaled",
@@ -245,7 +251,7 @@ class SessionMachine:
         self._caps = capabilities or Capabilities()
         self._random_bytes = random_bytes
         self._session_id = session_id or f"duplex-{random_bytes(16).hex()}"
-        self._state = SessionState.AWAITING
+        self._set_state(SessionState.AWAITING)
         self._generation: int | None = None
         self._sender: int | None = None
         self._now = 0.0
@@ -331,9 +337,10 @@ class SessionMachine:
 
     def rule_for(self, event: Event) -> Rule:
         """The table rule that `handle` applies to ``event`` now."""
-        rule = SESSION_TABLE[self._state][type(event)]
-        if isinstance(rule, Handle):
-            rule = TURN_TABLE.get((self._turns.turn, type(event)), rule)
+        kind = type(event)
+        rule = self._rules[kind]
+        if kind in _TURN_RULED and isinstance(rule, Handle):
+            rule = TURN_TABLE.get((self._turns.turn, kind), rule)
         return rule
 
     def next_deadline(self) -> float | None:
@@ -368,7 +375,7 @@ class SessionMachine:
         self._now = self._turns.now = self._user.now = now
         out: list[Effect] = []
         self._fire_timers(out)
-        if isinstance(event, CLIENT_EVENT_TYPES) and self._state is SessionState.ACTIVE:
+        if type(event) in _CLIENT_TYPES and self._state is SessionState.ACTIVE:
             if generation is not None and generation != self._generation:
                 self._counts["stale_client_events"] += 1
                 return out
@@ -413,6 +420,10 @@ class SessionMachine:
         self._direct(out, ErrorEvent.from_exception(exc), generation)
         out.append(CloseConnection(generation, CLOSE_POLICY_VIOLATION, reason))
 
+    def _set_state(self, state: SessionState) -> None:
+        self._state = state
+        self._rules: dict[type, Rule] = SESSION_TABLE[state]  # looked up once per change
+
     def _new_id(self, prefix: str) -> str:
         return f"{prefix}_{self._random_bytes(8).hex()}"
 
@@ -440,7 +451,7 @@ class SessionMachine:
         if self._generation is not None:
             out.append(CloseConnection(self._generation, code, reason))
         out.append(ReleaseResources(reason))
-        self._state = SessionState.CLOSED
+        self._set_state(SessionState.CLOSED)
         self._generation = None
         self._detached_at = None
 
@@ -454,7 +465,7 @@ class SessionMachine:
             exc = errors.UnknownSession("unknown session", event_id=event.resume.event_id)
             self._refuse_socket(out, exc, event.generation, "unknown_session")
             return
-        self._state = SessionState.ACTIVE
+        self._set_state(SessionState.ACTIVE)
         self._generation = event.generation
         self._last_activity = self._now
         token = self._credential.issue()
@@ -484,7 +495,7 @@ class SessionMachine:
             self._direct(out, SessionReplaced(self._session_id, event.generation), old)
             out.append(CloseConnection(old, CLOSE_SESSION_REPLACED, "session_replaced"))
         self._counts["session_resumes"] += 1
-        self._state = SessionState.ACTIVE
+        self._set_state(SessionState.ACTIVE)
         self._generation = event.generation
         self._detached_at = None
         self._last_activity = self._now
@@ -512,7 +523,7 @@ class SessionMachine:
             self._counts["ignored_events"] += 1
             return
         self._generation = None
-        self._state = SessionState.DETACHED
+        self._set_state(SessionState.DETACHED)
         self._detached_at = self._now
 
     def _on_session_close(self, event: SessionClose, out: list[Effect]) -> None:

@@ -15,6 +15,9 @@ from ._events import SpeechStarted, SpeechStopped
 
 __all__ = ["EnergyVad"]
 
+_NO_SAMPLES = np.zeros(0, dtype=np.float32)
+_NO_SAMPLES.flags.writeable = False
+
 
 class EnergyVad:
     """Streaming; ``audio_ms`` is measured on the clock of the samples fed to it.
@@ -40,9 +43,10 @@ class EnergyVad:
         self._frame = sample_rate * frame_ms // 1000
         self._frame_ms = frame_ms
         self._threshold = threshold_rms
+        self._loud_energy = threshold_rms * threshold_rms * self._frame  # sum of squares
         self._min_frames = max(1, -(-min_speech_ms // frame_ms))
         self._hang_frames = max(1, -(-hangover_ms // frame_ms))
-        self._pending = np.zeros(0, dtype=np.float32)
+        self._pending = _NO_SAMPLES
         self._frames = 0
         self._speaking = False
         self._speech_run = 0
@@ -64,31 +68,44 @@ class EnergyVad:
         data = np.asarray(pcm, dtype=np.float32).reshape(-1)
         if self._pending.size:
             data = np.concatenate([self._pending, data])
-        whole = data.size // self._frame
-        self._pending = data[whole * self._frame :].copy()
+        frame = self._frame
+        whole = data.size // frame
+        cut = whole * frame
+        # chunks are usually whole frames: then there is no remainder to copy
+        self._pending = data[cut:].copy() if cut < data.size else _NO_SAMPLES
         if whole == 0:
             return []
-        frames = data[: whole * self._frame].reshape(whole, self._frame)
+        frames = data[:cut].reshape(whole, frame)
         # ``add.reduce`` is ``sum`` without its Python wrapper; einsum is slower this small
-        energy = np.add.reduce(np.square(frames), axis=1, dtype=np.float64)
-        loud = energy >= self._threshold * self._threshold * self._frame
+        energy = np.add.reduce(np.square(frames), axis=1, dtype=np.float64).tolist()
+        # the run state in locals for the loop, stored back once
+        loud_energy = self._loud_energy
+        frame_ms = self._frame_ms
+        count = self._frames
+        speaking = self._speaking
+        speech_run = self._speech_run
+        silence_run = self._silence_run
         events: list[SpeechStarted | SpeechStopped] = []
-        for is_loud in loud.tolist():
-            self._frames += 1
-            end_ms = self._frames * self._frame_ms
-            if is_loud:
+        for frame_energy in energy:
+            count += 1
+            end_ms = count * frame_ms
+            if frame_energy >= loud_energy:
                 self._last_loud_ms = end_ms
-                self._silence_run = 0
-                self._speech_run += 1
-                if not self._speaking and self._speech_run >= self._min_frames:
-                    self._speaking = True
-                    events.append(SpeechStarted(end_ms - self._speech_run * self._frame_ms))
+                silence_run = 0
+                speech_run += 1
+                if not speaking and speech_run >= self._min_frames:
+                    speaking = True
+                    events.append(SpeechStarted(end_ms - speech_run * frame_ms))
             else:
-                self._speech_run = 0
-                if self._speaking:
-                    self._silence_run += 1
-                    if self._silence_run >= self._hang_frames:
-                        self._speaking = False
-                        events.append(SpeechStopped(end_ms - self._silence_run * self._frame_ms))
-                        self._silence_run = 0
+                speech_run = 0
+                if speaking:
+                    silence_run += 1
+                    if silence_run >= self._hang_frames:
+                        speaking = False
+                        events.append(SpeechStopped(end_ms - silence_run * frame_ms))
+                        silence_run = 0
+        self._frames = count
+        self._speaking = speaking
+        self._speech_run = speech_run
+        self._silence_run = silence_run
         return events
