@@ -1,8 +1,9 @@
 """The worker link, no processes: framing, credits, and the I/O edge over in-memory streams.
 
 The link carries every frame between a connection worker and the session process
-(``_link.py``): length-prefixed pickles, decoded in any chunking, with per-connection
-credits (``Window`` on the sending side, ``Tally`` on the receiving side).
+(``_link.py``): length-prefixed messages (the per-frame audio ones framed by hand, the
+rest pickled), decoded in any chunking, with per-connection credits (``Window`` on the
+sending side, ``Tally`` on the receiving side).
 """
 
 from __future__ import annotations
@@ -98,7 +99,12 @@ server_event = st.one_of(
 )
 received = st.one_of(
     st.none(),
-    st.builds(AudioAppend, pcm=pcm, sample_rate=st.none() | st.just(24000), event_id=st.none()),
+    st.builds(
+        AudioAppend,
+        pcm=pcm,
+        sample_rate=st.none() | st.sampled_from([8000, 16000, 24000, 48000]),
+        event_id=st.none() | text,
+    ),
     st.builds(lambda m, e: BadEvent(m, event_id=e), text, st.none() | text),
 )
 link_message = st.one_of(
@@ -197,6 +203,20 @@ def test_arrays_round_trip_with_dtype_shape_and_flags_and_no_aliasing() -> None:
     got_pcm = got_event.received.pcm
     assert got_pcm.dtype == np.float32 and got_pcm.shape == (1920,)
     np.testing.assert_array_equal(got_pcm, pcm)
+
+
+def test_the_per_frame_messages_skip_pickle_and_keep_their_arrays_read_only() -> None:
+    samples = np.linspace(-1, 1, 1920, dtype=np.float32)
+    samples.flags.writeable = False
+    append = FromSocket(7, AudioAppend(samples, 16000, "évt-1"))
+    delta = ToSocket(9, AudioDelta("resp_ü", "item_2", 3, b"\x01\x02" * 960, 24000, 80.5), None)
+    for message in (append, delta):
+        frame = encode(message)
+        assert frame[HEADER.size] != pickle.PROTO[0]  # a tag of our own, not a pickle
+        (got,) = Decoder().feed(frame)
+        assert same([got], [message])
+    (got,) = Decoder().feed(encode(append))
+    assert not got.received.pcm.flags.writeable
 
 
 def test_a_message_that_cannot_be_pickled_leaves_the_shared_encoder_usable() -> None:
