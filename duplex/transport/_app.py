@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from hypercorn.config import Config as HypercornConfig
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -149,6 +150,20 @@ class HubBackend:
             self.connections.live.discard(ref)
         if socket.open:  # the actor crashed
             await socket.close(1011, "internal_error")
+
+
+def hypercorn_config(
+    bind: str, *, max_frame_bytes: int, graceful_timeout_s: float
+) -> HypercornConfig:
+    """hypercorn's settings for every process that serves the app (the server, each worker)."""
+    hyper = HypercornConfig()
+    hyper.bind = [bind]
+    # up to 2x reaches the projection (event_too_large); beyond that, hypercorn closes 1009
+    hyper.websocket_max_message_size = 2 * max_frame_bytes
+    hyper.graceful_timeout = graceful_timeout_s
+    hyper.accesslog = None
+    hyper.errorlog = None
+    return hyper
 
 
 def build_app(

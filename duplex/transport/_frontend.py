@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
 from duplex.logs import configure_logging, get_logger
 
-from ._app import HttpRoute, Reply, build_app
+from ._app import HttpRoute, Reply, build_app, hypercorn_config
 from ._link import (
     CODE_FINGERPRINT,
     EXIT_STALE_CODE,
@@ -158,12 +157,11 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
     app = build_app(
         backend, max_frame_bytes=settings.max_frame_bytes, realtime_vad=settings.realtime_vad
     )
-    hyper = HypercornConfig()
-    hyper.bind = [f"fd://{listen_fd}"]
-    hyper.websocket_max_message_size = 2 * settings.max_frame_bytes
-    hyper.graceful_timeout = settings.shutdown_grace_s
-    hyper.accesslog = None
-    hyper.errorlog = None
+    hyper = hypercorn_config(
+        f"fd://{listen_fd}",
+        max_frame_bytes=settings.max_frame_bytes,
+        graceful_timeout_s=settings.shutdown_grace_s,
+    )
     stopping = trio.Event()
 
     async def listen() -> None:

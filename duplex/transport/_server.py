@@ -37,7 +37,7 @@ from duplex.sessions import Capabilities
 from duplex.sessions._hub import SessionHub
 
 from . import _link
-from ._app import HubBackend, build_app
+from ._app import HubBackend, build_app, hypercorn_config
 from ._workers import ConnectionWorkers, WorkerSettings
 
 
@@ -168,12 +168,11 @@ async def serve_duplex(
     freeze_startup_objects()
     server = config.server
     backend = HubBackend(hub, registry, first_event_timeout_s=server.first_event_timeout_s)
-    hyper = HypercornConfig()
-    hyper.bind = [f"{server.host}:{server.port}"]
-    hyper.websocket_max_message_size = 2 * server.max_frame_bytes
-    hyper.graceful_timeout = server.shutdown_grace_s
-    hyper.accesslog = None
-    hyper.errorlog = None
+    hyper = hypercorn_config(
+        f"{server.host}:{server.port}",
+        max_frame_bytes=server.max_frame_bytes,
+        graceful_timeout_s=server.shutdown_grace_s,
+    )
     log.info(
         "starting",
         bind=hyper.bind,
