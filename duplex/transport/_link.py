@@ -1,9 +1,10 @@
 """The link between the session process and one connection worker process.
 
-One stream socket (a ``socketpair`` made at spawn), carrying typed messages as
-length-prefixed pickles. Both ends are our own processes from one install, so
-pickle is safe here and costs a few microseconds a frame; it never touches
-client bytes, which the worker has already parsed into session events.
+One stream socket (a ``socketpair`` made at spawn), carrying typed messages,
+each behind its length. The two that every frame sends are framed by hand; the
+rest are pickles. Both ends are our own processes from one install (checked by
+``CODE_FINGERPRINT``), so pickle is safe here; it never touches client bytes,
+which the worker has already parsed into session events.
 
 The framing is sans-I/O (``encode`` and ``Decoder``); ``Link`` is the I/O
 edge: ``post`` never blocks and one sender task writes everything posted since
