@@ -11,6 +11,7 @@ import base64
 import os
 import re
 import signal
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
@@ -400,3 +401,17 @@ async def test_a_worker_from_changed_code_refuses_to_start_and_the_server_says_w
             pass
     error = unwrap(raised.value)  # one error, not a group of them
     assert isinstance(error, RuntimeError) and "code on disk changed" in str(error), error
+
+
+async def test_a_worker_that_exits_before_serving_stops_the_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker that cannot start at all (here: its interpreter exits at once) is not
+    restarted in a loop: the server stops, naming the worker and its exit code."""
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # what _spawn runs the worker with
+    with pytest.raises(BaseException) as raised:  # a group, or the error itself
+        async with running_server(**{"server.connection_workers": 1}):
+            pass
+    error = unwrap(raised.value)
+    assert isinstance(error, RuntimeError), error
+    assert str(error) == "connection worker 0 exited with 1 before serving"
