@@ -145,6 +145,9 @@ class ConnectionWorkers:
         self._sockets = registry.gauge(
             "duplex_connection_worker_sockets", "Client sockets open in connection workers"
         )
+        self._serving = registry.gauge(
+            "duplex_connection_workers_serving", "Connection workers accepting connections"
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every worker, report once all serve, then supervise them until ``stop``."""
@@ -160,10 +163,12 @@ class ConnectionWorkers:
             link.post(Stop())
 
     async def _keep(self, index: int, *, task_status: trio.TaskStatus[None]) -> None:
-        started = False
+        started = serving = False
 
         def on_ready() -> None:
-            nonlocal started
+            nonlocal started, serving
+            serving = True
+            self._serving.inc()
             if not started:
                 started = True
                 task_status.started()
@@ -178,6 +183,9 @@ class ConnectionWorkers:
                     nursery.cancel_scope.cancel()
             finally:
                 del self.links[index]
+                if serving:
+                    serving = False
+                    self._serving.dec()
                 code = await self._reap(process)
             if self.stopping:
                 return

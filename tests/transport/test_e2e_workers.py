@@ -74,6 +74,12 @@ async def stop_process(pid: int) -> None:
             await trio.sleep(0.01)
 
 
+def serving(server: Server) -> int:
+    """``duplex_connection_workers_serving``, read in this (the session) process."""
+    found = re.search(r"^duplex_connection_workers_serving (\d+)", server.registry.render(), re.M)
+    return int(float(found.group(1))) if found else 0
+
+
 def restarts(server: Server) -> int:
     """``duplex_connection_worker_restarts_total``, read in this (the session) process."""
     match = re.search(
@@ -171,6 +177,7 @@ class Watched:
 async def test_a_killed_worker_costs_its_sockets_only_and_is_restarted() -> None:
     async with running_server(**BASE, **{"server.connection_workers": 1}) as server:
         (pid,) = worker_pids()
+        assert serving(server) == 1
         async with client(server) as c:
             created = await open_session(c)
             await echo(c, tone(4))
@@ -181,6 +188,7 @@ async def test_a_killed_worker_costs_its_sockets_only_and_is_restarted() -> None
         with trio.fail_after(10):  # the session process saw the link end and restarts it
             while restarts(server) < 1:
                 await trio.sleep(0.02)
+        assert serving(server) == 0  # its replacement starts RESTART_DELAY_S (1 s) later
         assert server.system.lookup(session_id) is not None  # waiting out its grace
         # the handshake waits in the listen backlog until the new worker accepts it
         async with client(server) as c2:
@@ -196,6 +204,7 @@ async def test_a_killed_worker_costs_its_sockets_only_and_is_restarted() -> None
             text = await metrics_over_http(server)
         assert re.search(r"^duplex_connection_worker_restarts_total 1$", text, re.M)
         assert re.search(r"^duplex_connection_worker_sockets 1$", text, re.M)  # c2 only
+        assert re.search(r"^duplex_connection_workers_serving 1$", text, re.M)
 
 
 async def test_killing_one_of_two_workers_leaves_the_other_workers_sockets_alone() -> None:
