@@ -7,9 +7,6 @@ with the pure session machine, as the session actor composes them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
-
 import numpy as np
 import pytest
 import trio
@@ -25,11 +22,11 @@ from duplex.models import (
     VadPush,
     VadWindow,
 )
+from duplex.models._driver import inline
 from duplex.sessions._vad_link import VadLink
 
 from ..signals import voiced
 
-T = TypeVar("T")
 RATE = 24_000
 HANDLE = VadHandle(0, "s", 1)
 TURN_BASED = ds.SessionOptions(
@@ -161,10 +158,6 @@ def test_the_vad_is_fixed_for_the_session() -> None:
     assert isinstance(err, ds.ErrorEvent) and err.param == "session.vad"
     with pytest.raises(BadEvent):
         ds.SessionOptions(vad="external")
-
-
-async def inline(sync_fn: Callable[[], T]) -> T:
-    return sync_fn()
 
 
 async def test_silero_turn_through_the_machine(autojump_clock: trio.testing.MockClock) -> None:
