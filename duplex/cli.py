@@ -41,6 +41,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="processes for WebSocket I/O, JSON and base64 (default 0: all in one process)",
     )
+    serve.add_argument(
+        "--session-shards",
+        type=int,
+        metavar="K",
+        help="session processes, each with its own engine (default 1; needs connection workers)",
+    )
     serve.add_argument("--log-format", choices=["console", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return parser
@@ -68,6 +74,7 @@ def _serve(args: argparse.Namespace) -> int:
             ("model_seed", args.model_seed),
             ("kv_cache_dtype", args.kv_cache_dtype),
             ("connection_workers", args.connection_workers),
+            ("session_shards", args.session_shards),
             ("log_format", args.log_format),
             ("log_level", args.log_level),
         )

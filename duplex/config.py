@@ -40,6 +40,7 @@ _MIB = 1024 * 1024
 
 
 MAX_CONNECTION_WORKERS = 64
+MAX_SESSION_SHARDS = 64
 
 
 @final
@@ -81,6 +82,11 @@ class ServerConfig:
     """Worker processes that accept the port's connections and do their WebSocket I/O, JSON
     and base64, relaying decoded events to this process, which keeps every session and the
     engine (docs/operations.md, "Connection workers"). 0: one process does everything."""
+    session_shards: int = 1
+    """Session processes, each with its own sessions, engine and share of ``max_sessions``;
+    connection workers send a new session to the least loaded one and a resume to its owner
+    (docs/operations.md, "Session shards"). Above 1 it needs ``connection_workers`` and a
+    model on the CPU: a GPU model must batch every session in one engine."""
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     shutdown_grace_s: float = 5.0
@@ -101,12 +107,36 @@ class ServerConfig:
                 f"connection_workers: must be 0..{MAX_CONNECTION_WORKERS}, "
                 f"got {self.connection_workers}"
             )
+        if not 1 <= self.session_shards <= MAX_SESSION_SHARDS:
+            raise ConfigError(
+                f"session_shards: must be 1..{MAX_SESSION_SHARDS}, got {self.session_shards}"
+            )
+        if self.session_shards > 1:
+            self._check_shards()
         if self.vad_streams < 1:
             raise ConfigError(f"vad_streams: must be >= 1, got {self.vad_streams}")
         if self.shutdown_grace_s < 0:
             raise ConfigError("shutdown_grace_s: must be >= 0")
         if not self.first_event_timeout_s >= 0:
             raise ConfigError("first_event_timeout_s: must be >= 0")
+
+    def _check_shards(self) -> None:
+        shards = self.session_shards
+        if not self.connection_workers:
+            raise ConfigError(
+                f"session_shards: {shards} shards need connection_workers >= 1 "
+                "(the workers route each socket to its shard)"
+            )
+        if self.model_device != "cpu":
+            raise ConfigError(
+                f"session_shards: each shard runs its own engine, and model_device "
+                f"{self.model_device!r} needs one engine batching every session; use 1 shard"
+            )
+        if self.max_sessions and self.max_sessions < shards:
+            raise ConfigError(
+                f"session_shards: max_sessions {self.max_sessions} is split over {shards} "
+                "shards and must be at least one per shard"
+            )
 
 
 @final

@@ -29,6 +29,16 @@ class Sample:
     value: float
 
 
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One metric's samples at a scrape, with its type and help: what ``render`` prints."""
+
+    name: str
+    kind: str
+    help: str
+    samples: list[Sample]
+
+
 class _Metric:
     kind = "untyped"
 
@@ -181,18 +191,44 @@ class MetricsRegistry:
             raise ValueError(f"metric {name} is already registered as a {self._metrics[name].kind}")
         self._collectors[name] = (kind, help, fn)
 
+    def families(self) -> list[Family]:
+        """Every metric's samples now (a scrape; plain data, so it can cross processes)."""
+        out = [Family(m.name, m.kind, m.help, list(m.samples())) for m in self._metrics.values()]
+        out += [Family(n, k, h, list(fn())) for n, (k, h, fn) in self._collectors.items()]
+        return out
+
     def render(self) -> str:
         """The Prometheus text exposition format (version 0.0.4)."""
-        lines: list[str] = []
-        families: list[tuple[str, str, str, Iterable[Sample]]] = [
-            (m.name, m.kind, m.help, m.samples()) for m in self._metrics.values()
-        ]
-        families += [(n, k, h, fn()) for n, (k, h, fn) in self._collectors.items()]
-        for name, kind, help, samples in families:
-            lines.append(f"# HELP {name} {_escape_help(help)}")
-            lines.append(f"# TYPE {name} {kind}")
-            lines.extend(_format_sample(s) for s in samples)
-        return "\n".join(lines) + "\n"
+        return render(self.families())
+
+
+def render(families: Iterable[Family]) -> str:
+    """Families in the Prometheus text exposition format (version 0.0.4)."""
+    lines: list[str] = []
+    for family in families:
+        lines.append(f"# HELP {family.name} {_escape_help(family.help)}")
+        lines.append(f"# TYPE {family.name} {family.kind}")
+        lines.extend(_format_sample(s) for s in family.samples)
+    return "\n".join(lines) + "\n"
+
+
+def merge_labelled(parts: Iterable[tuple[dict[str, str], list[Family]]]) -> list[Family]:
+    """Several processes' scrapes as one: each sample gains its process's labels.
+
+    A family appears once, in the order first seen, with every part's samples; a
+    name that two parts give different types keeps the first type and drops the
+    other's samples (both are our own processes, so it is never expected).
+    """
+    merged: dict[str, Family] = {}
+    for labels, families in parts:
+        for family in families:
+            samples = [Sample(s.name, {**labels, **s.labels}, s.value) for s in family.samples]
+            have = merged.get(family.name)
+            if have is None:
+                merged[family.name] = Family(family.name, family.kind, family.help, samples)
+            elif have.kind == family.kind:
+                have.samples.extend(samples)
+    return list(merged.values())
 
 
 def _escape_help(text: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, final
@@ -125,7 +126,10 @@ class SessionHub:
         capabilities: Capabilities,
         max_sessions: int = 0,
         registry: MetricsRegistry,
+        shard: int | None = None,
     ):
+        """``shard``: this process's index among session shards; its sessions' ids carry it
+        (``duplex-s<shard>-<32 hex>``) so a worker can route a resume to it."""
         self.system = system
         self.spec = spec
         self.driver: EngineDriver | None = None
@@ -138,6 +142,9 @@ class SessionHub:
         if max_sessions:
             capacity = min(capacity, max_sessions)
         self.admission = Admission(capacity)
+        self.shard = shard
+        self.on_load: Callable[[], None] | None = None
+        """Called after the number of admitted sessions changed (a shard tells its workers)."""
         self._sessions: dict[str, ActorRef[Any]] = {}
         self._generations = itertools.count(1)
         self._opened = registry.counter("duplex_sessions_opened_total", "Sessions admitted")
@@ -241,7 +248,8 @@ class SessionHub:
             except errors.ConfigError as exc:
                 param = f"session.{getattr(exc, 'key', '')}".rstrip(".")
                 raise errors.BadEvent(str(exc), param=param) from exc
-        machine = SessionMachine(config, self.capabilities)
+        session_id = None if self.shard is None else f"duplex-s{self.shard}-{os.urandom(16).hex()}"
+        machine = SessionMachine(config, self.capabilities, session_id=session_id)
         session_id = machine.session_id
         limit = self.admission.statistics().capacity
         if not self.admission.try_admit(session_id):
@@ -285,6 +293,7 @@ class SessionHub:
             raise
         self._sessions[session_id] = ref
         self._opened.inc()
+        self._load_changed()
         if self.driver is not driver:  # the engine restarted while the session was starting
             await ref.tell(EngineReplaced(self.driver, "engine crashed"))  # type: ignore[arg-type]
         if vad is not None and self.vad is not vad.link.streams:  # so did the VAD
@@ -294,6 +303,11 @@ class SessionHub:
     def released(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
         self.admission.release(session_id)
+        self._load_changed()
+
+    def _load_changed(self) -> None:
+        if self.on_load is not None:
+            self.on_load()
 
     async def inspect(self, session_id: str) -> SessionMachine | None:
         """The live machine of a session (diagnostics and tests)."""

@@ -23,7 +23,7 @@ from starlette.websockets import WebSocket
 from duplex import __version__
 from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.exceptions import ProtocolError
-from duplex.metrics import MetricsRegistry
+from duplex.metrics import MetricsRegistry, merge_labelled, render
 from duplex.sessions import ErrorEvent
 from duplex.sessions._hub import SessionHub
 
@@ -87,8 +87,21 @@ class Connections:
             await self.system.stop(ref)
 
 
+class Shards(Protocol):
+    """The server's other session shards, as its HTTP routes see them (``_shards.py``)."""
+
+    async def query(self, what: str) -> list[Any]:
+        """Each other shard's answer to ``what`` (``health``, ``metrics``); ``None``: no answer."""
+        ...
+
+
 class HubBackend:
-    """The sessions of this process: one hub (engine + sessions), its connections, its metrics."""
+    """The sessions of this process: one hub (engine + sessions), its connections, its metrics.
+
+    With session shards (``shards`` set, on the server process, which is shard 0)
+    the HTTP routes answer for every shard: health and metrics are gathered from
+    the others; a child shard answers its own part (``health_of``, ``families``).
+    """
 
     def __init__(
         self,
@@ -102,19 +115,26 @@ class HubBackend:
         self.registry = registry
         self.connections = Connections(hub.system)
         self.first_event_timeout_s = first_event_timeout_s
+        self.shards: Shards | None = None
+
+    def health_of(self) -> dict[str, Any]:
+        """This process's own health."""
+        hub = self.hub
+        stats = hub.admission.statistics()
+        return {
+            "status": "ok" if hub.ready else "starting",
+            "engine_starts": hub.engine_starts,
+            "vad_starts": hub.vad_starts,
+            "version": __version__,
+            "model": hub.spec.name,
+            "sessions": {"live": stats.live, "capacity": stats.capacity},
+        }
 
     def reply(self, route: HttpRoute) -> Reply:
+        """The answer for this process alone."""
         hub = self.hub
         if route == "health":
-            stats = hub.admission.statistics()
-            health = {
-                "status": "ok" if hub.ready else "starting",
-                "engine_starts": hub.engine_starts,
-                "vad_starts": hub.vad_starts,
-                "version": __version__,
-                "model": hub.spec.name,
-                "sessions": {"live": stats.live, "capacity": stats.capacity},
-            }
+            health = self.health_of()
             return Reply.json(health, 200 if hub.ready else 503)
         if route == "models":
             card: dict[str, Any] = {
@@ -128,18 +148,44 @@ class HubBackend:
         return Reply(200, PROMETHEUS_CONTENT_TYPE, self.registry.render().encode())
 
     async def http(self, route: HttpRoute) -> Reply:
-        return self.reply(route)
+        if self.shards is None or route == "models":
+            return self.reply(route)
+        answers = await self.shards.query(route)
+        if route == "metrics":
+            parts = [({"shard": "0"}, self.registry.families())]
+            parts += [({"shard": str(i)}, a) for i, a in enumerate(answers, 1) if a is not None]
+            return Reply(200, PROMETHEUS_CONTENT_TYPE, render(merge_labelled(parts)).encode())
+        shards = [{"shard": 0, **self.health_of()}]
+        shards += [
+            {"shard": i, **(a or {"status": "unavailable"})} for i, a in enumerate(answers, 1)
+        ]
+        ready = all(shard["status"] == "ok" for shard in shards)
+        health = {
+            "status": "ok" if ready else "starting",
+            "version": __version__,
+            "model": self.hub.spec.name,
+            "sessions": {
+                key: sum(shard.get("sessions", {}).get(key, 0) for shard in shards)
+                for key in ("live", "capacity")
+            },
+            "shards": shards,
+        }
+        return Reply.json(health, 200 if ready else 503)
 
-    async def connect(self, socket: EventSocket, *, autostart: bool) -> None:
+    async def connect(self, socket: EventSocket, *, autostart: bool, waited_s: float = 0.0) -> None:
+        """``waited_s``: time the socket already waited for its first event (in a worker)."""
         hub = self.hub
         generation = hub.next_generation()
+        timeout = self.first_event_timeout_s
+        if timeout > 0:  # what is left of it, and never 0, which would mean "no timeout"
+            timeout = max(timeout - waited_s, 1e-3)
         ref = await hub.system.spawn(
             ConnectionActor,
             socket,
             hub,
             generation,
             autostart,
-            self.first_event_timeout_s,
+            timeout,
             name=f"connection-{generation}",
             restart=Restart.TEMPORARY,
         )

@@ -1,4 +1,4 @@
-"""A connection worker process: hypercorn on the shared listener, relaying to the session process.
+"""A connection worker process: hypercorn on the shared listener, relaying to the session processes.
 
     python -m duplex.transport._frontend --index I --listen-fd L --link-fd K --settings JSON
 
@@ -26,6 +26,7 @@ import trio
 from hypercorn.trio import serve
 
 from duplex.logs import configure_logging, get_logger
+from duplex.sessions import SessionResume
 
 from ._app import HttpRoute, Reply, build_app, hypercorn_config
 from ._link import (
@@ -38,6 +39,8 @@ from ._link import (
     HttpReply,
     HttpRequest,
     Link,
+    LinkBroken,
+    Load,
     Ready,
     Stop,
     Tally,
@@ -45,19 +48,25 @@ from ._link import (
     Window,
     Written,
 )
+from ._shards import shard_of
 from ._sockets import EventSocket, SocketGone
 from ._workers import WorkerSettings
 
 HTTP_TIMEOUT_S = 5.0
 """How long an HTTP route waits for the session process before answering 503."""
 
+SHARD_RETRY_S = 0.2
+"""Pause between tries to reach a session shard that is down (restarting)."""
+
 
 class Relay:
-    """One socket of this worker: its credits both ways and the frames the session sent it."""
+    """One socket of this worker: its shard's link, credits both ways, frames sent to it."""
 
-    def __init__(self, conn: int, socket: EventSocket) -> None:
+    def __init__(self, conn: int, socket: EventSocket, link: Link, shard: int) -> None:
         self.conn = conn
         self.socket = socket
+        self.link = link
+        self.shard = shard
         self.window = Window()  # frames read that the session process has not taken yet
         self.written = Tally()
         self.post, self.outbox = trio.open_memory_channel[ToSocket | CloseConnection](math.inf)
@@ -69,11 +78,34 @@ class _Answer:
     reply: Reply | None = None
 
 
-class LinkBackend:
-    """The routes' backend in a worker: the session process, over the link."""
+@dataclass
+class ShardLink:
+    """One session shard as this worker sees it: its link (``None`` while it is down) and
+    its last ``Load``."""
 
-    def __init__(self, link: Link) -> None:
+    index: int
+    link: Link | None = None
+    live: int = 0
+    capacity: int = 0
+
+
+_NOTHING = object()
+
+
+class LinkBackend:
+    """The routes' backend in a worker: the session processes, over links.
+
+    Shard 0 is the server process, over the link the worker was spawned with; it
+    answers HTTP. Other shards are reached on their Unix sockets. With one shard
+    every socket goes to it at once; with several, a socket opens on the shard with
+    the most room, or (``/v1/duplex`` and ``?resume=1``) is held here until its
+    first event: a ``session.resume`` goes to the shard its session id names.
+    """
+
+    def __init__(self, link: Link, shard_count: int = 1, first_event_timeout_s: float = 0.0):
         self.link = link
+        self.shards = [ShardLink(0, link), *(ShardLink(i) for i in range(1, shard_count))]
+        self.first_event_timeout_s = first_event_timeout_s
         self.relays: dict[int, Relay] = {}
         self.answers: dict[int, _Answer] = {}
         self._next_conn = 0
@@ -94,8 +126,26 @@ class LinkBackend:
 
     async def connect(self, socket: EventSocket, *, autostart: bool) -> None:
         conn, self._next_conn = self._next_conn, self._next_conn + 1
-        self.relays[conn] = relay = Relay(conn, socket)
-        self.link.post(Connected(conn, autostart, socket.initial_options))
+        first: object = _NOTHING
+        waited = 0.0
+        shard = self.shards[0]
+        if len(self.shards) > 1:
+            if autostart:
+                shard = self._roomiest()
+            else:
+                began = trio.current_time()
+                with trio.move_on_after(self.first_event_timeout_s or math.inf):
+                    first = await socket.receive()
+                waited = trio.current_time() - began
+                if first is None:  # the peer left before it said anything
+                    return
+                shard = self._owner(first)
+        assert shard.link is not None
+        self.relays[conn] = relay = Relay(conn, socket, shard.link, shard.index)
+        relay.link.post(Connected(conn, autostart, socket.initial_options, waited))
+        if first is not _NOTHING:
+            await relay.window.take()  # the first of a fresh window: never waits
+            relay.link.post(FromSocket(conn, first))  # type: ignore[arg-type]
         try:
             async with trio.open_nursery() as nursery:
 
@@ -108,10 +158,28 @@ class LinkBackend:
         finally:
             del self.relays[conn]
 
+    def _roomiest(self) -> ShardLink:
+        """The reachable shard with the most free sessions, counted taken at once."""
+        shard = max(
+            (s for s in self.shards if s.link is not None), key=lambda s: s.capacity - s.live
+        )
+        shard.live += 1  # until its next Load says how many it really has
+        return shard
+
+    def _owner(self, first: object) -> ShardLink:
+        if isinstance(first, SessionResume):
+            index = shard_of(first.session_id)
+            if index is not None and index < len(self.shards):
+                shard = self.shards[index]
+                if shard.link is not None:
+                    return shard
+            return self.shards[0]  # gone with its shard, or never ours: it says so
+        return self._roomiest()
+
     async def _read(self, relay: Relay) -> None:
         while await relay.window.take():
             received = await relay.socket.receive()
-            self.link.post(FromSocket(relay.conn, received))
+            relay.link.post(FromSocket(relay.conn, received))
             if received is None:
                 return
 
@@ -124,14 +192,14 @@ class LinkBackend:
                 await relay.socket.send(message.event, message.seq)
             except SocketGone:  # the peer left: say so here, as the reader is cancelled now
                 relay.window.close()
-                self.link.post(FromSocket(relay.conn, None))
+                relay.link.post(FromSocket(relay.conn, None))
                 return
             credits = relay.written.add()
             if credits:
-                self.link.post(Written(relay.conn, credits))
+                relay.link.post(Written(relay.conn, credits))
 
-    def route(self, message: object) -> None:
-        """One message from the session process."""
+    def route(self, message: object, shard: int = 0) -> None:
+        """One message from session shard ``shard``."""
         match message:
             case ToSocket(conn) | CloseConnection(conn):
                 if (relay := self.relays.get(conn)) is not None:
@@ -143,17 +211,60 @@ class LinkBackend:
                 if (answer := self.answers.get(request)) is not None:
                     answer.reply = reply
                     answer.done.set()
+            case Load(live, capacity):
+                self.shards[shard].live, self.shards[shard].capacity = live, capacity
 
-    def session_process_gone(self) -> None:
+    def shard_gone(self, shard: int | None = None) -> None:
+        """Close the sockets of ``shard`` (``None``: of every shard) with 1011."""
         for conn, relay in self.relays.items():
-            relay.post.send_nowait(CloseConnection(conn, 1011, "internal_error"))
+            if shard is None or relay.shard == shard:
+                relay.post.send_nowait(CloseConnection(conn, 1011, "internal_error"))
+
+    async def keep_shard(
+        self,
+        index: int,
+        path: str,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Stay connected to shard ``index``; reports after the first try."""
+        log = get_logger(component="frontend", shard=index)
+        shard = self.shards[index]
+        reported = False
+        while True:
+            try:
+                stream = await trio.open_unix_socket(path)
+            except OSError:
+                stream = None
+            if not reported:
+                reported = True
+                task_status.started()
+            if stream is None:
+                await trio.sleep(SHARD_RETRY_S)
+                continue
+            link = shard.link = Link(stream)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(link.send_loop)
+                    try:
+                        async for message in link.messages():
+                            self.route(message, index)
+                    except LinkBroken as exc:
+                        log.error("session shard link broken", error=str(exc))
+                    nursery.cancel_scope.cancel()
+            finally:
+                shard.link, shard.live, shard.capacity = None, 0, 0
+                self.shard_gone(index)
+                await link.stream.aclose()
+            log.error("session shard gone; closed its sockets, reconnecting")
+            await trio.sleep(SHARD_RETRY_S)
 
 
 async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerSettings) -> None:
     log = get_logger(component="frontend", worker=index)
     stream = trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=link_fd)))
     link = Link(stream)
-    backend = LinkBackend(link)
+    backend = LinkBackend(link, 1 + len(settings.shard_paths), settings.first_event_timeout_s)
     app = build_app(
         backend, max_frame_bytes=settings.max_frame_bytes, realtime_vad=settings.realtime_vad
     )
@@ -172,12 +283,14 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
                 backend.route(message)
         if not stopping.is_set():
             log.error("session process gone; closing sockets")
-            backend.session_process_gone()
+            backend.shard_gone()
             stopping.set()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(link.send_loop)
         nursery.start_soon(listen)
+        for shard, path in enumerate(settings.shard_paths, 1):
+            await nursery.start(backend.keep_shard, shard, path)
 
         async def serve_then_end(*, task_status: trio.TaskStatus[Any]) -> None:
             await serve(app, hyper, shutdown_trigger=stopping.wait, task_status=task_status)

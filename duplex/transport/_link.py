@@ -1,6 +1,7 @@
-"""The link between the session process and one connection worker process.
+"""The link between a session process and a connection worker, or a shard and its server.
 
-One stream socket (a ``socketpair`` made at spawn), carrying typed messages,
+One stream socket (a ``socketpair`` made at spawn, or a session shard's Unix
+socket that workers connect to), carrying typed messages,
 each behind its length. The two that every frame sends are framed by hand; the
 rest are pickles. Both ends are our own processes from one install (checked by
 ``CODE_FINGERPRINT``), so pickle is safe here; it never touches client bytes,
@@ -85,6 +86,9 @@ class Connected:
     conn: int
     autostart: bool
     initial_options: SessionOptions | None
+    waited_s: float = 0.0
+    """How long the worker already held the socket for its first event (choosing a shard):
+    taken off the first-event timeout."""
 
 
 @final
@@ -149,8 +153,39 @@ class HttpReply:
 
 @final
 @dataclass(frozen=True, slots=True)
+class Load:
+    """A session shard's admission now: workers send new sessions where most is free."""
+
+    live: int
+    capacity: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class Stop:
     """Shut down: stop accepting, let open sockets finish, exit."""
+
+
+# -- messages between the server process and a session shard ------------------
+# (the shard posts ``Ready`` once its socket listens; the server posts ``Stop``)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ShardQuery:
+    """The server asks a shard for ``what``: ``health`` or ``metrics``."""
+
+    request: int
+    what: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ShardAnswer:
+    """A shard's answer: its health dict, or its metric families."""
+
+    request: int
+    value: Any
 
 
 # -- framing (sans-I/O) --------------------------------------------------------

@@ -1,13 +1,16 @@
 """Server assembly: actor system, engine, shared VAD, hub and hypercorn in one trio process.
 
 With ``server.connection_workers`` the WebSocket I/O moves to worker processes
-(``_workers.py``); everything else stays here.
+(``_workers.py``); with ``server.session_shards`` too, sessions (each shard with
+its own engine) are spread over this process and shard processes (``_shards.py``).
 """
 
 from __future__ import annotations
 
 import gc
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
@@ -38,7 +41,8 @@ from duplex.sessions._hub import SessionHub
 
 from . import _link
 from ._app import HubBackend, build_app, hypercorn_config
-from ._workers import ConnectionWorkers, WorkerSettings
+from ._shards import ShardProcesses
+from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
 
 
 def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
@@ -115,25 +119,36 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-async def serve_duplex(
-    config: Config,
-    system: ActorSystem,
-    *,
-    registry: MetricsRegistry = REGISTRY,
-    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Run engine and HTTP server until ``system.request_shutdown()``; reports the binds."""
-    log = get_logger(component="server")
+def shard_max_sessions(max_sessions: int, shards: int, index: int) -> int:
+    """Shard ``index``'s part of ``max_sessions`` (0, no cap, stays 0): the parts sum to it."""
+    if not max_sessions:
+        return 0
+    return max_sessions // shards + (1 if index < max_sessions % shards else 0)
+
+
+@asynccontextmanager
+async def open_backend(
+    config: Config, system: ActorSystem, registry: MetricsRegistry, *, shard: int | None = None
+) -> AsyncIterator[HubBackend]:
+    """This process's sessions: hub, engine and shared VAD, stopped on the way out.
+
+    ``shard``: the process's index when the server runs several session shards.
+    """
     spec, factory = resolve_model(config)
     session_cfg = config.session
+    server = config.server
     frame_bytes = spec.frame_samples * 2
+    max_sessions = server.max_sessions
+    if shard is not None:
+        max_sessions = shard_max_sessions(max_sessions, server.session_shards, shard)
     hub = SessionHub(
         system,
         spec,
         config=session_cfg,
         capabilities=capabilities_for(spec),
-        max_sessions=config.server.max_sessions,
+        max_sessions=max_sessions,
         registry=registry,
+        shard=shard,
     )
 
     def build_engine() -> EngineDriver:
@@ -152,47 +167,51 @@ async def serve_duplex(
         name=f"engine-{spec.name}",
     )
     vad_ref = None
-    if uses_silero(config):
-        limit_torch_threads()
-        streams = config.server.vad_streams
-
-        def build_vad() -> VadDriver:
-            return VadDriver(SileroVad(max_streams=streams, max_pending_ms=VAD_MAX_PENDING_MS))
-
-        try:
-            vad_ref = await system.spawn(VadActor, build_vad, hub.vad_started, name="vad-silero")
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await system.stop(engine_ref)
-            raise
-    freeze_startup_objects()
-    server = config.server
-    backend = HubBackend(hub, registry, first_event_timeout_s=server.first_event_timeout_s)
-    hyper = hypercorn_config(
-        f"{server.host}:{server.port}",
-        max_frame_bytes=server.max_frame_bytes,
-        graceful_timeout_s=server.shutdown_grace_s,
-    )
-    log.info(
-        "starting",
-        bind=hyper.bind,
-        model=spec.name,
-        vad="silero" if vad_ref else None,
-        connection_workers=server.connection_workers,
-    )
     try:
+        if uses_silero(config):
+            limit_torch_threads()
+            streams = server.vad_streams
+
+            def build_vad() -> VadDriver:
+                return VadDriver(SileroVad(max_streams=streams, max_pending_ms=VAD_MAX_PENDING_MS))
+
+            vad_ref = await system.spawn(VadActor, build_vad, hub.vad_started, name="vad-silero")
+        freeze_startup_objects()
+        yield HubBackend(hub, registry, first_event_timeout_s=server.first_event_timeout_s)
+    finally:
+        with trio.CancelScope(shield=True):
+            if vad_ref is not None:
+                await system.stop(vad_ref)
+            await system.stop(engine_ref)
+
+
+async def serve_duplex(
+    config: Config,
+    system: ActorSystem,
+    *,
+    registry: MetricsRegistry = REGISTRY,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run engine and HTTP server until ``system.request_shutdown()``; reports the binds."""
+    log = get_logger(component="server")
+    server = config.server
+    sharded = server.session_shards > 1
+    async with open_backend(config, system, registry, shard=0 if sharded else None) as backend:
+        hyper = hypercorn_config(
+            f"{server.host}:{server.port}",
+            max_frame_bytes=server.max_frame_bytes,
+            graceful_timeout_s=server.shutdown_grace_s,
+        )
+        log.info(
+            "starting",
+            bind=hyper.bind,
+            model=backend.hub.spec.name,
+            vad="silero" if uses_silero(config) else None,
+            connection_workers=server.connection_workers,
+            session_shards=server.session_shards,
+        )
         if server.connection_workers:
-            settings = WorkerSettings(
-                max_frame_bytes=server.max_frame_bytes,
-                realtime_vad=server.realtime_vad,
-                shutdown_grace_s=server.shutdown_grace_s,
-                log_format=server.log_format,
-                log_level=server.log_level,
-                fingerprint=_link.CODE_FINGERPRINT,
-            )
-            await serve_with_workers(
-                backend, hyper, server.connection_workers, settings, registry, task_status
-            )
+            await serve_with_workers(config, backend, hyper, registry, task_status)
         else:
             app = build_app(
                 backend, max_frame_bytes=server.max_frame_bytes, realtime_vad=server.realtime_vad
@@ -204,33 +223,50 @@ async def serve_duplex(
 
             # hypercorn returns after its graceful shutdown; then the engine stops
             await serve(app, hyper, shutdown_trigger=shutdown_trigger, task_status=task_status)
-    finally:
-        with trio.CancelScope(shield=True):
-            if vad_ref is not None:
-                await system.stop(vad_ref)
-            await system.stop(engine_ref)
     log.info("stopped")
 
 
 async def serve_with_workers(
+    config: Config,
     backend: HubBackend,
     hyper: HypercornConfig,
-    count: int,
-    settings: WorkerSettings,
     registry: MetricsRegistry,
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
-    """Bind here, serve in ``count`` connection workers; returns once they have all exited."""
+    """Bind here, serve in connection workers (and shards); returns once all have exited.
+
+    Shards start first, so each worker finds every shard's socket when it starts.
+    On shutdown this process's sockets close (1001), then every shard closes its
+    own, then the workers stop once their sockets are closed.
+    """
+    server = config.server
     (listener,) = hyper.create_sockets().insecure_sockets
     try:
         listener.listen(hyper.backlog)
-        workers = ConnectionWorkers(backend, listener, count, settings, registry)
-        async with trio.open_nursery() as nursery:
+        links = LinkServer(backend, registry)
+        async with ShardProcesses(config, registry) as shards, trio.open_nursery() as nursery:
+            if shards.count:
+                await nursery.start(shards.run)
+                backend.shards = shards
+            settings = WorkerSettings(
+                max_frame_bytes=server.max_frame_bytes,
+                realtime_vad=server.realtime_vad,
+                shutdown_grace_s=server.shutdown_grace_s,
+                log_format=server.log_format,
+                log_level=server.log_level,
+                fingerprint=_link.CODE_FINGERPRINT,
+                shard_paths=shards.paths,
+                first_event_timeout_s=server.first_event_timeout_s,
+            )
+            workers = ConnectionWorkers(
+                links, listener, server.connection_workers, settings, registry
+            )
             await nursery.start(workers.run)
             bind = repr_socket_addr(listener.family, listener.getsockname())
             task_status.started([f"http://{bind}"])
             await backend.hub.system.wait_shutdown_requested()
             await backend.connections.close_all()  # each socket closes with 1001 first
+            shards.stop()  # each shard closes its own sockets, then waits for the workers
             workers.stop()
     finally:
         listener.close()

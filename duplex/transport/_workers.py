@@ -25,7 +25,7 @@ from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry
 from duplex.sessions import ServerEvent, SessionOptions
 
-from ._app import HubBackend
+from ._app import HttpRoute, HubBackend
 from ._link import (
     EXIT_STALE_CODE,
     CloseConnection,
@@ -36,6 +36,7 @@ from ._link import (
     HttpRequest,
     Link,
     LinkBroken,
+    Load,
     Ready,
     Stop,
     Tally,
@@ -60,13 +61,19 @@ class WorkerSettings:
     log_level: str
     fingerprint: str
     """The server process's ``CODE_FINGERPRINT``."""
+    shard_paths: tuple[str, ...] = ()
+    """The Unix sockets of session shards 1.. (shard 0 is the server, over the worker's link)."""
+    first_event_timeout_s: float = 0.0
+    """With shards, a worker holds a socket until its first event says where it goes."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> WorkerSettings:
-        return cls(**json.loads(text))
+        fields = json.loads(text)
+        fields["shard_paths"] = tuple(fields.get("shard_paths", ()))
+        return cls(**fields)
 
 
 class LinkedSocket:
@@ -126,13 +133,13 @@ class ConnectionWorkers:
 
     def __init__(
         self,
-        backend: HubBackend,
+        server: LinkServer,
         listener: socket.socket,
         count: int,
         settings: WorkerSettings,
         registry: MetricsRegistry,
     ) -> None:
-        self.backend = backend
+        self.server = server
         self.listener = listener
         self.count = count
         self.settings = settings
@@ -141,9 +148,6 @@ class ConnectionWorkers:
         self.log = get_logger(component="workers")
         self._restarts = registry.counter(
             "duplex_connection_worker_restarts_total", "Connection workers restarted after exiting"
-        )
-        self._sockets = registry.gauge(
-            "duplex_connection_worker_sockets", "Client sockets open in connection workers"
         )
         self._serving = registry.gauge(
             "duplex_connection_workers_serving", "Connection workers accepting connections"
@@ -179,7 +183,7 @@ class ConnectionWorkers:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(link.send_loop)
-                    await self._route(index, link, on_ready)
+                    await self.server.serve(link, on_ready=on_ready, name=f"worker {index}")
                     nursery.cancel_scope.cancel()
             finally:
                 del self.links[index]
@@ -228,43 +232,83 @@ class ConnectionWorkers:
             process.kill()
             return await process.wait()
 
-    async def _route(self, index: int, link: Link, on_ready: Callable[[], None]) -> None:
-        """Deliver the worker's messages until its link ends, then end its connections.
+
+class LinkServer:
+    """A session process's end of its links: each socket on one runs under a connection actor.
+
+    The server process serves its workers' links; a session shard serves the links
+    its workers open to it. Every link hears the process's ``Load`` whenever the
+    number of admitted sessions changes, so workers can place new sessions.
+    """
+
+    def __init__(self, backend: HubBackend, registry: MetricsRegistry) -> None:
+        self.backend = backend
+        self.links: set[Link] = set()
+        self.log = get_logger(component="links")
+        self._sockets = registry.gauge(
+            "duplex_connection_worker_sockets", "Client sockets open in connection workers"
+        )
+        backend.hub.on_load = self._post_load
+
+    def load(self) -> Load:
+        stats = self.backend.hub.admission.statistics()
+        return Load(stats.live, stats.capacity)
+
+    def _post_load(self) -> None:
+        load = self.load()
+        for link in self.links:
+            link.post(load)
+
+    async def serve(
+        self, link: Link, *, on_ready: Callable[[], None] | None = None, name: str = ""
+    ) -> None:
+        """Deliver the link's messages until it ends, then end its connections.
 
         A broken link (bytes that are not our messages: a worker of another version,
         say) ends it too: we close our end, so the worker sees EOF, closes its sockets
-        (1011) and exits, and ``_keep`` starts a new one.
+        (1011) and exits or reconnects.
         """
         sockets: dict[int, LinkedSocket] = {}
+        backend = self.backend
 
-        async def connection(conn: int, socket: LinkedSocket, autostart: bool) -> None:
+        async def connection(
+            conn: int, socket: LinkedSocket, autostart: bool, waited: float
+        ) -> None:
             self._sockets.inc()
             try:
-                await self.backend.connect(socket, autostart=autostart)
+                await backend.connect(socket, autostart=autostart, waited_s=waited)
             finally:
                 sockets.pop(conn, None)
                 self._sockets.dec()
 
-        async with trio.open_nursery() as nursery:
-            try:
-                async for message in link.messages():
-                    match message:
-                        case FromSocket(conn, received):
-                            if (linked := sockets.get(conn)) is not None:
-                                linked.deliver(received)
-                        case Written(conn, count):
-                            if (linked := sockets.get(conn)) is not None:
-                                linked.window.give(count)
-                        case Connected(conn, autostart, options):
-                            sockets[conn] = linked = LinkedSocket(link, conn, options)
-                            nursery.start_soon(connection, conn, linked, autostart)
-                        case HttpRequest(request, route):
-                            link.post(HttpReply(request, self.backend.reply(route)))
-                        case Ready():
-                            on_ready()
-            except LinkBroken as exc:
-                self.log.error("connection worker link broken", worker=index, error=str(exc))
-                await link.stream.aclose()
-            finally:
-                for linked in sockets.values():
-                    linked.peer_left()
+        async def answer(request: int, route: HttpRoute) -> None:
+            link.post(HttpReply(request, await backend.http(route)))
+
+        self.links.add(link)
+        link.post(self.load())
+        try:
+            async with trio.open_nursery() as nursery:
+                try:
+                    async for message in link.messages():
+                        match message:
+                            case FromSocket(conn, received):
+                                if (linked := sockets.get(conn)) is not None:
+                                    linked.deliver(received)
+                            case Written(conn, count):
+                                if (linked := sockets.get(conn)) is not None:
+                                    linked.window.give(count)
+                            case Connected(conn, autostart, options, waited):
+                                sockets[conn] = linked = LinkedSocket(link, conn, options)
+                                nursery.start_soon(connection, conn, linked, autostart, waited)
+                            case HttpRequest(request, route):
+                                nursery.start_soon(answer, request, route)
+                            case Ready() if on_ready is not None:
+                                on_ready()
+                except LinkBroken as exc:
+                    self.log.error("link broken", link=name, error=str(exc))
+                    await link.stream.aclose()
+                finally:
+                    for linked in sockets.values():
+                        linked.peer_left()
+        finally:
+            self.links.discard(link)

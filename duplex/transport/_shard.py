@@ -1,0 +1,117 @@
+"""A session shard process: its own sessions and engine, reached by the workers' links.
+
+    python -m duplex.transport._shard --index I --path P --control-fd F --fingerprint H \
+        --config B64
+
+Spawned by ``ShardProcesses`` (``_shards.py``), never by hand. It runs what the
+server process runs for its own sessions (``open_backend``: hub, engine, VAD)
+and serves every link a connection worker opens on its Unix socket, exactly as
+the server serves its workers' links (``LinkServer``). Over its control link it
+tells the server it listens (``Ready``), answers ``/health`` and ``/metrics``
+queries, and stops on ``Stop``: its sockets close with 1001, and it exits once
+the workers, finishing their own shutdown, have closed their links. When the
+server goes away it closes its sockets and exits. SIGINT is left to the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import os
+import pickle
+import signal
+import socket
+from collections.abc import Sequence
+
+import trio
+
+from duplex.actors import open_actor_system
+from duplex.config import Config
+from duplex.logs import configure_logging, get_logger
+from duplex.metrics import REGISTRY
+
+from ._link import CODE_FINGERPRINT, EXIT_STALE_CODE, Link, Ready, ShardAnswer, ShardQuery, Stop
+from ._server import open_backend
+from ._workers import LinkServer
+
+LINKS_GONE_POLL_S = 0.05
+
+
+async def run_shard(index: int, path: str, control_fd: int, config: Config) -> None:
+    log = get_logger(component="shard", shard=index)
+    control_socket = trio.socket.from_stdlib_socket(socket.socket(fileno=control_fd))
+    control = Link(trio.SocketStream(control_socket))
+    async with (
+        open_actor_system(name=f"duplex-shard-{index}") as system,
+        open_backend(config, system, REGISTRY, shard=index) as backend,
+    ):
+        links = LinkServer(backend, REGISTRY)
+        listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a socket left by this shard's previous process
+        await listener.bind(path)
+        listener.listen(128)
+
+        async def serve_link(sock: trio.socket.SocketType) -> None:
+            link = Link(trio.SocketStream(sock))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(link.send_loop)
+                await links.serve(link, name="worker")
+                nursery.cancel_scope.cancel()
+
+        async def accept(nursery: trio.Nursery) -> None:
+            with listener:
+                while True:
+                    sock, _ = await listener.accept()
+                    nursery.start_soon(serve_link, sock)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(control.send_loop)
+            nursery.start_soon(accept, nursery)
+            control.post(Ready())
+            stopped = False
+            async for message in control.messages():
+                match message:
+                    case Stop():
+                        stopped = True
+                        break
+                    case ShardQuery(request, "health"):
+                        control.post(ShardAnswer(request, backend.health_of()))
+                    case ShardQuery(request, "metrics"):
+                        control.post(ShardAnswer(request, REGISTRY.families()))
+                    case ShardQuery(request, _):
+                        control.post(ShardAnswer(request, None))
+            if not stopped:
+                log.error("server process gone; closing sockets")
+            await backend.connections.close_all()  # each socket closes with 1001 first
+            if stopped:  # the workers close their links once their sockets are done
+                with trio.move_on_after(config.server.shutdown_grace_s + 2):
+                    while links.links:
+                        await trio.sleep(LINKS_GONE_POLL_S)
+            nursery.cancel_scope.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--path", required=True)
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--fingerprint", required=True)
+    parser.add_argument("--config", required=True)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops us in order
+    if args.fingerprint != CODE_FINGERPRINT:
+        configure_logging("console", "error")
+        get_logger(component="shard", shard=args.index).error(
+            "duplex's code on disk changed since the server started; not starting"
+        )
+        return EXIT_STALE_CODE
+    config: Config = pickle.loads(base64.b64decode(args.config))
+    configure_logging(config.server.log_format, config.server.log_level)
+    trio.run(run_shard, args.index, args.path, args.control_fd, config)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
