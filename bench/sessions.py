@@ -23,7 +23,10 @@ local ports:
 - ``workers`` (opt-in: ``--targets bare,tick,duplex,workers``): the same
   ``duplex serve`` with ``DUPLEX_SERVER__CONNECTION_WORKERS=N`` (``--workers``,
   default 4): N worker processes do the WebSocket I/O, JSON and base64 and relay
-  to the session process. Read and reported like ``duplex``.
+  to the session process; with ``--shards K``, ``DUPLEX_SERVER__SESSION_SHARDS=K``
+  too: K session processes, each with its own engine and tick grid (the grid is
+  probed per shard, and each session is timed against its own shard's grid; a
+  session's shard is in its id). Read and reported like ``duplex``.
 
 For each session count, each target in turn on a freshly started server: N
 WebSockets each send ``session.create``, then one 80 ms 24 kHz PCM16
@@ -80,6 +83,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import signal
 import socket
@@ -268,18 +272,22 @@ def duplex_server(
     gc_mode: str = "",
     workers: int = 0,
     name: str = "duplex",
+    shards: int = 1,
 ) -> Server:
     """``duplex serve`` of the working tree, or of the ``duplex`` package under ``src``.
 
     ``gc_mode`` (diagnostic): serve through ``bench/_duplex_gc.py`` with the collector
     ``off`` or ``freeze``-d after startup. ``workers``: that many connection worker
-    processes (``server.connection_workers``). ``name``: the target, for the log file.
+    processes (``server.connection_workers``), ``shards`` session processes
+    (``server.session_shards``). ``name``: the target, for the log file.
     """
     port = free_port()
     env = {"DUPLEX_SESSION__OVERLAP_POLICY": "model", "DUPLEX_LOG_LEVEL": "warning"}
     env.update(extra_env or {})
     if workers:
         env["DUPLEX_SERVER__CONNECTION_WORKERS"] = str(workers)
+    if shards > 1:
+        env["DUPLEX_SERVER__SESSION_SHARDS"] = str(shards)
     log = out.with_name(f"{out.name}.{name}.log")
     script = Path(sys.executable).parent / "duplex"
     argv = [str(script)] if script.exists() else [sys.executable, "-m", "duplex.cli"]
@@ -336,9 +344,9 @@ def duplex_target(workers: bool = False) -> Target:
     name = "workers" if workers else "duplex"
 
     def factory(args: argparse.Namespace) -> Server:
-        count = args.workers if workers else 0
+        count, shards = (args.workers, args.shards) if workers else (0, 1)
         src, env, gc = args.duplex_src, args.duplex_env, args.duplex_gc
-        return duplex_server(args.out_path, src, env, gc, workers=count, name=name)
+        return duplex_server(args.out_path, src, env, gc, workers=count, name=name, shards=shards)
 
     return Target(factory, ticked=True, delay_s=MODEL_DELAY_S, sessions=True)
 
@@ -354,7 +362,14 @@ TARGETS = {
 # ---------------------------------------------------------------------- client
 
 
-async def open_session(url: str, gate: asyncio.Semaphore) -> ClientConnection:
+def shard_of(reply: dict[str, Any]) -> int:
+    """The session shard a ``session.created`` names in its session id (0 when unsharded)."""
+    found = re.match(r"duplex-s(\d+)-", reply.get("session", {}).get("id", ""))
+    return int(found.group(1)) if found else 0
+
+
+async def open_session(url: str, gate: asyncio.Semaphore) -> tuple[ClientConnection, int]:
+    """A socket with a session open on it, and the session's shard."""
     async with gate:
         ws = await connect(
             url, max_size=None, compression=None, ping_interval=None, open_timeout=30
@@ -364,17 +379,36 @@ async def open_session(url: str, gate: asyncio.Semaphore) -> ClientConnection:
     if reply.get("type") != "session.created":
         await ws.close()
         raise RuntimeError(f"session.create answered {reply}")
-    return ws
+    return ws, shard_of(reply)
 
 
-async def estimate_grid(url: str, target: Target, frames: int = 40) -> tuple[float, float]:
-    """The server's tick phase (mod 80 ms, ``time.monotonic`` clock) and the receipts' spread.
+async def estimate_grid(
+    url: str, target: Target, shards: int = 1, frames: int = 40
+) -> dict[int, tuple[float, float]]:
+    """Each session shard's tick phase (mod 80 ms, ``time.monotonic`` clock) and spread.
 
-    One session on the idle server; echoes leave right after a tick, so receipt
-    times mod 80 ms cluster just after the tick phase; the cluster's low edge is
-    taken as the phase.
+    One session per shard on the idle server (each shard's engine keeps its own
+    grid); echoes leave right after a tick, so receipt times mod 80 ms cluster just
+    after the tick phase; the cluster's low edge is taken as the phase.
     """
-    ws = await open_session(url, asyncio.Semaphore(1))
+    probes: dict[int, ClientConnection] = {}
+    extra: list[ClientConnection] = []
+    for _ in range(4 * shards):
+        ws, shard = await open_session(url, asyncio.Semaphore(1))
+        if shard in probes:
+            extra.append(ws)
+        else:
+            probes[shard] = ws
+        if len(probes) == shards:
+            break
+    await asyncio.gather(*(_close(ws, duplex=target.sessions) for ws in extra))
+    if len(probes) < shards:
+        raise RuntimeError(f"grid probe: sessions landed on shards {sorted(probes)} only")
+    found = await asyncio.gather(*(_probe(ws, target, frames) for ws in probes.values()))
+    return dict(zip(probes, found, strict=True))
+
+
+async def _probe(ws: ClientConnection, target: Target, frames: int) -> tuple[float, float]:
     receipts: list[float] = []
 
     async def receive() -> None:
@@ -433,9 +467,10 @@ async def run_step(
     target: Target,
     n: int,
     args: argparse.Namespace,
-    phase: float,
+    grid: dict[int, float],
     idle: list[Server],
 ) -> dict[str, Any]:
+    """``grid``: each session shard's tick phase (shard 0 alone when not sharded)."""
     duplex = target.sessions
     frames = math.ceil((args.warmup + args.measure) / PERIOD_S)
     first = math.ceil(args.warmup / PERIOD_S)
@@ -444,16 +479,18 @@ async def run_step(
         due=np.full((n, frames), np.nan),
         received=np.full((n, frames), np.nan),
     )
-    # duplex with tick phases: sessions open one at a time, so session j joins phase
-    # group j % phases (the engine fills the smallest group, lowest first; the grid
-    # probe's session has left), i.e. its tick is (j % phases) * period / phases later
+    # duplex with tick phases: sessions open one at a time, so the i-th session on a
+    # shard joins its phase group i % phases (the engine fills the smallest group,
+    # lowest first; the grid probes have left), i.e. its tick is that many
+    # period / phases after its shard's grid
     phases = args.duplex_tick_phases if target.sessions else 1
     gate = asyncio.Semaphore(1 if phases > 1 else HANDSHAKES)
     opened = await asyncio.gather(
         *(open_session(server.url, gate) for _ in range(n)), return_exceptions=True
     )
-    sockets = [ws for ws in opened if isinstance(ws, ClientConnection)]
-    refused = [repr(exc) for exc in opened if not isinstance(exc, ClientConnection)]
+    sockets = [got[0] for got in opened if isinstance(got, tuple)]
+    shard_of_session = [got[1] for got in opened if isinstance(got, tuple)]
+    refused = [repr(exc) for exc in opened if not isinstance(exc, tuple)]
     if refused:
         await asyncio.gather(*(_close(ws, duplex=duplex) for ws in sockets))
         return {"sessions": n, "refused": len(refused), "refusal": refused[0][:300]}
@@ -461,10 +498,15 @@ async def run_step(
     # frame k of session j is due theta_j before its tick (base + offsets[j] + k * period)
     guard = args.guard_ms / 1000
     thetas = [guard + (PERIOD_S - guard) * (j + 0.5) / n for j in range(n)]
-    offsets = [(j % phases) * PERIOD_S / phases for j in range(n)]
+    joined: Counter[int] = Counter()
+    offsets = []
+    for shard in shard_of_session:
+        offsets.append((joined[shard] % phases) * PERIOD_S / phases)
+        joined[shard] += 1
+    phase = [grid.get(shard, 0.0) for shard in shard_of_session]
     now = time.monotonic() + 0.5
-    base = phase + math.ceil((now - phase) / PERIOD_S) * PERIOD_S + PERIOD_S
-    window = (base + first * PERIOD_S - PERIOD_S, base + frames * PERIOD_S - PERIOD_S)
+    base = [p + math.ceil((now - p) / PERIOD_S) * PERIOD_S + PERIOD_S for p in phase]
+    window = (min(base) + (first - 1) * PERIOD_S, max(base) + (frames - 1) * PERIOD_S)
     cpu: dict[str, float] = {}
     processes: dict[str, int] = {}
 
@@ -480,7 +522,7 @@ async def run_step(
     async def send(j: int, ws: ClientConnection) -> None:
         theta = thetas[j] - offsets[j]
         for k in range(frames):
-            due = base + k * PERIOD_S - theta
+            due = base[j] + k * PERIOD_S - theta
             await _sleep_until(due)
             data.due[j, k] = due
             data.sent[j, k] = time.monotonic()
@@ -527,7 +569,7 @@ async def run_step(
         task.cancel()
     await asyncio.gather(*receivers, return_exceptions=True)
 
-    ticks = np.asarray([phase + offset for offset in offsets]) if target.ticked else None
+    ticks = np.add(phase, offsets) if target.ticked else None
     result = summarize(data, first, ticks, target.delay_s)
     wall = cpu["end_wall"] - cpu["start_wall"]
     used = {k: 100 * (cpu["end_" + k] - cpu["start_" + k]) / wall for k in cpu_keys(cpu)}
@@ -717,9 +759,11 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def connection_workers(report: dict[str, Any]) -> str:
-    """The workers target's layout, for labels: 'N connection workers'."""
+    """The workers target's layout, for labels: 'N connection workers[, K session shards]'."""
     count = report["params"].get("workers", "?")
-    return f"{count} connection worker{'' if count == 1 else 's'}"
+    shards = report["params"].get("shards", 1)
+    label = f"{count} connection worker{'' if count == 1 else 's'}"
+    return label + (f", {shards} session shards" if shards > 1 else "")
 
 
 def variant(report: dict[str, Any]) -> str:
@@ -831,13 +875,17 @@ async def measure_once(name: str, n: int, args: argparse.Namespace) -> dict[str,
     server = target.factory(args)
     await asyncio.to_thread(server.start)
     try:
-        phase, spread = 0.0, 0.0
+        grid = {0: (0.0, 0.0)}
         if target.ticked:
-            phase, spread = await estimate_grid(server.url, target)
+            shards = args.shards if name == "workers" else 1
+            grid = await estimate_grid(server.url, target, shards)
         await wait_quiet(server, args)
-        row = await run_step(server, target, n, args, phase, [])
+        row = await run_step(server, target, n, args, {k: v[0] for k, v in grid.items()}, [])
         if target.ticked:
-            row["grid"] = {"phase_ms": round(phase * 1000, 2), "spread_ms": round(spread * 1000, 2)}
+            row["grid"] = {
+                str(shard): {"phase_ms": round(p * 1000, 2), "spread_ms": round(w * 1000, 2)}
+                for shard, (p, w) in sorted(grid.items())
+            }
         if name == "tick" and not row.get("refused"):
             row["server_missed_ticks"] = server.health().get("missed_ticks")
         if target.sessions:
@@ -971,6 +1019,14 @@ def main() -> int:
         help="connection worker processes of the workers target "
         "(DUPLEX_SERVER__CONNECTION_WORKERS; default 4)",
     )
+    parser.add_argument(
+        "--shards",
+        metavar="K",
+        type=int,
+        default=1,
+        help="session processes of the workers target, each with its own engine "
+        "(DUPLEX_SERVER__SESSION_SHARDS; default 1)",
+    )
     parser.add_argument("--guard-ms", type=float, default=20.0)
     parser.add_argument(
         "--duplex-tick-phases",
@@ -1050,6 +1106,7 @@ def main() -> int:
             "duplex_env": args.duplex_env,
             "duplex_gc": args.duplex_gc or "on",
             "workers": args.workers,  # connection workers of the workers target
+            "shards": args.shards,  # and its session shards
         },
         "capacity": capacities(caps),
         "results": results,
