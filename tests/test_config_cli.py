@@ -54,6 +54,59 @@ def test_bad_values_name_the_key(env: dict[str, str], message: str) -> None:
         load_config(env=env)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"server.session_shards": 0}, "session_shards: must be 1..64, got 0"),
+        ({"server.session_shards": 65, "server.connection_workers": 1}, "must be 1..64, got 65"),
+        ({"server.session_shards": 2}, "session_shards: 2 shards need connection_workers >= 1"),
+        (
+            {"server.session_shards": 2, "server.connection_workers": 1,
+             "server.model_device": "cuda"},
+            "session_shards: each shard runs its own engine, and model_device 'cuda'",
+        ),
+        (
+            {"server.session_shards": 2, "server.connection_workers": 1,
+             "server.model_device": "cuda:1"},
+            "model_device 'cuda:1' needs one engine",
+        ),
+        (
+            {"server.session_shards": 3, "server.connection_workers": 2,
+             "server.max_sessions": 2},
+            "session_shards: max_sessions 2 is split over 3 shards",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_session_shards_name_the_key(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(env={}, overrides=overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"server.session_shards": 1},  # one shard: no workers needed
+        {"server.session_shards": 1, "server.model_device": "cuda"},
+        {"server.session_shards": 2, "server.connection_workers": 1},
+        {"server.session_shards": 3, "server.connection_workers": 2, "server.max_sessions": 3},
+        {"server.session_shards": 2, "server.connection_workers": 1, "server.max_sessions": 0},
+        {"server.session_shards": 64, "server.connection_workers": 64},
+    ],
+)
+def test_valid_session_shards_load(overrides: dict[str, object]) -> None:
+    config = load_config(env={}, overrides=overrides)
+    assert config.server.session_shards == overrides["server.session_shards"]
+
+
+def test_session_shards_from_env_and_the_cli_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert load_config(env={}).server.session_shards == 1
+    env = {"DUPLEX_SERVER__SESSION_SHARDS": "3", "DUPLEX_SERVER__CONNECTION_WORKERS": "2"}
+    assert load_config(env=env).server.session_shards == 3
+    assert main(["serve", "--session-shards", "2", "--port", "0"]) == 2  # and no workers
+    err = capsys.readouterr().err
+    assert "session_shards: 2 shards need connection_workers >= 1" in err
+
+
 def test_bad_toml_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[server\nport=1")

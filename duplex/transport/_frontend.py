@@ -139,7 +139,8 @@ class LinkBackend:
                 waited = trio.current_time() - began
                 if first is None:  # the peer left before it said anything
                     return
-                shard = self._owner(first)
+                if first is not _NOTHING:  # else: silent past the timeout; shard 0 says so,
+                    shard = self._owner(first)  # and no shard counts it as a new session
         assert shard.link is not None
         self.relays[conn] = relay = Relay(conn, socket, shard.link, shard.index)
         relay.link.post(Connected(conn, autostart, socket.initial_options, waited))
