@@ -566,13 +566,13 @@ async def run_step(
     gc.disable()
     try:
         await asyncio.gather(*(send(j, ws) for j, ws in enumerate(sockets)), *samplers)
+        wait = target.delay_s + (PERIOD_S if target.ticked else 0)
+        drain_until = time.monotonic() + wait + args.drain
+        expected = [k for k in range(first, frames) if voiced(k)]
+        while time.monotonic() < drain_until and np.isnan(data.received[:, expected]).any():
+            await asyncio.sleep(0.05)
     finally:
         gc.enable()
-    wait = target.delay_s + (PERIOD_S if target.ticked else 0)
-    drain_until = time.monotonic() + wait + args.drain
-    expected = [k for k in range(first, frames) if voiced(k)]
-    while time.monotonic() < drain_until and np.isnan(data.received[:, expected]).any():
-        await asyncio.sleep(0.05)
     await asyncio.gather(*(_close(ws, duplex=duplex) for ws in sockets))
     for task in receivers:
         task.cancel()
