@@ -144,7 +144,8 @@ class SessionHub:
         self.admission = Admission(capacity)
         self.shard = shard
         self.on_load: Callable[[], None] | None = None
-        """Called after the number of admitted sessions changed (a shard tells its workers)."""
+        """Called after each admission attempt and each release (a shard tells its workers,
+        which count a session they send as taken until then)."""
         self._sessions: dict[str, ActorRef[Any]] = {}
         self._generations = itertools.count(1)
         self._opened = registry.counter("duplex_sessions_opened_total", "Sessions admitted")
@@ -231,6 +232,13 @@ class SessionHub:
         return self._sessions.get(session_id)
 
     async def open(self, options: SessionOptions | None) -> Opened:
+        """Admit and start a session (see ``_open``); tells ``on_load`` either way."""
+        try:
+            return await self._open(options)
+        finally:
+            self._load_changed()
+
+    async def _open(self, options: SessionOptions | None) -> Opened:
         """Admit and start a session.
 
         Raises:
@@ -293,7 +301,6 @@ class SessionHub:
             raise
         self._sessions[session_id] = ref
         self._opened.inc()
-        self._load_changed()
         if self.driver is not driver:  # the engine restarted while the session was starting
             await ref.tell(EngineReplaced(self.driver, "engine crashed"))  # type: ignore[arg-type]
         if vad is not None and self.vad is not vad.link.streams:  # so did the VAD

@@ -35,8 +35,6 @@ from ._link import CODE_FINGERPRINT, EXIT_STALE_CODE, Link, Ready, ShardAnswer, 
 from ._server import open_backend
 from ._workers import LinkServer
 
-LINKS_GONE_POLL_S = 0.05
-
 
 async def run_shard(index: int, path: str, control_fd: int, config: Config) -> None:
     log = get_logger(component="shard", shard=index)
@@ -87,8 +85,7 @@ async def run_shard(index: int, path: str, control_fd: int, config: Config) -> N
             await backend.connections.close_all()  # each socket closes with 1001 first
             if stopped:  # the workers close their links once their sockets are done
                 with trio.move_on_after(config.server.shutdown_grace_s + 2):
-                    while links.links:
-                        await trio.sleep(LINKS_GONE_POLL_S)
+                    await links.wait_unlinked()
             nursery.cancel_scope.cancel()
 
 

@@ -245,10 +245,16 @@ class LinkServer:
         self.backend = backend
         self.links: set[Link] = set()
         self.log = get_logger(component="links")
+        self._link_ended = trio.lowlevel.ParkingLot()
         self._sockets = registry.gauge(
             "duplex_connection_worker_sockets", "Client sockets open in connection workers"
         )
         backend.hub.on_load = self._post_load
+
+    async def wait_unlinked(self) -> None:
+        """Until no link is left (a stopping shard waits for its workers to finish)."""
+        while self.links:
+            await self._link_ended.park()
 
     def load(self) -> Load:
         stats = self.backend.hub.admission.statistics()
@@ -312,3 +318,4 @@ class LinkServer:
                         linked.peer_left()
         finally:
             self.links.discard(link)
+            self._link_ended.unpark_all()
