@@ -11,8 +11,9 @@ subclass these classes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import final
+from typing import TypeVar, final
 
 from duplex.exceptions import BadAudio, InvalidVideoFrames
 from duplex.pcm import float_to_pcm16
@@ -58,6 +59,19 @@ from ._server_events import (
 
 TURN_SIGNALS = ("barge_in",)
 VIDEO_FORMATS = ("jpeg", "png", "rgb")
+
+_E = TypeVar("_E")
+
+
+def rebuilt(cls: type[_E], values: Iterable[object]) -> _E:
+    """An event of ``cls`` from its field values in order, as pickle rebuilds one: without
+    the constructor's checks, which it passed when it was first built (the journal's
+    replay; a worker link's per-frame messages, where ``AudioAppend``'s finite-sample
+    check alone is 8 us)."""
+    event = object.__new__(cls)
+    for name, value in zip(cls.__slots__, values, strict=True):  # type: ignore[attr-defined]
+        object.__setattr__(event, name, value)
+    return event
 
 
 @final

@@ -9,12 +9,11 @@ that falls behind them gets a `ReplayGap` instead of a silently partial replay.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from dataclasses import dataclass
-from typing import final
+from typing import Any, final
 
-from ._events import ServerEvent
+from ._events import ServerEvent, rebuilt
 
 __all__ = ["EXPIRY_BATCH_S", "Journal", "JournalStatistics", "Replay", "ReplayGap", "event_size"]
 
@@ -24,23 +23,33 @@ EXPIRY_BATCH_S = 1.0
 _OVERHEAD = 160  # envelope, ids and field names of a JSON event, roughly
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-"""Field names per event class (``dataclasses.fields`` is slow on the per-frame path)."""
+_CLASSES: list[type] = []
+"""Event classes by code: an entry names its class by index, as a type would keep it tracked."""
+_CODES: dict[type, int] = {}
 
 
-def event_size(event: ServerEvent) -> int:
+def _code(cls: type) -> int:
+    code = _CODES.get(cls)
+    if code is None:
+        code = _CODES[cls] = len(_CLASSES)
+        _CLASSES.append(cls)
+    return code
+
+
+def _size(values: tuple[object, ...]) -> int:
     """Approximate wire size in bytes (base64 for bytes fields)."""
-    names = _FIELD_NAMES.get(type(event))
-    if names is None:
-        names = _FIELD_NAMES[type(event)] = tuple(f.name for f in dataclasses.fields(event))
     size = _OVERHEAD
-    for name in names:
-        value = getattr(event, name)
+    for value in values:
         if isinstance(value, bytes):
             size += (len(value) + 2) // 3 * 4
         elif isinstance(value, str):
             size += len(value)
     return size
+
+
+def event_size(event: ServerEvent) -> int:
+    """Approximate wire size of ``event`` in bytes (base64 for bytes fields)."""
+    return _size(tuple(getattr(event, name) for name in event.__slots__))
 
 
 @final
@@ -77,16 +86,18 @@ class ReplayGap:
     reason: str
 
 
-@dataclass(slots=True)
-class _Entry:
-    seq: int
-    at: float
-    size: int
-    event: ServerEvent
+_SEQ, _AT, _SIZE, _CLASS = 0, 1, 2, 3  # an entry: (seq, at, size, class code, *fields)
 
 
 class Journal:
     """Bounded by age and bytes; overflow policy: drop oldest, remembered as a gap.
+
+    Entries are flat tuples of the event's fields, not the event: a streaming
+    session journals two events a frame for ``ttl_s``, and as objects they were
+    nearly all of a session's growth in objects the cyclic collector tracks (2.7k a
+    minute), whose full collections stop the event loop for every session of the
+    process. A tuple of strings, bytes and numbers leaves the collector's sight at
+    its first collection.
 
     Args:
         ttl_s: entries older than this are dropped by `expire`.
@@ -96,7 +107,7 @@ class Journal:
     def __init__(self, *, ttl_s: float, max_bytes: int) -> None:
         self._ttl_s = ttl_s
         self._max_bytes = max_bytes
-        self._entries: deque[_Entry] = deque()
+        self._entries: deque[tuple[Any, ...]] = deque()
         self._bytes = 0
         self._peak = 0
         self._last_seq = 0
@@ -115,30 +126,31 @@ class Journal:
     def append(self, event: ServerEvent, now: float) -> int:
         """Journal ``event`` and return its seq."""
         self._last_seq += 1
-        entry = _Entry(self._last_seq, now, event_size(event), event)
-        self._entries.append(entry)
-        self._bytes += entry.size
+        values = tuple(getattr(event, name) for name in event.__slots__)
+        size = _size(values)
+        self._entries.append((self._last_seq, now, size, _code(type(event)), *values))
+        self._bytes += size
         self._peak = max(self._peak, self._bytes)
         while self._bytes > self._max_bytes and self._entries:
             dropped = self._pop()
             self._overflowed += 1
-            self._lost_through = max(self._lost_through, dropped.seq)
-            self._overflow_through = max(self._overflow_through, dropped.seq)
+            self._lost_through = max(self._lost_through, dropped)
+            self._overflow_through = max(self._overflow_through, dropped)
         return self._last_seq
 
     def ack(self, seq: int) -> None:
         """Drop entries up to ``seq``: the client has them."""
         self._acked_through = max(self._acked_through, min(seq, self._last_seq))
-        while self._entries and self._entries[0].seq <= self._acked_through:
+        while self._entries and self._entries[0][_SEQ] <= self._acked_through:
             self._pop()
             self._trimmed += 1
 
     def expire(self, now: float) -> None:
         """Drop entries older than ``ttl_s``."""
-        while self._entries and now - self._entries[0].at >= self._ttl_s:
+        while self._entries and now - self._entries[0][_AT] >= self._ttl_s:
             dropped = self._pop()
             self._expired += 1
-            self._lost_through = max(self._lost_through, dropped.seq)
+            self._lost_through = max(self._lost_through, dropped)
 
     def next_deadline(self) -> float | None:
         """When to run `expire` next, if anything is journaled.
@@ -147,7 +159,7 @@ class Journal:
         session's timer fires about once a second, not once per event. `expire`
         itself is exact: a resume after ``ttl_s`` never replays an expired entry.
         """
-        return self._entries[0].at + self._ttl_s + EXPIRY_BATCH_S if self._entries else None
+        return self._entries[0][_AT] + self._ttl_s + EXPIRY_BATCH_S if self._entries else None
 
     def replay_after(self, cursor: int) -> Replay | ReplayGap:
         """Events with seq > ``cursor`` in order, or a gap if some are lost."""
@@ -158,7 +170,13 @@ class Journal:
             return ReplayGap(reason)
         if cursor < self._acked_through:
             return ReplayGap("journal_gap")  # the client acked what it now asks for again
-        return Replay(tuple((e.seq, e.event) for e in self._entries if e.seq > cursor))
+        return Replay(
+            tuple(
+                (e[_SEQ], rebuilt(_CLASSES[e[_CLASS]], e[_CLASS + 1 :]))
+                for e in self._entries
+                if e[_SEQ] > cursor
+            )
+        )
 
     def statistics(self) -> JournalStatistics:
         """Sizes, bounds and how many entries left by ack, age and overflow."""
@@ -168,7 +186,7 @@ class Journal:
             peak_bytes=self._peak,
             max_bytes=self._max_bytes,
             ttl_s=self._ttl_s,
-            first_seq=self._entries[0].seq if self._entries else None,
+            first_seq=self._entries[0][_SEQ] if self._entries else None,
             last_seq=self._last_seq,
             acked_through=self._acked_through,
             trimmed_by_ack=self._trimmed,
@@ -176,7 +194,8 @@ class Journal:
             overflowed=self._overflowed,
         )
 
-    def _pop(self) -> _Entry:
+    def _pop(self) -> int:
+        """Drop the oldest entry; its seq."""
         entry = self._entries.popleft()
-        self._bytes -= entry.size
-        return entry
+        self._bytes -= entry[_SIZE]
+        return entry[_SEQ]

@@ -23,17 +23,16 @@ import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, final
+from typing import Any, final
 
 import numpy as np
 import trio
 
 from duplex.sessions import AudioAppend, AudioDelta, ServerEvent, SessionOptions
+from duplex.sessions._events import rebuilt
 
 from ._app import Reply
 from ._sockets import Received
-
-_E = TypeVar("_E")
 
 HEADER = struct.Struct("<I")
 MAX_MESSAGE_BYTES = 1 << 30
@@ -200,15 +199,6 @@ _APPEND = struct.Struct("<BIiI")  # tag, conn, sample_rate (-1: None), event_id 
 _DELTA = struct.Struct("<BIqqIdHH")  # tag, conn, seq (-1: None), epoch, rate, start, ids
 
 
-def _trusted(cls: type[_E], *values: object) -> _E:
-    """An event rebuilt field by field, as pickle would: it was validated when it was built,
-    in the other process (``AudioAppend``'s finite-sample check alone is 8 us a frame)."""
-    event = object.__new__(cls)
-    for name, value in zip(cls.__slots__, values, strict=True):  # type: ignore[attr-defined]
-        object.__setattr__(event, name, value)
-    return event
-
-
 def _encode_append(conn: int, event: AudioAppend) -> bytes:
     event_id = b"" if event.event_id is None else event.event_id.encode()
     rate = -1 if event.sample_rate is None else event.sample_rate
@@ -221,7 +211,7 @@ def _decode_append(body: bytes) -> FromSocket:
     start = _APPEND.size + max(0, id_size - 1)
     event_id = body[_APPEND.size : start].decode() if id_size else None
     pcm = np.frombuffer(body, np.float32, offset=start)  # read-only, as the worker built it
-    return FromSocket(conn, _trusted(AudioAppend, pcm, None if rate < 0 else rate, event_id))
+    return FromSocket(conn, rebuilt(AudioAppend, (pcm, None if rate < 0 else rate, event_id)))
 
 
 def _encode_delta(conn: int, event: AudioDelta, seq: int | None) -> bytes:
@@ -239,7 +229,7 @@ def _decode_delta(body: bytes) -> ToSocket:
     response_id = body[at : at + id_size].decode()
     item_id = body[at + id_size : at + id_size + item_size].decode()
     pcm = body[at + id_size + item_size :]
-    event = _trusted(AudioDelta, response_id, item_id, epoch, pcm, rate, start_ms)
+    event = rebuilt(AudioDelta, (response_id, item_id, epoch, pcm, rate, start_ms))
     return ToSocket(conn, event, None if seq < 0 else seq)
 
 
