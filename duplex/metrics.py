@@ -213,7 +213,8 @@ def render(families: Iterable[Family]) -> str:
 
 
 def merge_labelled(parts: Iterable[tuple[dict[str, str], list[Family]]]) -> list[Family]:
-    """Several processes' scrapes as one: each sample gains its process's labels.
+    """Several processes' scrapes as one: each sample gains its process's labels (which win
+    over a sample's own label of the same name).
 
     A family appears once, in the order first seen, with every part's samples; a
     name that two parts give different types keeps the first type and drops the
@@ -222,7 +223,7 @@ def merge_labelled(parts: Iterable[tuple[dict[str, str], list[Family]]]) -> list
     merged: dict[str, Family] = {}
     for labels, families in parts:
         for family in families:
-            samples = [Sample(s.name, {**labels, **s.labels}, s.value) for s in family.samples]
+            samples = [Sample(s.name, {**s.labels, **labels}, s.value) for s in family.samples]
             have = merged.get(family.name)
             if have is None:
                 merged[family.name] = Family(family.name, family.kind, family.help, samples)

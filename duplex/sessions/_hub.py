@@ -44,6 +44,7 @@ from ._actor import (
 )
 from ._admission import Admission
 from ._config import Capabilities, SessionConfig, SessionOptions
+from ._ids import new_session_id
 from ._state import SessionMachine
 from ._vad_link import VadLink
 
@@ -256,7 +257,7 @@ class SessionHub:
             except errors.ConfigError as exc:
                 param = f"session.{getattr(exc, 'key', '')}".rstrip(".")
                 raise errors.BadEvent(str(exc), param=param) from exc
-        session_id = None if self.shard is None else f"duplex-s{self.shard}-{os.urandom(16).hex()}"
+        session_id = None if self.shard is None else new_session_id(os.urandom, self.shard)
         machine = SessionMachine(config, self.capabilities, session_id=session_id)
         session_id = machine.session_id
         limit = self.admission.statistics().capacity

@@ -86,6 +86,7 @@ from ._events import (
     VideoAppend,
     VideoConsumed,
 )
+from ._ids import new_session_id
 from ._items import HistoryItem
 from ._journal import Journal, Replay
 from ._ledger import SessionStatistics
@@ -250,7 +251,7 @@ class SessionMachine:
         self._config = config or SessionConfig()
         self._caps = capabilities or Capabilities()
         self._random_bytes = random_bytes
-        self._session_id = session_id or f"duplex-{random_bytes(16).hex()}"
+        self._session_id = session_id or new_session_id(random_bytes)
         self._set_state(SessionState.AWAITING)
         self._generation: int | None = None
         self._sender: int | None = None

@@ -156,12 +156,14 @@ class HubBackend:
             parts += [({"shard": str(i)}, a) for i, a in enumerate(answers, 1) if a is not None]
             return Reply(200, PROMETHEUS_CONTENT_TYPE, render(merge_labelled(parts)).encode())
         shards = [{"shard": 0, **self.health_of()}]
-        shards += [
-            {"shard": i, **(a or {"status": "unavailable"})} for i, a in enumerate(answers, 1)
-        ]
-        ready = all(shard["status"] == "ok" for shard in shards)
+        for index, answer in enumerate(answers, 1):
+            shards.append({"shard": index, **(answer or {"status": "unavailable"})})
+        # this process takes sessions while any shard does; a restarting shard only degrades it
+        status = "ok" if all(shard["status"] == "ok" for shard in shards) else "degraded"
+        if shards[0]["status"] != "ok":
+            status = shards[0]["status"]
         health = {
-            "status": "ok" if ready else "starting",
+            "status": status,
             "version": __version__,
             "model": self.hub.spec.name,
             "sessions": {
@@ -170,7 +172,7 @@ class HubBackend:
             },
             "shards": shards,
         }
-        return Reply.json(health, 200 if ready else 503)
+        return Reply.json(health, 503 if status == "starting" else 200)
 
     async def connect(self, socket: EventSocket, *, autostart: bool, waited_s: float = 0.0) -> None:
         """``waited_s``: time the socket already waited for its first event (in a worker)."""

@@ -7,7 +7,7 @@ same Starlette app as a single-process server over a ``LinkBackend``: each
 WebSocket is decoded and encoded here by its wire projection, and its events
 cross the link; HTTP routes are answered by the session process. The worker
 owns no session state: when the session process goes away it closes its
-sockets with 1011 and exits; SIGINT is left to the session process, which
+sockets with 1011 and exits; SIGINT and SIGTERM are left to the session process, which
 stops the workers in order (sockets closed with 1001 first).
 """
 
@@ -27,6 +27,7 @@ from hypercorn.trio import serve
 
 from duplex.logs import configure_logging, get_logger
 from duplex.sessions import SessionResume
+from duplex.sessions._ids import shard_of
 
 from ._app import HttpRoute, Reply, build_app, hypercorn_config
 from ._link import (
@@ -48,7 +49,6 @@ from ._link import (
     Window,
     Written,
 )
-from ._shards import shard_of
 from ._sockets import EventSocket, SocketGone
 from ._workers import WorkerSettings
 
@@ -107,6 +107,8 @@ class LinkBackend:
         self.shards = [ShardLink(0, link), *(ShardLink(i) for i in range(1, shard_count))]
         self.first_event_timeout_s = first_event_timeout_s
         self.relays: dict[int, Relay] = {}
+        self.held: set[EventSocket] = set()
+        """Sockets held for their first event: no shard has them yet, so we close them."""
         self.answers: dict[int, _Answer] = {}
         self._next_conn = 0
         self._next_request = 0
@@ -134,8 +136,12 @@ class LinkBackend:
                 shard = self._roomiest()
             else:
                 began = trio.current_time()
-                with trio.move_on_after(self.first_event_timeout_s or math.inf):
-                    first = await socket.receive()
+                self.held.add(socket)
+                try:
+                    with trio.move_on_after(self.first_event_timeout_s or math.inf):
+                        first = await socket.receive()
+                finally:
+                    self.held.discard(socket)
                 waited = trio.current_time() - began
                 if first is None:  # the peer left before it said anything
                     return
@@ -215,6 +221,11 @@ class LinkBackend:
             case Load(live, capacity):
                 self.shards[shard].live, self.shards[shard].capacity = live, capacity
 
+    async def close_held(self, code: int, reason: str) -> None:
+        """Close the sockets still waiting for their first event (shutdown, server gone)."""
+        for held in list(self.held):
+            await held.close(code, reason)
+
     def shard_gone(self, shard: int | None = None) -> None:
         """Close the sockets of ``shard`` (``None``: of every shard) with 1011."""
         for conn, relay in self.relays.items():
@@ -280,12 +291,14 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
         async for message in link.messages():
             if isinstance(message, Stop):
                 stopping.set()
+                await backend.close_held(1001, "server_shutdown")
             else:
                 backend.route(message)
         if not stopping.is_set():
             log.error("session process gone; closing sockets")
             backend.shard_gone()
             stopping.set()
+            await backend.close_held(1011, "internal_error")
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(link.send_loop)
@@ -311,7 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--link-fd", type=int, required=True)
     parser.add_argument("--settings", required=True)
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the session process stops us in order
+    for signum in (signal.SIGINT, signal.SIGTERM):  # to a process group: the server stops us
+        signal.signal(signum, signal.SIG_IGN)
     settings = WorkerSettings.from_json(args.settings)
     configure_logging(settings.log_format, settings.log_level)  # type: ignore[arg-type]
     if settings.fingerprint != CODE_FINGERPRINT:

@@ -246,7 +246,7 @@ async def serve_with_workers(
         links = LinkServer(backend, registry)
         async with ShardProcesses(config, registry) as shards, trio.open_nursery() as nursery:
             if shards.count:
-                await nursery.start(shards.run)
+                await nursery.start(shards.children.run)
                 backend.shards = shards
             settings = WorkerSettings(
                 max_frame_bytes=server.max_frame_bytes,
@@ -261,13 +261,13 @@ async def serve_with_workers(
             workers = ConnectionWorkers(
                 links, listener, server.connection_workers, settings, registry
             )
-            await nursery.start(workers.run)
+            await nursery.start(workers.children.run)
             bind = repr_socket_addr(listener.family, listener.getsockname())
             task_status.started([f"http://{bind}"])
             await backend.hub.system.wait_shutdown_requested()
             await backend.connections.close_all()  # each socket closes with 1001 first
-            shards.stop()  # each shard closes its own sockets, then waits for the workers
-            workers.stop()
+            shards.children.stop()  # each shard closes its sockets, then waits for the workers
+            workers.children.stop()
     finally:
         listener.close()
 

@@ -1,6 +1,6 @@
 """A session shard process: its own sessions and engine, reached by the workers' links.
 
-    python -m duplex.transport._shard --index I --path P --control-fd F --fingerprint H \
+    python -m duplex.transport._shard --link-fd F --index I --path P --fingerprint H \
         --config B64
 
 Spawned by ``ShardProcesses`` (``_shards.py``), never by hand. It runs what the
@@ -23,6 +23,7 @@ import pickle
 import signal
 import socket
 from collections.abc import Sequence
+from typing import Any
 
 import trio
 
@@ -35,10 +36,12 @@ from ._link import CODE_FINGERPRINT, EXIT_STALE_CODE, Link, Ready, ShardAnswer, 
 from ._server import open_backend
 from ._workers import LinkServer
 
+ACCEPT_RETRY_S = 0.1
 
-async def run_shard(index: int, path: str, control_fd: int, config: Config) -> None:
+
+async def run_shard(index: int, path: str, link_fd: int, config: Config) -> None:
     log = get_logger(component="shard", shard=index)
-    control_socket = trio.socket.from_stdlib_socket(socket.socket(fileno=control_fd))
+    control_socket = trio.socket.from_stdlib_socket(socket.socket(fileno=link_fd))
     control = Link(trio.SocketStream(control_socket))
     async with (
         open_actor_system(name=f"duplex-shard-{index}") as system,
@@ -61,8 +64,24 @@ async def run_shard(index: int, path: str, control_fd: int, config: Config) -> N
         async def accept(nursery: trio.Nursery) -> None:
             with listener:
                 while True:
-                    sock, _ = await listener.accept()
+                    try:
+                        sock, _ = await listener.accept()
+                    except OSError as exc:  # out of descriptors, say: the workers try again
+                        log.error("accepting a worker's link failed", error=str(exc))
+                        await trio.sleep(ACCEPT_RETRY_S)
+                        continue
                     nursery.start_soon(serve_link, sock)
+
+        def answer(what: str) -> Any:
+            """This shard's part of ``/health`` or ``/metrics``; ``None`` leaves it out."""
+            try:
+                if what == "health":
+                    return backend.health_of()
+                if what == "metrics":
+                    return REGISTRY.families()
+            except Exception:  # a scrape must never end the shard and its sessions
+                log.exception("answering the server failed", query=what)
+            return None
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(control.send_loop)
@@ -74,12 +93,8 @@ async def run_shard(index: int, path: str, control_fd: int, config: Config) -> N
                     case Stop():
                         stopped = True
                         break
-                    case ShardQuery(request, "health"):
-                        control.post(ShardAnswer(request, backend.health_of()))
-                    case ShardQuery(request, "metrics"):
-                        control.post(ShardAnswer(request, REGISTRY.families()))
-                    case ShardQuery(request, _):
-                        control.post(ShardAnswer(request, None))
+                    case ShardQuery(request, what):
+                        control.post(ShardAnswer(request, answer(what)))
             if not stopped:
                 log.error("server process gone; closing sockets")
             await backend.connections.close_all()  # each socket closes with 1001 first
@@ -93,11 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--path", required=True)
-    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--link-fd", type=int, required=True)
     parser.add_argument("--fingerprint", required=True)
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops us in order
+    for signum in (signal.SIGINT, signal.SIGTERM):  # to a process group: the server stops us
+        signal.signal(signum, signal.SIG_IGN)
     if args.fingerprint != CODE_FINGERPRINT:
         configure_logging("console", "error")
         get_logger(component="shard", shard=args.index).error(
@@ -106,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_STALE_CODE
     config: Config = pickle.loads(base64.b64decode(args.config))
     configure_logging(config.server.log_format, config.server.log_level)
-    trio.run(run_shard, args.index, args.path, args.control_fd, config)
+    trio.run(run_shard, args.index, args.path, args.link_fd, config)
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import socket
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -26,8 +25,8 @@ from duplex.metrics import MetricsRegistry
 from duplex.sessions import ServerEvent, SessionOptions
 
 from ._app import HttpRoute, HubBackend
+from ._children import Children, spawn_linked
 from ._link import (
-    EXIT_STALE_CODE,
     CloseConnection,
     Connected,
     Consumed,
@@ -38,16 +37,12 @@ from ._link import (
     LinkBroken,
     Load,
     Ready,
-    Stop,
     Tally,
     ToSocket,
     Window,
     Written,
 )
 from ._sockets import Received, SocketGone
-
-RESTART_DELAY_S = 1.0
-"""Pause before a dead worker's replacement starts, so a crash loop cannot spin a core."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +126,8 @@ class LinkedSocket:
 class ConnectionWorkers:
     """Spawns ``count`` workers on ``listener`` and keeps them running until ``stop``."""
 
+    kind = "connection worker"
+
     def __init__(
         self,
         server: LinkServer,
@@ -141,96 +138,28 @@ class ConnectionWorkers:
     ) -> None:
         self.server = server
         self.listener = listener
-        self.count = count
         self.settings = settings
-        self.links: dict[int, Link] = {}
-        self.stopping = False
-        self.log = get_logger(component="workers")
-        self._restarts = registry.counter(
-            "duplex_connection_worker_restarts_total", "Connection workers restarted after exiting"
+        self.children = Children(
+            self,
+            range(count),
+            reap_after_s=settings.shutdown_grace_s + 2,
+            restarts=registry.counter(
+                "duplex_connection_worker_restarts_total",
+                "Connection workers restarted after exiting",
+            ),
+            serving=registry.gauge(
+                "duplex_connection_workers_serving", "Connection workers accepting connections"
+            ),
         )
-        self._serving = registry.gauge(
-            "duplex_connection_workers_serving", "Connection workers accepting connections"
-        )
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start every worker, report once all serve, then supervise them until ``stop``."""
-        async with trio.open_nursery() as nursery:
-            for index in range(self.count):
-                await nursery.start(self._keep, index)
-            task_status.started()
+    async def spawn(self, index: int) -> tuple[trio.Process, Link]:
+        listen_fd = self.listener.fileno()
+        settings = self.settings.to_json()
+        args = [f"--index={index}", f"--listen-fd={listen_fd}", f"--settings={settings}"]
+        return await spawn_linked("duplex.transport._frontend", args, pass_fds=(listen_fd,))
 
-    def stop(self) -> None:
-        """Ask every worker to finish its sockets and exit."""
-        self.stopping = True
-        for link in self.links.values():
-            link.post(Stop())
-
-    async def _keep(self, index: int, *, task_status: trio.TaskStatus[None]) -> None:
-        started = serving = False
-
-        def on_ready() -> None:
-            nonlocal started, serving
-            serving = True
-            self._serving.inc()
-            if not started:
-                started = True
-                task_status.started()
-
-        while True:
-            process, link = await self._spawn(index)
-            self.links[index] = link
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(link.send_loop)
-                    await self.server.serve(link, on_ready=on_ready, name=f"worker {index}")
-                    nursery.cancel_scope.cancel()
-            finally:
-                del self.links[index]
-                if serving:
-                    serving = False
-                    self._serving.dec()
-                code = await self._reap(process)
-            if self.stopping:
-                return
-            if code == EXIT_STALE_CODE:
-                raise RuntimeError(
-                    f"connection worker {index}: duplex's code on disk changed since this "
-                    "server started; restart the server"
-                )
-            if not started:
-                raise RuntimeError(f"connection worker {index} exited with {code} before serving")
-            self.log.error("connection worker exited; restarting", worker=index, code=code)
-            self._restarts.inc()
-            await trio.sleep(RESTART_DELAY_S)
-            if self.stopping:
-                return
-
-    async def _spawn(self, index: int) -> tuple[trio.Process, Link]:
-        ours, theirs = socket.socketpair()
-        listen_fd, link_fd = self.listener.fileno(), theirs.fileno()
-        command = [
-            sys.executable,
-            "-m",
-            "duplex.transport._frontend",
-            f"--index={index}",
-            f"--listen-fd={listen_fd}",
-            f"--link-fd={link_fd}",
-            f"--settings={self.settings.to_json()}",
-        ]
-        try:
-            process = await trio.lowlevel.open_process(command, pass_fds=(listen_fd, link_fd))
-        finally:
-            theirs.close()  # the worker holds it now; ours sees EOF when the worker exits
-        stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
-        return process, Link(stream)
-
-    async def _reap(self, process: trio.Process) -> int:
-        with trio.CancelScope(shield=True):
-            with trio.move_on_after(self.settings.shutdown_grace_s + 2):
-                return await process.wait()
-            process.kill()
-            return await process.wait()
+    async def serve(self, index: int, link: Link, on_ready: Callable[[], None]) -> None:
+        await self.server.serve(link, on_ready=on_ready, name=f"worker {index}")
 
 
 class LinkServer:

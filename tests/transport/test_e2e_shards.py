@@ -22,7 +22,7 @@ import pytest
 import trio
 from websockets.exceptions import ConnectionClosed
 
-from duplex.transport._shards import shard_of
+from duplex.sessions._ids import shard_of
 
 from .test_e2e_duplex import open_session, resume
 from .test_e2e_workers import (
@@ -237,6 +237,9 @@ async def test_a_killed_shard_costs_its_sockets_only_and_is_restarted() -> None:
         await echo(doomed, tone(3))
         os.kill(pid, signal.SIGKILL)
         assert await close_code(doomed) == 1011  # its worker closed it: the shard is gone
+        status, health = await health_over_http(server)  # shard 0 still takes sessions
+        assert (status, health["status"]) == (200, "degraded"), health
+        assert [s["status"] for s in health["shards"]] == ["ok", "unavailable"]
         await echo(survivor, tone(4, amplitude=0.2))  # shard 0's session is untouched
         with trio.fail_after(10):
             while shard_restarts(server) < 1:
@@ -268,6 +271,18 @@ async def test_a_killed_shard_costs_its_sockets_only_and_is_restarted() -> None:
         assert re.search(r'^duplex_session_shard_restarts_total\{shard="0"\} 1$', text, re.M)
         status, health = await health_over_http(server)
         assert status == 200 and [s["status"] for s in health["shards"]] == ["ok", "ok"]
+
+
+async def test_a_socket_held_for_its_first_event_is_closed_1001_at_shutdown() -> None:
+    """No shard has it yet, so its worker closes it; shutdown does not wait out the grace."""
+    grace = 5.0
+    async with running_server(**SHARDED, **{"server.shutdown_grace_s": grace}) as server:
+        async with client(server) as idle:
+            await trio.sleep(0.3)  # accepted, and held by its worker for a first event
+            began = trio.current_time()
+            server.system.request_shutdown()
+            assert await close_code(idle, timeout=grace) == 1001
+            assert trio.current_time() - began < grace / 2
 
 
 async def test_the_first_event_timeout_counts_the_time_a_worker_held_the_socket() -> None:

@@ -18,17 +18,20 @@ from hypothesis import strategies as st
 
 from duplex.metrics import Family, MetricsRegistry, Sample, merge_labelled, render
 from duplex.sessions import SessionCreate, SessionResume
+from duplex.sessions._ids import new_session_id, shard_of
 from duplex.transport._frontend import LinkBackend, Relay
 from duplex.transport._link import CloseConnection, Connected, FromSocket, Link, Load
 from duplex.transport._server import shard_max_sessions
-from duplex.transport._shards import shard_of
 
 # -- session ids ---------------------------------------------------------------
 
 
 @given(st.integers(0, 63), st.binary(min_size=16, max_size=16))
 def test_shard_of_reads_the_shard_a_session_id_names(shard: int, raw: bytes) -> None:
-    assert shard_of(f"duplex-s{shard}-{raw.hex()}") == shard
+    made = new_session_id(lambda n: raw, shard)
+    assert made == f"duplex-s{shard}-{raw.hex()}"
+    assert shard_of(made) == shard
+    assert shard_of(new_session_id(lambda n: raw)) is None
 
 
 @pytest.mark.parametrize(
@@ -43,6 +46,9 @@ def test_shard_of_reads_the_shard_a_session_id_names(shard: int, raw: bytes) -> 
         "xduplex-s1-abc",  # the prefix only where it starts
         "DUPLEX-S1-abc",
         "resp_123",
+        "duplex-s" + "1" * 5000 + "-abc",  # a client's crafted id: no huge int parse
+        "duplex-s123-abc",  # shards are 1..64
+        "duplex-s\u0661-abc",  # a non-ASCII digit
     ],
 )
 def test_shard_of_any_other_id_is_none(session_id: str) -> None:
@@ -95,8 +101,8 @@ def test_merge_labelled_gives_each_family_once_with_every_parts_samples_labelled
     assert text.count("# TYPE live gauge") == 1 and text.count("# HELP live ") == 1
     assert text.count("# TYPE opened_total counter") == 1
     assert re.findall(r"^live\{.*$", text, re.M) == ['live{shard="0"} 2', 'live{shard="1"} 5']
-    assert 'opened_total{shard="0",model="loopback"} 3' in text
-    assert 'opened_total{shard="1",model="loopback"} 3' in text
+    assert 'opened_total{model="loopback",shard="0"} 3' in text
+    assert 'opened_total{model="loopback",shard="1"} 3' in text
     assert 'only_here{shard="1"} 1' in text
     assert not re.search(r"^\w+ ", text, re.M)  # no sample without its shard
     # families in the order first seen; one part's own family after the shared ones
