@@ -127,26 +127,11 @@ class LinkBackend:
         return answer.reply
 
     async def connect(self, socket: EventSocket, *, autostart: bool) -> None:
+        placed = await self._place(socket, autostart)
+        if placed is None:  # the peer left before it said anything
+            return
+        shard, first, waited = placed
         conn, self._next_conn = self._next_conn, self._next_conn + 1
-        first: object = _NOTHING
-        waited = 0.0
-        shard = self.shards[0]
-        if len(self.shards) > 1:
-            if autostart:
-                shard = self._roomiest()
-            else:
-                began = trio.current_time()
-                self.held.add(socket)
-                try:
-                    with trio.move_on_after(self.first_event_timeout_s or math.inf):
-                        first = await socket.receive()
-                finally:
-                    self.held.discard(socket)
-                waited = trio.current_time() - began
-                if first is None:  # the peer left before it said anything
-                    return
-                if first is not _NOTHING:  # else: silent past the timeout; shard 0 says so,
-                    shard = self._owner(first)  # and no shard counts it as a new session
         assert shard.link is not None
         self.relays[conn] = relay = Relay(conn, socket, shard.link, shard.index)
         relay.link.post(Connected(conn, autostart, socket.initial_options, waited))
@@ -164,6 +149,30 @@ class LinkBackend:
                 nursery.start_soon(then_end, self._write)
         finally:
             del self.relays[conn]
+
+    async def _place(
+        self, socket: EventSocket, autostart: bool
+    ) -> tuple[ShardLink, object, float] | None:
+        """The socket's shard, its first frame if it was read to choose (else ``_NOTHING``)
+        and the seconds that took; ``None`` when the peer left first."""
+        if len(self.shards) == 1:
+            return self.shards[0], _NOTHING, 0.0
+        if autostart:
+            return self._roomiest(), _NOTHING, 0.0
+        first: object = _NOTHING
+        began = trio.current_time()
+        self.held.add(socket)
+        try:
+            with trio.move_on_after(self.first_event_timeout_s or math.inf):
+                first = await socket.receive()
+        finally:
+            self.held.discard(socket)
+        waited = trio.current_time() - began
+        if first is None:
+            return None
+        if first is _NOTHING:  # silent past the timeout: shard 0 says so, and no shard
+            return self.shards[0], first, waited  # counts it as a new session
+        return self._owner(first), first, waited
 
     def _roomiest(self) -> ShardLink:
         """The reachable shard with the most free sessions, counted taken at once."""

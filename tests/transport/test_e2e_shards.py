@@ -28,7 +28,7 @@ from .test_e2e_duplex import open_session, resume
 from .test_e2e_workers import (
     BASE,
     OPEN_TIMEOUT_S,
-    _stat,
+    child_pids,
     client,
     cursor,
     echo,
@@ -47,20 +47,8 @@ SHARD = b"duplex.transport._shard"
 
 
 def shard_pids() -> list[int]:
-    """The live session shards of this process (a killed one, a zombie, has no cmdline)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-            _, parent = _stat(int(entry))
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-        if parent == os.getpid() and SHARD in argv:
-            pids.append(int(entry))
-    return sorted(pids)
+    """The live session shards of this process."""
+    return child_pids(SHARD)
 
 
 def shard_restarts(server: Server) -> int:
@@ -276,13 +264,13 @@ async def test_a_killed_shard_costs_its_sockets_only_and_is_restarted() -> None:
 async def test_a_socket_held_for_its_first_event_is_closed_1001_at_shutdown() -> None:
     """No shard has it yet, so its worker closes it; shutdown does not wait out the grace."""
     grace = 5.0
-    async with running_server(**SHARDED, **{"server.shutdown_grace_s": grace}) as server:
-        async with client(server) as idle:
-            await trio.sleep(0.3)  # accepted, and held by its worker for a first event
-            began = trio.current_time()
-            server.system.request_shutdown()
-            assert await close_code(idle, timeout=grace) == 1001
-            assert trio.current_time() - began < grace / 2
+    settings = {"server.shutdown_grace_s": grace}
+    async with running_server(**SHARDED, **settings) as server, client(server) as idle:
+        await trio.sleep(0.3)  # accepted, and held by its worker for a first event
+        began = trio.current_time()
+        server.system.request_shutdown()
+        assert await close_code(idle, timeout=grace) == 1001
+        assert trio.current_time() - began < grace / 2
 
 
 async def test_the_first_event_timeout_counts_the_time_a_worker_held_the_socket() -> None:

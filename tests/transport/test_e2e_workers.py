@@ -49,8 +49,9 @@ def _stat(pid: int) -> tuple[str, int]:
     return after_name[0], int(after_name[1])
 
 
-def worker_pids() -> list[int]:
-    """The live connection workers of this process (a killed one, a zombie, has no cmdline)."""
+def child_pids(module: bytes) -> list[int]:
+    """The live children of this process running ``python -m module`` (a killed one, a
+    zombie, has no cmdline)."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -61,9 +62,14 @@ def worker_pids() -> list[int]:
             _, parent = _stat(int(entry))
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
-        if parent == os.getpid() and FRONTEND in argv:
+        if parent == os.getpid() and module in argv:
             pids.append(int(entry))
     return sorted(pids)
+
+
+def worker_pids() -> list[int]:
+    """The live connection workers of this process."""
+    return child_pids(FRONTEND)
 
 
 async def stop_process(pid: int) -> None:
