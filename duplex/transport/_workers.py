@@ -1,13 +1,14 @@
-"""Connection workers, seen from the session process: spawned, supervised, relayed.
+"""Connection workers, seen from a session process: spawned, supervised, relayed.
 
-With ``server.connection_workers = N`` the session process binds the port and
+With ``server.connection_workers = N`` the server process binds the port and
 runs no HTTP server itself: N worker processes (``_frontend.py``) accept on the
 shared listener and do the WebSocket I/O, JSON and base64 of their sockets.
-Sessions, connection actors, the engine and admission stay here, in one
-process, exactly as without workers; each worker socket is a ``LinkedSocket``
-under an ordinary connection actor. So resume and takeover work across
-workers, and a worker that dies costs its sockets only: their sessions wait
-out ``disconnect_grace_s`` for a resume while the worker is restarted.
+Sessions, connection actors, the engine and admission stay in the session
+process (the server, or with session shards each shard: ``LinkServer`` serves
+the links in both), exactly as without workers; each worker socket is a
+``LinkedSocket`` under an ordinary connection actor. So resume and takeover
+work across workers, and a worker that dies costs its sockets only: their
+sessions wait out ``disconnect_grace_s`` for a resume while it is restarted.
 """
 
 from __future__ import annotations
