@@ -445,21 +445,36 @@ async def collect(link: Link, into: list[Any]) -> None:
         into.append(message)
 
 
-async def test_posted_messages_arrive_in_order(pair: Pair) -> None:
-    a, b = pair()
-    sender, receiver = Link(a), Link(b, receive_size=7)  # tiny reads: messages span them
-    sent = [ToSocket(n, ErrorEvent("c", "t", "m" * n), n) for n in range(200)]
+async def through_link(
+    a: trio.abc.Stream,
+    b: trio.abc.Stream,
+    sent: list[Any],
+    *,
+    receive_size: int,
+    pause: Callable[[int], bool],
+) -> tuple[list[Any], Link]:
+    """Post ``sent`` on a link over ``a``, letting the sender run after post n where
+    ``pause(n)``; close ``a``; what arrived over ``b``, and the receiving link."""
+    sender, receiver = Link(a), Link(b, receive_size=receive_size)
     got: list[Any] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sender.send_loop)
         nursery.start_soon(collect, receiver, got)
         for n, message in enumerate(sent):
             sender.post(message)
-            if n % 3 == 0:  # let the sender run between some posts, not others
+            if pause(n):
                 await trio.lowlevel.checkpoint()
         await trio.testing.wait_all_tasks_blocked()
         await a.aclose()
         await end(nursery)
+    return got, receiver
+
+
+async def test_posted_messages_arrive_in_order(pair: Pair) -> None:
+    a, b = pair()
+    sent = [ToSocket(n, ErrorEvent("c", "t", "m" * n), n) for n in range(200)]
+    # tiny reads: messages span them; the sender runs between some posts, not others
+    got, receiver = await through_link(a, b, sent, receive_size=7, pause=lambda n: n % 3 == 0)
     assert got == sent
     assert receiver.closed  # its messages() ended on the close, not on the cancel
 
@@ -573,18 +588,9 @@ def test_link_over_memory_streams_delivers_any_messages_in_order(
 ) -> None:
     async def main() -> list[Any]:
         a, b = trio.testing.memory_stream_pair()
-        sender, receiver = Link(a), Link(b, receive_size=receive_size)
-        got: list[Any] = []
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(sender.send_loop)
-            nursery.start_soon(collect, receiver, got)
-            for n, message in enumerate(sent):
-                sender.post(message)
-                if n < len(yields) and yields[n]:
-                    await trio.lowlevel.checkpoint()
-            await trio.testing.wait_all_tasks_blocked()
-            await a.aclose()
-            await end(nursery)
+        got, receiver = await through_link(
+            a, b, sent, receive_size=receive_size, pause=lambda n: n < len(yields) and yields[n]
+        )
         assert receiver.closed
         return got
 
