@@ -111,10 +111,7 @@ class Children:
             if self.stopping:  # ``stop`` came while this one was being spawned
                 link.post(Stop())
             try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(link.send_loop)
-                    await self.child.serve(index, link, on_ready)
-                    nursery.cancel_scope.cancel()
+                await link.while_sending(self.child.serve, index, link, on_ready)
             finally:
                 del self.links[index]
                 if index in self.ready:

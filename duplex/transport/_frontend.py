@@ -241,6 +241,16 @@ class LinkBackend:
             if shard is None or relay.shard == shard:
                 relay.post.send_nowait(CloseConnection(conn, 1011, "internal_error"))
 
+    async def _receive(self, link: Link, index: int) -> None:
+        """Route shard ``index``'s messages until its link ends."""
+        try:
+            async for message in link.messages():
+                self.route(message, index)
+        except LinkBroken as exc:
+            get_logger(component="frontend", shard=index).error(
+                "session shard link broken", error=str(exc)
+            )
+
     async def keep_shard(
         self,
         index: int,
@@ -265,14 +275,7 @@ class LinkBackend:
                 continue
             link = shard.link = Link(stream)
             try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(link.send_loop)
-                    try:
-                        async for message in link.messages():
-                            self.route(message, index)
-                    except LinkBroken as exc:
-                        log.error("session shard link broken", error=str(exc))
-                    nursery.cancel_scope.cancel()
+                await link.while_sending(self._receive, link, index)
             finally:
                 shard.link, shard.live, shard.capacity = None, 0, 0
                 self.shard_gone(index)

@@ -20,7 +20,7 @@ import hashlib
 import io
 import pickle
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, final
@@ -387,6 +387,13 @@ class Link:
                 await self.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.closed = True
+
+    async def while_sending(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        """``await fn(*args)`` with this link's sender running beside it, until ``fn`` returns."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.send_loop)
+            await fn(*args)
+            nursery.cancel_scope.cancel()
 
     async def messages(self) -> AsyncIterator[Any]:
         """Messages as they arrive, until the peer closes its end."""

@@ -23,6 +23,7 @@ import pickle
 import signal
 import socket
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import trio
@@ -56,10 +57,7 @@ async def run_shard(index: int, path: str, link_fd: int, config: Config) -> None
 
         async def serve_link(sock: trio.socket.SocketType) -> None:
             link = Link(trio.SocketStream(sock))
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(link.send_loop)
-                await links.serve(link, name="worker")
-                nursery.cancel_scope.cancel()
+            await link.while_sending(partial(links.serve, link, name="worker"))
 
         async def accept(nursery: trio.Nursery) -> None:
             with listener:
