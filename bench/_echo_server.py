@@ -3,7 +3,8 @@
     .venv/bin/python bench/_echo_server.py --port P [--tick-ms MS]
 
 No actors, no sessions, no engine: the same server stack as ``duplex serve``
-(hypercorn's trio ``serve()``, one Starlette app, the same hypercorn settings)
+(hypercorn under ``duplex.transport._http.serve_http``, one Starlette app, the same
+hypercorn settings)
 answers ``session.create`` with a stub ``session.created`` and each
 ``input_audio_buffer.append`` with one ``response.audio.delta``-shaped JSON
 message carrying the same base64 audio (parsed with ``json.loads``, written with
@@ -29,12 +30,13 @@ import signal
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from duplex.transport._http import serve_http
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024  # duplex's server.max_frame_bytes default
 
@@ -171,7 +173,7 @@ async def main(host: str, port: int, tick_ms: float) -> None:
         if ticker is not None:
             nursery.start_soon(ticker.run)
         app = build_app(ticker)
-        await serve(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+        await serve_http(app, config, shutdown_trigger=shutdown_trigger)
         nursery.cancel_scope.cancel()
 
 

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from hypercorn.trio import serve
 
 from duplex.logs import configure_logging, get_logger
 from duplex.sessions import SessionResume
 from duplex.sessions._ids import shard_of
 
 from ._app import HttpRoute, Reply, build_app, hypercorn_config
+from ._http import serve_http
 from ._link import (
     CODE_FINGERPRINT,
     EXIT_STALE_CODE,
@@ -319,7 +319,7 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
             await nursery.start(backend.keep_shard, shard, path)
 
         async def serve_then_end(*, task_status: trio.TaskStatus[Any]) -> None:
-            await serve(app, hyper, shutdown_trigger=stopping.wait, task_status=task_status)
+            await serve_http(app, hyper, shutdown_trigger=stopping.wait, task_status=task_status)
             nursery.cancel_scope.cancel()
 
         await nursery.start(serve_then_end)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 from hypercorn.utils import repr_socket_addr
 
 from duplex.actors import ActorSystem, open_actor_system, run_until_signal
@@ -41,6 +40,7 @@ from duplex.sessions._hub import SessionHub
 
 from . import _link
 from ._app import HubBackend, build_app, hypercorn_config
+from ._http import serve_http
 from ._shards import ShardProcesses
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
 
@@ -222,7 +222,13 @@ async def serve_duplex(
                 await backend.connections.close_all()  # each socket closes with 1001 first
 
             # hypercorn returns after its graceful shutdown; then the engine stops
-            await serve(app, hyper, shutdown_trigger=shutdown_trigger, task_status=task_status)
+            await serve_http(
+                app,
+                hyper,
+                shutdown_trigger=shutdown_trigger,
+                registry=registry,
+                task_status=task_status,
+            )
     log.info("stopped")
 
 
