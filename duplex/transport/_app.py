@@ -9,10 +9,12 @@ which runs its connection until it ends.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+import trio
 from hypercorn.config import Config as HypercornConfig
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -27,7 +29,7 @@ from duplex.metrics import MetricsRegistry, merge_labelled, render
 from duplex.sessions import ErrorEvent
 from duplex.sessions._hub import SessionHub
 
-from ._connection import ConnectionActor
+from ._connection import ConnectionActor, ShutDown
 from ._duplex_wire import NativeProjection
 from ._realtime_wire import RealtimeProjection, duplex_flag, schema_from_headers
 from ._sockets import EventSocket, WebSocketEvents
@@ -74,17 +76,34 @@ class Connections:
         self.system = system
         self.live: set[ActorRef[Any]] = set()
         self.closing = False
+        self._none_left = trio.Event()
 
-    async def close_all(self) -> None:
-        """Close every socket, and from now on every socket that is still arriving."""
+    async def close_all(self, within_s: float) -> None:
+        """Close every socket, and from now on every socket that is still arriving.
+
+        Every connection is told at once, so healthy peers get their 1001 in
+        parallel and without waiting on anyone. A connection whose writer is
+        stuck on a peer that reads nothing cannot act on it: after ``within_s``
+        it is left to the HTTP server, which aborts its TCP connection.
+        """
         self.closing = True
         for ref in list(self.live):
-            await self.system.stop(ref)
+            with contextlib.suppress(trio.WouldBlock):  # a full control lane: left to the abort
+                ref.tell_nowait(ShutDown())
+        if self.live:
+            with trio.move_on_after(within_s):
+                await self._none_left.wait()
 
     async def add(self, ref: ActorRef[Any]) -> None:
         self.live.add(ref)
         if self.closing:  # accepted just as the shutdown began
-            await self.system.stop(ref)
+            with contextlib.suppress(trio.WouldBlock):
+                ref.tell_nowait(ShutDown())
+
+    def remove(self, ref: ActorRef[Any]) -> None:
+        self.live.discard(ref)
+        if self.closing and not self.live:
+            self._none_left.set()
 
 
 class Shards(Protocol):
@@ -195,7 +214,7 @@ class HubBackend:
         try:
             await ref.wait_stopped()
         finally:
-            self.connections.live.discard(ref)
+            self.connections.remove(ref)
         if socket.open:  # the actor crashed
             await socket.close(1011, "internal_error")
 

@@ -44,6 +44,12 @@ _FIRST_EVENT = "first-event"
 
 @final
 @dataclass(frozen=True, slots=True)
+class ShutDown(ControlMessage):
+    """The server is stopping: close the socket (1001) and stop."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class _FirstEventDue(ControlMessage):
     """The socket's time to open a session is up."""
 
@@ -91,6 +97,8 @@ class ConnectionActor(Actor[Any]):
                 await self._write(ctx, event, seq)
             case CloseSocket(code, reason):
                 await self._close(ctx, code, reason)
+            case ShutDown():
+                ctx.stop()  # on_stop closes with 1001; the reader detaches the session
             case _FirstEventDue() if self.session is None and not self.closing:
                 limit = self.first_event_timeout_s
                 exc = errors.FirstEventTimeout(f"no session was opened within {limit:g} s")

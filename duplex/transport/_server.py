@@ -197,10 +197,12 @@ async def serve_duplex(
     server = config.server
     sharded = server.session_shards > 1
     async with open_backend(config, system, registry, shard=0 if sharded else None) as backend:
+        # the grace is split: half for every socket to close (1001, in parallel), half for
+        # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
         hyper = hypercorn_config(
             f"{server.host}:{server.port}",
             max_frame_bytes=server.max_frame_bytes,
-            graceful_timeout_s=server.shutdown_grace_s,
+            graceful_timeout_s=server.shutdown_grace_s / 2,
         )
         log.info(
             "starting",
@@ -219,7 +221,7 @@ async def serve_duplex(
 
             async def shutdown_trigger() -> None:
                 await system.wait_shutdown_requested()
-                await backend.connections.close_all()  # each socket closes with 1001 first
+                await backend.connections.close_all(server.shutdown_grace_s / 2)  # 1001, at once
 
             # hypercorn returns after its graceful shutdown; then the engine stops
             await serve_http(
@@ -271,7 +273,7 @@ async def serve_with_workers(
             bind = repr_socket_addr(listener.family, listener.getsockname())
             task_status.started([f"http://{bind}"])
             await backend.hub.system.wait_shutdown_requested()
-            await backend.connections.close_all()  # each socket closes with 1001 first
+            await backend.connections.close_all(server.shutdown_grace_s / 2)  # 1001, at once
             shards.children.stop()  # each shard closes its sockets, then waits for the workers
             workers.children.stop()
     finally:

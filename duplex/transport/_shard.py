@@ -95,7 +95,7 @@ async def run_shard(index: int, path: str, link_fd: int, config: Config) -> None
                         control.post(ShardAnswer(request, answer(what)))
             if not stopped:
                 log.error("server process gone; closing sockets")
-            await backend.connections.close_all()  # each socket closes with 1001 first
+            await backend.connections.close_all(config.server.shutdown_grace_s / 2)
             if stopped:  # the workers close their links once their sockets are done
                 with trio.move_on_after(config.server.shutdown_grace_s + 2):
                     await links.wait_unlinked()
