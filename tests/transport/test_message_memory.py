@@ -5,7 +5,8 @@ counts every copy the stage makes. The bounds are the documented figures
 (docs/protocol/duplex.md, "Limits and defaults"; ``bench/message_memory.py`` prints
 them) with a little room; before they were set a PCM16 parse peaked at 3.6x the
 message (``/v1/duplex``) and 4.4x (``/v1/realtime``), a G.711 one at 7.8x, and the
-16 kHz resampling for the silero VAD at 36x.
+16 kHz resampling for the silero VAD at 36x. The cheaper decoders give the same bytes,
+samples and refusals as the ones they replaced.
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from duplex.exceptions import BadAudio
+from duplex.pcm import pcm16_to_float
 from duplex.sessions import AudioAppend, StreamingResampler
 from duplex.transport._duplex_wire import parse_client_event
+from duplex.transport._g711 import alaw_decode, alaw_to_float, ulaw_decode, ulaw_to_float
+from duplex.transport._json_text import b64_decode
 from duplex.transport._realtime_wire import RealtimeProjection, WireFormats
 
 MIB = 1024 * 1024
@@ -92,3 +97,29 @@ def test_resampling_in_pieces_gives_the_same_samples() -> None:
         small = StreamingResampler(*rates)
         pieces = np.concatenate([small.process(pcm[i : i + 1000]) for i in range(0, 50_000, 1000)])
         assert np.array_equal(whole, pieces), rates
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "AAAA", "AAA=", "AA==", "A===", "=", "==", "AAAA====", "AA=A", "AA==AA==", "AAAA\n",
+     " AAAA", "AAA", "AAAAA", "AB-_", "é", "\ud800", "AAAAAA==", "////", "+/+/"],
+)  # fmt: skip
+def test_decoding_base64_in_place_is_b64decode_with_validate(text: str) -> None:
+    """`b64_decode` reads the str without copying it, and agrees with what it replaced."""
+    try:
+        expected: bytes | None = base64.b64decode(text.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError):  # binascii.Error is a ValueError
+        expected = None
+    try:
+        got: bytes | None = b64_decode(text, "audio", BadAudio)
+    except BadAudio as exc:
+        assert exc.param == "audio"
+        got = None
+    assert got == expected
+
+
+def test_g711_decodes_straight_to_the_same_floats() -> None:
+    codes = bytes(range(256)) * 300  # more than one lookup block
+    assert np.array_equal(ulaw_to_float(codes), pcm16_to_float(ulaw_decode(codes)))
+    assert np.array_equal(alaw_to_float(codes), pcm16_to_float(alaw_decode(codes)))
+    assert ulaw_to_float(b"").size == 0
