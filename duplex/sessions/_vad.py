@@ -81,8 +81,8 @@ class EnergyVad:
         # A block of frames at a time, so a large append squares no full-size copy.
         energy: list[float] = []
         for first in range(0, whole, _BLOCK_FRAMES):
-            block = frames[first : first + _BLOCK_FRAMES] if whole > _BLOCK_FRAMES else frames
-            energy += np.add.reduce(np.square(block), axis=1, dtype=np.float64).tolist()
+            block = np.square(frames[first : first + _BLOCK_FRAMES])
+            energy += np.add.reduce(block, axis=1, dtype=np.float64).tolist()
         # the run state in locals for the loop, stored back once
         loud_energy = self._loud_energy
         frame_ms = self._frame_ms
