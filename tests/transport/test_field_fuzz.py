@@ -45,7 +45,10 @@ HOSTILE: tuple[str, ...] = (
     "-" + BIG,
     str(2**63),
     str(-(2**63)),
+    str(2**53 - 1),  # the largest accepted count
     str(2**53 + 1),
+    "86400",  # a day, the longest accepted duration in seconds
+    "86400000",  # and in ms
     "86400001",
     "-1",
     "-0.5",
