@@ -7,9 +7,11 @@ sockets, threads, clocks or models; a test holds them to that.
 """
 
 from ._admission import Admission, AdmissionStatistics
+from ._checks import COUNT, DURATION_MS, MAX_DURATION_MS, MAX_DURATION_S, Range
 from ._config import (
     AUDIO_CODECS,
     MODEL_SAMPLE_RATE,
+    OPTION_RANGES,
     SUPPORTED_SAMPLE_RATES,
     TURN_DETECTION_TYPES,
     TURN_POLICIES,
@@ -108,8 +110,13 @@ __all__ = [
     "CLOSE_POLICY_VIOLATION",
     "CLOSE_SESSION_REPLACED",
     "CLOSE_TRY_AGAIN_LATER",
+    "COUNT",
+    "DURATION_MS",
     "EFFECT_TYPES",
+    "MAX_DURATION_MS",
+    "MAX_DURATION_S",
     "MODEL_SAMPLE_RATE",
+    "OPTION_RANGES",
     "RUNTIME_EVENT_TYPES",
     "SERVER_EVENT_TYPES",
     "SUPPORTED_SAMPLE_RATES",
@@ -157,6 +164,7 @@ __all__ = [
     "OverlapDecision",
     "PlaybackAck",
     "PlaybackAcknowledged",
+    "Range",
     "ReleaseResources",
     "Replay",
     "ReplayGap",

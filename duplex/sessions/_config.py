@@ -8,16 +8,25 @@ never in the middle of a tick.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, final
 
 from duplex.exceptions import BadEvent, ConfigError
 
+from ._checks import (
+    DURATION_MS,
+    DURATION_S,
+    FRACTION,
+    POSITIVE,
+    POSITIVE_MS,
+    Range,
+)
+
 __all__ = [
     "AUDIO_CODECS",
     "AUDIO_INPUT_FORMATS",
     "MODEL_SAMPLE_RATE",
+    "OPTION_RANGES",
     "OVERLAP_POLICIES",
     "PLAYBACK_COMMIT_POLICIES",
     "SESSION_VAD_MODES",
@@ -46,6 +55,19 @@ TURN_DETECTION_TYPES: tuple[str, ...] = ("none", "server_vad")
 
 _MIB = 1024 * 1024
 
+OPTION_RANGES: dict[str, Range] = {
+    "short_ack_ms": POSITIVE_MS,
+    "barge_in_ms": POSITIVE_MS,
+    "vad_hangover_ms": POSITIVE_MS,
+    "false_interruption_timeout_s": DURATION_S,
+    "vad_prefix_padding_ms": DURATION_MS,
+    "vad_idle_timeout_ms": DURATION_MS,
+    "vad_threshold": FRACTION,
+}
+"""The range of each numeric `SessionOptions` field (at most a day for durations);
+`SessionConfig` holds the same fields to the same ranges, so no accepted value can
+overflow a float or a timer later."""
+
 
 def _config_error(key: str, rule: str) -> ConfigError:
     err = ConfigError(f"{key}: {rule}")
@@ -53,19 +75,9 @@ def _config_error(key: str, rule: str) -> ConfigError:
     return err
 
 
-def _positive(key: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise _config_error(key, f"must be a positive finite number, got {value!r}")
-
-
-def _non_negative_int(key: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _config_error(key, f"must be an integer >= 0, got {value!r}")
-
-
-def _unit(key: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise _config_error(key, f"must be a number from 0 to 1, got {value!r}")
+def _ranged(key: str, value: object, rule: Range) -> None:
+    if not rule.accepts(value):
+        raise _config_error(key, f"must be {rule.describe()}, got {value!r}")
 
 
 def _choice(key: str, value: object, choices: tuple[Any, ...]) -> None:
@@ -194,9 +206,8 @@ class SessionConfig:
         _choice("vad", self.vad, VAD_MODES)
         _choice("turn_policy", self.turn_policy, TURN_POLICIES)
         _choice("turn_detection", self.turn_detection, TURN_DETECTION_TYPES)
-        _unit("vad_threshold", self.vad_threshold)
-        _non_negative_int("vad_prefix_padding_ms", self.vad_prefix_padding_ms)
-        _non_negative_int("vad_idle_timeout_ms", self.vad_idle_timeout_ms)
+        for key, rule in OPTION_RANGES.items():
+            _ranged(key, getattr(self, key), rule)
         if self.turn_policy == "duplex" and not self.vad_interrupt_response:
             raise _config_error(
                 "vad_interrupt_response",
@@ -210,9 +221,6 @@ class SessionConfig:
                 "output_sample_rate", "must equal model_sample_rate (no output resampling)"
             )
         for key in (
-            "short_ack_ms",
-            "barge_in_ms",
-            "false_interruption_timeout_s",
             "max_pending_input_bytes",
             "max_pending_turns",
             "journal_ttl_s",
@@ -220,7 +228,6 @@ class SessionConfig:
             "idle_ttl_s",
             "disconnect_grace_s",
             "vad_threshold_rms",
-            "vad_hangover_ms",
             "vad_min_speech_ms",
             "max_held_frames",
             "video_lane_size",
@@ -228,7 +235,7 @@ class SessionConfig:
             "max_tracked_responses",
             "max_turn_audio_ms",
         ):
-            _positive(key, getattr(self, key))
+            _ranged(key, getattr(self, key), POSITIVE)
         if self.barge_in_ms <= self.short_ack_ms:
             raise _config_error(
                 "barge_in_ms",
@@ -334,37 +341,10 @@ class SessionOptions:
             value = getattr(self, key)
             if value is not None and choices is not None and value not in choices:
                 raise BadEvent(f"session.{key} must be one of {choices}", param=f"session.{key}")
-        for key in ("short_ack_ms", "barge_in_ms", "vad_hangover_ms"):
+        for key, rule in OPTION_RANGES.items():
             value = getattr(self, key)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value <= 0
-            ):
-                raise BadEvent(f"session.{key} must be a positive integer", param=f"session.{key}")
-        timeout = self.false_interruption_timeout_s
-        if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not 0 < timeout < math.inf
-        ):
-            raise BadEvent(
-                "session.false_interruption_timeout_s must be a positive number",
-                param="session.false_interruption_timeout_s",
-            )
-        for key in ("vad_prefix_padding_ms", "vad_idle_timeout_ms"):
-            value = getattr(self, key)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 0
-            ):
-                raise BadEvent(f"session.{key} must be an integer >= 0", param=f"session.{key}")
-        threshold = self.vad_threshold
-        if threshold is not None and (
-            isinstance(threshold, bool)
-            or not isinstance(threshold, int | float)
-            or not 0 <= threshold <= 1
-        ):
-            raise BadEvent(
-                "session.vad_threshold must be a number from 0 to 1", param="session.vad_threshold"
-            )
+            if value is not None:
+                rule.read(value, f"session.{key}")
         if self.prompt is not None and not isinstance(self.prompt, SessionPrompt):
             raise BadEvent("session.prompt must be an object", param="session.prompt")
         for key in ("false_interruption_enabled", "vad_create_response", "vad_interrupt_response"):
@@ -397,7 +377,7 @@ class Capabilities:
     """``session.prompt`` is accepted (PersonaPlex)."""
 
     def __post_init__(self) -> None:
-        _positive("chunk_period_ms", self.chunk_period_ms)
+        _ranged("chunk_period_ms", self.chunk_period_ms, POSITIVE)
         _choice(
             "session_admission_mode",
             self.session_admission_mode,

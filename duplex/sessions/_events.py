@@ -18,7 +18,7 @@ from typing import TypeVar, final
 from duplex.exceptions import BadAudio, InvalidVideoFrames
 from duplex.pcm import float_to_pcm16
 
-from ._checks import Pcm
+from ._checks import COUNT, DURATION_MS, PIXELS, Pcm
 from ._checks import check as _check
 from ._checks import float_pcm as _float_pcm
 from ._checks import is_int as _is_int
@@ -158,11 +158,7 @@ class PlaybackAck:
 
     def __post_init__(self) -> None:
         _check(bool(self.response_id), "response_id must not be empty", "response_id")
-        _check(
-            _is_int(self.played_ms) and self.played_ms >= 0,
-            "played_ms must be >= 0",
-            "played_ms",
-        )
+        DURATION_MS.read(self.played_ms, "played_ms")
 
 
 @final
@@ -195,12 +191,7 @@ class SessionResume:
     def __post_init__(self) -> None:
         _check(bool(self.session_id), "session_id must not be empty", "session_id")
         _check(bool(self.resume_token), "resume_token must not be empty", "resume_token")
-        seq = self.last_received_server_event_seq
-        _check(
-            _is_int(seq) and seq >= 0,
-            "last_received_server_event_seq must be >= 0",
-            "last_received_server_event_seq",
-        )
+        COUNT.read(self.last_received_server_event_seq, "last_received_server_event_seq")
 
 
 @final
@@ -212,11 +203,7 @@ class EventAck:
     event_id: str | None = None
 
     def __post_init__(self) -> None:
-        _check(
-            _is_int(self.server_event_seq) and self.server_event_seq >= 0,
-            "server_event_seq must be >= 0",
-            "server_event_seq",
-        )
+        COUNT.read(self.server_event_seq, "server_event_seq")
 
 
 @final
@@ -244,11 +231,14 @@ class VideoAppend:
         _check(self.format in VIDEO_FORMATS, f"format must be one of {VIDEO_FORMATS}", "format")
         _check(bool(self.frame), "frame must not be empty", "frame", InvalidVideoFrames)
         _check(bool(self.frame_id), "frame_id must not be empty", "frame_id")
-        _check(_is_int(self.pts_ms) and self.pts_ms >= 0, "pts_ms must be >= 0", "pts_ms")
+        COUNT.read(self.pts_ms, "pts_ms")
+        for key in ("width", "height"):
+            if getattr(self, key) is not None:
+                PIXELS.read(getattr(self, key), key, InvalidVideoFrames)
         if self.format == "rgb":
             w, h = self.width, self.height
             _check(
-                _is_int(w) and _is_int(h) and w > 0 and h > 0,  # type: ignore[operator]
+                w is not None and h is not None,
                 "raw rgb frames need positive width and height",
                 "width",
                 InvalidVideoFrames,
@@ -339,16 +329,8 @@ class ItemTruncate:
 
     def __post_init__(self) -> None:
         _check(bool(self.item_id), "item_id must not be empty", "item_id")
-        _check(
-            _is_int(self.content_index) and self.content_index >= 0,
-            "content_index must be >= 0",
-            "content_index",
-        )
-        _check(
-            _is_int(self.audio_end_ms) and self.audio_end_ms >= 0,
-            "audio_end_ms must be >= 0",
-            "audio_end_ms",
-        )
+        COUNT.read(self.content_index, "content_index")
+        DURATION_MS.read(self.audio_end_ms, "audio_end_ms")
 
 
 ClientEvent = (

@@ -16,6 +16,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 __all__ = ["StreamingResampler"]
 
 Pcm = npt.NDArray[np.float32]
+_PIECE = 8192  # input samples resampled at a time (at most 1 MiB of products at 32 taps)
 
 
 class StreamingResampler:
@@ -68,12 +69,29 @@ class StreamingResampler:
         return -(-total * self._up // self._down) - self._produced
 
     def process(self, pcm: Pcm) -> Pcm:
-        """Resample one chunk (any length, 1-D float32)."""
+        """Resample one chunk (any length, 1-D float32).
+
+        A chunk over `_PIECE` samples is resampled a piece at a time, which gives the
+        same output (the filter state carries over) and bounds the scratch arrays: in
+        one step, the input copy and the (outputs, taps) products of a 16 MiB append
+        would be 32 times its samples.
+        """
         x = np.asarray(pcm, dtype=np.float32).reshape(-1)
         if self.identity:
             self._consumed += x.size
             self._produced += x.size
             return x.copy()
+        if x.size <= _PIECE:
+            return self._process(x)
+        out = np.empty(self.output_count(x.size), dtype=np.float32)
+        done = 0
+        for start in range(0, x.size, _PIECE):
+            part = self._process(x[start : start + _PIECE])
+            out[done : done + part.size] = part
+            done += part.size
+        return out
+
+    def _process(self, x: Pcm) -> Pcm:
         count = self.output_count(x.size)
         buf = np.concatenate([self._history, x])
         base = self._consumed - (self._taps - 1)  # input index of buf[0]

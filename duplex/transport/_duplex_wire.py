@@ -18,12 +18,10 @@ are written by `audio_delta_text` from a template with the same text.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
-import math
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +39,7 @@ from duplex.exceptions import (
 )
 from duplex.pcm import pcm16_to_float
 from duplex.sessions import (
+    DURATION_MS,
     SUPPORTED_SAMPLE_RATES,
     AudioAppend,
     AudioClear,
@@ -88,7 +87,7 @@ from duplex.sessions import (
     VideoConsumed,
 )
 
-from ._json_text import b64, dumps, number, string
+from ._json_text import b64, b64_decode, dumps, number, string, utf8_size
 
 __all__ = [
     "CLIENT_EVENT_NAMES",
@@ -138,24 +137,17 @@ def _get(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], *, req
     return value
 
 
+_MS_NUMBER = replace(DURATION_MS, integer=False)
+
+
 def _ms(obj: Mapping[str, Any], key: str) -> int:
-    """A required non-negative millisecond count; JSON numbers may be fractional."""
-    value = _get(obj, key, (int, float), required=True)
-    if not math.isfinite(value) or value < 0:
-        raise BadEvent(f"{key} must be a finite number >= 0", param=key)
-    return int(value)
+    """A required millisecond count (`DURATION_MS`); JSON numbers may be fractional."""
+    return int(_MS_NUMBER.read(_get(obj, key, (int, float), required=True), key))
 
 
 def _names(kinds: tuple[type, ...]) -> str:
     words = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
     return " or ".join(words.get(k, k.__name__) for k in kinds)
-
-
-def _b64(value: str, param: str, exc: type[ProtocolError]) -> bytes:
-    try:
-        return base64.b64decode(value.encode("ascii"), validate=True)
-    except (binascii.Error, ValueError, UnicodeEncodeError) as err:
-        raise exc(f"{param} is not valid base64", param=param) from err
 
 
 def _audio_format(obj: Mapping[str, Any]) -> str:
@@ -176,7 +168,7 @@ def _decode_audio(raw: bytes, fmt: str) -> np.ndarray:
     if fmt == "pcm16":
         pcm = pcm16_to_float(np.frombuffer(raw, dtype="<i2"))
     else:
-        pcm = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        pcm = np.frombuffer(raw, dtype="<f4").astype(np.float32, copy=False)  # a view, if LE
         if not np.isfinite(pcm).all():
             raise BadAudio("float32 audio has NaN or infinite samples", param="audio")
     pcm.flags.writeable = False  # the session keeps it without copying
@@ -222,7 +214,7 @@ def _prompt(obj: Mapping[str, Any]) -> SessionPrompt:
     return SessionPrompt(text=fields["text"], voice=fields["voice"])
 
 
-def _append(obj: Mapping[str, Any]) -> AudioAppend:
+def _append(obj: dict[str, Any]) -> AudioAppend:
     fmt = _audio_format(obj)
     rate = _get(obj, "sample_rate", int, required=False)
     if rate is None:
@@ -232,12 +224,15 @@ def _append(obj: Mapping[str, Any]) -> AudioAppend:
             f"sample_rate {rate} is not supported; use one of {SUPPORTED_SAMPLE_RATES}",
             param="sample_rate",
         )
-    raw = _b64(_get(obj, "audio", str, required=True), "audio", BadAudio)
-    return AudioAppend(_decode_audio(raw, fmt), rate, obj.get("event_id"))
+    _get(obj, "audio", str, required=True)
+    # Popped from the event, so the base64 text is freed once decoded, and the bytes
+    # once they are samples: no two of text, bytes and samples outlive their step.
+    pcm = _decode_audio(b64_decode(obj.pop("audio"), "audio", BadAudio), fmt)
+    return AudioAppend(pcm, rate, obj.get("event_id"))
 
 
 def _video(obj: Mapping[str, Any]) -> VideoAppend:
-    frame = _b64(_get(obj, "frame", str, required=True), "frame", InvalidVideoFrames)
+    frame = b64_decode(_get(obj, "frame", str, required=True), "frame", InvalidVideoFrames)
     frame_id = obj.get("frame_id")
     if isinstance(frame_id, int) and not isinstance(frame_id, bool):
         frame_id = str(frame_id)
@@ -261,7 +256,7 @@ def _turn_signal(obj: Mapping[str, Any]) -> TurnSignal:
     return TurnSignal(signal, source, obj.get("event_id"))
 
 
-_PARSERS: dict[str, Callable[[Mapping[str, Any]], ClientEvent]] = {
+_PARSERS: dict[str, Callable[[dict[str, Any]], ClientEvent]] = {
     "session.create": lambda o: SessionCreate(_session_options(o), o.get("event_id")),
     "session.update": lambda o: SessionUpdate(_session_options(o), o.get("event_id")),
     "input_audio_buffer.append": _append,
@@ -312,7 +307,7 @@ def parse_client_event(
         if len(data) > max_size:
             raise EventTooLarge(f"message is over {max_size} bytes")
         raise BinaryFrameUnsupported("binary frames are not accepted; send JSON text")
-    if len(data) > max_size or (len(data) * 4 > max_size and len(data.encode()) > max_size):
+    if len(data) > max_size or (len(data) * 4 > max_size and utf8_size(data) > max_size):
         raise EventTooLarge(f"message is over {max_size} bytes")
     try:
         obj = json.loads(data)

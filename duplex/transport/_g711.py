@@ -12,7 +12,10 @@ magnitudes with a bias of 33 in eight segments, A-law quantises 13-bit
 magnitudes in eight segments; both invert alternate bits on the wire
 (mu-law all bits, A-law the even bits, ``0x55``). Encoding is a lookup in a
 65,536-entry table built once from those formulas; decoding a lookup in a
-256-entry table.
+256-entry table. The wire decoders (`ulaw_to_float`, `alaw_to_float`) look codes up
+in float32 copies of those tables, a block at a time: one step to the session's
+samples, and numpy's fancy indexing would first widen every code to an int64 index
+(8 bytes per sample of a 16 MiB append).
 """
 
 from __future__ import annotations
@@ -20,11 +23,15 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from duplex.pcm import pcm16_to_float
+
 __all__ = [
     "alaw_decode",
     "alaw_encode",
+    "alaw_to_float",
     "ulaw_decode",
     "ulaw_encode",
+    "ulaw_to_float",
 ]
 
 Int16Array = npt.NDArray[np.int16]
@@ -80,8 +87,11 @@ _ULAW_ENC = _ulaw_encode_formula(_ALL_PCM)
 _ALAW_ENC = _alaw_encode_formula(_ALL_PCM)
 _ULAW_DEC = _ulaw_decode_formula(_ALL_CODES)
 _ALAW_DEC = _alaw_decode_formula(_ALL_CODES)
-for _table in (_ULAW_ENC, _ALAW_ENC, _ULAW_DEC, _ALAW_DEC):
+_ULAW_FLOAT = pcm16_to_float(_ULAW_DEC)
+_ALAW_FLOAT = pcm16_to_float(_ALAW_DEC)
+for _table in (_ULAW_ENC, _ALAW_ENC, _ULAW_DEC, _ALAW_DEC, _ULAW_FLOAT, _ALAW_FLOAT):
     _table.flags.writeable = False
+_BLOCK = 1 << 16  # codes looked up at a time (a 512 KiB index)
 
 
 def _as_int16(pcm: npt.ArrayLike) -> Int16Array:
@@ -119,3 +129,22 @@ def ulaw_decode(data: bytes) -> Int16Array:
 def alaw_decode(data: bytes) -> Int16Array:
     """int16 samples of A-law bytes (every byte value is a valid code)."""
     return _ALAW_DEC[np.frombuffer(data, dtype=np.uint8)]
+
+
+def _lookup(table: npt.NDArray[np.float32], data: bytes) -> npt.NDArray[np.float32]:
+    codes = np.frombuffer(data, dtype=np.uint8)
+    out = np.empty(codes.size, dtype=np.float32)
+    for start in range(0, codes.size, _BLOCK):
+        end = start + _BLOCK  # every code is in the table: "clip" never clips, and is unbuffered
+        np.take(table, codes[start:end], out=out[start:end], mode="clip")
+    return out
+
+
+def ulaw_to_float(data: bytes) -> npt.NDArray[np.float32]:
+    """`pcm16_to_float` of `ulaw_decode`, without the int16 or index arrays in between."""
+    return _lookup(_ULAW_FLOAT, data)
+
+
+def alaw_to_float(data: bytes) -> npt.NDArray[np.float32]:
+    """`pcm16_to_float` of `alaw_decode` (as `ulaw_to_float`)."""
+    return _lookup(_ALAW_FLOAT, data)

@@ -7,6 +7,10 @@ spends most of its time scanning ~5 KB of base64 for characters to escape, and
 base64 has none. The template writes each value with `string` and `number`,
 exactly as `dumps` would, so its text equals `dumps` of the dict the projection
 builds for the same event (tests check it on random events).
+
+Inbound, the two helpers every codec reads a large frame with: `utf8_size` and
+`b64_decode`, which read the text without copying it (docs/protocol/duplex.md,
+"Limits and defaults", gives the memory one 16 MiB append costs).
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["b64", "dumps", "number", "string"]
+from duplex.exceptions import ProtocolError
+
+__all__ = ["b64", "b64_decode", "dumps", "number", "string", "utf8_size"]
 
 
 def dumps(wire: Mapping[str, Any]) -> str:
@@ -28,6 +34,28 @@ def dumps(wire: Mapping[str, Any]) -> str:
 def b64(data: bytes) -> str:
     """Base64 of audio bytes; none of its characters needs escaping in JSON."""
     return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
+def b64_decode(value: str, param: str, exc: type[ProtocolError]) -> bytes:
+    """The bytes of strict base64 text (``base64.b64decode(..., validate=True)``).
+
+    `binascii.a2b_base64` reads an ASCII str in place; ``b64decode`` would first copy
+    it to bytes, one more message-sized buffer.
+
+    Raises:
+        ProtocolError: ``exc`` naming ``param``: not base64, or not ASCII.
+    """
+    try:
+        return binascii.a2b_base64(value, strict_mode=True)
+    except (binascii.Error, ValueError) as err:
+        raise exc(f"{param} is not valid base64", param=param) from err
+
+
+def utf8_size(text: str) -> int:
+    """The UTF-8 size of a text frame, without encoding it when it is ASCII (O(1) then)."""
+    if text.isascii():
+        return len(text)
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def string(value: str) -> str:

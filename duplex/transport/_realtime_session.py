@@ -21,7 +21,7 @@ from duplex.exceptions import (
     UnsupportedParameter,
     UnsupportedTurnDetection,
 )
-from duplex.sessions import AUDIO_CODECS, SessionConfig, SessionOptions
+from duplex.sessions import AUDIO_CODECS, OPTION_RANGES, SessionConfig, SessionOptions
 
 __all__ = [
     "AUDIO_FORMATS",
@@ -178,21 +178,16 @@ _VAD_OPTIONS = {  # Realtime server_vad field -> SessionOptions field
 
 
 def _vad_value(key: str, value: object, param: str) -> object:
-    """One ``server_vad`` field, checked; ``idle_timeout_ms: null`` is 0 (off)."""
-    if key == "threshold":
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-            raise BadEvent(f"{param} must be a number from 0.0 to 1.0", param=param)
-        return float(value)
+    """One ``server_vad`` field, checked with its session field's range
+    (`OPTION_RANGES`); ``idle_timeout_ms: null`` is 0 (off)."""
     if key in ("create_response", "interrupt_response"):
         if not isinstance(value, bool):
             raise BadEvent(f"{param} must be a boolean", param=param)
         return value
     if key == "idle_timeout_ms" and value is None:
         return 0
-    low = 1 if key == "silence_duration_ms" else 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise BadEvent(f"{param} must be an integer >= {low}", param=param)
-    return value
+    checked = OPTION_RANGES[_VAD_OPTIONS[key]].read(value, param)
+    return float(checked) if key == "threshold" else checked
 
 
 def turn_detection_options(value: object, param: str, *, duplex: bool) -> dict[str, Any]:

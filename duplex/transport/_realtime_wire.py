@@ -35,8 +35,6 @@ The duplex extensions (``playback.ack``, ``turn.signal``,
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -59,6 +57,8 @@ from duplex.exceptions import (
 )
 from duplex.pcm import pcm16_to_float
 from duplex.sessions import (
+    COUNT,
+    DURATION_MS,
     AudioAppend,
     AudioClear,
     AudioCommit,
@@ -81,8 +81,8 @@ from duplex.sessions import (
 )
 
 from ._duplex_wire import DEFAULT_MAX_EVENT_BYTES, parse_client_event
-from ._g711 import alaw_decode, ulaw_decode
-from ._json_text import dumps
+from ._g711 import alaw_to_float, ulaw_to_float
+from ._json_text import b64_decode, dumps, utf8_size
 from ._realtime_encode import DUPLEX_SERVER_EVENTS, RealtimeEncoder, Schema
 from ._realtime_session import (
     AUDIO_FORMATS,
@@ -211,25 +211,29 @@ def _check_keys(obj: Mapping[str, Any], allowed: frozenset[str], prefix: str = "
             raise BadEvent(f"unknown parameter '{prefix}{key}'", param=f"{prefix}{key}")
 
 
-def _decode_audio(audio: object, fmt: str, param: str) -> tuple[npt.NDArray[np.float32], int]:
-    """Base64 audio in the connection's input format, as float PCM and its rate."""
-    if not isinstance(audio, str):
+def _decode_audio(
+    holder: dict[str, Any], fmt: str, param: str
+) -> tuple[npt.NDArray[np.float32], int]:
+    """Base64 audio in the connection's input format, as float PCM and its rate.
+
+    The text is popped from ``holder`` (its JSON object), so it is freed once decoded,
+    before the samples are made (docs/protocol/realtime.md gives the memory this saves).
+    """
+    if not isinstance(holder.get("audio"), str):
         raise BadEvent(f"{param} must be a base64 string", param=param)
-    try:
-        raw = base64.b64decode(audio.encode("ascii"), validate=True)
-    except (binascii.Error, ValueError, UnicodeEncodeError) as exc:
-        raise BadAudio(f"{param} is not valid base64", param=param) from exc
+    raw = b64_decode(holder.pop("audio"), param, BadAudio)
     if fmt == "pcm16":
         if len(raw) % 2:
             raise BadAudio(f"{param}: pcm16 audio must be a whole number of samples", param=param)
-        pcm = np.frombuffer(raw, dtype="<i2")
+        pcm = pcm16_to_float(np.frombuffer(raw, dtype="<i2"))
     else:
-        pcm = ulaw_decode(raw) if fmt == "g711_ulaw" else alaw_decode(raw)
-    return pcm16_to_float(pcm), FORMAT_SAMPLE_RATES[fmt]
+        pcm = ulaw_to_float(raw) if fmt == "g711_ulaw" else alaw_to_float(raw)
+    pcm.flags.writeable = False  # the session keeps it without copying
+    return pcm, FORMAT_SAMPLE_RATES[fmt]
 
 
-def _decode_append(obj: Mapping[str, Any], fmt: str, event_id: str | None) -> AudioAppend:
-    pcm, rate = _decode_audio(obj.get("audio"), fmt, "audio")
+def _decode_append(obj: dict[str, Any], fmt: str, event_id: str | None) -> AudioAppend:
+    pcm, rate = _decode_audio(obj, fmt, "audio")
     return AudioAppend(pcm, rate, event_id)
 
 
@@ -254,7 +258,7 @@ def _item_create(obj: Mapping[str, Any], fmt: str, event_id: str | None) -> Item
         )
     _check_keys(item, _ITEM_KEYS, "item.")
     role = item.get("role")
-    if role not in _CONTENT_TYPES:
+    if not isinstance(role, str) or role not in _CONTENT_TYPES:
         raise BadEvent(f"item.role must be one of {tuple(_CONTENT_TYPES)}", param="item.role")
     content = item.get("content")
     if not isinstance(content, list) or not all(isinstance(c, dict) for c in content):
@@ -265,7 +269,7 @@ def _item_create(obj: Mapping[str, Any], fmt: str, event_id: str | None) -> Item
         )
     part = content[0]
     kind = part.get("type")
-    if kind not in _CONTENT_TYPES[role]:
+    if not isinstance(kind, str) or kind not in _CONTENT_TYPES[role]:
         raise UnsupportedParameter(
             f"item.content.0.type={kind!r}: {role} items hold {_CONTENT_TYPES[role]}",
             param="item.content.0.type",
@@ -280,7 +284,7 @@ def _item_create(obj: Mapping[str, Any], fmt: str, event_id: str | None) -> Item
     item_id = _string(item, "id", required=False)
     previous = _string(obj, "previous_item_id", required=False)
     if kind == "input_audio":
-        pcm, rate = _decode_audio(part.get("audio"), fmt, "item.content.0.audio")
+        pcm, rate = _decode_audio(part, fmt, "item.content.0.audio")
         return ItemCreate(role, None, pcm, rate, item_id, previous, event_id)
     text = part.get("text")
     if not isinstance(text, str):
@@ -289,13 +293,9 @@ def _item_create(obj: Mapping[str, Any], fmt: str, event_id: str | None) -> Item
 
 
 def _item_truncate(obj: Mapping[str, Any], event_id: str | None) -> ItemTruncate:
-    for key in ("content_index", "audio_end_ms"):
-        value = obj.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise BadEvent(f"{key} must be an integer >= 0", param=key)
-    return ItemTruncate(
-        _string(obj, "item_id"), obj["content_index"], obj["audio_end_ms"], event_id
-    )
+    content_index = COUNT.read(obj.get("content_index"), "content_index")
+    audio_end_ms = DURATION_MS.read(obj.get("audio_end_ms"), "audio_end_ms")
+    return ItemTruncate(_string(obj, "item_id"), int(content_index), int(audio_end_ms), event_id)
 
 
 def _response_options(obj: Mapping[str, Any]) -> None:
@@ -445,8 +445,7 @@ class RealtimeProjection:
                 raise EventTooLarge(f"message is over {self.max_size} bytes")
             raise BinaryFrameUnsupported("binary frames are not accepted; send JSON text")
         if len(data) > self.max_size or (
-            len(data) * 4 > self.max_size
-            and len(data.encode("utf-8", "surrogatepass")) > self.max_size
+            len(data) * 4 > self.max_size and utf8_size(data) > self.max_size
         ):
             raise EventTooLarge(f"message is over {self.max_size} bytes")
         try:
