@@ -171,6 +171,16 @@ class ServerConfig:
                     "api_keys: each key must be at least 16 characters, without spaces "
                     "around it or commas (the key itself is not shown)"
                 )
+        for origin in self.allowed_origins:
+            if origin != "*" and not re.match(r"^https?://[^/?#@\s]+/?$", origin):
+                raise ConfigError(
+                    f"allowed_origins: {origin!r} is not * or an origin like https://app.example"
+                )
+        for name in self.allowed_hosts:
+            if not re.match(r"^(\*|\[[0-9a-fA-F:.]+\](:\d+)?|[^:/?#@\s\[\]]+(:\d+)?)$", name):
+                raise ConfigError(
+                    f"allowed_hosts: {name!r} is not * or a host name like api.example[:port]"
+                )
         if bool(self.tls_certfile) != bool(self.tls_keyfile):
             raise ConfigError("tls_certfile: tls_certfile and tls_keyfile must be set together")
         if not CLIENT_SECRET_MIN_TTL_S <= self.client_secret_ttl_s <= CLIENT_SECRET_MAX_TTL_S:

@@ -189,6 +189,10 @@ def test_api_keys_from_env_toml_and_flags(tmp_path: Path) -> None:
         ({"server.client_secret_ttl_s": 5}, "client_secret_ttl_s: must be 10..7200, got 5"),
         ({"server.auth_failure_burst": 0}, "auth_failure_burst: must be >= 1"),
         ({"server.auth_failure_window_s": 0}, "auth_failure_window_s: must be > 0"),
+        ({"server.allowed_origins": ["app.example"]}, "allowed_origins: 'app.example' is not"),
+        ({"server.allowed_origins": ["https://a/x"]}, "allowed_origins: 'https://a/x' is not"),
+        ({"server.allowed_hosts": ["https://a"]}, "allowed_hosts: 'https://a' is not"),
+        ({"server.allowed_hosts": ["a b"]}, "allowed_hosts: 'a b' is not"),
     ],
 )
 def test_bad_exposure_values_name_the_key(overrides: dict[str, object], message: str) -> None:
@@ -206,9 +210,11 @@ def test_bad_exposure_values_name_the_key(overrides: dict[str, object], message:
         {"server.host": "::1"},
         {"server.host": "localhost"},
         {"server.host": "127.0.0.2"},
+        {"server.allowed_origins": ["*", "http://localhost:3000", "https://app.example/"]},
+        {"server.allowed_hosts": ["*", "api.example", "api.example:8443", "[::1]:9"]},
     ],
 )
-def test_exposed_binds_that_load(overrides: dict[str, object]) -> None:
+def test_exposure_values_that_load(overrides: dict[str, object]) -> None:
     load_config(env={}, overrides=overrides)
 
 
