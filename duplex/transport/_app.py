@@ -34,7 +34,7 @@ from starlette.websockets import WebSocket
 from duplex import __version__
 from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.exceptions import ProtocolError
-from duplex.metrics import MetricsRegistry, merge_labelled, render
+from duplex.metrics import Counter, MetricsRegistry, Sample, merge_labelled, render
 from duplex.sessions import ErrorEvent
 from duplex.sessions._hub import SessionHub
 
@@ -151,6 +151,16 @@ class HubBackend:
         self.first_event_timeout_s = first_event_timeout_s
         self.resume_guard = resume_guard
         self.secrets = ClientSecrets()
+        if resume_guard is not None:
+            limiter = resume_guard.limiter
+            name = "duplex_resume_rate_limited_total"
+            registry.add_collector(
+                name,
+                "counter",
+                "session.resume refused rate_limited (too many failures by its peer or id)",
+                lambda: [Sample(name, {}, float(limiter.statistics().refused))],
+            )
+
         self.shards: Shards | None = None
 
     def health_of(self) -> dict[str, Any]:
@@ -299,10 +309,13 @@ def _headers(scope: dict[str, Any]) -> dict[str, str]:
 class Guard:
     """Pure ASGI middleware: the access policy on every HTTP request and WebSocket handshake."""
 
-    def __init__(self, app: Any, policy: AccessPolicy, backend: Backend) -> None:
+    def __init__(
+        self, app: Any, policy: AccessPolicy, backend: Backend, refused: Counter | None
+    ) -> None:
         self.app = app
         self.policy = policy
         self.backend = backend
+        self.refused = refused
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         kind = scope["type"]
@@ -324,6 +337,8 @@ class Guard:
             if redeemed.status != 200:
                 decision = self.policy.secret_refused(peer, now)
         if isinstance(decision, Denied):
+            if self.refused is not None:
+                self.refused.inc(code=decision.code)
             await _deny(scope, receive, send, decision)
             return
         await self.app(scope, receive, send)
@@ -356,6 +371,7 @@ def build_app(
     realtime_vad: str | None = None,
     access: AccessSettings | None = None,
     client_secret_ttl_s: int = 600,
+    registry: MetricsRegistry | None = None,
 ) -> Starlette:
     """The routes, over ``backend``, behind ``Guard``.
 
@@ -363,8 +379,16 @@ def build_app(
     (``server.realtime_vad``); ``None`` leaves it to the session defaults.
     ``access``: who may connect (``None``: anyone on loopback, same-origin browsers).
     ``client_secret_ttl_s``: a client secret's lifetime when its request names none.
+    ``registry``: where refusals are counted (``None`` in a worker, whose metrics no one reads).
     """
     policy = AccessPolicy(access or AccessSettings())
+    refused = None
+    if registry is not None:
+        refused = registry.counter(
+            "duplex_access_refused_total",
+            "HTTP requests and WebSocket handshakes refused by the access policy",
+            ["code"],
+        )
 
     async def health(request: Request) -> Response:
         return (await backend.http("health")).response()
@@ -437,5 +461,5 @@ def build_app(
             WebSocketRoute("/v1/realtime", realtime_socket),
         ]
     )
-    app.add_middleware(Guard, policy=policy, backend=backend)
+    app.add_middleware(Guard, policy=policy, backend=backend, refused=refused)
     return app

@@ -245,6 +245,7 @@ async def serve_duplex(
                 realtime_vad=server.realtime_vad,
                 access=access,
                 client_secret_ttl_s=server.client_secret_ttl_s,
+                registry=registry,
             )
 
             async def shutdown_trigger() -> None:

@@ -82,6 +82,9 @@ async def test_wrong_keys_are_rate_limited_then_recover() -> None:
         assert (await refused(server.url, additional_headers=BEARER))[0] == 429
         await trio.sleep(1.6)  # the budget refills
         assert (await http.get(server.http + "/health", headers=BEARER)).status_code == 200
+        metrics = (await http.get(server.http + "/metrics", headers=BEARER)).text
+        assert 'duplex_access_refused_total{code="invalid_api_key"} 3' in metrics
+        assert 'duplex_access_refused_total{code="rate_limited"} 2' in metrics
 
 
 async def test_client_secret_works_once_not_twice_not_after_expiry(
@@ -192,6 +195,9 @@ async def test_resume_guessing_is_rate_limited_then_recovers(workers: Layout) ->
             assert await refused_resume(server, unknown) == "session_resume_expired"
         other = {**unknown, "session_id": "sess_" + "1" * 24}
         assert await refused_resume(server, other) == "rate_limited"
+        async with httpx.AsyncClient() as http:
+            metrics = (await http.get(server.http + "/metrics")).text
+        assert "duplex_resume_rate_limited_total 2" in metrics
 
 
 async def test_a_public_bind_serves_open_when_the_operator_says_so() -> None:
