@@ -47,6 +47,35 @@ def _parser() -> argparse.ArgumentParser:
         metavar="K",
         help="session processes, each with its own engine (default 1; needs connection workers)",
     )
+    serve.add_argument(
+        "--api-key",
+        action="append",
+        metavar="KEY",
+        help="require this API key (Authorization: Bearer); repeatable. Other local users "
+        "can read a command line: prefer DUPLEX_API_KEYS or --api-key-file",
+    )
+    serve.add_argument("--api-key-file", metavar="FILE", help="API keys, one a line")
+    serve.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        default=None,
+        help="serve a non-loopback --host without API keys, on purpose",
+    )
+    serve.add_argument(
+        "--allowed-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="a browser origin (https://app.example) that may connect besides the server's "
+        "own; repeatable; * for any",
+    )
+    serve.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="a Host name to serve (DNS-rebinding guard on loopback); repeatable; * for any",
+    )
+    serve.add_argument("--tls-certfile", metavar="PEM", help="certificate chain: serve HTTPS/WSS")
+    serve.add_argument("--tls-keyfile", metavar="PEM", help="private key of --tls-certfile")
     serve.add_argument("--log-format", choices=["console", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return parser
@@ -60,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from duplex.config import load_config
+    from duplex.config import api_keys_of, load_config
     from duplex.transport import run_server
     from duplex.transport._server import resolve_model
 
@@ -77,12 +106,20 @@ def _serve(args: argparse.Namespace) -> int:
             ("session_shards", args.session_shards),
             ("log_format", args.log_format),
             ("log_level", args.log_level),
+            ("api_keys", args.api_key),
+            ("api_key_file", args.api_key_file),
+            ("allow_unauthenticated", args.allow_unauthenticated),
+            ("allowed_origins", args.allowed_origin),
+            ("allowed_hosts", args.allowed_host),
+            ("tls_certfile", args.tls_certfile),
+            ("tls_keyfile", args.tls_keyfile),
         )
         if value is not None
     }
     try:
         config = load_config(args.config, overrides=overrides)
         resolve_model(config)
+        api_keys_of(config.server)
     except (ConfigError, UnknownModel) as exc:
         print(f"duplex: configuration error: {exc}", file=sys.stderr)
         return 2

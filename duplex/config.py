@@ -21,6 +21,7 @@ Environment: ``DUPLEX_PORT=9000`` sets ``server.port``;
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import tomllib
@@ -37,6 +38,22 @@ from duplex.sessions import SessionConfig
 ENV_PREFIX = "DUPLEX_"
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 _MIB = 1024 * 1024
+
+
+CLIENT_SECRET_MIN_TTL_S = 10
+CLIENT_SECRET_MAX_TTL_S = 7200
+"""Bounds of a client secret's lifetime, as OpenAI's ``expires_after.seconds``."""
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (a bind address or name) reaches this machine only."""
+    name = host.strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 MAX_CONNECTION_WORKERS = 64
@@ -90,6 +107,32 @@ class ServerConfig:
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     shutdown_grace_s: float = 5.0
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    """Keys a client must send as ``Authorization: Bearer <key>`` on every route (or, from
+    a browser, as the ``openai-insecure-api-key.<key>`` WebSocket subprotocol); empty: no
+    keys. ``DUPLEX_API_KEYS`` takes them comma-separated. Never logged."""
+    api_key_file: str = ""
+    """A file of more API keys, one a line (``#`` comments and blank lines skipped)."""
+    allow_unauthenticated: bool = False
+    """Serve a non-loopback ``host`` without API keys: an explicit opt-out, since anyone
+    who reaches the port could then drive the model."""
+    allowed_origins: tuple[str, ...] = ()
+    """Browser origins (``https://app.example.com``) besides the server's own page that
+    may connect; ``*`` allows any. Requests without ``Origin`` (not browsers) pass."""
+    allowed_hosts: tuple[str, ...] = ()
+    """``Host`` names served besides ``localhost``/``127.0.0.1``/``[::1]`` on a loopback
+    bind (a DNS-rebinding guard); on another bind, when set, the only ones; ``*``: any."""
+    tls_certfile: str = ""
+    """PEM certificate chain: with ``tls_keyfile``, the port speaks HTTPS and WSS only."""
+    tls_keyfile: str = ""
+    client_secret_ttl_s: int = 600
+    """Lifetime of a client secret when ``POST /v1/realtime/client_secrets`` names none."""
+    auth_failure_burst: int = 10
+    """Wrong credentials (per peer address) or failed ``session.resume`` (per peer and per
+    session id) allowed at once before that peer or id is refused ``rate_limited``..."""
+    auth_failure_window_s: float = 60.0
+    """...and the time a refused one takes to be whole again (one failure is forgiven
+    every ``auth_failure_window_s / auth_failure_burst`` seconds)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -119,6 +162,44 @@ class ServerConfig:
             raise ConfigError("shutdown_grace_s: must be >= 0")
         if not self.first_event_timeout_s >= 0:
             raise ConfigError("first_event_timeout_s: must be >= 0")
+        self._check_exposure()
+
+    def _check_exposure(self) -> None:
+        for key in self.api_keys:
+            if not key or key != key.strip() or "," in key or len(key) < 16:
+                raise ConfigError(
+                    "api_keys: each key must be at least 16 characters, without spaces "
+                    "around it or commas (the key itself is not shown)"
+                )
+        for origin in self.allowed_origins:
+            if origin != "*" and not re.match(r"^https?://[^/?#@\s]+/?$", origin):
+                raise ConfigError(
+                    f"allowed_origins: {origin!r} is not * or an origin like https://app.example"
+                )
+        for name in self.allowed_hosts:
+            if not re.match(r"^(\*|\[[0-9a-fA-F:.]+\](:\d+)?|[^:/?#@\s\[\]]+(:\d+)?)$", name):
+                raise ConfigError(
+                    f"allowed_hosts: {name!r} is not * or a host name like api.example[:port]"
+                )
+        if bool(self.tls_certfile) != bool(self.tls_keyfile):
+            raise ConfigError("tls_certfile: tls_certfile and tls_keyfile must be set together")
+        if not CLIENT_SECRET_MIN_TTL_S <= self.client_secret_ttl_s <= CLIENT_SECRET_MAX_TTL_S:
+            raise ConfigError(
+                f"client_secret_ttl_s: must be {CLIENT_SECRET_MIN_TTL_S}.."
+                f"{CLIENT_SECRET_MAX_TTL_S}, got {self.client_secret_ttl_s}"
+            )
+        if self.auth_failure_burst < 1:
+            raise ConfigError(f"auth_failure_burst: must be >= 1, got {self.auth_failure_burst}")
+        if not self.auth_failure_window_s > 0:
+            raise ConfigError("auth_failure_window_s: must be > 0")
+        keyed = bool(self.api_keys or self.api_key_file)
+        if not is_loopback(self.host) and not keyed and not self.allow_unauthenticated:
+            raise ConfigError(
+                f"host: {self.host!r} is not a loopback address and no API key is set: anyone "
+                "who reaches the port could use the server. Set api_keys (--api-key, "
+                "DUPLEX_API_KEYS) or api_key_file, or allow_unauthenticated = true "
+                "(--allow-unauthenticated) to serve it open on purpose"
+            )
 
     def _check_shards(self) -> None:
         shards = self.session_shards
@@ -137,6 +218,37 @@ class ServerConfig:
                 f"session_shards: max_sessions {self.max_sessions} is split over {shards} "
                 "shards and must be at least one per shard"
             )
+
+
+def api_keys_of(server: ServerConfig) -> tuple[str, ...]:
+    """Every API key: ``api_keys`` and the lines of ``api_key_file`` (read at startup).
+
+    Raises:
+        ConfigError: the file cannot be read, or holds no key or a malformed one; a
+            TLS file is missing.
+    """
+    keys = list(server.api_keys)
+    if server.api_key_file:
+        path = Path(server.api_key_file).expanduser()
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"server.api_key_file: cannot read {path}: {exc.strerror}") from None
+        found = [
+            line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")
+        ]
+        if not found:
+            raise ConfigError(f"server.api_key_file: {path} holds no key")
+        if any(len(key) < 16 or "," in key or " " in key for key in found):
+            raise ConfigError(
+                f"server.api_key_file: {path}: each key must be at least 16 characters, "
+                "one a line, without commas or spaces (the key itself is not shown)"
+            )
+        keys += found
+    for key, name in (("tls_certfile", server.tls_certfile), ("tls_keyfile", server.tls_keyfile)):
+        if name and not Path(name).expanduser().is_file():
+            raise ConfigError(f"server.{key}: {name} is not a file")
+    return tuple(dict.fromkeys(keys))
 
 
 @final
@@ -259,4 +371,10 @@ def _coerce(key: str, hint: Any, value: Any, source: str) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: must be a string, got {value!r} ({source})")
         return value
+    if origin is tuple and get_args(hint) == (str, ...):
+        if isinstance(value, str):  # env: comma-separated
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ConfigError(f"{key}: must be a list of strings ({source})")
     raise ConfigError(f"{key}: unsupported config type {hint!r}")  # pragma: no cover

@@ -104,6 +104,7 @@ UnsupportedTurnDetection = _code("UnsupportedTurnDetection", "unsupported_turn_d
 ItemNotFound = _code("ItemNotFound", "item_not_found")
 AudioEndOutOfRange = _code("AudioEndOutOfRange", "audio_end_ms_out_of_range")
 FirstEventTimeout = _code("FirstEventTimeout", "first_event_timeout")
+RateLimited = _code("RateLimited", "rate_limited", "rate_limit_error")
 
 ERROR_CLASSES: dict[str, type[ProtocolError]] = {
     cls.code: cls
@@ -114,6 +115,7 @@ ERROR_CLASSES: dict[str, type[ProtocolError]] = {
         UnknownSession, SessionResumeExpired, SessionClosed, IllegalState, InputBackpressure,
         ResourceExhausted, InternalError, EngineError, UnsupportedEvent, UnsupportedParameter,
         UnsupportedTurnDetection, ItemNotFound, AudioEndOutOfRange, FirstEventTimeout,
+        RateLimited,
     )
 }  # fmt: skip
 

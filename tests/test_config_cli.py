@@ -12,6 +12,8 @@ from duplex.cli import main
 from duplex.config import load_config
 from duplex.exceptions import ConfigError
 
+KEY = "k" * 24
+
 
 def test_defaults() -> None:
     config = load_config(env={})
@@ -27,6 +29,7 @@ def test_layers_override_in_order(tmp_path: Path) -> None:
     toml = tmp_path / "duplex.toml"
     toml.write_text('[server]\nport = 9000\nhost = "0.0.0.0"\n[session]\nidle_ttl_s = 60\n')
     env = {"DUPLEX_PORT": "9100", "DUPLEX_SESSION__BARGE_IN_MS": "900", "HOME": "/x"}
+    env["DUPLEX_API_KEYS"] = KEY  # 0.0.0.0 needs a key
     config = load_config(toml, env=env, overrides={"server.port": 9200})
     assert config.server.port == 9200  # flag beats env beats file
     assert config.server.host == "0.0.0.0"  # file beats default
@@ -157,3 +160,93 @@ def test_cli_port_in_use_is_one_clear_line(capsys: pytest.CaptureFixture[str]) -
         assert main(["serve", "--port", str(port)]) == 1
     err = capsys.readouterr().err
     assert f"cannot serve on 127.0.0.1:{port}" in err and "Traceback" not in err
+
+
+# -- exposure: keys, origins, hosts, TLS --------------------------------------
+
+
+def test_api_keys_from_env_toml_and_flags(tmp_path: Path) -> None:
+    other = "o" * 20
+    env = {"DUPLEX_API_KEYS": f" {KEY} , {other},"}
+    assert load_config(env=env).server.api_keys == (KEY, other)
+    toml = tmp_path / "d.toml"
+    toml.write_text(f'[server]\napi_keys = ["{KEY}"]\nallowed_origins = ["https://a.example"]\n')
+    server = load_config(toml, env={}).server
+    assert server.api_keys == (KEY,) and server.allowed_origins == ("https://a.example",)
+    flags = load_config(env=env, overrides={"server.api_keys": [other]}).server
+    assert flags.api_keys == (other,)  # the flag replaces the env list
+    assert KEY not in repr(server)  # never printed with the config
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"server.host": "0.0.0.0"}, "host: '0.0.0.0' is not a loopback address"),
+        ({"server.host": "192.168.1.5"}, "allow_unauthenticated"),
+        ({"server.api_keys": ["short"]}, "api_keys: each key must be at least 16"),
+        ({"server.api_keys": [KEY, 5]}, "api_keys: must be a list of strings"),
+        ({"server.tls_certfile": "c.pem"}, "tls_certfile and tls_keyfile must be set together"),
+        ({"server.client_secret_ttl_s": 5}, "client_secret_ttl_s: must be 10..7200, got 5"),
+        ({"server.auth_failure_burst": 0}, "auth_failure_burst: must be >= 1"),
+        ({"server.auth_failure_window_s": 0}, "auth_failure_window_s: must be > 0"),
+        ({"server.allowed_origins": ["app.example"]}, "allowed_origins: 'app.example' is not"),
+        ({"server.allowed_origins": ["https://a/x"]}, "allowed_origins: 'https://a/x' is not"),
+        ({"server.allowed_hosts": ["https://a"]}, "allowed_hosts: 'https://a' is not"),
+        ({"server.allowed_hosts": ["a b"]}, "allowed_hosts: 'a b' is not"),
+    ],
+)
+def test_bad_exposure_values_name_the_key(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_config(env={}, overrides=overrides)
+    assert "short" not in str(caught.value)  # a key is never echoed
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"server.host": "0.0.0.0", "server.api_keys": [KEY]},
+        {"server.host": "0.0.0.0", "server.allow_unauthenticated": True},
+        {"server.host": "::", "server.api_key_file": "/keys"},
+        {"server.host": "::1"},
+        {"server.host": "localhost"},
+        {"server.host": "127.0.0.2"},
+        {"server.allowed_origins": ["*", "http://localhost:3000", "https://app.example/"]},
+        {"server.allowed_hosts": ["*", "api.example", "api.example:8443", "[::1]:9"]},
+    ],
+)
+def test_exposure_values_that_load(overrides: dict[str, object]) -> None:
+    load_config(env={}, overrides=overrides)
+
+
+def test_api_key_file(tmp_path: Path) -> None:
+    from duplex.config import api_keys_of
+
+    keys = tmp_path / "keys"
+    keys.write_text(f"# ops\n{KEY}\n\n  {'z' * 16}  \n{KEY}\n")
+    server = load_config(env={}, overrides={"server.api_key_file": str(keys)}).server
+    assert api_keys_of(server) == (KEY, "z" * 16)
+    keys.write_text("# nothing\n")
+    with pytest.raises(ConfigError, match="holds no key"):
+        api_keys_of(server)
+    keys.write_text("tiny\n")
+    with pytest.raises(ConfigError, match="at least 16") as caught:
+        api_keys_of(server)
+    assert "tiny" not in str(caught.value)
+    missing = load_config(env={}, overrides={"server.api_key_file": str(tmp_path / "no")})
+    with pytest.raises(ConfigError, match="api_key_file: cannot read"):
+        api_keys_of(missing.server)
+
+
+def test_cli_refuses_an_open_public_bind_then_serves_it_on_purpose(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--host", "0.0.0.0", "--port", "0", "--model", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "not a loopback address and no API key is set" in err
+    # the opt-out passes the check (then the unknown model stops it: nothing binds)
+    argv = ["serve", "--host", "0.0.0.0", "--allow-unauthenticated", "--model", "nope"]
+    assert main(argv) == 2
+    assert "unknown model" in capsys.readouterr().err
+    argv = ["serve", "--host", "0.0.0.0", "--api-key-file", "/no/such/file"]
+    assert main(argv) == 2
+    assert "api_key_file: cannot read" in capsys.readouterr().err

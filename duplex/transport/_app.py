@@ -5,12 +5,22 @@ sessions live in this process, a worker's link to the session process when
 they do not (``_frontend.py``). HTTP handlers read runtime state; WebSocket
 routes wrap the socket in its wire projection and hand it to the backend,
 which runs its connection until it ends.
+
+In front of every route sits ``Guard``, which applies the access policy
+(``_access.py``: Host, Origin, failure limit, API key or client secret). A
+refused HTTP request gets the policy's status and an OpenAI-style error body; a
+refused WebSocket handshake gets the same status and body as its HTTP answer
+(the ASGI denial response), so no socket is ever accepted and then closed for
+access reasons. Client secrets live with the sessions (``HubBackend``), so
+workers redeem them over their link.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -25,10 +35,21 @@ from starlette.websockets import WebSocket
 from duplex import __version__
 from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.exceptions import ProtocolError
-from duplex.metrics import MetricsRegistry, merge_labelled, render
+from duplex.metrics import Counter, MetricsRegistry, Sample, merge_labelled, render
 from duplex.sessions import ErrorEvent
 from duplex.sessions._hub import SessionHub
 
+from ._access import (
+    AccessPolicy,
+    AccessSettings,
+    Allowed,
+    ClientSecrets,
+    Denied,
+    ResumeGuard,
+    SecretStoreFull,
+    client_secret_request,
+    select_subprotocol,
+)
 from ._connection import ConnectionActor, ShutDown
 from ._duplex_wire import NativeProjection
 from ._realtime_wire import RealtimeProjection, duplex_flag, schema_from_headers
@@ -37,7 +58,15 @@ from ._sockets import EventSocket, WebSocketEvents
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JSON_CONTENT_TYPE = "application/json"
 
-HttpRoute = Literal["health", "models", "metrics"]
+HttpRoute = Literal["health", "models", "metrics", "client_secrets", "redeem"]
+"""``client_secrets``: mint one (body: ``{"ttl_s", "session"}``); ``redeem``: use one up
+(body: the secret; 200 or 401). Both are answered where the secret store is."""
+
+MAX_CLIENT_SECRET_BODY = 64 * 1024
+"""Largest ``POST /v1/realtime/client_secrets`` body read (a session config is small)."""
+
+wall_time: Callable[[], float] = time.time
+"""The clock of client-secret expiry (a Unix time the client is told); tests replace it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +89,14 @@ class Reply:
 class Backend(Protocol):
     """What the routes need from the process that owns the sessions."""
 
-    async def http(self, route: HttpRoute) -> Reply:
-        """The answer to ``GET`` on one of the HTTP routes."""
+    async def http(self, route: HttpRoute, body: bytes = b"") -> Reply:
+        """The answer to one of the HTTP routes (``body``: what the route needs of the request)."""
         ...
 
-    async def connect(self, socket: EventSocket, *, autostart: bool) -> None:
-        """Run one client socket's connection until it ends."""
+    async def connect(
+        self, socket: EventSocket, *, autostart: bool, peer: str | None = None
+    ) -> None:
+        """Run one client socket's connection until it ends; ``peer``: its IP address."""
         ...
 
 
@@ -128,12 +159,26 @@ class HubBackend:
         registry: MetricsRegistry,
         *,
         first_event_timeout_s: float = 0.0,
+        resume_guard: ResumeGuard | None = None,
     ) -> None:
-        """``first_event_timeout_s`` closes sockets that open no session in time (0: never)."""
+        """``first_event_timeout_s`` closes sockets that open no session in time (0: never);
+        ``resume_guard`` limits failed ``session.resume`` per peer and session id."""
         self.hub = hub
         self.registry = registry
         self.connections = Connections(hub.system)
         self.first_event_timeout_s = first_event_timeout_s
+        self.resume_guard = resume_guard
+        self.secrets = ClientSecrets()
+        if resume_guard is not None:
+            limiter = resume_guard.limiter
+            name = "duplex_resume_rate_limited_total"
+            registry.add_collector(
+                name,
+                "counter",
+                "session.resume refused rate_limited (too many failures by its peer or id)",
+                lambda: [Sample(name, {}, float(limiter.statistics().refused))],
+            )
+
         self.shards: Shards | None = None
 
     def health_of(self) -> dict[str, Any]:
@@ -149,9 +194,14 @@ class HubBackend:
             "sessions": {"live": stats.live, "capacity": stats.capacity},
         }
 
-    def reply(self, route: HttpRoute) -> Reply:
+    def reply(self, route: HttpRoute, body: bytes = b"") -> Reply:
         """The answer for this process alone."""
         hub = self.hub
+        if route == "client_secrets":
+            return self.mint(body)
+        if route == "redeem":
+            redeemed = self.secrets.redeem(body.decode("utf-8", "replace"), wall_time())
+            return Reply(200 if redeemed else 401, JSON_CONTENT_TYPE, b"{}")
         if route == "health":
             health = self.health_of()
             return Reply.json(health, 200 if hub.ready else 503)
@@ -166,9 +216,20 @@ class HubBackend:
             return Reply.json({"object": "list", "data": [card]})
         return Reply(200, PROMETHEUS_CONTENT_TYPE, self.registry.render().encode())
 
-    async def http(self, route: HttpRoute) -> Reply:
-        if self.shards is None or route == "models":
-            return self.reply(route)
+    def mint(self, body: bytes) -> Reply:
+        """A client secret for the request ``body`` (``{"ttl_s", "session"}``, checked)."""
+        request = json.loads(body)
+        try:
+            minted = self.secrets.mint(wall_time(), request["ttl_s"])
+        except SecretStoreFull:
+            error = {"message": "Too many live client secrets.", "type": "rate_limit_error"}
+            return Reply.json({"error": {**error, "code": "rate_limited"}}, 429)
+        answer = {"value": minted.value, "expires_at": int(minted.expires_at)}
+        return Reply.json({**answer, "session": request["session"]})
+
+    async def http(self, route: HttpRoute, body: bytes = b"") -> Reply:
+        if self.shards is None or route in ("models", "client_secrets", "redeem"):
+            return self.reply(route, body)
         answers = await self.shards.query(route)
         if route == "metrics":
             parts = [({"shard": "0"}, self.registry.families())]
@@ -193,7 +254,14 @@ class HubBackend:
         }
         return Reply.json(health, 503 if status == "starting" else 200)
 
-    async def connect(self, socket: EventSocket, *, autostart: bool, waited_s: float = 0.0) -> None:
+    async def connect(
+        self,
+        socket: EventSocket,
+        *,
+        autostart: bool,
+        peer: str | None = None,
+        waited_s: float = 0.0,
+    ) -> None:
         """``waited_s``: time the socket already waited for its first event (in a worker)."""
         hub = self.hub
         generation = hub.next_generation()
@@ -207,6 +275,8 @@ class HubBackend:
             generation,
             autostart,
             timeout,
+            self.resume_guard,
+            peer,
             name=f"connection-{generation}",
             restart=Restart.TEMPORARY,
         )
@@ -220,11 +290,22 @@ class HubBackend:
 
 
 def hypercorn_config(
-    bind: str, *, max_frame_bytes: int, graceful_timeout_s: float
+    bind: str,
+    *,
+    max_frame_bytes: int,
+    graceful_timeout_s: float,
+    tls_certfile: str = "",
+    tls_keyfile: str = "",
 ) -> HypercornConfig:
-    """hypercorn's settings for every process that serves the app (the server, each worker)."""
+    """hypercorn's settings for every process that serves the app (the server, each worker).
+
+    With ``tls_certfile`` and ``tls_keyfile`` the port speaks TLS only (HTTPS, WSS).
+    """
     hyper = HypercornConfig()
     hyper.bind = [bind]
+    if tls_certfile:
+        hyper.certfile = tls_certfile
+        hyper.keyfile = tls_keyfile
     # up to 2x reaches the projection (event_too_large); beyond that, hypercorn closes 1009
     hyper.websocket_max_message_size = 2 * max_frame_bytes
     hyper.graceful_timeout = graceful_timeout_s
@@ -233,17 +314,99 @@ def hypercorn_config(
     return hyper
 
 
+def _headers(scope: dict[str, Any]) -> dict[str, str]:
+    """Lowercase names; a repeated header's values joined by commas (a repeated ``Host``
+    then parses as no host at all)."""
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers", ()):
+        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
+class Guard:
+    """Pure ASGI middleware: the access policy on every HTTP request and WebSocket handshake."""
+
+    def __init__(
+        self, app: Any, policy: AccessPolicy, backend: Backend, refused: Counter | None
+    ) -> None:
+        self.app = app
+        self.policy = policy
+        self.backend = backend
+        self.refused = refused
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        kind = scope["type"]
+        if kind not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        client, server = scope.get("client"), scope.get("server")
+        peer = client[0] if client else None
+        now = trio.current_time()
+        decision = self.policy.decide(
+            kind,
+            _headers(scope),
+            peer=peer,
+            bound_port=server[1] if server else None,
+            now=now,
+        )
+        if isinstance(decision, Allowed) and decision.secret is not None:
+            redeemed = await self.backend.http("redeem", decision.secret.encode())
+            if redeemed.status != 200:
+                decision = self.policy.secret_refused(peer, now)
+        if isinstance(decision, Denied):
+            if self.refused is not None:
+                self.refused.inc(code=decision.code)
+            await _deny(scope, receive, send, decision)
+            return
+        await self.app(scope, receive, send)
+
+
+async def _deny(scope: dict[str, Any], receive: Any, send: Any, denied: Denied) -> None:
+    body = Reply.json(denied.body(), denied.status).body
+    headers = [(b"content-type", JSON_CONTENT_TYPE.encode())]
+    if denied.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": denied.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return
+    message = await receive()  # websocket.connect
+    if message["type"] != "websocket.connect":
+        return
+    if "websocket.http.response" in scope.get("extensions", {}):
+        start = {"type": "websocket.http.response.start", "status": denied.status}
+        await send({**start, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:  # a server without the denial response: closing before accepting is a 403
+        await send({"type": "websocket.close", "code": denied.close_code})
+
+
 def build_app(
     backend: Backend,
     *,
     max_frame_bytes: int,
     realtime_vad: str | None = None,
+    access: AccessSettings | None = None,
+    client_secret_ttl_s: int = 600,
+    registry: MetricsRegistry | None = None,
 ) -> Starlette:
-    """The routes, over ``backend``.
+    """The routes, over ``backend``, behind ``Guard``.
 
     ``realtime_vad`` backs ``server_vad`` in Realtime turn-based sessions
     (``server.realtime_vad``); ``None`` leaves it to the session defaults.
+    ``access``: who may connect (``None``: anyone on loopback, same-origin browsers).
+    ``client_secret_ttl_s``: a client secret's lifetime when its request names none.
+    ``registry``: where refusals are counted (``None`` in a worker, whose metrics no one reads).
     """
+    policy = AccessPolicy(access or AccessSettings())
+    refused = None
+    if registry is not None:
+        refused = registry.counter(
+            "duplex_access_refused_total",
+            "HTTP requests and WebSocket handshakes refused by the access policy",
+            ["code"],
+        )
 
     async def health(request: Request) -> Response:
         return (await backend.http("health")).response()
@@ -254,10 +417,31 @@ def build_app(
     async def metrics(request: Request) -> Response:
         return (await backend.http("metrics")).response()
 
+    async def client_secrets(request: Request) -> Response:
+        """OpenAI's ``POST /v1/realtime/client_secrets``: a short-lived single-use key."""
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_CLIENT_SECRET_BODY:
+                error = {"message": "The body is too large.", "type": "invalid_request_error"}
+                return Reply.json({"error": {**error, "code": "body_too_large"}}, 413).response()
+        parsed = client_secret_request(body, client_secret_ttl_s)
+        if isinstance(parsed, Denied):
+            return Reply.json(parsed.body(), parsed.status).response()
+        ttl_s, session = parsed
+        body = json.dumps({"ttl_s": ttl_s, "session": session}).encode()
+        return (await backend.http("client_secrets", body)).response()
+
+    async def accept(websocket: WebSocket) -> str | None:
+        """Accept, echoing ``realtime`` when a browser offered it; returns the peer address."""
+        await websocket.accept(subprotocol=select_subprotocol(websocket.scope["subprotocols"]))
+        return websocket.client.host if websocket.client else None
+
     async def duplex_socket(websocket: WebSocket) -> None:
-        await websocket.accept()
+        peer = await accept(websocket)
         projection = NativeProjection(max_size=max_frame_bytes)
-        await backend.connect(WebSocketEvents(websocket, projection), autostart=False)
+        events = WebSocketEvents(websocket, projection)
+        await backend.connect(events, autostart=False, peer=peer)
 
     async def realtime_socket(websocket: WebSocket) -> None:
         """OpenAI Realtime: the session opens on connect, as OpenAI's does.
@@ -265,7 +449,7 @@ def build_app(
         ``?duplex=1`` adds the duplex extensions; ``?resume=1`` waits for a
         ``session.resume`` instead of opening a session.
         """
-        await websocket.accept()
+        peer = await accept(websocket)
         params = websocket.query_params
         try:
             duplex = duplex_flag(params.get("duplex"))
@@ -282,14 +466,18 @@ def build_app(
             max_size=max_frame_bytes,
             vad=realtime_vad,
         )
-        await backend.connect(WebSocketEvents(websocket, projection), autostart=not resume_only)
+        events = WebSocketEvents(websocket, projection)
+        await backend.connect(events, autostart=not resume_only, peer=peer)
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/health", health),
             Route("/v1/models", models),
             Route("/metrics", metrics),
+            Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
             WebSocketRoute("/v1/duplex", duplex_socket),
             WebSocketRoute("/v1/realtime", realtime_socket),
         ]
     )
+    app.add_middleware(Guard, policy=policy, backend=backend, refused=refused)
+    return app

@@ -33,6 +33,7 @@ from duplex.sessions import (
 from duplex.sessions._actor import Attach, CloseSocket, Detach, FromClient, Outbound
 from duplex.sessions._hub import SessionHub
 
+from ._access import ResumeGuard
 from ._sockets import EventSocket, SocketGone
 
 DETACH_TIMEOUT_S = 5.0
@@ -70,7 +71,10 @@ class ConnectionActor(Actor[Any]):
         generation: int,
         autostart: bool,
         first_event_timeout_s: float = 0.0,
+        resume_guard: ResumeGuard | None = None,
+        peer: str | None = None,
     ):
+        """``resume_guard`` limits failed resumes by ``peer`` (its IP address) and session id."""
         self.socket = socket
         self.hub = hub
         self.generation = generation
@@ -78,6 +82,10 @@ class ConnectionActor(Actor[Any]):
         self.first_event_timeout_s = first_event_timeout_s
         self.session: ActorRef[Any] | None = None
         self.closing = False
+        self.resume_guard = resume_guard
+        self.peer = peer
+        self.resuming: str | None = None
+        """The session id this socket resumed: the session refusing it is a failed resume."""
 
     async def on_start(self, ctx: ActorContext) -> None:
         if self.autostart:  # OpenAI clients expect session.created before they speak
@@ -116,6 +124,8 @@ class ConnectionActor(Actor[Any]):
             ctx.stop()  # the peer is gone; the reader tells the session
 
     async def _close(self, ctx: ActorContext, code: int, reason: str) -> None:
+        if self.resuming is not None and reason in ("unknown_session", "session_resume_expired"):
+            self._resume_failed(self.resuming)  # a wrong resume token
         self.session = None  # the session closed us: it needs no Detach
         self.closing = True  # and frames still in flight must not open a new one
         await self.socket.close(code, reason)
@@ -142,15 +152,24 @@ class ConnectionActor(Actor[Any]):
             await self.session.tell_eager(FromClient(self.generation, event))
             return
         if isinstance(event, SessionResume):
+            guard, now = self.resume_guard, trio.current_time()
+            if guard is not None and guard.blocked(self.peer, event.session_id, now):
+                exc = errors.RateLimited(
+                    "too many failed session.resume attempts; try again later",
+                    event_id=event.event_id,
+                )
+                await self._refuse(ctx, exc, close=(1008, "rate_limited"))
+                return
             session = self.hub.lookup(event.session_id)
             if session is None:
+                self._resume_failed(event.session_id)
                 exc = errors.SessionResumeExpired(
                     f"unknown or expired duplex session: {event.session_id}",
                     event_id=event.event_id,
                 )
                 await self._refuse(ctx, exc, close=(1008, "session_resume_expired"))
                 return
-            self.session = session
+            self.session, self.resuming = session, event.session_id
             ctx.cancel_timer(_FIRST_EVENT)
             await session.tell(Attach(self.generation, ctx.self, event))
             return
@@ -175,6 +194,10 @@ class ConnectionActor(Actor[Any]):
         ctx.cancel_timer(_FIRST_EVENT)
         await opened.ref.tell(Attach(self.generation, ctx.self))
         return True
+
+    def _resume_failed(self, session_id: str) -> None:
+        if self.resume_guard is not None:
+            self.resume_guard.fail(self.peer, session_id, trio.current_time())
 
     async def _refuse(
         self, ctx: ActorContext, exc: errors.ProtocolError, *, close: tuple[int, str] | None

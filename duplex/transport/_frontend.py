@@ -113,10 +113,10 @@ class LinkBackend:
         self._next_conn = 0
         self._next_request = 0
 
-    async def http(self, route: HttpRoute) -> Reply:
+    async def http(self, route: HttpRoute, body: bytes = b"") -> Reply:
         request, self._next_request = self._next_request, self._next_request + 1
         self.answers[request] = answer = _Answer()
-        self.link.post(HttpRequest(request, route))
+        self.link.post(HttpRequest(request, route, body))
         try:
             with trio.move_on_after(HTTP_TIMEOUT_S):
                 await answer.done.wait()
@@ -126,7 +126,9 @@ class LinkBackend:
             return Reply.json({"status": "unavailable", "detail": "no session process"}, 503)
         return answer.reply
 
-    async def connect(self, socket: EventSocket, *, autostart: bool) -> None:
+    async def connect(
+        self, socket: EventSocket, *, autostart: bool, peer: str | None = None
+    ) -> None:
         placed = await self._place(socket, autostart)
         if placed is None:  # the peer left before it said anything
             return
@@ -134,7 +136,7 @@ class LinkBackend:
         conn, self._next_conn = self._next_conn, self._next_conn + 1
         assert shard.link is not None
         self.relays[conn] = relay = Relay(conn, socket, shard.link, shard.index)
-        relay.link.post(Connected(conn, autostart, socket.initial_options, waited))
+        relay.link.post(Connected(conn, autostart, socket.initial_options, waited, peer))
         if first is not _NOTHING:
             await relay.window.take()  # the first of a fresh window: never waits
             relay.link.post(FromSocket(conn, first))  # type: ignore[arg-type]
@@ -290,12 +292,18 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
     link = Link(stream)
     backend = LinkBackend(link, 1 + len(settings.shard_paths), settings.first_event_timeout_s)
     app = build_app(
-        backend, max_frame_bytes=settings.max_frame_bytes, realtime_vad=settings.realtime_vad
+        backend,
+        max_frame_bytes=settings.max_frame_bytes,
+        realtime_vad=settings.realtime_vad,
+        access=settings.access,
+        client_secret_ttl_s=settings.client_secret_ttl_s,
     )
     hyper = hypercorn_config(
         f"fd://{listen_fd}",
         max_frame_bytes=settings.max_frame_bytes,
         graceful_timeout_s=settings.shutdown_grace_s,
+        tls_certfile=settings.tls_certfile,
+        tls_keyfile=settings.tls_keyfile,
     )
     stopping = trio.Event()
 

@@ -88,6 +88,8 @@ class Connected:
     waited_s: float = 0.0
     """How long the worker already held the socket for its first event (choosing a shard):
     taken off the first-event timeout."""
+    peer: str | None = None
+    """The client's IP address (failed resumes are limited per peer)."""
 
 
 @final
@@ -113,6 +115,7 @@ class Written:
 class HttpRequest:
     request: int
     route: str
+    body: bytes = b""
 
 
 # -- messages, session process to worker ---------------------------------------

@@ -19,7 +19,7 @@ from hypercorn.utils import repr_socket_addr
 
 from duplex.actors import ActorSystem, open_actor_system, run_until_signal
 from duplex.actors._supervisor import unwrap
-from duplex.config import Config
+from duplex.config import Config, api_keys_of, is_loopback
 from duplex.exceptions import ConfigError
 from duplex.logs import configure_logging, get_logger
 from duplex.metrics import REGISTRY, MetricsRegistry
@@ -39,6 +39,7 @@ from duplex.sessions import Capabilities
 from duplex.sessions._hub import SessionHub
 
 from . import _link
+from ._access import AccessSettings, ResumeGuard, digest
 from ._app import HubBackend, build_app, hypercorn_config
 from ._http import serve_http
 from ._shards import ShardProcesses
@@ -119,6 +120,23 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+def access_settings(config: Config) -> AccessSettings:
+    """The access policy's settings: keys as digests, the bind's loopbackness, the lists.
+
+    Raises:
+        ConfigError: ``api_key_file`` cannot be read or holds a bad key; a TLS file is missing.
+    """
+    server = config.server
+    return AccessSettings(
+        key_digests=tuple(digest(key) for key in api_keys_of(server)),
+        loopback=is_loopback(server.host),
+        allowed_origins=server.allowed_origins,
+        allowed_hosts=server.allowed_hosts,
+        failure_burst=server.auth_failure_burst,
+        failure_window_s=server.auth_failure_window_s,
+    )
+
+
 def shard_max_sessions(max_sessions: int, shards: int, index: int) -> int:
     """Shard ``index``'s part of ``max_sessions`` (0, no cap, stays 0): the parts sum to it."""
     if not max_sessions:
@@ -177,7 +195,10 @@ async def open_backend(
 
             vad_ref = await system.spawn(VadActor, build_vad, hub.vad_started, name="vad-silero")
         freeze_startup_objects()
-        yield HubBackend(hub, registry, first_event_timeout_s=server.first_event_timeout_s)
+        guard = ResumeGuard(burst=server.auth_failure_burst, window_s=server.auth_failure_window_s)
+        yield HubBackend(
+            hub, registry, first_event_timeout_s=server.first_event_timeout_s, resume_guard=guard
+        )
     finally:
         with trio.CancelScope(shield=True):
             if vad_ref is not None:
@@ -196,6 +217,7 @@ async def serve_duplex(
     log = get_logger(component="server")
     server = config.server
     sharded = server.session_shards > 1
+    access = access_settings(config)
     async with open_backend(config, system, registry, shard=0 if sharded else None) as backend:
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
@@ -203,20 +225,29 @@ async def serve_duplex(
             f"{server.host}:{server.port}",
             max_frame_bytes=server.max_frame_bytes,
             graceful_timeout_s=server.shutdown_grace_s / 2,
+            tls_certfile=server.tls_certfile,
+            tls_keyfile=server.tls_keyfile,
         )
         log.info(
             "starting",
             bind=hyper.bind,
+            tls=bool(server.tls_certfile),
+            api_keys=len(access.key_digests),
             model=backend.hub.spec.name,
             vad="silero" if uses_silero(config) else None,
             connection_workers=server.connection_workers,
             session_shards=server.session_shards,
         )
         if server.connection_workers:
-            await serve_with_workers(config, backend, hyper, registry, task_status)
+            await serve_with_workers(config, backend, hyper, registry, access, task_status)
         else:
             app = build_app(
-                backend, max_frame_bytes=server.max_frame_bytes, realtime_vad=server.realtime_vad
+                backend,
+                max_frame_bytes=server.max_frame_bytes,
+                realtime_vad=server.realtime_vad,
+                access=access,
+                client_secret_ttl_s=server.client_secret_ttl_s,
+                registry=registry,
             )
 
             async def shutdown_trigger() -> None:
@@ -239,6 +270,7 @@ async def serve_with_workers(
     backend: HubBackend,
     hyper: HypercornConfig,
     registry: MetricsRegistry,
+    access: AccessSettings,
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
     """Bind here, serve in connection workers (and shards); returns once all have exited.
@@ -248,7 +280,8 @@ async def serve_with_workers(
     own, then the workers stop once their sockets are closed.
     """
     server = config.server
-    (listener,) = hyper.create_sockets().insecure_sockets
+    sockets = hyper.create_sockets()
+    (listener,) = sockets.secure_sockets or sockets.insecure_sockets  # TLS: the workers speak it
     try:
         listener.listen(hyper.backlog)
         links = LinkServer(backend, registry)
@@ -265,13 +298,18 @@ async def serve_with_workers(
                 fingerprint=_link.CODE_FINGERPRINT,
                 shard_paths=shards.paths,
                 first_event_timeout_s=server.first_event_timeout_s,
+                access=access,
+                client_secret_ttl_s=server.client_secret_ttl_s,
+                tls_certfile=server.tls_certfile,
+                tls_keyfile=server.tls_keyfile,
             )
             workers = ConnectionWorkers(
                 links, listener, server.connection_workers, settings, registry
             )
             await nursery.start(workers.children.run)
             bind = repr_socket_addr(listener.family, listener.getsockname())
-            task_status.started([f"http://{bind}"])
+            scheme = "https" if server.tls_certfile else "http"
+            task_status.started([f"{scheme}://{bind}"])
             await backend.hub.system.wait_shutdown_requested()
             await backend.connections.close_all(server.shutdown_grace_s / 2)  # 1001, at once
             shards.children.stop()  # each shard closes its sockets, then waits for the workers

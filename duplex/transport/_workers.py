@@ -17,7 +17,7 @@ import json
 import math
 import socket
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import trio
 
@@ -25,6 +25,7 @@ from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry
 from duplex.sessions import ServerEvent, SessionOptions
 
+from ._access import AccessSettings
 from ._app import HttpRoute, HubBackend
 from ._children import Children, spawn_linked
 from ._link import (
@@ -61,6 +62,11 @@ class WorkerSettings:
     """The Unix sockets of session shards 1.. (shard 0 is the server, over the worker's link)."""
     first_event_timeout_s: float = 0.0
     """With shards, a worker holds a socket until its first event says where it goes."""
+    access: AccessSettings = field(default_factory=AccessSettings)
+    """Who may connect; API keys travel as digests only (a command line is readable)."""
+    client_secret_ttl_s: int = 600
+    tls_certfile: str = ""
+    tls_keyfile: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -69,6 +75,11 @@ class WorkerSettings:
     def from_json(cls, text: str) -> WorkerSettings:
         fields = json.loads(text)
         fields["shard_paths"] = tuple(fields.get("shard_paths", ()))
+        access = {
+            key: tuple(value) if isinstance(value, list) else value
+            for key, value in fields.get("access", {}).items()
+        }
+        fields["access"] = AccessSettings(**access)
         return cls(**fields)
 
 
@@ -208,17 +219,17 @@ class LinkServer:
         backend = self.backend
 
         async def connection(
-            conn: int, socket: LinkedSocket, autostart: bool, waited: float
+            conn: int, socket: LinkedSocket, autostart: bool, waited: float, peer: str | None
         ) -> None:
             self._sockets.inc()
             try:
-                await backend.connect(socket, autostart=autostart, waited_s=waited)
+                await backend.connect(socket, autostart=autostart, peer=peer, waited_s=waited)
             finally:
                 sockets.pop(conn, None)
                 self._sockets.dec()
 
-        async def answer(request: int, route: HttpRoute) -> None:
-            link.post(HttpReply(request, await backend.http(route)))
+        async def answer(request: int, route: HttpRoute, body: bytes) -> None:
+            link.post(HttpReply(request, await backend.http(route, body)))
 
         self.links.add(link)
         link.post(self.load())
@@ -233,11 +244,13 @@ class LinkServer:
                             case Written(conn, count):
                                 if (linked := sockets.get(conn)) is not None:
                                     linked.window.give(count)
-                            case Connected(conn, autostart, options, waited):
+                            case Connected(conn, autostart, options, waited, peer):
                                 sockets[conn] = linked = LinkedSocket(link, conn, options)
-                                nursery.start_soon(connection, conn, linked, autostart, waited)
-                            case HttpRequest(request, route):
-                                nursery.start_soon(answer, request, route)
+                                nursery.start_soon(
+                                    connection, conn, linked, autostart, waited, peer
+                                )
+                            case HttpRequest(request, route, body):
+                                nursery.start_soon(answer, request, route, body)
                             case Ready() if on_ready is not None:
                                 on_ready()
                 except LinkBroken as exc:
