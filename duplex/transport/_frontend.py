@@ -327,7 +327,9 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
             await nursery.start(backend.keep_shard, shard, path)
 
         async def serve_then_end(*, task_status: trio.TaskStatus[Any]) -> None:
-            await serve_http(app, hyper, shutdown_trigger=stopping.wait, task_status=task_status)
+            await serve_http(
+                app, hyper, shutdown_trigger=stopping.wait, announce=False, task_status=task_status
+            )
             nursery.cancel_scope.cancel()
 
         await nursery.start(serve_then_end)

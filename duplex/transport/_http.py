@@ -189,9 +189,13 @@ async def serve_http(
     *,
     shutdown_trigger: Callable[[], Awaitable[object]],
     registry: MetricsRegistry = REGISTRY,
+    announce: bool = True,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``config``'s binds until ``shutdown_trigger`` returns; reports the binds.
+
+    ``announce``: log one ``listening`` line with every bound URL (the real port when
+    0 was asked); a connection worker, which serves the server's own listener, does not.
 
     Then accepting stops, idle keep-alive connections close, and connections
     still open get ``config.graceful_timeout`` to finish before they are cancelled.
@@ -228,6 +232,8 @@ async def serve_http(
             serve = functools.partial(trio.serve_listeners, handler_nursery=connections)
             for listener in listeners:
                 accepting.start_soon(serve, connection, [listener])
+            if announce:
+                errors.log.info("listening", urls=binds)
             task_status.started(binds)
             await shutdown_trigger()
             accepting.cancel_scope.cancel()

@@ -310,6 +310,7 @@ async def serve_with_workers(
             await nursery.start(workers.children.run)
             bind = repr_socket_addr(listener.family, listener.getsockname())
             scheme = "https" if server.tls_certfile else "http"
+            get_logger(component="http").info("listening", urls=[f"{scheme}://{bind}"])
             task_status.started([f"{scheme}://{bind}"])
             await backend.hub.system.wait_shutdown_requested()
             await backend.connections.close_all(server.shutdown_grace_s / 2)  # 1001, at once

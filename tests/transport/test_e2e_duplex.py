@@ -39,6 +39,13 @@ async def open_session(c: Client, **session: object) -> dict:
     return created
 
 
+async def use_session(c: Client) -> None:
+    """One client event, so the session waits for a resume when its socket drops (one that
+    heard nothing from its client ends with the socket)."""
+    await c.send({"type": "session.update", "event_id": "use-1", "session": {}})
+    await c.until("session.updated")
+
+
 async def test_stream_echo_response_lifecycle(workers: Layout) -> None:
     async with running_server(**MODEL, **workers) as server, client(server) as c:
         created = await open_session(c)

@@ -180,6 +180,8 @@ async def test_resume_guessing_is_rate_limited_then_recovers(workers: Layout) ->
             c = Client(ws)
             await c.send({"type": "session.create", "event_id": "c1", "session": {}})
             created = await c.until("session.created")
+            await c.send({"type": "session.update", "session": {}})  # a used session waits
+            await c.until("session.updated")  # for its resume (one that heard nothing ends)
         for guess in ("guess-1", "guess-2", "guess-3"):
             assert await refused_resume(server, resume(created, guess)) == "unknown_session"
         right = resume(created, created["resume_token"])

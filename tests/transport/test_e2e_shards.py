@@ -213,8 +213,11 @@ async def test_max_sessions_is_split_over_shards_and_freed_room_is_used() -> Non
                 await trio.sleep(0.1)
         status, health = await health_over_http(server)
         assert status == 200  # full is healthy
-        # full again: the new session's socket left, and its session waits out its grace
-        assert [s["sessions"]["live"] for s in health["shards"]] == [2, 2]
+        # the new session's socket left before its client said anything: it ended with it
+        with trio.fail_after(5):
+            while [s["sessions"]["live"] for s in health["shards"]] != [2, 1]:
+                await trio.sleep(0.05)
+                status, health = await health_over_http(server)
 
 
 async def test_a_killed_shard_costs_its_sockets_only_and_is_restarted() -> None:

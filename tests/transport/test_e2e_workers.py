@@ -28,7 +28,7 @@ from duplex.transport import _link
 from duplex.transport._link import WINDOW
 from duplex.transport._workers import LinkedSocket
 
-from .test_e2e_duplex import open_session, resume
+from .test_e2e_duplex import open_session, resume, use_session
 from .test_realtime_wire import check_wire
 from .wsclient import FRAME, Client, Server, append, running_server, silence, tone
 
@@ -220,6 +220,7 @@ async def test_killing_one_of_two_workers_leaves_the_other_workers_sockets_alone
         await stop_process(second)
         async with client(server) as doomed:
             created = await open_session(doomed)
+            await use_session(doomed)
             os.kill(second, signal.SIGCONT)
             await stop_process(first)
             async with client(server) as survivor:
@@ -392,6 +393,7 @@ async def test_a_broken_link_restarts_its_worker_and_the_server_serves_on(
     async with running_server(**BASE, **{"server.connection_workers": 1}) as server:
         async with client(server) as c:
             created = await open_session(c)
+            await use_session(c)
             last = cursor(c)
             await c.send(append(silence(1), event_id="poison"))
             await closed(c, timeout=20)  # its worker is reaped with its sockets

@@ -337,3 +337,8 @@ def test_fuzz_websocket_frames_never_stop_the_server(
 def test_after_the_fuzz_the_server_serves_and_logged_no_traceback(served: Served) -> None:
     _assert_serving(served)
     assert "Traceback" not in served.log()
+
+
+def test_the_server_logs_the_url_it_listens_on(served: Served) -> None:
+    lines = [line for line in served.log().splitlines() if "listening" in line]
+    assert len(lines) == 1 and f"http://127.0.0.1:{served.port}" in lines[0], lines
