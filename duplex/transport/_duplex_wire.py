@@ -5,7 +5,9 @@
 (``invalid_json``, ``unknown_event``, ``bad_event``, ``bad_audio``,
 ``unsupported_audio_format``, ``event_too_large``, ``binary_frame_unsupported``,
 ``invalid_video_frames``), with ``event_id`` filled whenever it could be read.
-Nothing else escapes (websockets' "parse errors never escape the core").
+Nothing else escapes (websockets' "parse errors never escape the core"). The
+frame up to ``type`` and ``event_id`` is read by ``_envelope``, shared with the
+Realtime projection; `client_event` reads the rest.
 
 `encode_server_event` turns a server event into a JSON-ready dict stamped with
 ``event_id`` (``event_<hex>``) and ``server_event_seq`` (``None`` for
@@ -18,7 +20,6 @@ are written by `audio_delta_text` from a template with the same text.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -29,9 +30,6 @@ import numpy as np
 from duplex.exceptions import (
     BadAudio,
     BadEvent,
-    BinaryFrameUnsupported,
-    EventTooLarge,
-    InvalidJson,
     InvalidVideoFrames,
     ProtocolError,
     UnknownEvent,
@@ -87,18 +85,18 @@ from duplex.sessions import (
     VideoConsumed,
 )
 
-from ._json_text import b64, b64_decode, dumps, number, string, utf8_size
+from ._envelope import DEFAULT_MAX_EVENT_BYTES, Envelope, read_envelope
+from ._json_text import b64, b64_decode, dumps, number, string
 
 __all__ = [
     "CLIENT_EVENT_NAMES",
     "DEFAULT_MAX_EVENT_BYTES",
     "SERVER_EVENT_NAMES",
     "audio_delta_text",
+    "client_event",
     "encode_server_event",
     "parse_client_event",
 ]
-
-DEFAULT_MAX_EVENT_BYTES = 16 * 1024 * 1024
 
 _PCM16_NAMES = ("pcm16", "pcm_s16le", "s16le")
 _F32_NAMES = ("float32", "pcm_f32le", "f32le")
@@ -303,32 +301,23 @@ def parse_client_event(
     Raises:
         ProtocolError: a subclass per wire code; ``event_id`` is set when readable.
     """
-    if not isinstance(data, str):
-        if len(data) > max_size:
-            raise EventTooLarge(f"message is over {max_size} bytes")
-        raise BinaryFrameUnsupported("binary frames are not accepted; send JSON text")
-    if len(data) > max_size or (len(data) * 4 > max_size and utf8_size(data) > max_size):
-        raise EventTooLarge(f"message is over {max_size} bytes")
+    return client_event(read_envelope(data, max_size=max_size))
+
+
+def client_event(envelope: Envelope) -> ClientEvent:
+    """The native client event of a frame's envelope (the Realtime projection reads its
+    duplex extensions with it too).
+
+    Raises:
+        ProtocolError: a subclass per wire code, with the envelope's ``event_id``.
+    """
     try:
-        obj = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidJson(f"invalid JSON: {exc}") from exc
-    if not isinstance(obj, dict):
-        raise BadEvent("an event must be a JSON object")
-    event_id = obj.get("event_id")
-    if not isinstance(event_id, str):
-        if event_id is not None:
-            raise BadEvent("event_id must be a string", param="event_id")
-        event_id = None
-    obj["event_id"] = event_id
-    try:
-        kind = _get(obj, "type", str, required=True)
-        parser = _PARSERS.get(kind)
+        parser = _PARSERS.get(envelope.type)
         if parser is None:
-            raise UnknownEvent(f"unknown event type {kind!r}", param="type")
-        return parser(obj)
+            raise UnknownEvent(f"unknown event type {envelope.type!r}", param="type")
+        return parser(envelope.body)  # its event_id, read with .get, is the envelope's
     except ProtocolError as exc:
-        exc.event_id = exc.event_id or event_id
+        exc.event_id = exc.event_id or envelope.event_id
         raise
 
 

@@ -8,9 +8,9 @@ base64 has none. The template writes each value with `string` and `number`,
 exactly as `dumps` would, so its text equals `dumps` of the dict the projection
 builds for the same event (tests check it on random events).
 
-Inbound, the two helpers every codec reads a large frame with: `utf8_size` and
-`b64_decode`, which read the text without copying it (docs/protocol/duplex.md,
-"Limits and defaults", gives the memory one 16 MiB append costs).
+Inbound, the helper every codec reads a large field with: `b64_decode`, which reads
+the text without copying it (docs/protocol/duplex.md, "Limits and defaults", gives
+the memory one 16 MiB append costs). A frame's size is ``_envelope.frame_size``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from duplex.exceptions import ProtocolError
 
-__all__ = ["b64", "b64_decode", "dumps", "number", "string", "utf8_size"]
+__all__ = ["b64", "b64_decode", "dumps", "number", "string"]
 
 
 def dumps(wire: Mapping[str, Any]) -> str:
@@ -49,13 +49,6 @@ def b64_decode(value: str, param: str, exc: type[ProtocolError]) -> bytes:
         return binascii.a2b_base64(value, strict_mode=True)
     except (binascii.Error, ValueError) as err:
         raise exc(f"{param} is not valid base64", param=param) from err
-
-
-def utf8_size(text: str) -> int:
-    """The UTF-8 size of a text frame, without encoding it when it is ASCII (O(1) then)."""
-    if text.isascii():
-        return len(text)
-    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def string(value: str) -> str:

@@ -17,7 +17,8 @@ format only if the session will accept the update (`SessionConfig.apply_update`
 on the config last seen). An error's ``param`` names the field as a Realtime
 client spells it (``wire_param``), also when the session refused the value.
 
-Inbound, both spellings of the session fields are accepted
+Inbound, a frame is read up to ``type`` and ``event_id`` by ``_envelope``, as on
+the native route, and both spellings of the session fields are accepted
 (``_realtime_session``). A Realtime feature the session does not have yet is
 refused with a typed error naming it (``unsupported_event``,
 ``unsupported_parameter``, ``unsupported_turn_detection``), never accepted and
@@ -35,7 +36,6 @@ The duplex extensions (``playback.ack``, ``turn.signal``,
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -47,9 +47,6 @@ import numpy.typing as npt
 from duplex.exceptions import (
     BadAudio,
     BadEvent,
-    BinaryFrameUnsupported,
-    EventTooLarge,
-    InvalidJson,
     ProtocolError,
     UnknownEvent,
     UnsupportedEvent,
@@ -80,9 +77,10 @@ from duplex.sessions import (
     SessionUpdated,
 )
 
-from ._duplex_wire import DEFAULT_MAX_EVENT_BYTES, parse_client_event
+from ._duplex_wire import client_event
+from ._envelope import DEFAULT_MAX_EVENT_BYTES, Envelope, read_envelope
 from ._g711 import alaw_to_float, ulaw_to_float
-from ._json_text import b64_decode, dumps, utf8_size
+from ._json_text import b64_decode, dumps
 from ._realtime_encode import DUPLEX_SERVER_EVENTS, RealtimeEncoder, Schema
 from ._realtime_session import (
     AUDIO_FORMATS,
@@ -195,13 +193,6 @@ def duplex_flag(value: str | None) -> bool:
 
 
 # ----------------------------------------------------------------------- parsing
-
-
-def _event_id(obj: dict[str, Any]) -> str | None:
-    event_id = obj.get("event_id")
-    if event_id is not None and not isinstance(event_id, str):
-        raise BadEvent("event_id must be a string", param="event_id")
-    return event_id
 
 
 def _check_keys(obj: Mapping[str, Any], allowed: frozenset[str], prefix: str = "") -> None:
@@ -440,32 +431,16 @@ class RealtimeProjection:
         Raises:
             ProtocolError: a subclass per wire code, ``event_id`` set when readable.
         """
-        if not isinstance(data, str):
-            if len(data) > self.max_size:
-                raise EventTooLarge(f"message is over {self.max_size} bytes")
-            raise BinaryFrameUnsupported("binary frames are not accepted; send JSON text")
-        if len(data) > self.max_size or (
-            len(data) * 4 > self.max_size and utf8_size(data) > self.max_size
-        ):
-            raise EventTooLarge(f"message is over {self.max_size} bytes")
+        envelope = read_envelope(data, max_size=self.max_size)
         try:
-            obj = json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            raise InvalidJson(f"invalid JSON: {exc}") from exc
-        if not isinstance(obj, dict):
-            raise BadEvent("an event must be a JSON object")
-        event_id = _event_id(obj)
-        try:
-            return self._parse(obj, data, event_id)
+            return self._parse(envelope)
         except ProtocolError as exc:
-            exc.event_id = exc.event_id or event_id
+            exc.event_id = exc.event_id or envelope.event_id
             exc.param = wire_param(exc.param, self.schema)
             raise
 
-    def _parse(self, obj: dict[str, Any], data: str, event_id: str | None) -> ClientEvent:
-        kind = obj.get("type")
-        if not isinstance(kind, str):
-            raise BadEvent("type must be a string", param="type")
+    def _parse(self, envelope: Envelope) -> ClientEvent:
+        kind, event_id, obj = envelope.type, envelope.event_id, envelope.body
         if kind in UNSUPPORTED_CLIENT_EVENTS:
             raise UnsupportedEvent(f"{kind}: {UNSUPPORTED_CLIENT_EVENTS[kind]}", param="type")
         if kind in DUPLEX_CLIENT_EVENTS:
@@ -473,7 +448,7 @@ class RealtimeProjection:
                 raise UnknownEvent(
                     f"{kind} is a duplex extension; connect with ?duplex=1", param="type"
                 )
-            return parse_client_event(data, max_size=self.max_size)
+            return client_event(envelope)  # the native shapes, from the same object
         if kind not in REALTIME_CLIENT_EVENTS:
             raise UnknownEvent(f"unknown event type {kind!r}", param="type")
         _check_keys(obj, _TOP_LEVEL | _FIELDS.get(kind, frozenset()))

@@ -14,6 +14,8 @@ from duplex.exceptions import BadEvent, ProtocolError
 from duplex.sessions import (
     SERVER_EVENT_TYPES,
     AudioAppend,
+    AudioClear,
+    AudioCommit,
     AudioDelta,
     Capabilities,
     ErrorEvent,
@@ -21,8 +23,12 @@ from duplex.sessions import (
     HistoryItem,
     OverlapDecision,
     PlaybackAck,
+    ResponseCancel,
+    ResponseCreate,
     ResponseDone,
+    SessionClose,
     SessionConfig,
+    SessionCreate,
     SessionCreated,
     SessionResume,
     SessionUpdate,
@@ -253,6 +259,21 @@ def test_native_frames_are_the_wire_events_as_json():
     assert projection.frames(delta, 4)[0].startswith('{"type":"response.audio.delta",')
 
 
+EVENT_CLASSES = {
+    "session.create": SessionCreate, "session.update": SessionUpdate,
+    "input_audio_buffer.append": AudioAppend, "input_audio_buffer.commit": AudioCommit,
+    "input_audio_buffer.clear": AudioClear, "turn.signal": TurnSignal,
+    "playback.ack": PlaybackAck, "response.create": ResponseCreate,
+    "response.cancel": ResponseCancel, "session.resume": SessionResume,
+    "session.event_ack": EventAck, "session.close": SessionClose,
+    "input_video.append": VideoAppend,
+}  # fmt: skip
+
+
+def test_every_client_event_name_has_its_class():
+    assert set(EVENT_CLASSES) == set(CLIENT_EVENT_NAMES)
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
     lambda inner: (
@@ -291,7 +312,7 @@ def test_fuzz_structured_events_only_raise_protocol_errors(kind, fields):
         if isinstance(fields.get("event_id"), str):
             assert exc.event_id == fields["event_id"]
     else:
-        assert type(event).__name__
+        assert type(event) is EVENT_CLASSES[kind]
 
 
 def test_pcm16_round_trips_exactly_through_a_model_frame() -> None:

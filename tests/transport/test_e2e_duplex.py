@@ -10,7 +10,10 @@ import pytest
 import trio
 from websockets.exceptions import ConnectionClosed
 
-from .wsclient import FRAME, Client, client, running_server, silence, tone
+from duplex.sessions import SessionMachine, SessionState
+from duplex.sessions._actor import Inspect
+
+from .wsclient import FRAME, Client, Server, client, running_server, silence, tone
 
 MODEL = {"session.overlap_policy": "model"}
 Layout = dict[str, int]
@@ -30,6 +33,18 @@ def resume(created: dict, cursor: int) -> dict:
         "resume_token": created["resume_token"],
         "last_received_server_event_seq": cursor,
     }
+
+
+async def wait_detached(server: Server, session_id: str) -> SessionMachine:
+    """The session's machine once it has seen its socket go (this process's sessions)."""
+    ref = server.system.lookup(session_id)
+    assert ref is not None
+    with trio.fail_after(10):
+        while True:
+            machine: SessionMachine = await ref.ask(Inspect(), timeout=10)
+            if machine.state is SessionState.DETACHED:
+                return machine
+            await trio.sleep(0.01)
 
 
 async def open_session(c: Client, **session: object) -> dict:
@@ -117,11 +132,16 @@ async def test_disconnect_mid_response_then_resume_replays_in_order(workers: Lay
             await c.until("response.audio.delta")
             cursor = max(e["server_event_seq"] or 0 for e in c.events)
         # dropped mid-response; the session keeps going while we are away
-        await trio.sleep(0.5)
+        machine = await wait_detached(server, created["session"]["id"])
+        away = machine.statistics().journal.last_seq
+        with trio.fail_after(10):
+            while machine.statistics().journal.last_seq == away:
+                await trio.sleep(0.01)
         async with client(server) as c2:
             await c2.send(resume(created, cursor))
             resumed = await c2.recv()
             assert resumed["type"] == "session.resumed"
+            assert resumed["replay_count"] > away - cursor  # with what came while away
             assert resumed["resume_token"] != created["resume_token"]  # rotated
             await c2.stream(silence(6), realtime=False)
             done = await c2.until("response.done")
@@ -178,10 +198,17 @@ async def test_admission_limit_closes_with_1013_and_capacity_returns(workers: La
 
 
 async def test_disconnect_grace_expires_the_session(workers: Layout) -> None:
-    async with running_server(**{"session.disconnect_grace_s": 0.3}, **workers) as server:
+    grace = 0.3
+    async with running_server(**{"session.disconnect_grace_s": grace}, **workers) as server:
         async with client(server) as c:
             created = await open_session(c)
-        await trio.sleep(0.8)
+            session_id = created["session"]["id"]
+            assert server.system.lookup(session_id) is not None
+            left = trio.current_time()  # the session's grace starts after this
+        with trio.fail_after(10):  # wait for the expiry itself, not a guess at its time
+            while server.system.lookup(session_id) is not None:
+                await trio.sleep(0.01)
+        assert trio.current_time() - left >= grace  # and not before the grace ran out
         async with client(server) as c2:
             await c2.send(resume(created, 0))
             error = await c2.recv()

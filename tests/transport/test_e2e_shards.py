@@ -292,7 +292,10 @@ async def test_the_first_event_timeout_counts_the_time_a_worker_held_the_socket(
         async with client(server) as prompt:  # a session opened in time is never timed out
             await trio.sleep(0.6 * timeout)
             created = await open_session(prompt)
-            assert shard_of_created(created) in (0, 1)
+            shard = shard_of_created(created)
+            _, health = await health_over_http(server)  # the shard its id names holds it
+            live = [s["sessions"]["live"] for s in health["shards"]]
+            assert live == [int(i == shard) for i in range(2)], (shard, live)
             await trio.sleep(1.2 * timeout)
             await prompt.send({"type": "session.close"})
             await prompt.until("session.closed")
