@@ -395,7 +395,11 @@ HANDLED: dict[str, tuple[Case, tuple[str, ...]]] = {
         (ACTIVE, LISTENING, (), ConnectionAttached(7)),
         ("error:illegal_state", "CloseConnection"),
     ),
-    "detach": ((ACTIVE, LISTENING, (), ConnectionDetached(1)), ("state=detached",)),
+    "detach": ((ACTIVE, LISTENING, (UPDATE,), ConnectionDetached(1)), ("state=detached",)),
+    "detach-unused": (  # its client sent nothing: nothing to resume, no slot held for the grace
+        (ACTIVE, LISTENING, (), ConnectionDetached(1)),
+        ("ReleaseResources", "state=closed", "events_journaled+1"),
+    ),
     "tick": ((ACTIVE, LISTENING, (), Tick()), ()),  # timers ran, none due; not ignored
     "failed": (
         (ACTIVE, RESPONDING, (), SAMPLES[ModelFailed]),
