@@ -148,6 +148,7 @@ class MoshiEngineRunner:
         self._slot_replays: list[PromptReplay | None] = [None] * spec.max_slots
         self._replays: OrderedDict[SlotPrompt, PromptReplay] = OrderedDict()
         self._voice_codes: dict[str, torch.Tensor] = {}
+        self._stepped = False
 
     @property
     def spec(self) -> ModelSpec:
@@ -195,7 +196,12 @@ class MoshiEngineRunner:
         return self._slot_replays[slot]
 
     def execute(self, plan: StepPlan) -> StepOutput:
-        """Encode, step and decode one frame for every live slot (see the module docstring)."""
+        """Encode, step and decode one frame for every live slot (see the module docstring).
+
+        The output is flagged ``warmup`` on the runner's first step and on every step
+        that captured a CUDA graph (a new bucket): their time is not the batch's.
+        """
+        graphs = self._lm.graph_step.captured + self._mimi.captured
         for slot in plan.new_slots:  # already reset by the engine; start its next generation
             self._generation[slot] += 1
             self._lm.reset_slot(slot, self._slot_sampling(slot))
@@ -248,7 +254,9 @@ class MoshiEngineRunner:
                     holds_input=holds,
                 )
             )
-        return StepOutput(tuple(outputs))
+        captured = self._lm.graph_step.captured + self._mimi.captured > graphs
+        warmup, self._stepped = captured or not self._stepped, True
+        return StepOutput(tuple(outputs), warmup=warmup)
 
     def _user_and_forced(
         self,
