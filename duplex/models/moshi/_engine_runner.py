@@ -138,9 +138,9 @@ class MoshiEngineRunner:
         if spec.supports_prompts and self._config.user_lag != 1:
             raise ValueError(f"spec {spec.name!r} claims prompts; only PersonaPlex takes them")
         self._initial = loaded.lm.initial_tokens
-        self._checkpoint = loaded.checkpoint
+        self._tokenizer_model = loaded.tokenizer
         self._voices = VoiceLibrary(
-            loaded.checkpoint.folder,
+            None if loaded.checkpoint is None else loaded.checkpoint.folder,
             mimi_config.sample_rate,
             lm=loaded.lm if spec.supports_prompts else None,
         )
@@ -331,7 +331,7 @@ class MoshiEngineRunner:
     def _text_tokenizer(self) -> sentencepiece.SentencePieceProcessor:
         if self._tokenizer is None:
             tokenizer = sentencepiece.SentencePieceProcessor()
-            tokenizer.Load(str(self._checkpoint.tokenizer_path))
+            tokenizer.LoadFromSerializedProto(self._tokenizer_model)
             self._tokenizer = tokenizer
         return self._tokenizer
 
