@@ -165,6 +165,16 @@ class MoshiEngineRunner:
         """The codec's per-slot streams."""
         return self._mimi
 
+    def prepare_graphs(self) -> None:
+        """Capture every batch bucket's CUDA graphs (LM step, Mimi encode and decode) now.
+
+        The server calls it while the engine is built, before ``/health`` says ``ok``:
+        captured lazily, a bucket's first step takes seconds and stalls every live
+        session. On the CPU it only allocates the buckets' small static buffers.
+        """
+        self._lm.prepare_graphs()
+        self._mimi.prepare([self._config.agent_q])
+
     def generation(self, slot: int) -> int:
         """Sessions started on ``slot`` so far, minus one (-1: none yet)."""
         return int(self._generation[slot])

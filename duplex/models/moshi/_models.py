@@ -186,6 +186,9 @@ def _factory(load: Callable[[torch.dtype], LoadedMoshi], options: ModelOptions) 
         loaded = load(torch.bfloat16 if cuda else torch.float32)
         fp8 = options.kv_cache_dtype == "fp8"
         kv_dtype = torch.float8_e4m3fn if fp8 else None
-        return MoshiEngineRunner(loaded, spec, seed=options.seed, kv_dtype=kv_dtype)
+        runner = MoshiEngineRunner(loaded, spec, seed=options.seed, kv_dtype=kv_dtype)
+        if cuda:  # before the engine is handed over, so /health says starting meanwhile
+            runner.prepare_graphs()
+        return runner
 
     return build

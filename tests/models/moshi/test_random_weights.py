@@ -22,9 +22,12 @@ from duplex.models.moshi._models import moshi_spec
 from ..models_support import FakeTimer, tone
 
 
-def _outputs(seed: int, frames: int = 4) -> list[tuple[bytes, str]]:
+def _outputs(seed: int, frames: int = 4, *, prepared: bool = False) -> list[tuple[bytes, str]]:
     loaded = random_moshi("tiny", seed)
-    engine = Engine(MoshiEngineRunner(loaded, moshi_spec("tiny"), seed=0), timer=FakeTimer())
+    runner = MoshiEngineRunner(loaded, moshi_spec("tiny"), seed=0)
+    if prepared:
+        runner.prepare_graphs()
+    engine = Engine(runner, timer=FakeTimer())
     handle = engine.acquire_slot("a")
     assert handle is not None
     out = []
@@ -88,3 +91,9 @@ def test_random_weights_are_refused_for_loopback_and_folders(tmp_path: Path) -> 
     for name in (str(folder), f"tiny:{folder}"):
         with pytest.raises(ConfigError, match="checkpoint folder"):
             get_model(name, ModelOptions(random_weights=True))
+
+
+def test_preparing_every_bucket_up_front_changes_no_output() -> None:
+    """`prepare_graphs` (CUDA graph capture at engine start; on the CPU the buckets'
+    buffers) steps no slot: a session's output is the same as with lazy buckets."""
+    assert _outputs(5, prepared=True) == _outputs(5)
