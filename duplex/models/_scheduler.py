@@ -241,6 +241,8 @@ class Scheduler:
         if now is not None:
             self._now = max(self._now, now)
         self._steps.append((batch_size, duration_s, self._now))
+        if duration_s <= self._budget_s and batch_size != self._over:
+            return  # no new evidence either way: skip the scan of the window
         over, _ = self._over_budget(self._now)
         if over is not None:
             self._over = over if self._over is None else min(over, self._over)
