@@ -81,6 +81,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="a Host name to serve (DNS-rebinding guard on loopback); repeatable; * for any",
     )
+    serve.add_argument(
+        "--max-connections-per-peer",
+        type=int,
+        metavar="N",
+        help="open WebSockets one client address may hold (default 0: no cap)",
+    )
     serve.add_argument("--tls-certfile", metavar="PEM", help="certificate chain: serve HTTPS/WSS")
     serve.add_argument("--tls-keyfile", metavar="PEM", help="private key of --tls-certfile")
     serve.add_argument("--log-format", choices=["console", "json"])
@@ -121,6 +127,7 @@ def _serve(args: argparse.Namespace) -> int:
             ("allowed_hosts", args.allowed_host),
             ("tls_certfile", args.tls_certfile),
             ("tls_keyfile", args.tls_keyfile),
+            ("max_connections_per_peer", args.max_connections_per_peer),
         )
         if value is not None
     }

@@ -138,6 +138,12 @@ class ServerConfig:
     """...and the time a refused one takes to be whole again (one failure is forgiven
     every ``auth_failure_window_s / auth_failure_burst`` seconds)."""
 
+    max_connections_per_peer: int = 0
+    """Open WebSockets one peer address may hold (each can hold a session and a model
+    slot); more are refused 429 ``too_many_connections``. 0: no cap. Counted per
+    process (with connection workers, per worker). Behind a proxy every client has
+    the proxy's address: set it there instead."""
+
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port: must be 0..65535, got {self.port}")
@@ -191,6 +197,10 @@ class ServerConfig:
             raise ConfigError(
                 f"client_secret_ttl_s: must be {CLIENT_SECRET_MIN_TTL_S}.."
                 f"{CLIENT_SECRET_MAX_TTL_S}, got {self.client_secret_ttl_s}"
+            )
+        if self.max_connections_per_peer < 0:
+            raise ConfigError(
+                f"max_connections_per_peer: must be >= 0, got {self.max_connections_per_peer}"
             )
         if self.auth_failure_burst < 1:
             raise ConfigError(f"auth_failure_burst: must be >= 1, got {self.auth_failure_burst}")

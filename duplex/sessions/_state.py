@@ -14,6 +14,7 @@ Session lifecycle::
     AWAITING --attach--> ACTIVE --detach--> DETACHED --resume--> ACTIVE
     ACTIVE --resume from another socket (takeover)--> ACTIVE
     ACTIVE | DETACHED --close | idle_ttl | disconnect_grace--> CLOSED
+    ACTIVE --detach before any client event--> CLOSED (nothing to resume; frees the slot)
 
 Turn, inside ACTIVE/DETACHED::
 
@@ -272,6 +273,7 @@ class SessionMachine:
         self._inputs = self._user.inputs
         self._credential = ResumeCredential(random_bytes)
         self._last_activity = 0.0
+        self._heard_client = False
         self._detached_at: float | None = None
 
     # ----------------------------------------------------------- read-only view
@@ -381,6 +383,7 @@ class SessionMachine:
                 self._counts["stale_client_events"] += 1
                 return out
             self._last_activity = now
+            self._heard_client = True
         self._sender = generation if generation is not None else self._generation
         rule = self.rule_for(event)
         if isinstance(rule, Ignore):
@@ -496,6 +499,7 @@ class SessionMachine:
             self._direct(out, SessionReplaced(self._session_id, event.generation), old)
             out.append(CloseConnection(old, CLOSE_SESSION_REPLACED, "session_replaced"))
         self._counts["session_resumes"] += 1
+        self._heard_client = True  # it proved its token: a client that uses this session
         self._set_state(SessionState.ACTIVE)
         self._generation = event.generation
         self._detached_at = None
@@ -524,6 +528,9 @@ class SessionMachine:
             self._counts["ignored_events"] += 1
             return
         self._generation = None
+        if not self._heard_client:  # a socket that opened a session and left: no grace to hold
+            self._expire(out, "detached_before_any_event")
+            return
         self._set_state(SessionState.DETACHED)
         self._detached_at = self._now
 

@@ -98,6 +98,12 @@ MISDIRECTED_HOST = Denied(421, "host_not_allowed", "This host name is not served
 RATE_LIMITED = Denied(
     429, "rate_limited", "Too many failed attempts; try again later.", "rate_limit_error"
 )
+TOO_MANY_CONNECTIONS = Denied(
+    429,
+    "too_many_connections",
+    "Too many open connections from this address; close one and try again.",
+    "rate_limit_error",
+)
 
 
 # -- header parsing ------------------------------------------------------------
@@ -378,6 +384,33 @@ class AccessSettings:
     allowed_hosts: tuple[str, ...] = ()
     failure_burst: int = 10
     failure_window_s: float = 60.0
+    max_connections_per_peer: int = 0
+
+
+@final
+class PeerConnections:
+    """Open WebSockets per peer address, against a cap (0: none).
+
+    Each one can hold a session and its model slot, so one address cannot take
+    the whole server; a refused peer gets in again as soon as one of its own closes.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open: dict[str | None, int] = {}
+
+    def enter(self, peer: str | None) -> bool:
+        """Count one more connection of ``peer``; ``False`` (nothing counted) at the cap."""
+        count = self.open.get(peer, 0)
+        if self.limit and count >= self.limit:
+            return False
+        self.open[peer] = count + 1
+        return True
+
+    def leave(self, peer: str | None) -> None:
+        count = self.open.pop(peer, 0) - 1
+        if count > 0:
+            self.open[peer] = count
 
 
 @final

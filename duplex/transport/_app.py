@@ -40,11 +40,13 @@ from duplex.sessions import ErrorEvent
 from duplex.sessions._hub import SessionHub
 
 from ._access import (
+    TOO_MANY_CONNECTIONS,
     AccessPolicy,
     AccessSettings,
     Allowed,
     ClientSecrets,
     Denied,
+    PeerConnections,
     ResumeGuard,
     SecretStoreFull,
     client_secret_request,
@@ -334,6 +336,7 @@ class Guard:
         self.policy = policy
         self.backend = backend
         self.refused = refused
+        self.peers = PeerConnections(policy.settings.max_connections_per_peer)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         kind = scope["type"]
@@ -354,12 +357,20 @@ class Guard:
             redeemed = await self.backend.http("redeem", decision.secret.encode())
             if redeemed.status != 200:
                 decision = self.policy.secret_refused(peer, now)
+        if kind == "websocket" and isinstance(decision, Allowed) and not self.peers.enter(peer):
+            decision = TOO_MANY_CONNECTIONS
         if isinstance(decision, Denied):
             if self.refused is not None:
                 self.refused.inc(code=decision.code)
             await _deny(scope, receive, send, decision)
             return
-        await self.app(scope, receive, send)
+        if kind == "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.peers.leave(peer)
 
 
 async def _deny(scope: dict[str, Any], receive: Any, send: Any, denied: Denied) -> None:

@@ -86,12 +86,15 @@ class ConnectionActor(Actor[Any]):
         self.peer = peer
         self.resuming: str | None = None
         """The session id this socket resumed: the session refusing it is a failed resume."""
+        self.heard = False
+        """A client event reached a session: the first-event timer is off."""
 
     async def on_start(self, ctx: ActorContext) -> None:
+        # a session opened on connect holds a model slot too: it must be used in time
+        if self.first_event_timeout_s > 0:
+            ctx.start_timer(_FIRST_EVENT, self.first_event_timeout_s, _FirstEventDue())
         if self.autostart:  # OpenAI clients expect session.created before they speak
             await self._open(ctx, self.socket.initial_options, None)
-        elif self.first_event_timeout_s > 0:
-            ctx.start_timer(_FIRST_EVENT, self.first_event_timeout_s, _FirstEventDue())
         ctx.start_soon(self._read, ctx)
 
     async def on_stop(self, ctx: ActorContext) -> None:
@@ -107,9 +110,15 @@ class ConnectionActor(Actor[Any]):
                 await self._close(ctx, code, reason)
             case ShutDown():
                 ctx.stop()  # on_stop closes with 1001; the reader detaches the session
-            case _FirstEventDue() if self.session is None and not self.closing:
+            case _FirstEventDue() if not self.heard and not self.closing:
                 limit = self.first_event_timeout_s
-                exc = errors.FirstEventTimeout(f"no session was opened within {limit:g} s")
+                if self.session is None:
+                    exc = errors.FirstEventTimeout(f"no session was opened within {limit:g} s")
+                else:  # opened on connect, and the client has said nothing since
+                    exc = errors.FirstEventTimeout(
+                        f"no client event within {limit:g} s of session.created"
+                    )
+                    await self._detach()  # a session that heard nothing ends at once
                 await self._refuse(ctx, exc, close=(1008, "first_event_timeout"))
         return None
 
@@ -143,6 +152,9 @@ class ConnectionActor(Actor[Any]):
                     await self._refuse(ctx, received, close=None)
                 else:
                     await self._dispatch(ctx, received)
+                    if self.session is not None and not self.heard:
+                        self.heard = True
+                        ctx.cancel_timer(_FIRST_EVENT)
         finally:
             await self._detach()
             ctx.stop()
@@ -170,7 +182,6 @@ class ConnectionActor(Actor[Any]):
                 await self._refuse(ctx, exc, close=(1008, "session_resume_expired"))
                 return
             self.session, self.resuming = session, event.session_id
-            ctx.cancel_timer(_FIRST_EVENT)
             await session.tell(Attach(self.generation, ctx.self, event))
             return
         options = event.options if isinstance(event, SessionCreate) else self.socket.initial_options
@@ -191,7 +202,6 @@ class ConnectionActor(Actor[Any]):
             await self._refuse(ctx, exc, close=(1013, "resource_exhausted") if full else None)
             return False
         self.session = opened.ref
-        ctx.cancel_timer(_FIRST_EVENT)
         await opened.ref.tell(Attach(self.generation, ctx.self))
         return True
 

@@ -135,6 +135,7 @@ def access_settings(config: Config) -> AccessSettings:
         allowed_hosts=server.allowed_hosts,
         failure_burst=server.auth_failure_burst,
         failure_window_s=server.auth_failure_window_s,
+        max_connections_per_peer=server.max_connections_per_peer,
     )
 
 

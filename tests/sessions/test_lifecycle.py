@@ -71,6 +71,7 @@ def test_verify_uses_constant_time_compare(monkeypatch):
 
     monkeypatch.setattr(_resume.hmac, "compare_digest", spy)
     m, created, _ = _created()
+    m.handle(EventAck(0), 0.5)  # a client that used its session (else detach ends it)
     m.handle(ConnectionDetached(1), 1.0)
     m.handle(ConnectionAttached(2, SessionResume(m.session_id, created.resume_token)), 2.0)
     assert len(calls) == 1 and all(len(x) == 32 for x in calls[0])
@@ -103,6 +104,7 @@ def test_update_and_idle_lease():
 def test_disconnect_grace_expires_and_releases_once():
     m = machine()
     m.handle(speaking(m, "a"), 1.0)
+    m.handle(EventAck(0), 2.0)
     m.handle(ConnectionDetached(1), 5.0)
     assert m.state is SessionState.DETACHED and m.next_deadline() == 35.0
     assert m.handle(speaking(m, "b"), 6.0) == []  # journaled, nobody to send to
@@ -110,6 +112,15 @@ def test_disconnect_grace_expires_and_releases_once():
     assert of(effects, ReleaseResources) == [ReleaseResources("disconnect_grace_expired")]
     assert of(effects, CloseConnection) == []
     assert m.handle(Tick(), 99.0) == []
+
+
+def test_a_session_detached_before_any_client_event_ends_at_once():
+    """Connect, create, drop: nothing to resume, so no slot held for the grace (issue 12 #7)."""
+    m = machine()
+    m.handle(speaking(m, "a"), 1.0)  # model output alone is no sign of a client
+    effects = m.handle(ConnectionDetached(1), 2.0)
+    assert of(effects, ReleaseResources) == [ReleaseResources("detached_before_any_event")]
+    assert m.state is SessionState.CLOSED and m.next_deadline() is None
 
 
 def test_client_close():
@@ -126,6 +137,7 @@ def test_resume_replays_after_cursor_and_rotates_token():
     journaled = []
     for i in range(4):
         journaled += [e for e in m.handle(speaking(m, str(i)), 1.0 + i) if isinstance(e, Send)]
+    m.handle(EventAck(0), 4.5)
     m.handle(ConnectionDetached(1), 5.0)
     m.handle(speaking(m, "missed"), 6.0)
     cursor = journaled[2].seq
@@ -170,6 +182,7 @@ def test_resume_after_journal_overflow_requires_resync():
     token = of(m2.handle(ConnectionAttached(1), 0.0), SessionCreated)[0].resume_token
     for i in range(20):
         m2.handle(speaking(m2, "x"), i * 0.08)
+    m2.handle(EventAck(0), 1.9)
     m2.handle(ConnectionDetached(1), 2.0)
     effects = m2.handle(ConnectionAttached(2, SessionResume(m2.session_id, token, 0)), 3.0)
     assert of(effects, SessionResyncRequired)[0].reason == "journal_overflow"

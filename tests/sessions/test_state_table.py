@@ -71,6 +71,7 @@ def _in_state(state: SessionState) -> SessionMachine:
     if state is not SessionState.AWAITING:
         m.handle(ConnectionAttached(1), 0.0)
     if state is SessionState.DETACHED:
+        m.handle(EventAck(0), 0.0)  # a used session: one that heard nothing ends on detach
         m.handle(ConnectionDetached(1), 0.0)
     if state is SessionState.CLOSED:
         m.handle(SessionClose(), 0.0)

@@ -20,6 +20,7 @@ from duplex.transport._access import (
     ClientSecrets,
     Denied,
     FailureLimiter,
+    PeerConnections,
     Principal,
     ResumeGuard,
     SecretStoreFull,
@@ -329,3 +330,21 @@ def test_host_on_a_public_bind() -> None:
     assert named.host_allowed("api.example:443", 8000)
     assert not named.host_allowed("localhost:8000", 8000)
     assert policy(allowed_hosts=("*",)).host_allowed("x", 8000)
+
+
+def test_peer_connections_refuse_at_the_cap_and_recover() -> None:
+    peers = PeerConnections(2)
+    assert peers.enter("10.0.0.1") and peers.enter("10.0.0.1")
+    assert not peers.enter("10.0.0.1")  # refused: nothing counted
+    assert peers.enter("10.0.0.2")  # another address is not affected
+    peers.leave("10.0.0.1")
+    assert peers.enter("10.0.0.1")
+    for _ in range(2):
+        peers.leave("10.0.0.1")
+    peers.leave("10.0.0.2")
+    assert peers.open == {}  # no entry is kept for a peer with nothing open
+
+
+def test_peer_connections_without_a_cap() -> None:
+    peers = PeerConnections(0)
+    assert all(peers.enter(None) for _ in range(1000))
