@@ -33,6 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-device", help="torch device of the model: cpu, cuda, cuda:N")
     serve.add_argument("--model-seed", type=int, help="base sampling seed of the model")
     serve.add_argument(
+        "--random-weights",
+        action="store_true",
+        default=None,
+        help="serve a Moshi preset (moshi-7b, personaplex-7b, tiny) with weights drawn from "
+        "--model-seed on the model device, without a checkpoint (benchmarks)",
+    )
+    serve.add_argument(
         "--kv-cache-dtype", choices=["auto", "fp8"], help="Moshi KV ring storage (default auto)"
     )
     serve.add_argument(
@@ -107,6 +114,7 @@ def _serve(args: argparse.Namespace) -> int:
             ("model", args.model),
             ("model_device", args.model_device),
             ("model_seed", args.model_seed),
+            ("random_weights", args.random_weights),
             ("kv_cache_dtype", args.kv_cache_dtype),
             ("connection_workers", args.connection_workers),
             ("session_shards", args.session_shards),

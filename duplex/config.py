@@ -74,6 +74,10 @@ class ServerConfig:
     """Torch device of the model: ``cpu``, ``cuda`` or ``cuda:N``."""
     model_seed: int = 0
     """Base sampling seed; with it, a session's output is reproducible."""
+    random_weights: bool = False
+    """Serve a Moshi preset (``moshi-7b``, ``personaplex-7b``, ``tiny``) with weights drawn
+    from ``model_seed`` on ``model_device`` instead of a checkpoint: for benchmarks without a
+    download; nothing is written. Refused for ``loopback`` and for a checkpoint folder."""
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     """Storage of Moshi's KV rings: ``auto`` (the LM's dtype: bf16 on a GPU) or ``fp8``
     (e4m3: half the bytes, about twice the sessions; accuracy cost in docs/benchmarks.md)."""

@@ -250,3 +250,21 @@ def test_cli_refuses_an_open_public_bind_then_serves_it_on_purpose(
     argv = ["serve", "--host", "0.0.0.0", "--api-key-file", "/no/such/file"]
     assert main(argv) == 2
     assert "api_key_file: cannot read" in capsys.readouterr().err
+
+
+def test_random_weights_from_toml_env_and_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert load_config(env={}).server.random_weights is False
+    assert load_config(env={"DUPLEX_RANDOM_WEIGHTS": "1"}).server.random_weights is True
+    toml = tmp_path / "duplex.toml"
+    toml.write_text("[server]\nrandom_weights = true\n")
+    assert load_config(toml, env={}).server.random_weights is True
+    # the flag reaches the model resolver: loopback has no weights, so it is refused
+    assert main(["serve", "--random-weights", "--port", "0"]) == 2
+    assert "'loopback' has no weights" in capsys.readouterr().err
+    # without the flag, missing 7B weights say how to serve the architecture anyway
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert main(["serve", "--model", "moshi-7b", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "never downloaded" in err and "--random-weights" in err

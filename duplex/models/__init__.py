@@ -37,7 +37,7 @@ from ._interface import (
 from ._loopback import LOOPBACK_SPEC, LoopbackRunner
 from ._options import ModelOptions, default_cache_dir
 from ._registry import get_model, model_names, register_model
-from ._scheduler import Scheduler, SchedulerStatistics, SlotState
+from ._scheduler import CapacityLimit, CapacityReport, Scheduler, SchedulerStatistics, SlotState
 from ._segmenter import (
     IdleTimeout,
     SegmenterEvent,
@@ -66,6 +66,8 @@ __all__ = [
     "VAD_SAMPLE_RATE",
     "VAD_WINDOW_MS",
     "VAD_WINDOW_SAMPLES",
+    "CapacityLimit",
+    "CapacityReport",
     "DriverStatistics",
     "Engine",
     "EngineActor",

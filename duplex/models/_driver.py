@@ -24,6 +24,7 @@ import trio
 
 from ._engine import Engine, EngineStatistics, InputPush, SlotHandle, SlotOutput
 from ._interface import ModelSpec, PcmFrame, SlotPrompt
+from ._scheduler import CapacityReport
 from ._ticker import Fanout, Subscriber, Ticker, loop_counters
 
 __all__ = ["DriverStatistics", "EngineDriver", "Offload"]
@@ -122,7 +123,7 @@ class EngineDriver:
         Raises:
             PromptUnsupported: a non-empty prompt for a model that takes none.
         """
-        handle = self._engine.acquire_slot(owner, prompt)
+        handle = self._engine.acquire_slot(owner, prompt, now=trio.current_time())
         if handle is not None:
             self._fanout.subscribers[handle] = send_channel
         return handle
@@ -149,11 +150,15 @@ class EngineDriver:
         """Start a new epoch for one slot; see `Engine.reset`."""
         self._engine.reset(handle, epoch, clear_input=clear_input)
 
+    def capacity(self) -> CapacityReport:
+        """How many slots admission allows now and what bounds it (on trio's clock, the
+        one the steps are recorded on)."""
+        return self._engine.capacity(trio.current_time())
+
     def statistics(self) -> DriverStatistics:
         """Snapshot of the loop and delivery counters."""
-        return DriverStatistics(
-            **loop_counters(self._ticker, self._fanout), engine=self._engine.statistics()
-        )
+        engine = self._engine.statistics(trio.current_time())
+        return DriverStatistics(**loop_counters(self._ticker, self._fanout), engine=engine)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Tick forever; run it in a nursery. Engine errors propagate (the engine is dead).

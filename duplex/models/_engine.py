@@ -76,7 +76,7 @@ from ._interface import (
     StepPlan,
     VideoFrame,
 )
-from ._scheduler import Scheduler, SchedulerStatistics
+from ._scheduler import CapacityReport, Scheduler, SchedulerStatistics
 
 __all__ = [
     "Engine",
@@ -176,7 +176,9 @@ class EngineStatistics:
 
     ``overrun_steps`` counts steps whose measured duration exceeded the frame
     period (the engine cannot keep cadence at that batch size); lateness
-    against the tick clock is counted by the driver.
+    against the tick clock is counted by the driver. ``warmup_steps`` counts
+    steps the runner flagged as warm-up (``StepOutput.warmup``: graph capture,
+    first use), which never reach the step-time window.
     """
 
     ticks: int
@@ -187,6 +189,7 @@ class EngineStatistics:
     frames_rejected: int
     video_dropped: int
     overrun_steps: int
+    warmup_steps: int
     scheduler: SchedulerStatistics
 
 
@@ -292,14 +295,20 @@ class Engine:
         self._frames_rejected = 0
         self._video_dropped = 0
         self._overruns = 0
+        self._warmups = 0
 
     @property
     def spec(self) -> ModelSpec:
         """The model's spec and capabilities."""
         return self._spec
 
-    def acquire_slot(self, owner: str, prompt: SlotPrompt | None = None) -> SlotHandle | None:
+    def acquire_slot(
+        self, owner: str, prompt: SlotPrompt | None = None, *, now: float | None = None
+    ) -> SlotHandle | None:
         """Take a slot for ``owner``; ``None`` when admission says no (no slot or no time).
+
+        ``now`` is the time on the clock `step` is given (it ages the step-time window;
+        ``None``: the last step's).
 
         The slot goes live at the next step with fresh runner state; a non-empty
         ``prompt`` is replayed into it first (see the module docstring).
@@ -315,7 +324,7 @@ class Engine:
         if prompt is not None and check is not None:
             check(prompt)  # reads only files: safe next to a running step
         with self._lock:
-            slot = self._scheduler.allocate()
+            slot = self._scheduler.allocate(now)
             if slot is None:
                 return None
             self._generation += 1
@@ -457,8 +466,13 @@ class Engine:
         finally:
             self._stepping.release()
 
-    def statistics(self) -> EngineStatistics:
-        """Snapshot of the engine counters."""
+    def capacity(self, now: float | None = None) -> CapacityReport:
+        """How many slots may be live at ``now`` and what bounds it (see `Scheduler.report`)."""
+        with self._lock:
+            return self._scheduler.report(now)
+
+    def statistics(self, now: float | None = None) -> EngineStatistics:
+        """Snapshot of the engine counters (``now`` ages the step-time window)."""
         with self._lock:
             return EngineStatistics(
                 ticks=self._ticks,
@@ -469,7 +483,8 @@ class Engine:
                 frames_rejected=self._frames_rejected,
                 video_dropped=self._video_dropped,
                 overrun_steps=self._overruns,
-                scheduler=self._scheduler.statistics(),
+                warmup_steps=self._warmups,
+                scheduler=self._scheduler.statistics(now),
             )
 
     def slot_statistics(self, handle: SlotHandle) -> SlotStatistics:
@@ -515,7 +530,7 @@ class Engine:
         for slot_id in to_reset:
             self._runner.reset_slot(slot_id)
         if plan is None:
-            self._update(None, released, 0.0)
+            self._update(now, None, released, 0.0)
             return {}
         started = self._timer()
         result = self._runner.execute(plan)
@@ -524,7 +539,7 @@ class Engine:
             result.check(plan)
         except (TypeError, ValueError) as exc:
             raise RunnerContractError(f"runner {self._spec.name!r}: {exc}") from exc
-        self._update(plan, released, duration, tags, result.outputs)
+        self._update(now, plan, released, duration, tags, result.outputs, warmup=result.warmup)
         # np.array of the equal-shaped rows is np.stack without its per-row Python work
         pcm = np.array([out.pcm for out in result.outputs], dtype=np.float32)
         pcm16 = float_to_pcm16(pcm).astype("<i2", copy=False)
@@ -619,14 +634,17 @@ class Engine:
 
     def _update(
         self,
+        now: float,
         plan: StepPlan | None,
         released: tuple[int, ...],
         duration: float,
         tags: Sequence[tuple[SlotHandle, int, int]] = (),
         outputs: Sequence[FrameOutput] = (),
+        *,
+        warmup: bool = False,
     ) -> None:
-        """Record the step, learn which slots hold their next input, and return the
-        released slot ids to the pool."""
+        """Record the step (unless it was warm-up), learn which slots hold their next
+        input, and return the released slot ids to the pool."""
         with self._lock:
             for (handle, epoch, _), out in zip(tags, outputs, strict=True):
                 slot = self._live(handle)
@@ -635,6 +653,8 @@ class Engine:
             for slot_id in released:
                 self._releasing.remove(slot_id)
                 self._scheduler.free(slot_id)
-            if plan is not None:
-                self._scheduler.record_step(len(plan.inputs), duration)
+            if plan is not None and warmup:  # it measured a capture, not the batch
+                self._warmups += 1
+            elif plan is not None:
+                self._scheduler.record_step(len(plan.inputs), duration, now)
                 self._overruns += duration > self._spec.frame_period_s / self._spec.tick_phases

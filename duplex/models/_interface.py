@@ -246,9 +246,15 @@ class FrameOutput:
 @final
 @dataclass(frozen=True, slots=True)
 class StepOutput:
-    """The runner's result for one tick: one `FrameOutput` per live slot, ordered by slot id."""
+    """The runner's result for one tick: one `FrameOutput` per live slot, ordered by slot id.
+
+    ``warmup``: the step did one-off work (captured a CUDA graph, first use of a
+    kernel), so its duration says nothing about the batch; the engine keeps it out of
+    the step-time window that admission reads.
+    """
 
     outputs: tuple[FrameOutput, ...]
+    warmup: bool = False
 
     def check(self, plan: StepPlan) -> None:
         """Validate against the plan it answers.

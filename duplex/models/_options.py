@@ -38,6 +38,9 @@ class ModelOptions:
         loopback_delay_ms: the ``loopback`` model's echo delay (whole 80 ms frames).
         kv_cache_dtype: KV ring storage of Moshi models: ``auto`` (the LM's dtype) or
             ``fp8`` (float8 e4m3).
+        random_weights: build a Moshi preset's architecture with weights drawn from
+            ``seed`` on ``device`` instead of loading them (benchmarks without a download);
+            models without weights refuse it.
 
     Raises:
         ConfigError: the device string or the KV dtype is not one of the forms above.
@@ -48,6 +51,7 @@ class ModelOptions:
     cache_dir: Path | None = None
     loopback_delay_ms: int = 240
     kv_cache_dtype: str = "auto"
+    random_weights: bool = False
 
     def __post_init__(self) -> None:
         if not _DEVICE.match(self.device):

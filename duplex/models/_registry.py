@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from duplex.exceptions import UnknownModel
+from duplex.exceptions import ConfigError, UnknownModel
 
 from ._interface import ModelRunner, ModelSpec, RunnerFactory
 from ._loopback import LOOPBACK_SPEC, LoopbackRunner
@@ -25,6 +25,11 @@ Resolver = Callable[[str, ModelOptions], tuple[ModelSpec, RunnerFactory] | None]
 def _loopback(name: str, options: ModelOptions) -> tuple[ModelSpec, RunnerFactory] | None:
     if name != "loopback":
         return None
+    if options.random_weights:
+        raise ConfigError(
+            "random_weights: model 'loopback' has no weights; it applies to the Moshi "
+            "presets (tiny, moshi-7b, personaplex-7b)"
+        )
     delay = options.loopback_delay_ms
     LoopbackRunner(dataclasses.replace(LOOPBACK_SPEC, max_slots=1), delay_ms=delay)  # fail now
 

@@ -3,7 +3,8 @@
 Like vllm's scheduler, this object holds logical state only (which slot ids
 are free, live or being released, and a window of measured step times); the
 runner holds the tensors. It imports no trio, numpy or torch and reads no
-clock: durations are handed to it.
+clock: durations and the time (trio's clock, from the engine's caller) are
+handed to it.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import Enum, IntEnum
 from typing import final
 
-__all__ = ["Scheduler", "SchedulerStatistics", "SlotState"]
+__all__ = ["CapacityLimit", "CapacityReport", "Scheduler", "SchedulerStatistics", "SlotState"]
 
 
 class SlotState(IntEnum):
@@ -30,6 +31,48 @@ class SlotState(IntEnum):
     RELEASING = 2
 
 
+class CapacityLimit(Enum):
+    """What bounds capacity now (see `Scheduler.report`)."""
+
+    POOL = "pool"
+    """Nothing in the window is over budget: every slot of the pool may be live."""
+    STEP_TIME = "step_time"
+    """A batch size in the window ran over budget: capacity stays below it."""
+    PROBE = "probe"
+    """The over-budget evidence has expired: one session more than it allowed may come in
+    and measure that batch size again."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class CapacityReport:
+    """How many slots may be live now and why no more: admission, ``/health`` and
+    ``/metrics`` all read this one record.
+
+    Args:
+        slots: slots that may be live at once (never below 1).
+        live: slots live now.
+        free_ids: slot ids free now (an id being released is not free yet).
+        limit: what bounds ``slots``.
+        over_batch: the smallest batch size measured over budget (``None``: none).
+        over_p99_s: that batch size's p99 step time in the window (``None``: expired).
+        budget_s: the p99 step time a batch may take.
+    """
+
+    slots: int
+    live: int
+    free_ids: int
+    limit: CapacityLimit
+    over_batch: int | None
+    over_p99_s: float | None
+    budget_s: float
+
+    @property
+    def admits(self) -> bool:
+        """One more slot may go live: an id is free and ``live < slots``."""
+        return self.free_ids > 0 and self.live < self.slots
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class SchedulerStatistics:
@@ -40,6 +83,7 @@ class SchedulerStatistics:
     releasing: int
     free: int
     capacity: int
+    limit: CapacityLimit
     budget_s: float
     window_steps: int
     last_step_s: float | None
@@ -65,8 +109,12 @@ class Scheduler:
             ``ModelSpec.tick_phases``): a step has ``frame_period_s / phases`` and
             holds about ``1 / phases`` of the live slots.
         deadline_fraction: share of a step's period it may take at p99.
-        window: how many recent steps the p99 is computed over (bounded deque).
+        window: most recent steps the p99 is computed over (bounded deque).
+        window_s: steps older than this (on the clock the engine passes) are forgotten,
+            so a stall stops counting even when nothing runs.
         min_samples: steps needed at one batch size before its p99 counts.
+        min_slow: over-budget steps needed at one batch size before it counts as over
+            budget: one stall (a GC pause, a late page fault) is never evidence.
     """
 
     def __init__(
@@ -77,7 +125,9 @@ class Scheduler:
         phases: int = 1,
         deadline_fraction: float = 0.8,
         window: int = 512,
+        window_s: float = 30.0,
         min_samples: int = 16,
+        min_slow: int = 2,
     ) -> None:
         if max_slots <= 0:
             raise ValueError("max_slots must be positive")
@@ -85,17 +135,23 @@ class Scheduler:
             raise ValueError("frame_period_s and phases must be positive")
         if not 0 < deadline_fraction <= 1:
             raise ValueError("deadline_fraction must be in (0, 1]")
-        if window <= 0 or min_samples <= 0:
-            raise ValueError("window and min_samples must be positive")
+        if window <= 0 or min_samples <= 0 or min_slow <= 0 or not window_s > 0:
+            raise ValueError("window, window_s, min_samples and min_slow must be positive")
         self._max_slots = max_slots
         self._budget_s = deadline_fraction * frame_period_s / phases
         self._phases = phases
+        self._window_s = window_s
         self._min_samples = min_samples
+        self._min_slow = min_slow
         self._states = [SlotState.FREE] * max_slots
         self._free: list[int] = list(range(max_slots))  # a heap: lowest id first
         self._live = 0
         self._releasing = 0
-        self._steps: deque[tuple[int, float]] = deque(maxlen=window)
+        self._steps: deque[tuple[int, float, float]] = deque(maxlen=window)
+        """(batch size, duration, time recorded)."""
+        self._now = -math.inf
+        self._over: int | None = None
+        """The smallest batch size last found over budget; forgotten once it measures fine."""
 
     @property
     def budget_s(self) -> float:
@@ -106,40 +162,54 @@ class Scheduler:
         """The state of one slot id."""
         return self._states[slot]
 
-    def capacity(self) -> int:
-        """How many slots may be live at once, by measured step time.
+    def report(self, now: float | None = None) -> CapacityReport:
+        """How many slots may be live at once, by measured step time; ``now``: the clock
+        the steps were recorded on (``None``: the latest time seen).
 
-        The rule: capacity is the largest n <= max_slots such that no batch
-        size b <= n has a p99 step time (over at least ``min_samples`` steps in
-        the window) above ``deadline_fraction * frame_period``. Step cost grows
-        with batch size, so the smallest over-budget size b* caps capacity at
-        b* - 1. Sizes not yet measured are presumed to fit: capacity is probed
-        upward one admission at a time, and an over-budget size ages out of the
-        window once smaller batches have run ``window`` steps. With phases, the
-        engine balances the groups (sizes differ by at most one), so n live
-        slots make batches of at most ``ceil(n / phases)``: capacity is
-        ``phases * (b* - 1)``.
+        The rule: over the steps of the last ``window_s`` (at most ``window`` of them),
+        a batch size b is over budget when it has ``min_samples`` steps, its p99
+        exceeds ``deadline_fraction * frame_period / phases`` and at least ``min_slow``
+        of its steps do. Step cost grows with batch size, so the smallest over-budget
+        size b* caps capacity at ``phases * (b* - 1)`` (with phases the engine balances
+        the groups, so n live slots make batches of at most ``ceil(n / phases)``).
+        Sizes not yet measured are presumed to fit. Recovery, so nothing locks out:
+
+        - capacity is never below 1: one session may always run (the probe), and
+          its steps are the new evidence;
+        - when b*'s evidence leaves the window, capacity is one more than b* allowed
+          (a probe of b*), not the whole pool; b* is forgotten once ``min_samples``
+          steps at b* fit, and capped again once ``min_slow`` do not.
         """
-        by_batch: dict[int, list[float]] = {}
-        for batch, duration in self._steps:
-            by_batch.setdefault(batch, []).append(duration)
-        capacity = self._max_slots
-        for batch in sorted(by_batch):
-            durations = by_batch[batch]
-            if batch > capacity or len(durations) < self._min_samples:
-                continue
-            if _nearest_rank(sorted(durations), 0.99) > self._budget_s:
-                capacity = min(capacity, self._phases * (batch - 1))
-                break
-        return capacity
+        now = self._now if now is None else max(now, self._now)
+        over, p99 = self._over_budget(now)
+        if over is not None and (self._over is None or over <= self._over):
+            limit, slots = CapacityLimit.STEP_TIME, max(1, self._phases * (over - 1))
+        elif self._over is not None:  # its evidence expired: probe it with one more
+            over, p99, limit = self._over, None, CapacityLimit.PROBE
+            slots = self._phases * (over - 1) + 1
+        else:
+            limit, slots = CapacityLimit.POOL, self._max_slots
+        return CapacityReport(
+            slots=min(slots, self._max_slots),
+            live=self._live,
+            free_ids=len(self._free),
+            limit=limit,
+            over_batch=over,
+            over_p99_s=p99,
+            budget_s=self._budget_s,
+        )
 
-    def can_admit(self) -> bool:
+    def capacity(self, now: float | None = None) -> int:
+        """How many slots may be live at once (`report`'s ``slots``)."""
+        return self.report(now).slots
+
+    def can_admit(self, now: float | None = None) -> bool:
         """A slot id is free and one more live slot stays within `capacity`."""
-        return bool(self._free) and self._live < self.capacity()
+        return self.report(now).admits
 
-    def allocate(self) -> int | None:
+    def allocate(self, now: float | None = None) -> int | None:
         """Take the lowest free slot id, or ``None`` when `can_admit` says no."""
-        if not self.can_admit():
+        if not self.can_admit(now):
             return None
         slot = heapq.heappop(self._free)
         self._states[slot] = SlotState.LIVE
@@ -160,21 +230,36 @@ class Scheduler:
         self._releasing -= 1
         heapq.heappush(self._free, slot)
 
-    def record_step(self, batch_size: int, duration_s: float) -> None:
-        """Add one measured step; the window keeps the most recent ones."""
+    def record_step(self, batch_size: int, duration_s: float, now: float | None = None) -> None:
+        """Add one measured step taken at ``now`` (``None``: the latest time seen).
+
+        Warm-up steps (graph capture, first use) must not be recorded: they measure
+        the capture, not the batch.
+        """
         if batch_size <= 0 or duration_s < 0:
             raise ValueError("batch_size must be positive and duration_s non-negative")
-        self._steps.append((batch_size, duration_s))
+        if now is not None:
+            self._now = max(self._now, now)
+        self._steps.append((batch_size, duration_s, self._now))
+        if duration_s <= self._budget_s and batch_size != self._over:
+            return  # no new evidence either way: skip the scan of the window
+        over, _ = self._over_budget(self._now)
+        if over is not None:
+            self._over = over if self._over is None else min(over, self._over)
+        elif batch_size == self._over and self._fits(batch_size, self._now):
+            self._over = None
 
-    def statistics(self) -> SchedulerStatistics:
-        """Snapshot of the pool and of step times over the whole window."""
-        durations = sorted(d for _, d in self._steps)
+    def statistics(self, now: float | None = None) -> SchedulerStatistics:
+        """Snapshot of the pool and of step times over the window."""
+        report = self.report(now)
+        durations = sorted(d for _, d, _ in self._recent(self._now if now is None else now))
         return SchedulerStatistics(
             max_slots=self._max_slots,
             live=self._live,
             releasing=self._releasing,
             free=len(self._free),
-            capacity=self.capacity(),
+            capacity=report.slots,
+            limit=report.limit,
             budget_s=self._budget_s,
             window_steps=len(durations),
             last_step_s=self._steps[-1][1] if self._steps else None,
@@ -182,6 +267,36 @@ class Scheduler:
             p99_step_s=_nearest_rank(durations, 0.99) if durations else None,
             max_step_s=durations[-1] if durations else None,
         )
+
+    def _recent(self, now: float) -> list[tuple[int, float, float]]:
+        """The window's steps recorded within ``window_s`` of ``now``."""
+        oldest = now - self._window_s
+        return [step for step in self._steps if step[2] >= oldest]
+
+    def _by_batch(self, now: float) -> dict[int, list[float]]:
+        by_batch: dict[int, list[float]] = {}
+        for batch, duration, _ in self._recent(now):
+            by_batch.setdefault(batch, []).append(duration)
+        return by_batch
+
+    def _over_budget(self, now: float) -> tuple[int | None, float | None]:
+        """The smallest batch size over budget in the window, and its p99."""
+        by_batch = self._by_batch(now)
+        for batch in sorted(by_batch):
+            durations = sorted(by_batch[batch])
+            if len(durations) < self._min_samples:
+                continue
+            p99 = _nearest_rank(durations, 0.99)
+            slow = sum(d > self._budget_s for d in durations)
+            if p99 > self._budget_s and slow >= self._min_slow:
+                return batch, p99
+        return None, None
+
+    def _fits(self, batch: int, now: float) -> bool:
+        """``batch`` has ``min_samples`` steps in the window and is not over budget."""
+        durations = self._by_batch(now).get(batch, [])
+        slow = sum(d > self._budget_s for d in durations)
+        return len(durations) >= self._min_samples and slow < self._min_slow
 
     def _expect(self, slot: int, state: SlotState) -> None:
         if not 0 <= slot < self._max_slots:

@@ -3,12 +3,14 @@
 A session beyond capacity is refused with ``resource_exhausted`` and the socket
 closes with 1013 (try again later). Capacity returns only when `release` is
 called, i.e. when the session's `ReleaseResources` effect has actually been
-carried out, not when its socket closes.
+carried out, not when its socket closes. Every refusal has a `RefusalReason`;
+`RefusalLog` decides which refusals get a log line, so a flood does not spam it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import final
 
 from duplex.exceptions import ResourceExhausted
@@ -16,7 +18,49 @@ from duplex.exceptions import ResourceExhausted
 from ._effects import CLOSE_TRY_AGAIN_LATER, CloseConnection, Effect, Send
 from ._events import ErrorEvent
 
-__all__ = ["Admission", "AdmissionStatistics"]
+__all__ = ["Admission", "AdmissionStatistics", "RefusalLog", "RefusalReason"]
+
+
+class RefusalReason(Enum):
+    """Why a session was refused; the value is the ``reason`` label of
+    ``duplex_sessions_refused_total`` and of the log line."""
+
+    STARTING = "starting"
+    """No engine runs yet."""
+    MAX_SESSIONS = "max_sessions"
+    """``server.max_sessions`` sessions are live."""
+    SLOTS = "slots"
+    """Every engine slot is live or being released (on a GPU the pool is sized by memory)."""
+    STEP_TIME = "step_time"
+    """The measured step time leaves no room for one more session."""
+    VAD = "vad"
+    """The shared VAD's stream pool is full (or the VAD is not running)."""
+
+
+@final
+class RefusalLog:
+    """Rate limit of refusal log lines: the first refusal of a reason is logged, then at
+    most one line per reason every ``interval_s``, carrying how many were not logged.
+
+    Pure: the caller passes trio's time.
+    """
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        if not interval_s > 0:
+            raise ValueError("interval_s must be positive")
+        self._interval_s = interval_s
+        self._last: dict[RefusalReason, float] = {}
+        self._suppressed: dict[RefusalReason, int] = {}
+
+    def note(self, reason: RefusalReason, now: float) -> int | None:
+        """Count one refusal; returns how many went unlogged before it when this one
+        should be logged, else ``None``."""
+        last = self._last.get(reason)
+        if last is not None and now - last < self._interval_s:
+            self._suppressed[reason] = self._suppressed.get(reason, 0) + 1
+            return None
+        self._last[reason] = now
+        return self._suppressed.pop(reason, 0)
 
 
 @final
@@ -48,6 +92,16 @@ class Admission:
         self._admitted = 0
         self._refused = 0
         self._released = 0
+
+    @property
+    def bound(self) -> int:
+        """The configured bound: engine slots, lowered to ``max_sessions``."""
+        return self._capacity
+
+    @property
+    def live(self) -> int:
+        """Sessions holding a place."""
+        return len(self._live)
 
     def try_admit(self, session_id: str) -> bool:
         """Take a place for ``session_id``; ``False`` (counted) when full."""

@@ -6,6 +6,11 @@ A session with ``vad="silero"`` also takes a stream on the shared VAD at
 admission (held for its whole life, so a later ``session.update`` that turns
 detection on never waits on capacity); no stream refuses the session with
 ``resource_exhausted``, never a silent fall-back to another VAD.
+
+Capacity has one source, `SessionHub.capacity`: the engine's measured capacity
+(``CapacityReport``) under the configured bound. Admission, ``/health`` and the
+``duplex_engine_capacity_slots`` gauge all read it. Every refusal is counted by
+reason and logged (rate-limited by `RefusalLog`) with the figures behind it.
 """
 
 from __future__ import annotations
@@ -21,8 +26,11 @@ import trio
 
 from duplex import exceptions as errors
 from duplex.actors import ActorRef, ActorSystem, Restart
+from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry, Sample
 from duplex.models import (
+    CapacityLimit,
+    CapacityReport,
     DriverStatistics,
     EngineDriver,
     ModelSpec,
@@ -42,7 +50,7 @@ from ._actor import (
     VadResources,
     slot_prompt,
 )
-from ._admission import Admission
+from ._admission import Admission, RefusalLog, RefusalReason
 from ._config import Capabilities, SessionConfig, SessionOptions
 from ._ids import new_session_id
 from ._state import SessionMachine
@@ -57,8 +65,9 @@ _ENGINE_METRICS: tuple[tuple[str, str, str], ...] = (
     ("duplex_engine_input_frames_rejected_total", "counter", "Input frames refused (queue full)"),
     ("duplex_engine_video_frames_dropped_total", "counter", "Video frames dropped (queue full)"),
     ("duplex_engine_live_slots", "gauge", "Slots in use"),
-    ("duplex_engine_capacity_slots", "gauge", "Slots admission allows now (memory, step time)"),
+    ("duplex_engine_capacity_slots", "gauge", "Sessions admission allows now (as /health)"),
     ("duplex_engine_step_p99_seconds", "gauge", "p99 step time over the recent window"),
+    ("duplex_engine_warmup_steps_total", "counter", "Warm-up steps kept out of the window"),
 )
 
 
@@ -73,8 +82,8 @@ def _engine_value(name: str, stats: DriverStatistics) -> float | None:
         "duplex_engine_input_frames_rejected_total": engine.frames_rejected,
         "duplex_engine_video_frames_dropped_total": engine.video_dropped,
         "duplex_engine_live_slots": engine.live_slots,
-        "duplex_engine_capacity_slots": sched.capacity,
         "duplex_engine_step_p99_seconds": sched.p99_step_s,
+        "duplex_engine_warmup_steps_total": engine.warmup_steps,
     }
     return values[name]
 
@@ -151,8 +160,10 @@ class SessionHub:
         self._generations = itertools.count(1)
         self._opened = registry.counter("duplex_sessions_opened_total", "Sessions admitted")
         self._refused = registry.counter(
-            "duplex_sessions_refused_total", "Sessions refused for capacity"
+            "duplex_sessions_refused_total", "Sessions refused for capacity, by reason", ["reason"]
         )
+        self._refusal_log = RefusalLog()
+        self._log = get_logger(component="admission", model=spec.name)
         registry.add_collector(
             "duplex_sessions_live", "gauge", "Sessions holding engine resources", self._collect
         )
@@ -168,6 +179,8 @@ class SessionHub:
         def collect() -> list[Sample]:
             if self.driver is None:
                 return []
+            if name == "duplex_engine_capacity_slots":  # the figure /health and admission use
+                return [Sample(name, {"model": self.spec.name}, self.capacity())]
             value = _engine_value(name, self.driver.statistics())
             if value is None:
                 return []
@@ -182,6 +195,53 @@ class SessionHub:
             return [Sample(name, {"model": "silero"}, _vad_value(name, self.vad.statistics()))]
 
         return collect
+
+    def capacity(self) -> int:
+        """Sessions that may hold engine resources at once now: the engine's measured
+        capacity under the configured bound; 0 while no engine runs."""
+        driver = self.driver
+        if driver is None:
+            return 0
+        return min(self.admission.bound, driver.capacity().slots)
+
+    def _refusal(
+        self, reason: RefusalReason, message: str, **figures: object
+    ) -> errors.ResourceExhausted:
+        """Count and (rate-limited) log one refusal; the error to raise."""
+        self._refused.inc(reason=reason.value)
+        unlogged = self._refusal_log.note(reason, trio.current_time())
+        if unlogged is not None:
+            self._log.warning(
+                "session refused",
+                reason=reason.value,
+                detail=message,
+                live=self.admission.live,
+                capacity=self.capacity(),
+                unlogged_since_last=unlogged,
+                **figures,
+            )
+        return errors.ResourceExhausted(message)
+
+    def _engine_refusal(self, report: CapacityReport) -> errors.ResourceExhausted:
+        """The refusal the engine's capacity explains: no free slot id, or step time."""
+        if report.free_ids == 0:
+            return self._refusal(
+                RefusalReason.SLOTS,
+                f"duplex_session_capacity_exhausted: limit={self.spec.max_slots}: every "
+                "engine slot is taken",
+                releasing=self.spec.max_slots - report.live - report.free_ids,
+            )
+        p99 = "expired" if report.over_p99_s is None else f"{report.over_p99_s * 1000:.1f} ms"
+        return self._refusal(
+            RefusalReason.STEP_TIME,
+            f"duplex_session_capacity_exhausted: limit={report.slots}: step time at "
+            f"{report.over_batch} slots is over budget (p99 {p99}, budget "
+            f"{report.budget_s * 1000:.1f} ms)",
+            over_batch=report.over_batch,
+            over_p99_s=report.over_p99_s,
+            budget_s=report.budget_s,
+            probe=report.limit is CapacityLimit.PROBE,
+        )
 
     @property
     def ready(self) -> bool:
@@ -249,7 +309,7 @@ class SessionHub:
         """
         driver = self.driver
         if driver is None:
-            raise errors.ResourceExhausted("the engine is not running yet")
+            raise self._refusal(RefusalReason.STARTING, "the engine is not running yet")
         config = self.config
         if options is not None:
             try:
@@ -260,29 +320,31 @@ class SessionHub:
         session_id = None if self.shard is None else new_session_id(os.urandom, self.shard)
         machine = SessionMachine(config, self.capabilities, session_id=session_id)
         session_id = machine.session_id
-        limit = self.admission.statistics().capacity
-        if not self.admission.try_admit(session_id):
-            self._refused.inc()
-            raise errors.ResourceExhausted(f"duplex_session_capacity_exhausted: limit={limit}")
+        report = driver.capacity()
+        if self.admission.live >= self.admission.bound:
+            limit = self.admission.bound
+            raise self._refusal(
+                RefusalReason.MAX_SESSIONS if limit < self.spec.max_slots else RefusalReason.SLOTS,
+                f"duplex_session_capacity_exhausted: limit={limit}",
+            )
+        if not report.admits:
+            raise self._engine_refusal(report)
+        self.admission.try_admit(session_id)
         sink = EngineSink(ENGINE_OUTPUT_BUFFER)
         try:
             handle = driver.attach(session_id, sink, prompt=slot_prompt(config))
         except errors.PromptUnsupported as exc:  # no prompts, or a voice it does not have
             self.admission.release(session_id)
             raise errors.UnsupportedParameter(str(exc), param="session.prompt") from exc
-        if handle is None:
+        if handle is None:  # a step changed the figures since the check above
             self.admission.release(session_id)
-            self._refused.inc()
-            raise errors.ResourceExhausted(
-                "duplex_session_capacity_exhausted: the engine admits no more sessions"
-            )
+            raise self._engine_refusal(driver.capacity())
         try:
             vad = self._attach_vad(session_id, config)
-        except errors.ResourceExhausted:
+        except errors.ResourceExhausted as exc:
             driver.detach(handle)
             self.admission.release(session_id)
-            self._refused.inc()
-            raise
+            raise self._refusal(RefusalReason.VAD, str(exc)) from None
         resources = SessionResources(driver, handle, sink, vad=vad)
         try:
             ref = await self.system.spawn(

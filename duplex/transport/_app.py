@@ -193,7 +193,7 @@ class HubBackend:
             "vad_starts": hub.vad_starts,
             "version": __version__,
             "model": hub.spec.name,
-            "sessions": {"live": stats.live, "capacity": stats.capacity},
+            "sessions": {"live": stats.live, "capacity": hub.capacity()},
         }
 
     def reply(self, route: HttpRoute, body: bytes = b"") -> Reply:

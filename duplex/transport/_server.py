@@ -61,6 +61,7 @@ def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
         kv_cache_dtype=server.kv_cache_dtype,
         cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None,
         loopback_delay_ms=server.loopback_delay_ms,
+        random_weights=server.random_weights,
     )
     spec, factory = get_model(server.model, options)
     if config.session.model_sample_rate != spec.sample_rate:

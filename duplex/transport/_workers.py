@@ -198,8 +198,8 @@ class LinkServer:
             await self._link_ended.park()
 
     def load(self) -> Load:
-        stats = self.backend.hub.admission.statistics()
-        return Load(stats.live, stats.capacity)
+        hub = self.backend.hub
+        return Load(hub.admission.statistics().live, hub.capacity())
 
     def _post_load(self) -> None:
         load = self.load()

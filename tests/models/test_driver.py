@@ -11,17 +11,19 @@ import trio.testing
 
 from duplex.exceptions import RunnerContractError
 from duplex.models import (
+    CapacityLimit,
     Engine,
     EngineDriver,
     LoopbackRunner,
     ModelSpec,
+    Scheduler,
     SlotOutput,
     StepOutput,
     StepPlan,
 )
 
-from .models_support import FRAME, SPEC, loopback_engine, tone
-from .test_engine import _Broken
+from .models_support import FRAME, SPEC, FakeTimer, loopback_engine, tone
+from .test_engine import _Broken, _SlowRunner
 
 PERIOD = SPEC.frame_period_s
 T = TypeVar("T")
@@ -279,4 +281,36 @@ async def test_phase_offsets_survive_idle_ticks(autojump_clock: trio.testing.Moc
             assert driver.detach(handle)
             offset = (out.at - start) % PERIOD
             assert min(offset, PERIOD - offset) == pytest.approx(0.0, abs=1e-9)
+        nursery.cancel_scope.cancel()
+
+
+async def test_step_time_evidence_expires_while_the_engine_is_idle(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two sessions ran over budget, so capacity fell to 1; both left and nothing ran.
+    ``window_s`` later (trio's clock) the evidence is gone and batch 2 is probed again."""
+    timer = FakeTimer()
+    scheduler = Scheduler(SPEC.max_slots, PERIOD, window_s=10.0, min_samples=4)
+    engine = Engine(_SlowRunner(timer, {1: 0.01, 2: 0.1}), scheduler, timer=timer)
+    driver = EngineDriver(engine, offload=inline)
+    send, _recv = _channel(64)
+    a, b = driver.attach("a", send.clone()), driver.attach("b", send.clone())
+    assert a is not None and b is not None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await trio.sleep(PERIOD * 8)
+        report = driver.capacity()
+        assert (report.slots, report.limit, report.over_batch) == (1, CapacityLimit.STEP_TIME, 2)
+        assert driver.statistics().engine.scheduler.capacity == 1
+        assert driver.attach("c", send.clone()) is None
+        driver.detach(a)
+        driver.detach(b)
+        await trio.sleep(PERIOD * 2)
+        assert driver.capacity().slots == 1  # idle, but the evidence is recent
+        await trio.sleep(10.0)
+        report = driver.capacity()
+        assert (report.slots, report.limit) == (2, CapacityLimit.PROBE)
+        assert driver.attach("d", send.clone()) is not None
+        assert driver.attach("e", send.clone()) is not None
+        assert driver.attach("f", send.clone()) is None
         nursery.cancel_scope.cancel()

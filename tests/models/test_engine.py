@@ -476,3 +476,56 @@ def test_phase_groups_are_filled_smallest_first_and_stepped_alone() -> None:
     assert newcomer is not None and newcomer.slot == 2
     eng.push_input(newcomer, tone(9, 0))
     assert set(eng.step(0.2, 2)) == {newcomer}
+
+
+class _WarmupRunner:
+    """Loopback whose first step costs 2.06 s and is flagged warm-up (a graph capture)."""
+
+    def __init__(self, timer: FakeTimer, flag: bool = True) -> None:
+        self.inner = LoopbackRunner(SPEC)
+        self.timer = timer
+        self.flag = flag
+        self.steps = 0
+
+    @property
+    def spec(self) -> ModelSpec:
+        return SPEC
+
+    def reset_slot(self, slot: int) -> None:
+        self.inner.reset_slot(slot)
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        first = self.steps == 0
+        self.steps += 1
+        self.timer.now += 2.06 if first else 0.01
+        out = self.inner.execute(plan)
+        return StepOutput(out.outputs, warmup=True) if first and self.flag else out
+
+
+def test_warmup_steps_stay_out_of_the_window() -> None:
+    timer = FakeTimer()
+    scheduler = Scheduler(SPEC.max_slots, SPEC.frame_period_s, min_samples=1, min_slow=1)
+    engine = Engine(_WarmupRunner(timer), scheduler, timer=timer)
+    handle = engine.acquire_slot("a", now=0.0)
+    assert handle is not None
+    for k in range(20):
+        engine.step(k * SPEC.frame_period_s)
+    stats = engine.statistics()
+    assert stats.warmup_steps == 1 and stats.scheduler.window_steps == 19
+    assert stats.scheduler.max_step_s == pytest.approx(0.01)
+    assert engine.capacity().slots == SPEC.max_slots
+
+
+def test_one_unflagged_slow_first_step_does_not_lock_the_engine() -> None:
+    """The issue's GPU case through the engine: a 2.06 s first step the runner did not
+    flag, then a closed session; eight newcomers at once are all admitted."""
+    timer = FakeTimer()
+    engine = Engine(_WarmupRunner(timer, flag=False), timer=timer)
+    handle = engine.acquire_slot("first", now=0.0)
+    assert handle is not None
+    for k in range(40):
+        engine.step(k * SPEC.frame_period_s)
+    engine.release_slot(handle)
+    engine.step(40 * SPEC.frame_period_s)
+    handles = [engine.acquire_slot(f"s{i}", now=4.0) for i in range(8)]
+    assert all(h is not None for h in handles)

@@ -17,6 +17,11 @@ tiny tokenizer in the same layout; `tiny_checkpoint` keeps one per seed in a
 cache folder (rebuilt when its manifest does not match the files). Both real
 and tiny folders load through `load_checkpoint`, so the loading code is the
 one the 7B checkpoints use.
+
+`random_moshi` (``--random-weights``) builds any preset, the 7B ones included,
+with seeded random weights drawn on the model's device: the same `MoshiLM` and
+`MimiModel` construction, nothing read or written, for benchmarks without a
+download.
 """
 
 from __future__ import annotations
@@ -39,9 +44,9 @@ from ._config import MOSHI_PRESETS, MoshiConfig, moshi_preset
 from ._lm import MoshiLM
 from ._mimi import MimiModel
 from ._mimi_config import MimiConfig, mimi_preset
-from ._mimi_weights import load_mimi, save_random_mimi
-from ._text import text_pieces, write_tiny_tokenizer
-from ._weights import expected_tensors, load_lm, save_random_lm
+from ._mimi_weights import load_mimi, random_mimi, save_random_mimi
+from ._text import text_pieces, tiny_tokenizer, write_tiny_tokenizer
+from ._weights import expected_tensors, load_lm, random_lm, save_random_lm
 
 __all__ = [
     "CHECKPOINT_FILES",
@@ -56,6 +61,8 @@ __all__ = [
     "find_checkpoint",
     "hf_hub_cache",
     "load_checkpoint",
+    "mimi_for",
+    "random_moshi",
     "tiny_checkpoint",
 ]
 
@@ -98,12 +105,17 @@ class MoshiCheckpoint:
 @final
 @dataclass(frozen=True, slots=True)
 class LoadedMoshi:
-    """The loaded parts of a checkpoint: LM, codec and the text of each text token."""
+    """The loaded parts of a checkpoint: LM, codec, the text of each text token and the
+    sentencepiece model (serialized) that encodes prompt text.
 
-    checkpoint: MoshiCheckpoint
+    ``checkpoint`` is ``None`` for random weights (`random_moshi`): no folder, no voices.
+    """
+
+    checkpoint: MoshiCheckpoint | None
     lm: MoshiLM = field(repr=False)
     mimi: MimiModel = field(repr=False)
     pieces: tuple[str, ...] = field(repr=False)
+    tokenizer: bytes = field(repr=False)
 
 
 def hf_hub_cache() -> Path:
@@ -113,6 +125,11 @@ def hf_hub_cache() -> Path:
     if os.environ.get("HF_HOME"):
         return Path(os.environ["HF_HOME"]) / "hub"
     return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def mimi_for(preset: str) -> MimiConfig:
+    """The Mimi codec a Moshi preset runs with (``tiny`` presets: the tiny codec)."""
+    return mimi_preset(_MIMI_FOR.get(preset, "mimi"))
 
 
 def _complete(folder: Path) -> bool:
@@ -153,7 +170,8 @@ def find_checkpoint(name: str, *, hub: Path | None = None) -> MoshiCheckpoint | 
             raise ConfigError(
                 f"model {name!r}: no snapshot of {repo} with {', '.join(CHECKPOINT_FILES)} in "
                 f"the Hugging Face cache {cache}; weights are never downloaded: fetch them "
-                "yourself or pass --model PATH"
+                "yourself, pass --model PATH, or pass --random-weights to serve its "
+                "architecture with seeded random weights (benchmarks)"
             )
         return check_checkpoint(folder, name)
     preset, sep, path = name.partition(":")
@@ -181,7 +199,7 @@ def check_checkpoint(folder: str | Path, preset: str | None = None) -> MoshiChec
     if missing:
         raise ConfigError(f"Moshi checkpoint folder {folder} lacks {', '.join(missing)}")
     lm = moshi_preset(preset) if preset is not None else _infer_preset(folder / LM_FILE)
-    return MoshiCheckpoint(folder, lm, mimi_preset(_MIMI_FOR.get(lm.name, "mimi")))
+    return MoshiCheckpoint(folder, lm, mimi_for(lm.name))
 
 
 def _infer_preset(path: Path) -> MoshiConfig:
@@ -221,8 +239,35 @@ def load_checkpoint(
     if mimi.config.bins != checkpoint.lm.card:
         raise ConfigError(f"{checkpoint.folder}: Mimi has {mimi.config.bins} bins, LM card is "
                           f"{checkpoint.lm.card}")  # fmt: skip
-    pieces = text_pieces(checkpoint.tokenizer_path, checkpoint.lm.text_card)
-    return LoadedMoshi(checkpoint, lm, mimi, pieces)
+    tokenizer = checkpoint.tokenizer_path.read_bytes()
+    pieces = text_pieces(tokenizer, checkpoint.lm.text_card)
+    return LoadedMoshi(checkpoint, lm, mimi, pieces, tokenizer)
+
+
+def random_moshi(
+    preset: str,
+    seed: int,
+    *,
+    device: torch.device | str = "cpu",
+    lm_dtype: torch.dtype = torch.float32,
+) -> LoadedMoshi:
+    """The preset's architecture with seeded random weights, built on ``device``.
+
+    The LM is drawn in place on the device from ``seed`` (never a CPU copy: a 7B LM
+    is 14 GB in bf16); Mimi (float32, small) is drawn from ``seed + 1`` and moved
+    there; the text vocabulary is the tiny tokenizer, trained in memory (ids past its
+    pieces read as ``""``). Nothing is read or written.
+
+    Raises:
+        ConfigError: ``preset`` is not a Moshi preset.
+    """
+    lm_config = moshi_preset(preset)
+    mimi_config = mimi_for(preset)
+    lm = random_lm(lm_config, seed, dtype=lm_dtype, device=device)
+    mimi = random_mimi(mimi_config, seed + 1).to(device)
+    tokenizer = tiny_tokenizer(min(lm_config.text_card, moshi_preset("tiny").text_card))
+    pieces = text_pieces(tokenizer, lm_config.text_card)
+    return LoadedMoshi(None, lm, mimi, pieces, tokenizer)
 
 
 def build_tiny_checkpoint(folder: str | Path, seed: int, preset: str = "tiny") -> MoshiCheckpoint:

@@ -78,6 +78,12 @@ class CudaGraphStep:
         """Graphs captured so far (one per bucket size and top-k caps in use)."""
         return sum(b.graph is not None for b in self._buckets.values())
 
+    def prepare(self, top_k_caps: tuple[int, int]) -> None:
+        """Make (and on CUDA capture) every bucket for ``top_k_caps`` now, so no later
+        step pays for a capture; no row is active, so no slot changes."""
+        for size in self._sizes:
+            self._bucket(size, top_k_caps)
+
     def bucket_for(self, prefix: int) -> int:
         """The bucket that runs slots ``[0, prefix)``: the smallest size >= ``prefix``."""
         return smallest_bucket(self._sizes, prefix)

@@ -138,9 +138,9 @@ class MoshiEngineRunner:
         if spec.supports_prompts and self._config.user_lag != 1:
             raise ValueError(f"spec {spec.name!r} claims prompts; only PersonaPlex takes them")
         self._initial = loaded.lm.initial_tokens
-        self._checkpoint = loaded.checkpoint
+        self._tokenizer_model = loaded.tokenizer
         self._voices = VoiceLibrary(
-            loaded.checkpoint.folder,
+            None if loaded.checkpoint is None else loaded.checkpoint.folder,
             mimi_config.sample_rate,
             lm=loaded.lm if spec.supports_prompts else None,
         )
@@ -148,6 +148,7 @@ class MoshiEngineRunner:
         self._slot_replays: list[PromptReplay | None] = [None] * spec.max_slots
         self._replays: OrderedDict[SlotPrompt, PromptReplay] = OrderedDict()
         self._voice_codes: dict[str, torch.Tensor] = {}
+        self._stepped = False
 
     @property
     def spec(self) -> ModelSpec:
@@ -163,6 +164,16 @@ class MoshiEngineRunner:
     def mimi_streams(self) -> MimiStreams:
         """The codec's per-slot streams."""
         return self._mimi
+
+    def prepare_graphs(self) -> None:
+        """Capture every batch bucket's CUDA graphs (LM step, Mimi encode and decode) now.
+
+        The server calls it while the engine is built, before ``/health`` says ``ok``:
+        captured lazily, a bucket's first step takes seconds and stalls every live
+        session. On the CPU it only allocates the buckets' small static buffers.
+        """
+        self._lm.prepare_graphs()
+        self._mimi.prepare([self._config.agent_q])
 
     def generation(self, slot: int) -> int:
         """Sessions started on ``slot`` so far, minus one (-1: none yet)."""
@@ -195,7 +206,12 @@ class MoshiEngineRunner:
         return self._slot_replays[slot]
 
     def execute(self, plan: StepPlan) -> StepOutput:
-        """Encode, step and decode one frame for every live slot (see the module docstring)."""
+        """Encode, step and decode one frame for every live slot (see the module docstring).
+
+        The output is flagged ``warmup`` on the runner's first step and on every step
+        that captured a CUDA graph (a new bucket): their time is not the batch's.
+        """
+        graphs = self._lm.graph_step.captured + self._mimi.captured
         for slot in plan.new_slots:  # already reset by the engine; start its next generation
             self._generation[slot] += 1
             self._lm.reset_slot(slot, self._slot_sampling(slot))
@@ -248,7 +264,9 @@ class MoshiEngineRunner:
                     holds_input=holds,
                 )
             )
-        return StepOutput(tuple(outputs))
+        captured = self._lm.graph_step.captured + self._mimi.captured > graphs
+        warmup, self._stepped = captured or not self._stepped, True
+        return StepOutput(tuple(outputs), warmup=warmup)
 
     def _user_and_forced(
         self,
@@ -323,7 +341,7 @@ class MoshiEngineRunner:
     def _text_tokenizer(self) -> sentencepiece.SentencePieceProcessor:
         if self._tokenizer is None:
             tokenizer = sentencepiece.SentencePieceProcessor()
-            tokenizer.Load(str(self._checkpoint.tokenizer_path))
+            tokenizer.LoadFromSerializedProto(self._tokenizer_model)
             self._tokenizer = tokenizer
         return self._tokenizer
 

@@ -197,6 +197,14 @@ class MimiStreams:
         """Graphs captured so far (one per direction, bucket and decode code count in use)."""
         return sum(b.graph is not None for b in self._buckets.values())
 
+    def prepare(self, decode_widths: Sequence[int]) -> None:
+        """Make (and on CUDA capture) every encode bucket, and every decode bucket for
+        each code count in ``decode_widths``, now; only the scratch slot is stepped."""
+        for size in self._sizes:
+            self._bucket("encode", size, self.frame_size)
+            for width in decode_widths:
+                self._bucket("decode", size, width)
+
     def bucket_for(self, batch: int) -> int:
         """Rows a batch of ``batch`` slots runs as: the smallest bucket size >= ``batch``."""
         return smallest_bucket(self._sizes, batch)

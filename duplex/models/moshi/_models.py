@@ -5,6 +5,11 @@
 happens when the name is resolved (startup checks it, so a missing folder stops
 ``duplex serve`` with one line); building and loading happen in the factory,
 when the engine starts.
+
+With ``random_weights`` a preset name (``tiny``, ``moshi-7b``, ...) is built by
+`random_moshi` on the model device instead: no folder is looked for, nothing is
+written, and the runner is the same. A folder with ``random_weights`` is refused:
+its weights would be ignored.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ from .._interface import ModelRunner, ModelSpec, RunnerFactory
 from .._options import ModelOptions
 from ._checkpoint import (
     HF_REPOS,
-    MoshiCheckpoint,
+    LoadedMoshi,
     find_checkpoint,
     load_checkpoint,
+    mimi_for,
+    random_moshi,
     tiny_checkpoint,
 )
-from ._config import MoshiConfig, moshi_preset
+from ._config import MOSHI_PRESETS, MoshiConfig, moshi_preset
 from ._engine_runner import MoshiEngineRunner
 from ._mimi_config import MimiConfig
 from ._mimi_weights import expected_mimi_tensors
@@ -106,16 +113,16 @@ def memory_slots(
     return int(slots)
 
 
-def _spec_for(checkpoint: MoshiCheckpoint, options: ModelOptions) -> ModelSpec:
+def _spec_for(lm: MoshiConfig, mimi: MimiConfig, options: ModelOptions) -> ModelSpec:
     """On a GPU the pool is as large as free memory allows; on CPU it is fixed."""
     if not options.device.startswith("cuda"):
-        return moshi_spec(checkpoint.lm.name)
+        return moshi_spec(lm.name)
     free, _total = torch.cuda.mem_get_info(torch.device(options.device))
-    weights = weight_bytes(checkpoint.lm, checkpoint.mimi)
+    weights = weight_bytes(lm, mimi)
     kv_bytes = 1 if options.kv_cache_dtype == "fp8" else 2
-    per_slot = per_slot_bytes(checkpoint.lm, checkpoint.mimi, kv_bytes=kv_bytes)
+    per_slot = per_slot_bytes(lm, mimi, kv_bytes=kv_bytes)
     slots = memory_slots(free, weights, per_slot)
-    return moshi_spec(checkpoint.lm.name, slots)
+    return moshi_spec(lm.name, slots)
 
 
 def _check_device(device: str) -> None:
@@ -127,35 +134,61 @@ def resolve_moshi(name: str, options: ModelOptions) -> tuple[ModelSpec, RunnerFa
     """The spec and factory for a Moshi ``--model`` value, or ``None`` if it is not one.
 
     Raises:
-        ConfigError: a Moshi checkpoint is named but missing or incomplete, or the
-            device is unavailable.
+        ConfigError: a Moshi checkpoint is named but missing or incomplete (the message
+            names ``--random-weights``), the device is unavailable, or ``random_weights``
+            is asked of a folder.
     """
+    if options.random_weights:
+        return _random(name, options)
     if name == "tiny":
         _check_device(options.device)
         cache = options.cache_folder
 
-        def locate() -> MoshiCheckpoint:
-            return tiny_checkpoint(cache, options.seed)
+        def load_tiny(lm_dtype: torch.dtype) -> LoadedMoshi:
+            checkpoint = tiny_checkpoint(cache, options.seed)
+            return load_checkpoint(checkpoint, device=options.device, lm_dtype=lm_dtype)
 
-        return moshi_spec("tiny"), _factory(locate, options)
+        return moshi_spec("tiny"), _factory(load_tiny, options)
     found = find_checkpoint(name)
     if found is None:
         return None
     _check_device(options.device)
-    return _spec_for(found, options), _factory(lambda: found, options)
+
+    def load(lm_dtype: torch.dtype) -> LoadedMoshi:
+        return load_checkpoint(found, device=options.device, lm_dtype=lm_dtype)
+
+    return _spec_for(found.lm, found.mimi, options), _factory(load, options)
 
 
-def _factory(locate: Callable[[], MoshiCheckpoint], options: ModelOptions) -> RunnerFactory:
-    def build(spec: ModelSpec) -> ModelRunner:
-        checkpoint = locate()
-        cuda = options.device.startswith("cuda")
-        loaded = load_checkpoint(
-            checkpoint,
-            device=options.device,
-            lm_dtype=torch.bfloat16 if cuda else torch.float32,
+def _random(name: str, options: ModelOptions) -> tuple[ModelSpec, RunnerFactory] | None:
+    """A preset built with random weights; ``None`` for a name that is no Moshi model."""
+    if name not in MOSHI_PRESETS:
+        if find_checkpoint(name) is None:
+            return None
+        raise ConfigError(
+            f"random_weights: {name!r} is a checkpoint folder, whose weights would be "
+            f"ignored; drop --random-weights or name a preset ({', '.join(MOSHI_PRESETS)})"
         )
+    _check_device(options.device)
+    lm, mimi = moshi_preset(name), mimi_for(name)
+
+    def build(lm_dtype: torch.dtype) -> LoadedMoshi:
+        return random_moshi(name, options.seed, device=options.device, lm_dtype=lm_dtype)
+
+    return _spec_for(lm, mimi, options), _factory(build, options)
+
+
+def _factory(load: Callable[[torch.dtype], LoadedMoshi], options: ModelOptions) -> RunnerFactory:
+    """Loads (bf16 LM on a GPU, float32 on CPU) when the engine starts, then the runner."""
+
+    def build(spec: ModelSpec) -> ModelRunner:
+        cuda = options.device.startswith("cuda")
+        loaded = load(torch.bfloat16 if cuda else torch.float32)
         fp8 = options.kv_cache_dtype == "fp8"
         kv_dtype = torch.float8_e4m3fn if fp8 else None
-        return MoshiEngineRunner(loaded, spec, seed=options.seed, kv_dtype=kv_dtype)
+        runner = MoshiEngineRunner(loaded, spec, seed=options.seed, kv_dtype=kv_dtype)
+        if cuda:  # before the engine is handed over, so /health says starting meanwhile
+            runner.prepare_graphs()
+        return runner
 
     return build

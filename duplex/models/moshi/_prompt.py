@@ -496,14 +496,15 @@ class VoiceLibrary:
     engine's step thread.
 
     Args:
-        folder: the checkpoint folder (``voices/`` inside it is searched first).
+        folder: the checkpoint folder (``voices/`` inside it is searched first);
+            ``None`` for random weights, which have no voice files.
         sample_rate: Mimi's sample rate.
         lm: the prompted LM: the embedding rows ``.pt`` voices are read with are
             copied to the host here (`VoiceTables`: about 134 MB for the 7B), so the
             search never touches the GPU from the caller's thread.
     """
 
-    def __init__(self, folder: Path, sample_rate: int, lm: MoshiLM | None = None) -> None:
+    def __init__(self, folder: Path | None, sample_rate: int, lm: MoshiLM | None = None) -> None:
         self._folder = folder
         self._rate = sample_rate
         self._lock = threading.Lock()
@@ -534,6 +535,8 @@ class VoiceLibrary:
         stem = name.removesuffix(".wav").removesuffix(".pt")
         if not _VOICE_NAME.match(stem) or ".." in stem:
             raise PromptUnsupported(f"voice name {name!r} is not a plain file name")
+        if self._folder is None:
+            raise PromptUnsupported(f"no voice {stem!r}: a model with random weights has none")
         for path in (self._folder / "voices" / f"{stem}.wav", self._folder / f"{stem}.wav"):
             if path.is_file():
                 return Voice(pcm=_read_wav(path, self._rate))

@@ -159,6 +159,11 @@ class MoshiRunner:
         """The bucketed step (whether it replays graphs, how many it captured)."""
         return self._graphs
 
+    def prepare_graphs(self) -> None:
+        """Capture the step's graph for every bucket at the current top-k caps (those of
+        the default sampling) now, instead of on each bucket's first use."""
+        self._graphs.prepare(self._top_k_caps)
+
     def frames(self, slot: int) -> int:
         """Frames the slot has stepped since its last reset."""
         return int(self._frames[slot])

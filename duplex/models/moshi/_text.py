@@ -20,7 +20,7 @@ import sentencepiece
 
 from duplex.exceptions import ConfigError
 
-__all__ = ["text_pieces", "write_tiny_tokenizer"]
+__all__ = ["text_pieces", "tiny_tokenizer", "write_tiny_tokenizer"]
 
 _SENTENCES = (
     "hello there, how are you today?",
@@ -36,17 +36,23 @@ _SENTENCES = (
 )
 
 
-def text_pieces(path: str | Path, text_card: int) -> tuple[str, ...]:
+def text_pieces(source: str | Path | bytes, text_card: int) -> tuple[str, ...]:
     """The text of every token id below ``text_card`` ("" for special and unknown ids).
+
+    ``source``: a sentencepiece model file, or the model itself (serialized bytes).
 
     Raises:
         ConfigError: the file is not a sentencepiece model.
     """
     processor = sentencepiece.SentencePieceProcessor()
     try:
-        processor.Load(str(path))
+        if isinstance(source, bytes):
+            processor.LoadFromSerializedProto(source)
+        else:
+            processor.Load(str(source))
     except (OSError, RuntimeError) as exc:
-        raise ConfigError(f"{path}: not a sentencepiece model ({exc})") from None
+        where = "tokenizer bytes" if isinstance(source, bytes) else source
+        raise ConfigError(f"{where}: not a sentencepiece model ({exc})") from None
     size = processor.GetPieceSize()
     pieces = []
     for token in range(text_card):
@@ -58,7 +64,12 @@ def text_pieces(path: str | Path, text_card: int) -> tuple[str, ...]:
 
 
 def write_tiny_tokenizer(path: str | Path, vocab_size: int) -> None:
-    """Train a deterministic BPE sentencepiece model of ``vocab_size`` pieces to ``path``.
+    """Write `tiny_tokenizer` to ``path``."""
+    Path(path).write_bytes(tiny_tokenizer(vocab_size))
+
+
+def tiny_tokenizer(vocab_size: int) -> bytes:
+    """Train a deterministic BPE sentencepiece model of ``vocab_size`` pieces (serialized).
 
     Ids 0..3 are ``<unk>``, ``<s>``, ``</s>``, ``<pad>`` as in Moshi's tokenizer.
     """
@@ -76,4 +87,4 @@ def write_tiny_tokenizer(path: str | Path, vocab_size: int) -> None:
         num_threads=1,
         minloglevel=2,
     )
-    Path(path).write_bytes(out.getvalue())
+    return out.getvalue()

@@ -126,8 +126,21 @@ def load_lm(
     return model.eval().requires_grad_(False)
 
 
-def random_lm(config: MoshiConfig, seed: int, *, dtype: torch.dtype = torch.float32) -> MoshiLM:
-    """A `MoshiLM` with seeded random weights (std ``1/sqrt(fan_in)``, gains near 1)."""
+def random_lm(
+    config: MoshiConfig,
+    seed: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> MoshiLM:
+    """A `MoshiLM` with seeded random weights (std ``1/sqrt(fan_in)``, gains near 1).
+
+    ``device``: draw every tensor in place there, from a generator on that device, so a
+    7B model is never held on the CPU (``--random-weights``); same law, another stream.
+    ``None``: draw on the CPU, the stream the ``tiny`` checkpoint files are written from.
+    """
+    if device is not None:
+        return _random_lm_on(config, seed, dtype, torch.device(device))
     generator = torch.Generator().manual_seed(seed)
     with torch.device("meta"):
         model = MoshiLM(config)
@@ -140,6 +153,22 @@ def random_lm(config: MoshiConfig, seed: int, *, dtype: torch.dtype = torch.floa
             value = torch.randn(tensor.shape, generator=generator) / math.sqrt(fan_in)
         state[name] = value.to(dtype)
     model.load_state_dict(state, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def _random_lm_on(
+    config: MoshiConfig, seed: int, dtype: torch.dtype, device: torch.device
+) -> MoshiLM:
+    with torch.device("meta"):
+        model = MoshiLM(config)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in model.state_dict(keep_vars=True).items():
+            if name.endswith(".alpha"):
+                tensor.normal_(1.0, 0.1, generator=generator)
+            else:
+                tensor.normal_(0.0, 1.0 / math.sqrt(tensor.shape[-1]), generator=generator)
     return model.eval().requires_grad_(False)
 
 
