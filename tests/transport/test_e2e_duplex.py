@@ -202,6 +202,7 @@ async def test_disconnect_grace_expires_the_session(workers: Layout) -> None:
     async with running_server(**{"session.disconnect_grace_s": grace}, **workers) as server:
         async with client(server) as c:
             created = await open_session(c)
+            await use_session(c)
             session_id = created["session"]["id"]
             assert server.system.lookup(session_id) is not None
             left = trio.current_time()  # the session's grace starts after this
