@@ -53,6 +53,7 @@ from wsproto.connection import ConnectionState
 from wsproto.events import CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
 
+from duplex.actors._supervisor import unwrap
 from duplex.logs import get_logger
 from duplex.metrics import REGISTRY, MetricsRegistry
 
@@ -223,7 +224,7 @@ async def serve_http(
             await _Connection(wrapped, config, context, {}, stream).run()
         except* Exception as group:  # Cancelled (shutdown) passes through
             for exc in group.exceptions:
-                errors.record(exc)
+                errors.record(unwrap(exc))  # hypercorn's task group nests them
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
 
