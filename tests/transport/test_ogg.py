@@ -29,43 +29,10 @@ from duplex.transport._ogg import (
     ogg_crc32,
 )
 
-SERIAL = 0x1234ABCD
+from .oggkit import SERIAL, bitwise_crc, lacing_of, raw_page
+
 HEAD = OpusHead(pre_skip=312, input_sample_rate=24_000)
 TAGS = OpusTags(b"test", (b"A=b",))
-
-
-def bitwise_crc(data: bytes) -> int:
-    """Ogg's CRC-32 one bit at a time: poly 0x04C11DB7, MSB first, init 0, no final xor."""
-    crc = 0
-    for byte in data:
-        crc ^= byte << 24
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x04C11DB7) & 0xFFFFFFFF if crc & 0x80000000 else crc << 1
-    return crc
-
-
-def raw_page(
-    lacing: list[int],
-    body: bytes,
-    *,
-    flags: int = 0,
-    seq: int = 0,
-    granule: int = 0,
-    serial: int = SERIAL,
-    version: int = 0,
-    crc: int | None = None,
-) -> bytes:
-    """A page from its parts, its CRC computed bitwise unless given."""
-    header = struct.pack(
-        "<4sBBqIIIB", b"OggS", version, flags, granule, serial, seq, 0, len(lacing)
-    )
-    page = bytearray(header + bytes(lacing) + body)
-    struct.pack_into("<I", page, 22, bitwise_crc(bytes(page)) if crc is None else crc)
-    return bytes(page)
-
-
-def lacing_of(size: int) -> list[int]:
-    return [255] * (size // 255) + [size % 255]
 
 
 def header_pages(head: OpusHead = HEAD, tags: OpusTags = TAGS) -> bytes:
