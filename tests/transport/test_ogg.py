@@ -29,7 +29,7 @@ from duplex.transport._ogg import (
     ogg_crc32,
 )
 
-from .oggkit import SERIAL, bitwise_crc, lacing_of, raw_page
+from .oggkit import SERIAL, bitwise_crc, lacing_of, raw_page, table_crc
 
 HEAD = OpusHead(pre_skip=312, input_sample_rate=24_000)
 TAGS = OpusTags(b"test", (b"A=b",))
@@ -47,12 +47,16 @@ def audio(reader: OggReader, data: bytes) -> list[bytes]:
 # --- CRC and page bytes ---------------------------------------------------------------------
 
 
-def test_crc_check_value_and_table_match_the_bitwise_definition() -> None:
+def test_crc_matches_the_check_value_a_table_and_the_bitwise_definition() -> None:
     # CRC-32/CKSUM's catalogued check value 0x765E7680 includes a final xor with 0xFFFFFFFF
     assert ogg_crc32(b"123456789") == 0x765E7680 ^ 0xFFFFFFFF == bitwise_crc(b"123456789")
+    rng = np.random.default_rng(0)
+    for size in (0, 1, 3, 4, 27, 255, 1000):
+        blob = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        assert ogg_crc32(blob) == bitwise_crc(blob) == table_crc(blob)
     blob = bytes(range(256)) * 3
-    assert ogg_crc32(blob) == bitwise_crc(blob)
     assert ogg_crc32(blob[100:], ogg_crc32(blob[:100])) == bitwise_crc(blob)  # it continues
+    assert ogg_crc32(memoryview(blob)) == ogg_crc32(bytearray(blob)) == table_crc(blob)
 
 
 def test_header_pages_are_byte_identical_to_sphn() -> None:
