@@ -161,3 +161,18 @@ def test_corrupt_opus_packet_is_a_typed_error() -> None:
     with pytest.raises(OpusDecodeError) as info:
         decoder.feed(writer.write(b"\x03", 960))  # code 3 without its frame-count byte
     assert info.value.code == "bad_audio"
+
+
+def test_stereo_stream_is_decoded_to_mono() -> None:
+    """Mapping family 0 allows two channels; libopus downmixes them for a mono decoder."""
+    opus = opuslib.Encoder(24_000, 2, opuslib.APPLICATION_VOIP)
+    left = speechlike(2, seed=5)
+    stereo = np.stack([left, left], axis=1).reshape(-1)  # interleaved L R
+    writer = OggWriter(serial=6, head=OpusHead(channels=2, pre_skip=opus.lookahead * 2))
+    stream = writer.headers() + b"".join(
+        writer.write(opus.encode_float(stereo[i : i + 1920].tobytes(), 960), 1920)
+        for i in range(0, len(stereo), 1920)
+    )
+    out = OggOpusDecoder(trim_pre_skip=False).feed(stream)
+    assert len(out) == len(left)
+    assert best_correlation(left, out)[0] > 0.85
