@@ -38,7 +38,7 @@ Reader policy, chosen for a WebSocket (reliable, ordered, message-framed):
   writers emit both on their first output); mapping family 0 only (mono or stereo).
 
 Writer policy: one packet per page, each page flushed at once, as Kyutai's writer does
-(``sphn``: one 40 ms packet per page, so an 80 ms model frame is two pages of about 150 B).
+(``sphn``: one 40 ms packet per page, so an 80 ms model frame is two pages).
 A page per packet adds 28 bytes per 40 ms but never holds a packet back waiting for a page to
 fill, so the wire latency is the codec's alone.
 """
@@ -73,8 +73,8 @@ MAX_SEGMENTS: Final = 255
 MAX_BODY_BYTES: Final = MAX_SEGMENTS * 255  # 65,025
 MAX_PAGE_BYTES: Final = HEADER_BYTES + MAX_SEGMENTS + MAX_BODY_BYTES  # 65,307
 DEFAULT_MAX_PACKET_BYTES: Final = MAX_BODY_BYTES
-"""The largest packet (audio or ``OpusTags``) the reader assembles: one full page body. An
-Opus packet is at most 120 ms; libopus never writes more than 1,275 bytes per 20 ms frame."""
+"""The largest packet (audio or ``OpusTags``) the reader assembles: one full page body. RFC
+6716 caps an Opus frame at 1,275 bytes and a packet at 48 frames (120 ms): 61,200 bytes."""
 
 FLAG_CONTINUED: Final = 0x01
 FLAG_BOS: Final = 0x02
@@ -101,9 +101,9 @@ def ogg_crc32(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
     """Ogg's CRC-32 (poly 0x04C11DB7, MSB first, init 0, no final xor), continuing ``crc``.
 
     Computed by zlib: Ogg's CRC is zlib's (the same polynomial, bit-reflected) run over
-    bit-reversed bytes, bit-reversed, without zlib's initial and final inversion. That is
-    16 times faster than a 256-entry table walked in Python (130 us for a 330-byte page);
-    the tests check it against a table and a bitwise definition.
+    bit-reversed bytes, bit-reversed, without zlib's initial and final inversion. A 256-entry
+    table walked in Python costs more than the Opus decode of the page (docs/benchmarks.md);
+    the tests check this one against such a table and a bitwise definition.
     """
     update = zlib.crc32(bytes(data).translate(_REVERSE_BITS), _reverse32(crc) ^ 0xFFFFFFFF)
     return _reverse32(update ^ 0xFFFFFFFF)

@@ -33,7 +33,7 @@ from opuslib.api import decoder as opus_decoder_api
 
 from duplex.exceptions import BadAudio
 
-from ._ogg import AudioPacket, OggReader, OggWriter, OpusHead, OpusTags
+from ._ogg import DEFAULT_MAX_PACKET_BYTES, AudioPacket, OggReader, OggWriter, OpusHead, OpusTags
 
 __all__ = [
     "FRAME_SAMPLES",
@@ -48,7 +48,6 @@ FRAME_SAMPLES: Final = 960
 """One Opus packet: 40 ms at 24 kHz, as ``sphn`` encodes (two per 80 ms model frame)."""
 _OPUS_FRAME_SAMPLES: Final = (60, 120, 240, 480, 960, 1440)  # 2.5 to 60 ms at 24 kHz
 _MAX_PACKET_SAMPLES: Final = SAMPLE_RATE * 120 // 1000  # an Opus packet lasts at most 120 ms
-_MAX_ENCODED_BYTES: Final = 4000  # libopus' recommended output buffer (opus_encode docs)
 
 
 class OpusDecodeError(BadAudio):
@@ -131,14 +130,16 @@ class OggOpusDecoder:
         max_packet_bytes: passed to `OggReader`.
     """
 
-    def __init__(self, *, trim_pre_skip: bool = True, max_packet_bytes: int = 65_025) -> None:
+    def __init__(
+        self, *, trim_pre_skip: bool = True, max_packet_bytes: int = DEFAULT_MAX_PACKET_BYTES
+    ) -> None:
         self.reader = OggReader(max_packet_bytes=max_packet_bytes)
         self._decoder = opuslib.Decoder(SAMPLE_RATE, 1)
         self._trim_pre_skip = trim_pre_skip
         self._skip = 0  # samples at 24 kHz still to drop
         self._empty = np.zeros(0, dtype=np.float32)
         # decoded straight into one numpy buffer: opuslib's ``decode_float`` allocates a
-        # ctypes array per call and copies it through Python floats (about 50 us a packet)
+        # ctypes array per call and copies it through a list of Python floats
         self._pcm = np.empty(_MAX_PACKET_SAMPLES, dtype=np.float32)
         self._pcm_pointer = self._pcm.ctypes.data_as(c_float_pointer)
 
