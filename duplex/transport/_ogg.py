@@ -54,6 +54,7 @@ from typing import Final, final
 from duplex.exceptions import BadAudio
 
 __all__ = [
+    "DEFAULT_MAX_PACKET_BYTES",
     "MAX_PAGE_BYTES",
     "AudioPacket",
     "EndOfStream",

@@ -45,7 +45,10 @@ __all__ = [
 
 SAMPLE_RATE: Final = 24_000
 FRAME_SAMPLES: Final = 960
-"""One Opus packet: 40 ms at 24 kHz, as ``sphn`` encodes (two per 80 ms model frame)."""
+"""One Opus packet: 40 ms at 24 kHz, as ``sphn`` encodes (two per 80 ms model frame). What the
+reference server sends is what Kyutai's clients are known to play; 20 ms (the web client's own
+choice) would double the pages and their 28-byte headers for no gain in latency, since a
+model frame is only ready every 80 ms."""
 _OPUS_FRAME_SAMPLES: Final = (60, 120, 240, 480, 960, 1440)  # 2.5 to 60 ms at 24 kHz
 _MAX_PACKET_SAMPLES: Final = SAMPLE_RATE * 120 // 1000  # an Opus packet lasts at most 120 ms
 
