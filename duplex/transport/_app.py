@@ -36,8 +36,8 @@ from duplex import __version__
 from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.exceptions import ProtocolError
 from duplex.metrics import Counter, MetricsRegistry, Sample, merge_labelled, render
+from duplex.runtime import SessionHub
 from duplex.sessions import ErrorEvent
-from duplex.sessions._hub import SessionHub
 
 from ._access import (
     TOO_MANY_CONNECTIONS,

@@ -25,8 +25,7 @@ from typing import Any
 import trio
 
 from duplex.logs import configure_logging, get_logger
-from duplex.sessions import SessionResume
-from duplex.sessions._ids import shard_of
+from duplex.sessions import SessionResume, shard_of
 
 from ._app import HttpRoute, Reply, build_app, hypercorn_config
 from ._http import serve_http

@@ -35,8 +35,8 @@ from duplex.models import (
     VadDriver,
     get_model,
 )
+from duplex.runtime import SessionHub
 from duplex.sessions import Capabilities
-from duplex.sessions._hub import SessionHub
 
 from . import _link
 from ._access import AccessSettings, ResumeGuard, digest

@@ -17,8 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from duplex.metrics import Family, MetricsRegistry, Sample, merge_labelled, render
-from duplex.sessions import SessionCreate, SessionResume
-from duplex.sessions._ids import new_session_id, shard_of
+from duplex.sessions import SessionCreate, SessionResume, new_session_id, shard_of
 from duplex.transport._frontend import LinkBackend, Relay
 from duplex.transport._link import CloseConnection, Connected, FromSocket, Link, Load
 from duplex.transport._server import shard_max_sessions
