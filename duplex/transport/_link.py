@@ -30,7 +30,7 @@ import trio
 
 from duplex.sessions import AudioAppend, AudioDelta, ServerEvent, SessionOptions, rebuilt
 
-from ._app import Reply
+from ._app import HttpAnswer
 from ._sockets import Received
 
 HEADER = struct.Struct("<I")
@@ -135,7 +135,9 @@ class ToSocket:
 
 @final
 @dataclass(frozen=True, slots=True)
-class CloseConnection:
+class CloseRemoteSocket:
+    """Close connection ``conn``'s socket, which the other end of the link holds."""
+
     conn: int
     code: int
     reason: str
@@ -154,7 +156,7 @@ class Consumed:
 @dataclass(frozen=True, slots=True)
 class HttpReply:
     request: int
-    reply: Reply
+    reply: HttpAnswer
 
 
 @final
