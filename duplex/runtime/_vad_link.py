@@ -33,14 +33,14 @@ import numpy as np
 from duplex.models import (
     VAD_SAMPLE_RATE,
     VAD_WINDOW_SAMPLES,
+    SegmentStarted,
+    SegmentStopped,
     ServerVadConfig,
     SpeechSegmenter,
     VadHandle,
     VadPush,
     VadWindow,
 )
-from duplex.models import SpeechStarted as SegmentStarted
-from duplex.models import SpeechStopped as SegmentStopped
 from duplex.sessions import (
     VAD_KEYS,
     Pcm,
