@@ -19,6 +19,7 @@ from ._config import (
     SessionConfig,
     SessionOptions,
     SessionPrompt,
+    TurnPolicy,
 )
 from ._effects import (
     CLOSE_GOING_AWAY,
@@ -206,6 +207,7 @@ __all__ = [
     "StreamingResampler",
     "Tick",
     "TranscriptDelta",
+    "TurnPolicy",
     "TurnResponder",
     "TurnSignal",
     "TurnState",

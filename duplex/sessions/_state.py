@@ -37,7 +37,7 @@ from typing import final
 
 from duplex import exceptions as errors
 
-from ._config import Capabilities, SessionConfig
+from ._config import Capabilities, SessionConfig, TurnPolicy
 from ._effects import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -578,7 +578,7 @@ class SessionMachine:
         self._turns.turn_signal(out)
 
     def _on_response_create(self, event: ResponseCreate, out: list[Effect]) -> None:
-        if self._config.turn_policy == "duplex" and self._inputs.samples == 0:
+        if self._config.turn_policy == TurnPolicy.DUPLEX and self._inputs.samples == 0:
             raise errors.InputAudioBufferEmpty("response.create needs input audio first")
         self._user.request_response(out)
 
@@ -603,7 +603,7 @@ class SessionMachine:
         if event.consumed_video_frame_ids:
             ids = event.consumed_video_frame_ids
             self._emit(out, VideoConsumed(ids, event.latest_video_pts_ms))
-        if self._config.turn_policy == "turn_based":  # the turn responder speaks instead
+        if self._config.turn_policy == TurnPolicy.TURN_BASED:  # the turn responder speaks instead
             self._counts["model_frames_ignored"] += 1
             return
         opened = self._turns.counts["responses_created"]

@@ -29,7 +29,7 @@ from duplex.exceptions import (
     ResponseNotActive,
 )
 
-from ._config import Capabilities, SessionConfig
+from ._config import Capabilities, SessionConfig, TurnPolicy
 from ._effects import Effect, ModelReset
 from ._events import (
     AudioDelta,
@@ -155,7 +155,7 @@ class TurnTaking:
     @property
     def turn_based(self) -> bool:
         """``turn_policy="turn_based"``: responses only on request; no overlap policy."""
-        return self.config.turn_policy == "turn_based"
+        return self.config.turn_policy == TurnPolicy.TURN_BASED
 
     def speech_started(
         self, out: list[Effect], at_ms: float, *, shown_ms: float | None = None, item_id: str = ""

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from duplex import exceptions as errors
 
-from ._config import Capabilities, SessionConfig
+from ._config import Capabilities, SessionConfig, TurnPolicy
 from ._conversation import Conversation
 from ._effects import Effect, ModelAppendAudio, ModelSignal
 from ._events import (
@@ -103,7 +103,7 @@ class UserTurns:
     @property
     def turn_based(self) -> bool:
         """``turn_policy="turn_based"``."""
-        return self.config.turn_policy == "turn_based"
+        return self.config.turn_policy == TurnPolicy.TURN_BASED
 
     def reconfigure(self, config: SessionConfig) -> None:
         """Take a new config; a restarted VAD forgets the speech in progress."""
