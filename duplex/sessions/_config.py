@@ -142,7 +142,7 @@ class SessionConfig:
     speech events; commits are manual); ``"server_vad"`` runs the session's VAD
     (``vad="energy"``: the built-in `EnergyVad`; ``"external"``: a VAD actor
     sends `SpeechStarted`/`SpeechStopped`; ``"silero"``: the server's shared
-    batched silero VAD, fed by the session actor (``_vad_link``); the machine
+    batched silero VAD, fed by the session actor (``duplex.runtime``'s VAD link); the machine
     treats it as ``"external"``). Its knobs: ``vad_threshold`` (0..1;
     the energy VAD maps it to an RMS threshold, ``vad_threshold_rms`` at 0.5,
     x10 per +0.5), ``vad_prefix_padding_ms`` (speech_started's

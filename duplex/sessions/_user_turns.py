@@ -10,7 +10,7 @@ Turn detection (``SessionConfig.turn_detection``):
   client commits (``input_audio_buffer.commit``) and asks (``response.create``).
 - ``server_vad``: speech boundaries come from the built-in energy VAD
   (``vad="energy"``) or from outside (``vad="external"``, or ``"silero"``: the
-  session actor's link to the shared silero VAD, ``_vad_link``), as
+  session actor's link to the shared silero VAD, ``runtime/_vad_link.py``), as
   `SpeechStarted`/`SpeechStopped` runtime events with unpadded input-clock times.
   ``speech_started`` shows the start minus ``vad_prefix_padding_ms`` (not
   before the uncommitted buffer, not below 0) and names the user item the
