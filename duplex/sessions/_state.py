@@ -93,7 +93,7 @@ from ._journal import Journal, Replay
 from ._ledger import SessionStatistics
 from ._resume import ResumeCredential
 from ._turns import TurnState, TurnTaking
-from ._user_turns import USER_TURN_COUNTERS, ItemEvent, UserTurns
+from ._user_turns import ItemEvent, UserTurns
 
 __all__ = [
     "SESSION_TABLE",
@@ -228,6 +228,7 @@ _COUNTERS = (
     "session_resumes",
     "takeovers",
     "resume_failures",
+    "model_frames_ignored",
 )
 
 
@@ -261,12 +262,11 @@ class SessionMachine:
             ttl_s=self._config.journal_ttl_s, max_bytes=self._config.journal_max_bytes
         )
         self._turns = TurnTaking(self._config, self._caps, emit=self._emit, new_id=self._new_id)
-        self._counts = dict.fromkeys(_COUNTERS + USER_TURN_COUNTERS, 0)
+        self._counts = dict.fromkeys(_COUNTERS, 0)
         self._user = UserTurns(
             self._config,
             self._caps,
             self._turns,
-            self._counts,
             emit=self._emit,
             new_id=self._new_id,
         )
@@ -330,8 +330,11 @@ class SessionMachine:
 
     def statistics(self) -> SessionStatistics:
         """A frozen snapshot of the counters, the input ledger and the journal."""
+        counts = dict(self._counts)
+        for key, value in self._user.counts.items():  # ignored_events: the machine's and these
+            counts[key] = counts.get(key, 0) + value
         return SessionStatistics(
-            **self._counts,
+            **counts,
             **self._turns.counts,
             history_dropped=self._turns.history.dropped,
             input=self._inputs.ledger.statistics(),

@@ -53,7 +53,8 @@ from ._turns import TurnTaking
 
 __all__ = ["USER_TURN_COUNTERS", "ItemEvent", "UserTurns"]
 
-USER_TURN_COUNTERS = ("model_frames_ignored", "auto_turns_skipped", "responder_frames_dropped")
+USER_TURN_COUNTERS = ("ignored_events", "auto_turns_skipped", "responder_frames_dropped")
+"""Counted here; the machine adds ``ignored_events`` to its own in `SessionMachine.statistics`."""
 
 Emit = Callable[[list[Effect], ServerEvent], None]
 ItemEvent = ItemCreate | ItemRetrieve | ItemDelete | ItemTruncate
@@ -66,7 +67,6 @@ class UserTurns:
         config: the session config (the machine replaces it on ``session.update``).
         capabilities: the model's capabilities (the responder's frame period).
         turns: the session's turn taking (the floor and responses).
-        counts: the machine's counters (``USER_TURN_COUNTERS`` and ``ignored_events``).
         emit: journals and sends one server event (the machine's ``_emit``).
         new_id: makes ``<prefix>_<hex>`` ids.
     """
@@ -76,7 +76,6 @@ class UserTurns:
         config: SessionConfig,
         capabilities: Capabilities,
         turns: TurnTaking,
-        counts: dict[str, int],
         *,
         emit: Emit,
         new_id: Callable[[str], str],
@@ -92,7 +91,7 @@ class UserTurns:
             model_rate=config.model_sample_rate,
         )
         self.responder = TurnResponder(config.model_sample_rate, capabilities.chunk_period_ms)
-        self.counts = counts
+        self.counts = dict.fromkeys(USER_TURN_COUNTERS, 0)
         self.turn_id = 0
         self._emit = emit
         self._new_id = new_id
