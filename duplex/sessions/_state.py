@@ -378,7 +378,7 @@ class SessionMachine:
             Effects for the session actor to perform in order. A refused client
             event yields exactly one ``error`` naming its ``event_id``; nothing raises.
         """
-        self._now = self._turns.now = self._user.now = now
+        self._now = now
         out: list[Effect] = []
         self._fire_timers(out)
         if type(event) in _CLIENT_TYPES and self._state is SessionState.ACTIVE:
@@ -446,8 +446,8 @@ class SessionMachine:
         elif self._now >= self._last_activity + self._config.idle_ttl_s:
             self._expire(out, "idle_ttl_expired")
         else:
-            self._turns.fire_pause_timer(out)
-            self._user.play(out)
+            self._turns.fire_pause_timer(out, now=self._now)
+            self._user.play(out, now=self._now)
 
     def _expire(self, out: list[Effect], reason: str) -> None:
         self._turns.finish(out, "incomplete", "session_expired")
@@ -556,7 +556,7 @@ class SessionMachine:
         self._journal.ack(event.server_event_seq)
 
     def _on_audio_append(self, event: AudioAppend, out: list[Effect]) -> None:
-        self._user.append(out, event)
+        self._user.append(out, event, now=self._now)
 
     def _on_audio_commit(self, event: AudioCommit, out: list[Effect]) -> None:
         self._user.commit(out)
@@ -571,9 +571,9 @@ class SessionMachine:
 
     def _on_speech(self, event: SpeechStarted | SpeechStopped, out: list[Effect]) -> None:
         if isinstance(event, SpeechStarted):
-            self._user.speech_started(out, event)
+            self._user.speech_started(out, event, now=self._now)
         else:
-            self._user.speech_stopped(out, event)
+            self._user.speech_stopped(out, event, now=self._now)
 
     # ------------------------------------------------------- responses, playback
 
@@ -583,7 +583,7 @@ class SessionMachine:
     def _on_response_create(self, event: ResponseCreate, out: list[Effect]) -> None:
         if self._config.turn_policy == TurnPolicy.DUPLEX and self._inputs.samples == 0:
             raise errors.InputAudioBufferEmpty("response.create needs input audio first")
-        self._user.request_response(out)
+        self._user.request_response(out, now=self._now)
 
     def _on_item(self, event: ItemEvent, out: list[Effect]) -> None:
         self._user.item(out, event)
@@ -610,6 +610,6 @@ class SessionMachine:
             self._counts["model_frames_ignored"] += 1
             return
         opened = self._turns.counts["responses_created"]
-        self._turns.frame(out, event)
+        self._turns.frame(out, event, now=self._now)
         if self._turns.counts["responses_created"] != opened:
             self._inputs.ledger.answered()

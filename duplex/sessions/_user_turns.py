@@ -61,7 +61,7 @@ ItemEvent = ItemCreate | ItemRetrieve | ItemDelete | ItemTruncate
 
 
 class UserTurns:
-    """Input, turn detection and requests for one session. The machine sets ``now``.
+    """Input, turn detection and requests for one session; ``now`` comes from the machine.
 
     Args:
         config: the session config (the machine replaces it on ``session.update``).
@@ -81,7 +81,6 @@ class UserTurns:
         new_id: Callable[[str], str],
     ) -> None:
         self.config = config
-        self.now = 0.0
         self.inputs = InputPath(config)
         self.turns = turns
         self.conversation = Conversation(
@@ -121,20 +120,19 @@ class UserTurns:
 
     # --------------------------------------------------------------------- input
 
-    def append(self, out: list[Effect], event: AudioAppend) -> None:
+    def append(self, out: list[Effect], event: AudioAppend, *, now: float) -> None:
         """``input_audio_buffer.append``: resample, detect speech, feed the model."""
         pcm, start_ms, speech = self.inputs.append(event)
-        self.turns.input_ms = self.inputs.input_ms
-        self.turns.speech_ms = self.inputs.speech_ms
+        self.turns.input_advanced(self.inputs.input_ms, self.inputs.speech_ms)
         for found in speech:
             if isinstance(found, SpeechStarted):
-                self.speech_started(out, found)
+                self.speech_started(out, found, now=now)
             else:
-                self.speech_stopped(out, found)
+                self.speech_stopped(out, found, now=now)
         self.turns.check_overlap(out)
         if pcm.size:
             out.append(ModelAppendAudio(self.turns.epoch, pcm, start_ms))
-        self._check_idle(out)
+        self._check_idle(out, now=now)
 
     def commit(
         self,
@@ -182,7 +180,7 @@ class UserTurns:
 
     # ------------------------------------------------------------ turn detection
 
-    def speech_started(self, out: list[Effect], event: SpeechStarted) -> None:
+    def speech_started(self, out: list[Effect], event: SpeechStarted, *, now: float) -> None:
         """A VAD (built in or external) saw speech start."""
         if not self.config.vad_enabled or self.turns.speech_active:
             self.counts["ignored_events"] += 1  # no turn detection, or already inside speech
@@ -191,22 +189,22 @@ class UserTurns:
         self._speech_start_ms = max(0.0, padded, self.inputs.buffer_start_ms)
         self._pending_item = self._pending_item or self._new_id("item")
         self.turns.speech_started(
-            out, event.audio_ms, shown_ms=self._speech_start_ms, item_id=self._pending_item
+            out, event.audio_ms, shown_ms=self._speech_start_ms, item_id=self._pending_item, now=now
         )
 
-    def speech_stopped(self, out: list[Effect], event: SpeechStopped) -> None:
+    def speech_stopped(self, out: list[Effect], event: SpeechStopped, *, now: float) -> None:
         """A VAD saw speech end; with ``vad_create_response`` the turn is committed and answered."""
         item_id = self._pending_item or ""
         if not self.config.vad_enabled or not self.turns.speech_stopped(
-            out, event.audio_ms, item_id=item_id
+            out, event.audio_ms, item_id=item_id, now=now
         ):
             self.counts["ignored_events"] += 1  # no turn detection, or no speech to stop
             return
         self._idle_from_ms = max(self._idle_from_ms, event.audio_ms)
         if self.config.vad_create_response:
-            self._auto_turn(out, self._speech_start_ms, event.audio_ms, item_id or None)
+            self._auto_turn(out, self._speech_start_ms, event.audio_ms, item_id or None, now=now)
 
-    def _check_idle(self, out: list[Effect]) -> None:
+    def _check_idle(self, out: list[Effect], *, now: float) -> None:
         timeout = self.config.vad_idle_timeout_ms
         if (
             not timeout
@@ -222,20 +220,22 @@ class UserTurns:
         item_id = self._new_id("item")
         self._idle_from_ms = end
         self._emit(out, InputAudioTimeout(start, end, item_id))
-        self._auto_turn(out, start, end, item_id)
+        self._auto_turn(out, start, end, item_id, now=now)
 
-    def _auto_turn(self, out: list[Effect], start: float, end: float, item_id: str | None) -> None:
+    def _auto_turn(
+        self, out: list[Effect], start: float, end: float, item_id: str | None, *, now: float
+    ) -> None:
         """Commit and (with ``vad_create_response``) request; skipped and counted if refused."""
         try:
             self.commit(out, start, end, item_id)
             if self.config.vad_create_response:
-                self.request_response(out)
+                self.request_response(out, now=now)
         except errors.ProtocolError:  # empty buffer, backpressure, already responding
             self.counts["auto_turns_skipped"] += 1
 
     # ----------------------------------------------------------------- responses
 
-    def request_response(self, out: list[Effect]) -> None:
+    def request_response(self, out: list[Effect], *, now: float) -> None:
         """Duplex: hint the model. Turn-based: the responder answers the newest user item.
 
         Raises:
@@ -252,17 +252,17 @@ class UserTurns:
         out.append(ModelSignal(self.turns.epoch, "response_create", self.turn_id))
         if source is None:
             return
-        response_id = self.turns.open_response(out)
+        response_id = self.turns.open_response(out, now=now)
         self.inputs.ledger.answered()
-        self.responder.start(source, self.turns.epoch, response_id, self.now)
-        self.play(out)
+        self.responder.start(source, self.turns.epoch, response_id, now)
+        self.play(out, now=now)
 
-    def play(self, out: list[Effect]) -> None:
+    def play(self, out: list[Effect], *, now: float) -> None:
         """Route the responder's due frames; drop them if their response ended."""
         if not self.responder.active:
             return
         if self.responder.response_id != self.turns.response_id:
             self.counts["responder_frames_dropped"] += self.responder.stop()
             return
-        for frame in self.responder.due(self.now):
-            self.turns.frame(out, frame)
+        for frame in self.responder.due(now):
+            self.turns.frame(out, frame, now=now)
