@@ -544,7 +544,8 @@ class SessionMachine:
 
     def _on_session_update(self, event: SessionUpdate, out: list[Effect]) -> None:
         config = self._config.apply_update(event.options)
-        self._config = self._turns.config = config
+        self._config = config
+        self._turns.reconfigure(config)
         self._user.reconfigure(config)
         self._emit(out, SessionUpdated(self._session_id, config))
 

@@ -147,6 +147,10 @@ class TurnTaking:
             return None
         return self._paused_at + self.config.false_interruption_timeout_s
 
+    def reconfigure(self, config: SessionConfig) -> None:
+        """Take the config of a ``session.update``."""
+        self.config = config
+
     def input_advanced(self, input_ms: float, speech_ms: float) -> None:
         """New input audio: the input clock, and where the latest speech ended on it."""
         self.input_ms = input_ms
