@@ -7,9 +7,10 @@ connection), the VAD link, and the hub (admission, the registry of live
 sessions, the engine and VAD driver lifecycle).
 
 It is a sibling of ``duplex.sessions``, not a subpackage, so that the import
-direction reads from the folders: ``actors`` and ``sessions`` depend on nothing
-else in duplex; ``runtime`` joins them with ``models``; ``transport`` sits on
-top and imports only what this ``__init__`` and ``duplex.sessions`` publish.
+direction reads from the folders: ``actors`` and ``sessions`` import no other
+duplex package (only the shared leaf modules such as ``duplex.exceptions``);
+``runtime`` joins them with ``models``; ``transport`` sits on top and imports
+only what this ``__init__`` and ``duplex.sessions`` publish.
 The core's import test then covers its whole package, with no exceptions.
 
 Published here is what a connection needs: the hub, and the messages a
