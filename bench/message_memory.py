@@ -37,8 +37,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from duplex.sessions import AudioAppend, ConnectionAttached, SessionConfig, SessionMachine
-from duplex.sessions._resample import StreamingResampler
+from duplex.sessions import (
+    AudioAppend,
+    ConnectionAttached,
+    SessionConfig,
+    SessionMachine,
+    StreamingResampler,
+)
 from duplex.transport._duplex_wire import parse_client_event
 from duplex.transport._realtime_wire import TURN_BASED_OPTIONS, RealtimeProjection, WireFormats
 

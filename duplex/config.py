@@ -381,7 +381,7 @@ def _coerce(key: str, hint: Any, value: Any, source: str) -> Any:
                 raise ConfigError(f"{key}: must be an integer, got {value!r} ({source})")
             value = int(value)
         return hint(value)
-    if hint is str:
+    if hint is str or (isinstance(hint, type) and issubclass(hint, str)):  # str enums too
         if not isinstance(value, str):
             raise ConfigError(f"{key}: must be a string, got {value!r} ({source})")
         return value

@@ -17,7 +17,7 @@ from ._mailbox import (
 )
 from ._ref import ActorRef, Reply
 from ._spec import Backoff, Restart, Strategy, SupervisorSpec
-from ._supervisor import Supervisor
+from ._supervisor import Supervisor, unwrap
 from ._system import ActorSystem, DeadLetter, open_actor_system, run_until_signal
 
 __all__ = [
@@ -43,4 +43,5 @@ __all__ = [
     "SupervisorSpec",
     "open_actor_system",
     "run_until_signal",
+    "unwrap",
 ]

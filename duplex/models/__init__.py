@@ -41,10 +41,10 @@ from ._scheduler import CapacityLimit, CapacityReport, Scheduler, SchedulerStati
 from ._segmenter import (
     IdleTimeout,
     SegmenterEvent,
+    SegmentStarted,
+    SegmentStopped,
     ServerVadConfig,
     SpeechSegmenter,
-    SpeechStarted,
-    SpeechStopped,
 )
 from ._silero import (
     VAD_SAMPLE_RATE,
@@ -85,6 +85,8 @@ __all__ = [
     "RunnerFactory",
     "Scheduler",
     "SchedulerStatistics",
+    "SegmentStarted",
+    "SegmentStopped",
     "SegmenterEvent",
     "ServerVadConfig",
     "SileroVad",
@@ -95,8 +97,6 @@ __all__ = [
     "SlotState",
     "SlotStatistics",
     "SpeechSegmenter",
-    "SpeechStarted",
-    "SpeechStopped",
     "StepOutput",
     "StepPlan",
     "VadActor",

@@ -7,12 +7,12 @@ time of its own, imports no model, and is tested without one.
 Rules (``ServerVadConfig``):
 
 - A window is speech when ``probability >= threshold``.
-- Idle -> speaking on the first speech window: `SpeechStarted` with
+- Idle -> speaking on the first speech window: `SegmentStarted` with
   ``audio_start_ms = window start - prefix_padding_ms``, clamped at 0 and at the
   previous segment's ``audio_end_ms`` (two segments never overlap; the audio
   before that end was already committed with the previous turn).
 - Speaking -> idle once a non-speech window ends ``silence_duration_ms`` or
-  more after the end of the last speech window: `SpeechStopped` with
+  more after the end of the last speech window: `SegmentStopped` with
   ``audio_end_ms`` = the end of the last speech window. A gap in the windows
   (dropped audio) counts as silence: only the clock matters.
 - Idle timeout (``idle_timeout_ms``): the caller arms it with
@@ -33,11 +33,11 @@ from typing import final
 
 __all__ = [
     "IdleTimeout",
+    "SegmentStarted",
+    "SegmentStopped",
     "SegmenterEvent",
     "ServerVadConfig",
     "SpeechSegmenter",
-    "SpeechStarted",
-    "SpeechStopped",
 ]
 
 
@@ -66,7 +66,7 @@ class ServerVadConfig:
 
 @final
 @dataclass(frozen=True, slots=True)
-class SpeechStarted:
+class SegmentStarted:
     """Speech began (``input_audio_buffer.speech_started``).
 
     Args:
@@ -80,7 +80,7 @@ class SpeechStarted:
 
 @final
 @dataclass(frozen=True, slots=True)
-class SpeechStopped:
+class SegmentStopped:
     """Speech ended (``input_audio_buffer.speech_stopped``).
 
     Args:
@@ -102,7 +102,7 @@ class IdleTimeout:
     audio_end_ms: int
 
 
-SegmenterEvent = SpeechStarted | SpeechStopped | IdleTimeout
+SegmenterEvent = SegmentStarted | SegmentStopped | IdleTimeout
 """What `SpeechSegmenter.push` returns."""
 
 
@@ -124,7 +124,7 @@ class SpeechSegmenter:
 
     @property
     def speaking(self) -> bool:
-        """Between a `SpeechStarted` and its `SpeechStopped`."""
+        """Between a `SegmentStarted` and its `SegmentStopped`."""
         return self._speaking
 
     @property
@@ -167,13 +167,13 @@ class SpeechSegmenter:
                 self._speaking = True
                 self._idle_from = None
                 start = max(0, self._floor, start_ms - cfg.prefix_padding_ms)
-                events.append(SpeechStarted(start, end_ms))
+                events.append(SegmentStarted(start, end_ms))
             self._last_speech_end = end_ms
         elif self._speaking and end_ms - self._last_speech_end >= cfg.silence_duration_ms:
             self._speaking = False
             self._idle_from = None
             self._floor = self._last_speech_end
-            events.append(SpeechStopped(self._last_speech_end, end_ms))
+            events.append(SegmentStopped(self._last_speech_end, end_ms))
         if (
             not self._speaking
             and self._idle_from is not None

@@ -1,13 +1,13 @@
 """duplex.sessions: the sans-I/O session core (events in, effects out, time passed in).
 
-`SessionMachine` owns every session fact; the session actor feeds it events
-with ``now`` and performs the effects it returns. The core modules (``_state``,
-``_turns``, ``_events``, ``_effects``, ``_journal``, ...) import no trio,
-sockets, threads, clocks or models; a test holds them to that.
+`SessionMachine` owns every session fact; the session actor (``duplex.runtime``)
+feeds it events with ``now`` and performs the effects it returns. No module of
+this package imports trio, sockets, threads, clocks, models, actors or transport;
+``tests/sessions/test_imports.py`` walks the package and holds it to that.
 """
 
-from ._admission import Admission, AdmissionStatistics
-from ._checks import COUNT, DURATION_MS, MAX_DURATION_MS, MAX_DURATION_S, Range
+from ._admission import Admission, AdmissionStatistics, RefusalLog, RefusalReason
+from ._checks import COUNT, DURATION_MS, MAX_DURATION_MS, MAX_DURATION_S, Pcm, Range
 from ._config import (
     AUDIO_CODECS,
     MODEL_SAMPLE_RATE,
@@ -19,6 +19,7 @@ from ._config import (
     SessionConfig,
     SessionOptions,
     SessionPrompt,
+    TurnPolicy,
 )
 from ._effects import (
     CLOSE_GOING_AWAY,
@@ -93,7 +94,10 @@ from ._events import (
     TurnSignal,
     VideoAppend,
     VideoConsumed,
+    rebuilt,
 )
+from ._ids import new_session_id, shard_of
+from ._input import VAD_KEYS
 from ._items import HistoryItem
 from ._journal import Journal, JournalStatistics, Replay, ReplayGap
 from ._ledger import InputStatistics, SessionStatistics
@@ -122,6 +126,7 @@ __all__ = [
     "SUPPORTED_SAMPLE_RATES",
     "TURN_DETECTION_TYPES",
     "TURN_POLICIES",
+    "VAD_KEYS",
     "Admission",
     "AdmissionStatistics",
     "AudioAppend",
@@ -162,9 +167,12 @@ __all__ = [
     "ModelReset",
     "ModelSignal",
     "OverlapDecision",
+    "Pcm",
     "PlaybackAck",
     "PlaybackAcknowledged",
     "Range",
+    "RefusalLog",
+    "RefusalReason",
     "ReleaseResources",
     "Replay",
     "ReplayGap",
@@ -199,9 +207,13 @@ __all__ = [
     "StreamingResampler",
     "Tick",
     "TranscriptDelta",
+    "TurnPolicy",
     "TurnResponder",
     "TurnSignal",
     "TurnState",
     "VideoAppend",
     "VideoConsumed",
+    "new_session_id",
+    "rebuilt",
+    "shard_of",
 ]

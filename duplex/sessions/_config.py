@@ -8,6 +8,7 @@ never in the middle of a tick.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 from typing import Any, final
 
@@ -50,7 +51,21 @@ AUDIO_CODECS: tuple[str, ...] = ("pcm16", "g711_ulaw", "g711_alaw")
 VAD_MODES: tuple[str, ...] = ("energy", "external", "silero")
 SESSION_VAD_MODES: tuple[str, ...] = ("energy", "silero")
 """The VADs a session may be opened with (``SessionOptions.vad``); ``external`` is for tests."""
-TURN_POLICIES: tuple[str, ...] = ("duplex", "turn_based")
+
+
+class TurnPolicy(enum.StrEnum):
+    """Who decides when the model speaks (``SessionConfig.turn_policy``).
+
+    String-valued: a member equals, prints and serialises as its wire name.
+    """
+
+    DUPLEX = "duplex"
+    """The model decides: its frames open responses; barge-in follows ``overlap_policy``."""
+    TURN_BASED = "turn_based"
+    """OpenAI's turn-based Realtime: a response is requested, the turn responder speaks it."""
+
+
+TURN_POLICIES: tuple[str, ...] = tuple(policy.value for policy in TurnPolicy)
 TURN_DETECTION_TYPES: tuple[str, ...] = ("none", "server_vad")
 
 _MIB = 1024 * 1024
@@ -127,7 +142,7 @@ class SessionConfig:
     speech events; commits are manual); ``"server_vad"`` runs the session's VAD
     (``vad="energy"``: the built-in `EnergyVad`; ``"external"``: a VAD actor
     sends `SpeechStarted`/`SpeechStopped`; ``"silero"``: the server's shared
-    batched silero VAD, fed by the session actor (``_vad_link``); the machine
+    batched silero VAD, fed by the session actor (``duplex.runtime``'s VAD link); the machine
     treats it as ``"external"``). Its knobs: ``vad_threshold`` (0..1;
     the energy VAD maps it to an RMS threshold, ``vad_threshold_rms`` at 0.5,
     x10 per +0.5), ``vad_prefix_padding_ms`` (speech_started's
@@ -180,7 +195,7 @@ class SessionConfig:
     vad_threshold_rms: float = 0.003
     vad_hangover_ms: int = 300
     vad_min_speech_ms: int = 60
-    turn_policy: str = "duplex"
+    turn_policy: TurnPolicy = TurnPolicy.DUPLEX
     turn_detection: str = "server_vad"
     vad_threshold: float = 0.5
     vad_prefix_padding_ms: int = 0
@@ -205,10 +220,11 @@ class SessionConfig:
         _choice("playback_commit_policy", self.playback_commit_policy, PLAYBACK_COMMIT_POLICIES)
         _choice("vad", self.vad, VAD_MODES)
         _choice("turn_policy", self.turn_policy, TURN_POLICIES)
+        object.__setattr__(self, "turn_policy", TurnPolicy(self.turn_policy))
         _choice("turn_detection", self.turn_detection, TURN_DETECTION_TYPES)
         for key, rule in OPTION_RANGES.items():
             _ranged(key, getattr(self, key), rule)
-        if self.turn_policy == "duplex" and not self.vad_interrupt_response:
+        if self.turn_policy == TurnPolicy.DUPLEX and not self.vad_interrupt_response:
             raise _config_error(
                 "vad_interrupt_response",
                 "must be true when turn_policy is duplex (barge-in follows overlap_policy; "

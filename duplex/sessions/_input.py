@@ -19,7 +19,7 @@ import numpy as np
 
 from duplex.exceptions import InputAudioBufferEmpty, InputBackpressure
 
-from ._config import SessionConfig
+from ._config import SessionConfig, TurnPolicy
 from ._events import AudioAppend, Pcm, SpeechStarted, SpeechStopped
 from ._ledger import InputLedger
 from ._resample import StreamingResampler
@@ -90,7 +90,7 @@ class InputPath:
         """Take a new config; returns whether the VAD restarted (a VAD setting changed)."""
         vad_changed = any(getattr(config, k) != getattr(self.config, k) for k in VAD_KEYS)
         self.config = config
-        if config.turn_policy != "turn_based":
+        if config.turn_policy != TurnPolicy.TURN_BASED:
             self._drop_kept(self.samples)
         if vad_changed:
             self.reset_vad()
@@ -135,7 +135,7 @@ class InputPath:
         pcm = event.pcm if identity else resampler.process(event.pcm)
         start_ms = self.input_ms
         self.samples += pcm.size
-        if config.turn_policy == "turn_based" and pcm.size:
+        if config.turn_policy == TurnPolicy.TURN_BASED and pcm.size:
             self._keep(pcm)
         speech: list[SpeechStarted | SpeechStopped] = []
         if self._vad is not None:
@@ -178,7 +178,7 @@ class InputPath:
         if count_turn and not self.ledger.try_commit_turn():
             limit = self.config.max_pending_turns
             raise InputBackpressure(f"{limit} committed turns are still unanswered")
-        pcm = self._slice(start, end) if self.config.turn_policy == "turn_based" else None
+        pcm = self._slice(start, end) if self.config.turn_policy == TurnPolicy.TURN_BASED else None
         self.buffer_start = end
         self._drop_kept(end)
         return self.to_ms(start), self.to_ms(end), pcm

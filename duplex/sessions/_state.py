@@ -37,7 +37,7 @@ from typing import final
 
 from duplex import exceptions as errors
 
-from ._config import Capabilities, SessionConfig
+from ._config import Capabilities, SessionConfig, TurnPolicy
 from ._effects import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -93,7 +93,7 @@ from ._journal import Journal, Replay
 from ._ledger import SessionStatistics
 from ._resume import ResumeCredential
 from ._turns import TurnState, TurnTaking
-from ._user_turns import USER_TURN_COUNTERS, ItemEvent, UserTurns
+from ._user_turns import ItemEvent, UserTurns
 
 __all__ = [
     "SESSION_TABLE",
@@ -228,6 +228,7 @@ _COUNTERS = (
     "session_resumes",
     "takeovers",
     "resume_failures",
+    "model_frames_ignored",
 )
 
 
@@ -261,12 +262,11 @@ class SessionMachine:
             ttl_s=self._config.journal_ttl_s, max_bytes=self._config.journal_max_bytes
         )
         self._turns = TurnTaking(self._config, self._caps, emit=self._emit, new_id=self._new_id)
-        self._counts = dict.fromkeys(_COUNTERS + USER_TURN_COUNTERS, 0)
+        self._counts = dict.fromkeys(_COUNTERS, 0)
         self._user = UserTurns(
             self._config,
             self._caps,
             self._turns,
-            self._counts,
             emit=self._emit,
             new_id=self._new_id,
         )
@@ -330,8 +330,11 @@ class SessionMachine:
 
     def statistics(self) -> SessionStatistics:
         """A frozen snapshot of the counters, the input ledger and the journal."""
+        counts = dict(self._counts)
+        for key, value in self._user.counts.items():  # ignored_events: the machine's and these
+            counts[key] = counts.get(key, 0) + value
         return SessionStatistics(
-            **self._counts,
+            **counts,
             **self._turns.counts,
             history_dropped=self._turns.history.dropped,
             input=self._inputs.ledger.statistics(),
@@ -375,7 +378,7 @@ class SessionMachine:
             Effects for the session actor to perform in order. A refused client
             event yields exactly one ``error`` naming its ``event_id``; nothing raises.
         """
-        self._now = self._turns.now = self._user.now = now
+        self._now = now
         out: list[Effect] = []
         self._fire_timers(out)
         if type(event) in _CLIENT_TYPES and self._state is SessionState.ACTIVE:
@@ -443,8 +446,8 @@ class SessionMachine:
         elif self._now >= self._last_activity + self._config.idle_ttl_s:
             self._expire(out, "idle_ttl_expired")
         else:
-            self._turns.fire_pause_timer(out)
-            self._user.play(out)
+            self._turns.fire_pause_timer(out, now=self._now)
+            self._user.play(out, now=self._now)
 
     def _expire(self, out: list[Effect], reason: str) -> None:
         self._turns.finish(out, "incomplete", "session_expired")
@@ -541,7 +544,8 @@ class SessionMachine:
 
     def _on_session_update(self, event: SessionUpdate, out: list[Effect]) -> None:
         config = self._config.apply_update(event.options)
-        self._config = self._turns.config = config
+        self._config = config
+        self._turns.reconfigure(config)
         self._user.reconfigure(config)
         self._emit(out, SessionUpdated(self._session_id, config))
 
@@ -553,7 +557,7 @@ class SessionMachine:
         self._journal.ack(event.server_event_seq)
 
     def _on_audio_append(self, event: AudioAppend, out: list[Effect]) -> None:
-        self._user.append(out, event)
+        self._user.append(out, event, now=self._now)
 
     def _on_audio_commit(self, event: AudioCommit, out: list[Effect]) -> None:
         self._user.commit(out)
@@ -568,9 +572,9 @@ class SessionMachine:
 
     def _on_speech(self, event: SpeechStarted | SpeechStopped, out: list[Effect]) -> None:
         if isinstance(event, SpeechStarted):
-            self._user.speech_started(out, event)
+            self._user.speech_started(out, event, now=self._now)
         else:
-            self._user.speech_stopped(out, event)
+            self._user.speech_stopped(out, event, now=self._now)
 
     # ------------------------------------------------------- responses, playback
 
@@ -578,9 +582,9 @@ class SessionMachine:
         self._turns.turn_signal(out)
 
     def _on_response_create(self, event: ResponseCreate, out: list[Effect]) -> None:
-        if self._config.turn_policy == "duplex" and self._inputs.samples == 0:
+        if self._config.turn_policy == TurnPolicy.DUPLEX and self._inputs.samples == 0:
             raise errors.InputAudioBufferEmpty("response.create needs input audio first")
-        self._user.request_response(out)
+        self._user.request_response(out, now=self._now)
 
     def _on_item(self, event: ItemEvent, out: list[Effect]) -> None:
         self._user.item(out, event)
@@ -603,10 +607,10 @@ class SessionMachine:
         if event.consumed_video_frame_ids:
             ids = event.consumed_video_frame_ids
             self._emit(out, VideoConsumed(ids, event.latest_video_pts_ms))
-        if self._config.turn_policy == "turn_based":  # the turn responder speaks instead
+        if self._config.turn_policy == TurnPolicy.TURN_BASED:  # the turn responder speaks instead
             self._counts["model_frames_ignored"] += 1
             return
         opened = self._turns.counts["responses_created"]
-        self._turns.frame(out, event)
+        self._turns.frame(out, event, now=self._now)
         if self._turns.counts["responses_created"] != opened:
             self._inputs.ledger.answered()

@@ -29,7 +29,7 @@ from duplex.exceptions import (
     ResponseNotActive,
 )
 
-from ._config import Capabilities, SessionConfig
+from ._config import Capabilities, SessionConfig, TurnPolicy
 from ._effects import Effect, ModelReset
 from ._events import (
     AudioDelta,
@@ -86,7 +86,8 @@ class _Response:
 
 
 class TurnTaking:
-    """One session's floor. The machine sets ``now`` and ``input_ms`` before each call.
+    """One session's floor. Methods that can pause output take ``now`` from the machine;
+    the input clock arrives with each append (`input_advanced`).
 
     Args:
         config: the session config (the machine replaces it on ``session.update``).
@@ -105,7 +106,6 @@ class TurnTaking:
     ) -> None:
         self.config = config
         self.capabilities = capabilities
-        self.now = 0.0
         self.input_ms = 0.0
         self.speech_ms = 0.0
         self.turn = TurnState.LISTENING
@@ -147,6 +147,15 @@ class TurnTaking:
             return None
         return self._paused_at + self.config.false_interruption_timeout_s
 
+    def reconfigure(self, config: SessionConfig) -> None:
+        """Take the config of a ``session.update``."""
+        self.config = config
+
+    def input_advanced(self, input_ms: float, speech_ms: float) -> None:
+        """New input audio: the input clock, and where the latest speech ended on it."""
+        self.input_ms = input_ms
+        self.speech_ms = speech_ms
+
     def reset_speech(self) -> None:
         """Input was cleared: forget the speech segment and the overlap."""
         self.speech_active = False
@@ -155,10 +164,16 @@ class TurnTaking:
     @property
     def turn_based(self) -> bool:
         """``turn_policy="turn_based"``: responses only on request; no overlap policy."""
-        return self.config.turn_policy == "turn_based"
+        return self.config.turn_policy == TurnPolicy.TURN_BASED
 
     def speech_started(
-        self, out: list[Effect], at_ms: float, *, shown_ms: float | None = None, item_id: str = ""
+        self,
+        out: list[Effect],
+        at_ms: float,
+        *,
+        shown_ms: float | None = None,
+        item_id: str = "",
+        now: float,
     ) -> bool:
         """A VAD saw speech start at ``at_ms``; ``False`` if already inside speech (ignored).
 
@@ -173,14 +188,16 @@ class TurnTaking:
         if self._response is None:
             return True
         if not self.turn_based:
-            self._start_overlap(out, at_ms)
+            self._start_overlap(out, at_ms, now=now)
         elif self.config.vad_interrupt_response:
             self.counts["barge_ins"] += 1
             self.finish(out, "cancelled", "turn_detected")
             self.advance_epoch(out, "turn_detected", clear_input=False)
         return True
 
-    def speech_stopped(self, out: list[Effect], at_ms: float, *, item_id: str = "") -> bool:
+    def speech_stopped(
+        self, out: list[Effect], at_ms: float, *, item_id: str = "", now: float
+    ) -> bool:
         """A VAD saw speech end: classify the overlap (backchannel / listen / barge-in).
 
         Returns ``False`` if no speech was active (ignored).
@@ -191,7 +208,7 @@ class TurnTaking:
         self._emit(out, InputSpeechStopped(at_ms, item_id))
         start, self._overlap_start = self._overlap_start, None
         if start is None or self._response is None:
-            self.fire_pause_timer(out)
+            self.fire_pause_timer(out, now=now)
             return True
         overlap = max(0.0, at_ms - start)
         if self.config.overlap_policy == "barge_in_on_speech":
@@ -202,7 +219,7 @@ class TurnTaking:
                 self._decide(out, "drop", "backchannel", overlap)
             else:
                 self._decide(out, "listen", "short_overlap", overlap)
-        self.fire_pause_timer(out)
+        self.fire_pause_timer(out, now=now)
         return True
 
     def check_overlap(self, out: list[Effect]) -> None:
@@ -237,13 +254,13 @@ class TurnTaking:
         self.finish(out, "cancelled", "barge_in")
         self.advance_epoch(out, "barge_in", clear_input=False)
 
-    def fire_pause_timer(self, out: list[Effect]) -> None:
+    def fire_pause_timer(self, out: list[Effect], *, now: float) -> None:
         """Resume paused output if the false-interruption timeout has passed."""
         deadline = self.pause_deadline()
-        if deadline is not None and self.now >= deadline:
-            self._resume_output(out, "false_interruption")
+        if deadline is not None and now >= deadline:
+            self._resume_output(out, "false_interruption", now=now)
 
-    def _start_overlap(self, out: list[Effect], at_ms: float) -> None:
+    def _start_overlap(self, out: list[Effect], at_ms: float, *, now: float) -> None:
         self._overlap_start = at_ms
         policy = self.config.overlap_policy
         if policy == "ignore":
@@ -254,7 +271,7 @@ class TurnTaking:
             self.counts["pauses"] += 1
             self._decide(out, "pause", "speech_started", 0.0)
             self.turn = TurnState.PAUSED
-            self._paused_at = self.now
+            self._paused_at = now
         self.check_overlap(out)
 
     def _decide(self, out: list[Effect], action: str, reason: str, overlap_ms: float) -> None:
@@ -305,18 +322,18 @@ class TurnTaking:
         else:  # an item already committed by acks takes the response's final status
             self.history.commit_assistant(ledger, insert=False)
 
-    def frame(self, out: list[Effect], frame: ModelFrame) -> None:
+    def frame(self, out: list[Effect], frame: ModelFrame, *, now: float) -> None:
         """Project one model frame: fence by epoch, hold while paused, else send."""
         if frame.epoch != self.epoch:
             self.counts["stale_frames_dropped"] += 1
             return
         if self.turn is TurnState.PAUSED and len(self._held) >= self.config.max_held_frames:
-            self._resume_output(out, "hold_overflow")
-        self._route(out, frame)
+            self._resume_output(out, "hold_overflow", now=now)
+        self._route(out, frame, now=now)
 
-    def open_response(self, out: list[Effect]) -> str:
+    def open_response(self, out: list[Effect], *, now: float) -> str:
         """Open a response now (the turn responder's request); returns its id."""
-        self._open(out)
+        self._open(out, now=now)
         assert self._response is not None
         return self._response.response_id
 
@@ -328,7 +345,7 @@ class TurnTaking:
         """
         return self.speech_active and self.input_ms - self.speech_ms <= STILL_SPEAKING_MS
 
-    def _open(self, out: list[Effect]) -> None:
+    def _open(self, out: list[Effect], *, now: float) -> None:
         response_id = self._new_id("resp")
         ledger = PlaybackLedger(response_id, f"item_{response_id}", self.next_order())
         self._ledgers[response_id] = ledger
@@ -339,9 +356,9 @@ class TurnTaking:
         self.counts["responses_created"] += 1
         self._emit(out, ResponseCreated(response_id, ledger.item_id, self.epoch))
         if self.user_speaking_now() and not self.turn_based:
-            self._start_overlap(out, self.input_ms)
+            self._start_overlap(out, self.input_ms, now=now)
 
-    def _route(self, out: list[Effect], frame: ModelFrame) -> None:
+    def _route(self, out: list[Effect], frame: ModelFrame, *, now: float) -> None:
         if self.turn is TurnState.PAUSED:
             self._held.append(frame)
             return
@@ -351,7 +368,7 @@ class TurnTaking:
                 self._yield(out, "turn_detected" if self.speech_active else reason)
             return
         if self._response is None:
-            self._open(out)
+            self._open(out, now=now)
             if self.turn is TurnState.PAUSED:
                 self._held.append(frame)
                 return
@@ -373,7 +390,7 @@ class TurnTaking:
         self.finish(out, "completed", reason)
         self._emit(out, ResponseListen(self.epoch, reason))
 
-    def _resume_output(self, out: list[Effect], reason: str) -> None:
+    def _resume_output(self, out: list[Effect], reason: str, *, now: float) -> None:
         start = self._overlap_start
         self.counts["resumes"] += 1
         self._decide(out, "resume", reason, self.speech_ms - start if start is not None else 0.0)
@@ -382,7 +399,7 @@ class TurnTaking:
         held, self._held = self._held, []
         for frame in held:
             if frame.epoch == self.epoch:
-                self._route(out, frame)
+                self._route(out, frame, now=now)
             else:
                 self.counts["held_frames_dropped"] += 1
 

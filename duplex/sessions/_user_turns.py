@@ -10,7 +10,7 @@ Turn detection (``SessionConfig.turn_detection``):
   client commits (``input_audio_buffer.commit``) and asks (``response.create``).
 - ``server_vad``: speech boundaries come from the built-in energy VAD
   (``vad="energy"``) or from outside (``vad="external"``, or ``"silero"``: the
-  session actor's link to the shared silero VAD, ``_vad_link``), as
+  session actor's link to the shared silero VAD, ``runtime/_vad_link.py``), as
   `SpeechStarted`/`SpeechStopped` runtime events with unpadded input-clock times.
   ``speech_started`` shows the start minus ``vad_prefix_padding_ms`` (not
   before the uncommitted buffer, not below 0) and names the user item the
@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from duplex import exceptions as errors
 
-from ._config import Capabilities, SessionConfig
+from ._config import Capabilities, SessionConfig, TurnPolicy
 from ._conversation import Conversation
 from ._effects import Effect, ModelAppendAudio, ModelSignal
 from ._events import (
@@ -53,20 +53,20 @@ from ._turns import TurnTaking
 
 __all__ = ["USER_TURN_COUNTERS", "ItemEvent", "UserTurns"]
 
-USER_TURN_COUNTERS = ("model_frames_ignored", "auto_turns_skipped", "responder_frames_dropped")
+USER_TURN_COUNTERS = ("ignored_events", "auto_turns_skipped", "responder_frames_dropped")
+"""Counted here; the machine adds ``ignored_events`` to its own in `SessionMachine.statistics`."""
 
 Emit = Callable[[list[Effect], ServerEvent], None]
 ItemEvent = ItemCreate | ItemRetrieve | ItemDelete | ItemTruncate
 
 
 class UserTurns:
-    """Input, turn detection and requests for one session. The machine sets ``now``.
+    """Input, turn detection and requests for one session; ``now`` comes from the machine.
 
     Args:
         config: the session config (the machine replaces it on ``session.update``).
         capabilities: the model's capabilities (the responder's frame period).
         turns: the session's turn taking (the floor and responses).
-        counts: the machine's counters (``USER_TURN_COUNTERS`` and ``ignored_events``).
         emit: journals and sends one server event (the machine's ``_emit``).
         new_id: makes ``<prefix>_<hex>`` ids.
     """
@@ -76,13 +76,11 @@ class UserTurns:
         config: SessionConfig,
         capabilities: Capabilities,
         turns: TurnTaking,
-        counts: dict[str, int],
         *,
         emit: Emit,
         new_id: Callable[[str], str],
     ) -> None:
         self.config = config
-        self.now = 0.0
         self.inputs = InputPath(config)
         self.turns = turns
         self.conversation = Conversation(
@@ -92,7 +90,7 @@ class UserTurns:
             model_rate=config.model_sample_rate,
         )
         self.responder = TurnResponder(config.model_sample_rate, capabilities.chunk_period_ms)
-        self.counts = counts
+        self.counts = dict.fromkeys(USER_TURN_COUNTERS, 0)
         self.turn_id = 0
         self._emit = emit
         self._new_id = new_id
@@ -103,7 +101,7 @@ class UserTurns:
     @property
     def turn_based(self) -> bool:
         """``turn_policy="turn_based"``."""
-        return self.config.turn_policy == "turn_based"
+        return self.config.turn_policy == TurnPolicy.TURN_BASED
 
     def reconfigure(self, config: SessionConfig) -> None:
         """Take a new config; a restarted VAD forgets the speech in progress."""
@@ -122,20 +120,19 @@ class UserTurns:
 
     # --------------------------------------------------------------------- input
 
-    def append(self, out: list[Effect], event: AudioAppend) -> None:
+    def append(self, out: list[Effect], event: AudioAppend, *, now: float) -> None:
         """``input_audio_buffer.append``: resample, detect speech, feed the model."""
         pcm, start_ms, speech = self.inputs.append(event)
-        self.turns.input_ms = self.inputs.input_ms
-        self.turns.speech_ms = self.inputs.speech_ms
+        self.turns.input_advanced(self.inputs.input_ms, self.inputs.speech_ms)
         for found in speech:
             if isinstance(found, SpeechStarted):
-                self.speech_started(out, found)
+                self.speech_started(out, found, now=now)
             else:
-                self.speech_stopped(out, found)
+                self.speech_stopped(out, found, now=now)
         self.turns.check_overlap(out)
         if pcm.size:
             out.append(ModelAppendAudio(self.turns.epoch, pcm, start_ms))
-        self._check_idle(out)
+        self._check_idle(out, now=now)
 
     def commit(
         self,
@@ -183,7 +180,7 @@ class UserTurns:
 
     # ------------------------------------------------------------ turn detection
 
-    def speech_started(self, out: list[Effect], event: SpeechStarted) -> None:
+    def speech_started(self, out: list[Effect], event: SpeechStarted, *, now: float) -> None:
         """A VAD (built in or external) saw speech start."""
         if not self.config.vad_enabled or self.turns.speech_active:
             self.counts["ignored_events"] += 1  # no turn detection, or already inside speech
@@ -192,22 +189,22 @@ class UserTurns:
         self._speech_start_ms = max(0.0, padded, self.inputs.buffer_start_ms)
         self._pending_item = self._pending_item or self._new_id("item")
         self.turns.speech_started(
-            out, event.audio_ms, shown_ms=self._speech_start_ms, item_id=self._pending_item
+            out, event.audio_ms, shown_ms=self._speech_start_ms, item_id=self._pending_item, now=now
         )
 
-    def speech_stopped(self, out: list[Effect], event: SpeechStopped) -> None:
+    def speech_stopped(self, out: list[Effect], event: SpeechStopped, *, now: float) -> None:
         """A VAD saw speech end; with ``vad_create_response`` the turn is committed and answered."""
         item_id = self._pending_item or ""
         if not self.config.vad_enabled or not self.turns.speech_stopped(
-            out, event.audio_ms, item_id=item_id
+            out, event.audio_ms, item_id=item_id, now=now
         ):
             self.counts["ignored_events"] += 1  # no turn detection, or no speech to stop
             return
         self._idle_from_ms = max(self._idle_from_ms, event.audio_ms)
         if self.config.vad_create_response:
-            self._auto_turn(out, self._speech_start_ms, event.audio_ms, item_id or None)
+            self._auto_turn(out, self._speech_start_ms, event.audio_ms, item_id or None, now=now)
 
-    def _check_idle(self, out: list[Effect]) -> None:
+    def _check_idle(self, out: list[Effect], *, now: float) -> None:
         timeout = self.config.vad_idle_timeout_ms
         if (
             not timeout
@@ -223,20 +220,22 @@ class UserTurns:
         item_id = self._new_id("item")
         self._idle_from_ms = end
         self._emit(out, InputAudioTimeout(start, end, item_id))
-        self._auto_turn(out, start, end, item_id)
+        self._auto_turn(out, start, end, item_id, now=now)
 
-    def _auto_turn(self, out: list[Effect], start: float, end: float, item_id: str | None) -> None:
+    def _auto_turn(
+        self, out: list[Effect], start: float, end: float, item_id: str | None, *, now: float
+    ) -> None:
         """Commit and (with ``vad_create_response``) request; skipped and counted if refused."""
         try:
             self.commit(out, start, end, item_id)
             if self.config.vad_create_response:
-                self.request_response(out)
+                self.request_response(out, now=now)
         except errors.ProtocolError:  # empty buffer, backpressure, already responding
             self.counts["auto_turns_skipped"] += 1
 
     # ----------------------------------------------------------------- responses
 
-    def request_response(self, out: list[Effect]) -> None:
+    def request_response(self, out: list[Effect], *, now: float) -> None:
         """Duplex: hint the model. Turn-based: the responder answers the newest user item.
 
         Raises:
@@ -253,17 +252,17 @@ class UserTurns:
         out.append(ModelSignal(self.turns.epoch, "response_create", self.turn_id))
         if source is None:
             return
-        response_id = self.turns.open_response(out)
+        response_id = self.turns.open_response(out, now=now)
         self.inputs.ledger.answered()
-        self.responder.start(source, self.turns.epoch, response_id, self.now)
-        self.play(out)
+        self.responder.start(source, self.turns.epoch, response_id, now)
+        self.play(out, now=now)
 
-    def play(self, out: list[Effect]) -> None:
+    def play(self, out: list[Effect], *, now: float) -> None:
         """Route the responder's due frames; drop them if their response ended."""
         if not self.responder.active:
             return
         if self.responder.response_id != self.turns.response_id:
             self.counts["responder_frames_dropped"] += self.responder.stop()
             return
-        for frame in self.responder.due(self.now):
-            self.turns.frame(out, frame)
+        for frame in self.responder.due(now):
+            self.turns.frame(out, frame, now=now)

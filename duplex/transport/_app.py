@@ -36,8 +36,8 @@ from duplex import __version__
 from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.exceptions import ProtocolError
 from duplex.metrics import Counter, MetricsRegistry, Sample, merge_labelled, render
+from duplex.runtime import SessionHub
 from duplex.sessions import ErrorEvent
-from duplex.sessions._hub import SessionHub
 
 from ._access import (
     TOO_MANY_CONNECTIONS,
@@ -72,7 +72,7 @@ wall_time: Callable[[], float] = time.time
 
 
 @dataclass(frozen=True, slots=True)
-class Reply:
+class HttpAnswer:
     """One HTTP answer, as plain data (it crosses a worker's link)."""
 
     status: int
@@ -80,7 +80,7 @@ class Reply:
     body: bytes
 
     @classmethod
-    def json(cls, content: Any, status: int = 200) -> Reply:
+    def json(cls, content: Any, status: int = 200) -> HttpAnswer:
         text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
         return cls(status, JSON_CONTENT_TYPE, text.encode())
 
@@ -91,7 +91,7 @@ class Reply:
 class Backend(Protocol):
     """What the routes need from the process that owns the sessions."""
 
-    async def http(self, route: HttpRoute, body: bytes = b"") -> Reply:
+    async def http(self, route: HttpRoute, body: bytes = b"") -> HttpAnswer:
         """The answer to one of the HTTP routes (``body``: what the route needs of the request)."""
         ...
 
@@ -196,17 +196,17 @@ class HubBackend:
             "sessions": {"live": stats.live, "capacity": hub.capacity()},
         }
 
-    def reply(self, route: HttpRoute, body: bytes = b"") -> Reply:
+    def reply(self, route: HttpRoute, body: bytes = b"") -> HttpAnswer:
         """The answer for this process alone."""
         hub = self.hub
         if route == "client_secrets":
             return self.mint(body)
         if route == "redeem":
             redeemed = self.secrets.redeem(body.decode("utf-8", "replace"), wall_time())
-            return Reply(200 if redeemed else 401, JSON_CONTENT_TYPE, b"{}")
+            return HttpAnswer(200 if redeemed else 401, JSON_CONTENT_TYPE, b"{}")
         if route == "health":
             health = self.health_of()
-            return Reply.json(health, 200 if hub.ready else 503)
+            return HttpAnswer.json(health, 200 if hub.ready else 503)
         if route == "models":
             card: dict[str, Any] = {
                 "id": hub.spec.name,
@@ -215,28 +215,28 @@ class HubBackend:
                 "created": 0,
                 "capabilities": hub.capabilities.as_dict(),
             }
-            return Reply.json({"object": "list", "data": [card]})
-        return Reply(200, PROMETHEUS_CONTENT_TYPE, self.registry.render().encode())
+            return HttpAnswer.json({"object": "list", "data": [card]})
+        return HttpAnswer(200, PROMETHEUS_CONTENT_TYPE, self.registry.render().encode())
 
-    def mint(self, body: bytes) -> Reply:
+    def mint(self, body: bytes) -> HttpAnswer:
         """A client secret for the request ``body`` (``{"ttl_s", "session"}``, checked)."""
         request = json.loads(body)
         try:
             minted = self.secrets.mint(wall_time(), request["ttl_s"])
         except SecretStoreFull:
             error = {"message": "Too many live client secrets.", "type": "rate_limit_error"}
-            return Reply.json({"error": {**error, "code": "rate_limited"}}, 429)
+            return HttpAnswer.json({"error": {**error, "code": "rate_limited"}}, 429)
         answer = {"value": minted.value, "expires_at": int(minted.expires_at)}
-        return Reply.json({**answer, "session": request["session"]})
+        return HttpAnswer.json({**answer, "session": request["session"]})
 
-    async def http(self, route: HttpRoute, body: bytes = b"") -> Reply:
+    async def http(self, route: HttpRoute, body: bytes = b"") -> HttpAnswer:
         if self.shards is None or route in ("models", "client_secrets", "redeem"):
             return self.reply(route, body)
         answers = await self.shards.query(route)
         if route == "metrics":
             parts = [({"shard": "0"}, self.registry.families())]
             parts += [({"shard": str(i)}, a) for i, a in enumerate(answers, 1) if a is not None]
-            return Reply(200, PROMETHEUS_CONTENT_TYPE, render(merge_labelled(parts)).encode())
+            return HttpAnswer(200, PROMETHEUS_CONTENT_TYPE, render(merge_labelled(parts)).encode())
         shards = [{"shard": 0, **self.health_of()}]
         for index, answer in enumerate(answers, 1):
             shards.append({"shard": index, **(answer or {"status": "unavailable"})})
@@ -254,7 +254,7 @@ class HubBackend:
             },
             "shards": shards,
         }
-        return Reply.json(health, 503 if status == "starting" else 200)
+        return HttpAnswer.json(health, 503 if status == "starting" else 200)
 
     async def connect(
         self,
@@ -374,7 +374,7 @@ class Guard:
 
 
 async def _deny(scope: dict[str, Any], receive: Any, send: Any, denied: Denied) -> None:
-    body = Reply.json(denied.body(), denied.status).body
+    body = HttpAnswer.json(denied.body(), denied.status).body
     headers = [(b"content-type", JSON_CONTENT_TYPE.encode())]
     if denied.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
@@ -435,10 +435,12 @@ def build_app(
             body += chunk
             if len(body) > MAX_CLIENT_SECRET_BODY:
                 error = {"message": "The body is too large.", "type": "invalid_request_error"}
-                return Reply.json({"error": {**error, "code": "body_too_large"}}, 413).response()
+                return HttpAnswer.json(
+                    {"error": {**error, "code": "body_too_large"}}, 413
+                ).response()
         parsed = client_secret_request(body, client_secret_ttl_s)
         if isinstance(parsed, Denied):
-            return Reply.json(parsed.body(), parsed.status).response()
+            return HttpAnswer.json(parsed.body(), parsed.status).response()
         ttl_s, session = parsed
         body = json.dumps({"ttl_s": ttl_s, "session": session}).encode()
         return (await backend.http("client_secrets", body)).response()

@@ -23,6 +23,7 @@ import trio
 
 from duplex import exceptions as errors
 from duplex.actors import Actor, ActorContext, ActorRef, ControlMessage, LaneSpec
+from duplex.runtime import Attach, CloseSocket, Detach, FromClient, Outbound, SessionHub
 from duplex.sessions import (
     ErrorEvent,
     ServerEvent,
@@ -30,8 +31,6 @@ from duplex.sessions import (
     SessionOptions,
     SessionResume,
 )
-from duplex.sessions._actor import Attach, CloseSocket, Detach, FromClient, Outbound
-from duplex.sessions._hub import SessionHub
 
 from ._access import ResumeGuard
 from ._sockets import EventSocket, SocketGone

@@ -25,15 +25,14 @@ from typing import Any
 import trio
 
 from duplex.logs import configure_logging, get_logger
-from duplex.sessions import SessionResume
-from duplex.sessions._ids import shard_of
+from duplex.sessions import SessionResume, shard_of
 
-from ._app import HttpRoute, Reply, build_app, hypercorn_config
+from ._app import HttpAnswer, HttpRoute, build_app, hypercorn_config
 from ._http import serve_http
 from ._link import (
     CODE_FINGERPRINT,
     EXIT_STALE_CODE,
-    CloseConnection,
+    CloseRemoteSocket,
     Connected,
     Consumed,
     FromSocket,
@@ -69,13 +68,13 @@ class Relay:
         self.shard = shard
         self.window = Window()  # frames read that the session process has not taken yet
         self.written = Tally()
-        self.post, self.outbox = trio.open_memory_channel[ToSocket | CloseConnection](math.inf)
+        self.post, self.outbox = trio.open_memory_channel[ToSocket | CloseRemoteSocket](math.inf)
 
 
 @dataclass
 class _Answer:
     done: trio.Event = field(default_factory=trio.Event)
-    reply: Reply | None = None
+    reply: HttpAnswer | None = None
 
 
 @dataclass
@@ -113,7 +112,7 @@ class LinkBackend:
         self._next_conn = 0
         self._next_request = 0
 
-    async def http(self, route: HttpRoute, body: bytes = b"") -> Reply:
+    async def http(self, route: HttpRoute, body: bytes = b"") -> HttpAnswer:
         request, self._next_request = self._next_request, self._next_request + 1
         self.answers[request] = answer = _Answer()
         self.link.post(HttpRequest(request, route, body))
@@ -123,7 +122,7 @@ class LinkBackend:
         finally:
             del self.answers[request]
         if answer.reply is None:
-            return Reply.json({"status": "unavailable", "detail": "no session process"}, 503)
+            return HttpAnswer.json({"status": "unavailable", "detail": "no session process"}, 503)
         return answer.reply
 
     async def connect(
@@ -203,7 +202,7 @@ class LinkBackend:
 
     async def _write(self, relay: Relay) -> None:
         async for message in relay.outbox:
-            if isinstance(message, CloseConnection):
+            if isinstance(message, CloseRemoteSocket):
                 await relay.socket.close(message.code, message.reason)
                 return
             try:
@@ -219,7 +218,7 @@ class LinkBackend:
     def route(self, message: object, shard: int = 0) -> None:
         """One message from session shard ``shard``."""
         match message:
-            case ToSocket(conn) | CloseConnection(conn):
+            case ToSocket(conn) | CloseRemoteSocket(conn):
                 if (relay := self.relays.get(conn)) is not None:
                     relay.post.send_nowait(message)
             case Consumed(conn, count):
@@ -241,7 +240,7 @@ class LinkBackend:
         """Close the sockets of ``shard`` (``None``: of every shard) with 1011."""
         for conn, relay in self.relays.items():
             if shard is None or relay.shard == shard:
-                relay.post.send_nowait(CloseConnection(conn, 1011, "internal_error"))
+                relay.post.send_nowait(CloseRemoteSocket(conn, 1011, "internal_error"))
 
     async def _receive(self, link: Link, index: int) -> None:
         """Route shard ``index``'s messages until its link ends."""

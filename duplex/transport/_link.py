@@ -28,10 +28,9 @@ from typing import Any, final
 import numpy as np
 import trio
 
-from duplex.sessions import AudioAppend, AudioDelta, ServerEvent, SessionOptions
-from duplex.sessions._events import rebuilt
+from duplex.sessions import AudioAppend, AudioDelta, ServerEvent, SessionOptions, rebuilt
 
-from ._app import Reply
+from ._app import HttpAnswer
 from ._sockets import Received
 
 HEADER = struct.Struct("<I")
@@ -52,7 +51,12 @@ class LinkBroken(Exception):
 def _code_fingerprint() -> str:
     """A digest of the source of every type that crosses a link."""
     root = Path(__file__).resolve().parent.parent
-    sources = [*root.glob("sessions/*.py"), *root.glob("transport/*.py"), root / "exceptions.py"]
+    sources = [
+        *root.glob("sessions/*.py"),
+        *root.glob("runtime/*.py"),
+        *root.glob("transport/*.py"),
+        root / "exceptions.py",
+    ]
     digest = hashlib.sha256()
     for path in sorted(sources):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
@@ -131,7 +135,9 @@ class ToSocket:
 
 @final
 @dataclass(frozen=True, slots=True)
-class CloseConnection:
+class CloseRemoteSocket:
+    """Close connection ``conn``'s socket, which the other end of the link holds."""
+
     conn: int
     code: int
     reason: str
@@ -150,7 +156,7 @@ class Consumed:
 @dataclass(frozen=True, slots=True)
 class HttpReply:
     request: int
-    reply: Reply
+    reply: HttpAnswer
 
 
 @final

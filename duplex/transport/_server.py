@@ -17,8 +17,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.utils import repr_socket_addr
 
-from duplex.actors import ActorSystem, open_actor_system, run_until_signal
-from duplex.actors._supervisor import unwrap
+from duplex.actors import ActorSystem, open_actor_system, run_until_signal, unwrap
 from duplex.config import Config, api_keys_of, is_loopback
 from duplex.exceptions import ConfigError
 from duplex.logs import configure_logging, get_logger
@@ -35,8 +34,8 @@ from duplex.models import (
     VadDriver,
     get_model,
 )
+from duplex.runtime import SessionHub
 from duplex.sessions import Capabilities
-from duplex.sessions._hub import SessionHub
 
 from . import _link
 from ._access import AccessSettings, ResumeGuard, digest

@@ -29,7 +29,7 @@ from ._access import AccessSettings
 from ._app import HttpRoute, HubBackend
 from ._children import Children, spawn_linked
 from ._link import (
-    CloseConnection,
+    CloseRemoteSocket,
     Connected,
     Consumed,
     FromSocket,
@@ -132,7 +132,7 @@ class LinkedSocket:
     async def close(self, code: int, reason: str) -> None:
         if self.open:
             self._closed = True
-            self.link.post(CloseConnection(self.conn, code, reason))
+            self.link.post(CloseRemoteSocket(self.conn, code, reason))
 
 
 class ConnectionWorkers:

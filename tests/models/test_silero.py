@@ -30,11 +30,11 @@ from duplex.models import (
     VAD_WINDOW_MS,
     VAD_WINDOW_SAMPLES,
     IdleTimeout,
+    SegmentStarted,
+    SegmentStopped,
     ServerVadConfig,
     SileroVad,
     SpeechSegmenter,
-    SpeechStarted,
-    SpeechStopped,
     VadDriver,
     VadWindow,
     silero_weights_path,
@@ -286,21 +286,21 @@ def test_speech_starts_at_threshold_with_prefix_padding() -> None:
     seg = SpeechSegmenter(ServerVadConfig(threshold=0.5, prefix_padding_ms=300))
     assert feed(seg, [0.49] * 20) == []
     assert not seg.speaking
-    assert feed(seg, [0.5], first=20) == [SpeechStarted(20 * WIN - 300, 21 * WIN)]
+    assert feed(seg, [0.5], first=20) == [SegmentStarted(20 * WIN - 300, 21 * WIN)]
     assert seg.speaking
     assert feed(seg, [0.9] * 5, first=21) == []  # no second start while speaking
 
 
 def test_prefix_padding_clamps_at_zero() -> None:
     seg = SpeechSegmenter(ServerVadConfig(prefix_padding_ms=300))
-    assert feed(seg, [0.1, 0.1, 0.8]) == [SpeechStarted(0, 3 * WIN)]
+    assert feed(seg, [0.1, 0.1, 0.8]) == [SegmentStarted(0, 3 * WIN)]
 
 
 def test_speech_stops_after_the_silence_duration() -> None:
     seg = SpeechSegmenter(ServerVadConfig(silence_duration_ms=5 * WIN))
     events = feed(seg, [0.9] * 10 + [0.1] * 4)
-    assert events == [SpeechStarted(0, WIN)] and seg.speaking  # 4 windows: not yet
-    assert feed(seg, [0.1], first=14) == [SpeechStopped(10 * WIN, 15 * WIN)]
+    assert events == [SegmentStarted(0, WIN)] and seg.speaking  # 4 windows: not yet
+    assert feed(seg, [0.1], first=14) == [SegmentStopped(10 * WIN, 15 * WIN)]
     assert not seg.speaking
 
 
@@ -308,35 +308,35 @@ def test_a_dip_shorter_than_the_silence_keeps_the_turn() -> None:
     seg = SpeechSegmenter(ServerVadConfig(silence_duration_ms=500))
     probs = [0.9] * 5 + [0.2] * 15 + [0.9] * 5 + [0.2] * 16  # 480 ms dip, then 512 ms
     events = feed(seg, probs)
-    assert events == [SpeechStarted(0, WIN), SpeechStopped(25 * WIN, 41 * WIN)]
+    assert events == [SegmentStarted(0, WIN), SegmentStopped(25 * WIN, 41 * WIN)]
 
 
 def test_silence_uses_the_clock_so_a_gap_counts() -> None:
     seg = SpeechSegmenter(ServerVadConfig(silence_duration_ms=500))
     feed(seg, [0.9] * 3)
     # windows 3..19 were dropped; the next one ends 544 ms after the last speech
-    assert seg.push(20 * WIN, 21 * WIN, 0.0) == (SpeechStopped(3 * WIN, 21 * WIN),)
+    assert seg.push(20 * WIN, 21 * WIN, 0.0) == (SegmentStopped(3 * WIN, 21 * WIN),)
 
 
 def test_next_turn_never_starts_before_the_previous_end() -> None:
     seg = SpeechSegmenter(ServerVadConfig(prefix_padding_ms=300, silence_duration_ms=64))
     events = feed(seg, [0.9] * 10 + [0.0, 0.0] + [0.9])
     assert events == [
-        SpeechStarted(0, WIN),
-        SpeechStopped(10 * WIN, 12 * WIN),
-        SpeechStarted(10 * WIN, 13 * WIN),  # 12 * WIN - 300 would overlap the last turn
+        SegmentStarted(0, WIN),
+        SegmentStopped(10 * WIN, 12 * WIN),
+        SegmentStarted(10 * WIN, 13 * WIN),  # 12 * WIN - 300 would overlap the last turn
     ]
     seg.reset(floor_ms=1000)
     assert not seg.speaking
-    assert seg.push(1024, 1056, 0.9) == (SpeechStarted(1000, 1056),)
+    assert seg.push(1024, 1056, 0.9) == (SegmentStarted(1000, 1056),)
 
 
 def test_reconfigure_applies_from_the_next_window() -> None:
     seg = SpeechSegmenter()
-    assert feed(seg, [0.6]) == [SpeechStarted(0, WIN)]
+    assert feed(seg, [0.6]) == [SegmentStarted(0, WIN)]
     seg.reconfigure(ServerVadConfig(threshold=0.7, silence_duration_ms=0))
     assert seg.config.threshold == 0.7
-    assert feed(seg, [0.6], first=1) == [SpeechStopped(WIN, 2 * WIN)]
+    assert feed(seg, [0.6], first=1) == [SegmentStopped(WIN, 2 * WIN)]
 
 
 def test_idle_timeout_fires_once_after_silence() -> None:
@@ -353,7 +353,7 @@ def test_idle_timeout_is_disarmed_by_speech_and_inert_without_a_value() -> None:
     seg = SpeechSegmenter(ServerVadConfig(idle_timeout_ms=10 * WIN, silence_duration_ms=WIN))
     seg.arm_idle_timeout(0)
     events = feed(seg, [0.1] * 5 + [0.9] + [0.1] * 30)
-    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped]
+    assert [type(e) for e in events] == [SegmentStarted, SegmentStopped]
     seg.arm_idle_timeout(36 * WIN)
     seg.disarm_idle_timeout()
     assert feed(seg, [0.1] * 30, first=36) == []
@@ -366,7 +366,7 @@ def test_idle_timeout_waits_while_speaking() -> None:
     seg = SpeechSegmenter(ServerVadConfig(idle_timeout_ms=3 * WIN, silence_duration_ms=2 * WIN))
     feed(seg, [0.9])
     seg.arm_idle_timeout(WIN)  # armed mid-speech: the stop disarms it
-    assert [type(e) for e in feed(seg, [0.9] * 5 + [0.0] * 10, first=1)] == [SpeechStopped]
+    assert [type(e) for e in feed(seg, [0.9] * 5 + [0.0] * 10, first=1)] == [SegmentStopped]
 
 
 def test_config_validation() -> None:
@@ -387,10 +387,10 @@ def test_config_validation() -> None:
 def test_segments_alternate_and_never_overlap(probs: list[float], pad: int, hold: int) -> None:
     seg = SpeechSegmenter(ServerVadConfig(prefix_padding_ms=pad, silence_duration_ms=hold))
     events = feed(seg, probs)
-    starts = [e for e in events if isinstance(e, SpeechStarted)]
-    stops = [e for e in events if isinstance(e, SpeechStopped)]
-    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped] * len(stops) + [
-        SpeechStarted
+    starts = [e for e in events if isinstance(e, SegmentStarted)]
+    stops = [e for e in events if isinstance(e, SegmentStopped)]
+    assert [type(e) for e in events] == [SegmentStarted, SegmentStopped] * len(stops) + [
+        SegmentStarted
     ] * (len(starts) - len(stops))
     previous_end = 0
     for start, stop in zip(starts, [*stops, None], strict=False):
@@ -410,7 +410,7 @@ def test_segmenter_on_the_model_finds_the_voiced_turn(speech: np.ndarray) -> Non
     events = [e for w in scored(vad) for e in seg.push(w.start_ms, w.end_ms, w.probability)]
     assert len(events) == 2
     started, stopped = events
-    assert isinstance(started, SpeechStarted) and isinstance(stopped, SpeechStopped)
+    assert isinstance(started, SegmentStarted) and isinstance(stopped, SegmentStopped)
     assert abs(started.audio_start_ms - (1000 - 300)) <= 2 * WIN  # voice starts at 1.0 s
     assert abs(stopped.audio_end_ms - 3000) <= 3 * WIN  # and ends at 3.0 s
     assert stopped.detected_at_ms - stopped.audio_end_ms >= 500
@@ -569,9 +569,9 @@ async def test_driver_and_segmenter_find_a_turn_in_streamed_audio(
                     break
                 events.extend(seg.push(w.start_ms, w.end_ms, w.probability))
         nursery.cancel_scope.cancel()
-    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped]
+    assert [type(e) for e in events] == [SegmentStarted, SegmentStopped]
     started, stopped = events
-    assert isinstance(started, SpeechStarted) and isinstance(stopped, SpeechStopped)
+    assert isinstance(started, SegmentStarted) and isinstance(stopped, SegmentStopped)
     assert abs(started.audio_start_ms - 200) <= 2 * WIN
     assert abs(stopped.audio_end_ms - 1500) <= 3 * WIN
     stats = driver.statistics()

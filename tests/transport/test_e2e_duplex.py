@@ -10,8 +10,8 @@ import pytest
 import trio
 from websockets.exceptions import ConnectionClosed
 
+from duplex.runtime._actor import Inspect
 from duplex.sessions import SessionMachine, SessionState
-from duplex.sessions._actor import Inspect
 
 from .wsclient import FRAME, Client, Server, client, running_server, silence, tone
 

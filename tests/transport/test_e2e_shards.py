@@ -22,7 +22,7 @@ import pytest
 import trio
 from websockets.exceptions import ConnectionClosed
 
-from duplex.sessions._ids import shard_of
+from duplex.sessions import shard_of
 
 from .test_e2e_duplex import open_session, resume
 from .test_e2e_workers import (

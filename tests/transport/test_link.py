@@ -23,12 +23,12 @@ from hypothesis import strategies as st
 
 from duplex.exceptions import BadEvent
 from duplex.sessions import AudioAppend, AudioDelta, ErrorEvent, SessionOptions, TranscriptDelta
-from duplex.transport._app import Reply
+from duplex.transport._app import HttpAnswer
 from duplex.transport._link import (
     HEADER,
     MAX_MESSAGE_BYTES,
     WINDOW,
-    CloseConnection,
+    CloseRemoteSocket,
     Connected,
     Consumed,
     Decoder,
@@ -129,11 +129,11 @@ link_message = st.one_of(
         HttpReply,
         request=small,
         reply=st.builds(
-            Reply, status=st.sampled_from([200, 503]), media_type=text, body=st.binary()
+            HttpAnswer, status=st.sampled_from([200, 503]), media_type=text, body=st.binary()
         ),
     ),
     st.builds(ToSocket, conn=small, event=server_event, seq=st.none() | small),
-    st.builds(CloseConnection, conn=small, code=st.sampled_from([1000, 1001, 1011]), reason=text),
+    st.builds(CloseRemoteSocket, conn=small, code=st.sampled_from([1000, 1001, 1011]), reason=text),
 )
 plain = st.one_of(
     st.binary(max_size=300),

@@ -17,10 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from duplex.metrics import Family, MetricsRegistry, Sample, merge_labelled, render
-from duplex.sessions import SessionCreate, SessionResume
-from duplex.sessions._ids import new_session_id, shard_of
+from duplex.sessions import SessionCreate, SessionResume, new_session_id, shard_of
 from duplex.transport._frontend import LinkBackend, Relay
-from duplex.transport._link import CloseConnection, Connected, FromSocket, Link, Load
+from duplex.transport._link import CloseRemoteSocket, Connected, FromSocket, Link, Load
 from duplex.transport._server import shard_max_sessions
 
 # -- session ids ---------------------------------------------------------------
@@ -243,9 +242,9 @@ def test_a_gone_shard_costs_its_own_sockets_only() -> None:
 
     assert {conn: pending(r) for conn, r in relays.items()} == {
         0: [],
-        1: [CloseConnection(1, 1011, "internal_error")],
+        1: [CloseRemoteSocket(1, 1011, "internal_error")],
         2: [],
-        3: [CloseConnection(3, 1011, "internal_error")],
+        3: [CloseRemoteSocket(3, 1011, "internal_error")],
     }
     backend.shard_gone()  # the server itself is gone: every socket
     assert all(len(pending(r)) == 1 for r in relays.values())

@@ -24,32 +24,30 @@ import trio
 from duplex.actors import Actor, ActorContext, ActorRef, ControlMessage, LaneSpec, Overflow
 from duplex.exceptions import InternalError, MailboxFull, PromptUnsupported
 from duplex.models import EngineDriver, SlotHandle, SlotOutput, SlotPrompt, VadDriver, VadWindow
-
-from ._config import SessionConfig
-from ._effects import (
+from duplex.sessions import (
+    ClientEvent,
     CloseConnection,
+    ConnectionAttached,
+    ConnectionDetached,
     Effect,
+    ErrorEvent,
+    Event,
     ModelAppendAudio,
     ModelAppendVideo,
+    ModelFailed,
+    ModelFrame,
     ModelReset,
     ModelSignal,
     ReleaseResources,
     Send,
-)
-from ._events import (
-    ClientEvent,
-    ConnectionAttached,
-    ConnectionDetached,
-    ErrorEvent,
-    Event,
-    ModelFailed,
-    ModelFrame,
     ServerEvent,
+    SessionConfig,
+    SessionMachine,
     SessionResume,
     Tick,
     VideoAppend,
 )
-from ._state import SessionMachine
+
 from ._vad_link import VadLink
 
 # -- messages to the session actor ----------------------------------------

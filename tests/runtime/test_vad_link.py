@@ -23,7 +23,7 @@ from duplex.models import (
     VadWindow,
 )
 from duplex.models._driver import inline
-from duplex.sessions._vad_link import VadLink
+from duplex.runtime._vad_link import VadLink
 
 from ..signals import voiced
 

@@ -38,6 +38,16 @@ from duplex.models import (
     VadDriverStatistics,
     VadWindow,
 )
+from duplex.sessions import (
+    Admission,
+    Capabilities,
+    RefusalLog,
+    RefusalReason,
+    SessionConfig,
+    SessionMachine,
+    SessionOptions,
+    new_session_id,
+)
 
 from ._actor import (
     VAD_WINDOW_BUFFER,
@@ -50,10 +60,6 @@ from ._actor import (
     VadResources,
     slot_prompt,
 )
-from ._admission import Admission, RefusalLog, RefusalReason
-from ._config import Capabilities, SessionConfig, SessionOptions
-from ._ids import new_session_id
-from ._state import SessionMachine
 from ._vad_link import VadLink
 
 _ENGINE_METRICS: tuple[tuple[str, str, str], ...] = (

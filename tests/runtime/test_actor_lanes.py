@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from duplex.actors import Mailbox, Overflow
+from duplex.runtime._actor import Detach, FromClient, LeaseTimer, SessionActor
 from duplex.sessions import AudioAppend, AudioCommit, SessionClose, SessionConfig, VideoAppend
-from duplex.sessions._actor import Detach, FromClient, LeaseTimer, SessionActor
 
 
 def video(i: int) -> FromClient:

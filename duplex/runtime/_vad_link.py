@@ -33,19 +33,22 @@ import numpy as np
 from duplex.models import (
     VAD_SAMPLE_RATE,
     VAD_WINDOW_SAMPLES,
+    SegmentStarted,
+    SegmentStopped,
     ServerVadConfig,
     SpeechSegmenter,
     VadHandle,
     VadPush,
     VadWindow,
 )
-from duplex.models import SpeechStarted as SegmentStarted
-from duplex.models import SpeechStopped as SegmentStopped
-
-from ._config import SessionConfig
-from ._events import Pcm, SpeechStarted, SpeechStopped
-from ._input import VAD_KEYS
-from ._resample import StreamingResampler
+from duplex.sessions import (
+    VAD_KEYS,
+    Pcm,
+    SessionConfig,
+    SpeechStarted,
+    SpeechStopped,
+    StreamingResampler,
+)
 
 __all__ = ["VadLink", "VadLinkStatistics", "VadStreams"]
 
