@@ -53,7 +53,7 @@ from wsproto.connection import ConnectionState
 from wsproto.events import CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
 
-from duplex.actors._supervisor import unwrap
+from duplex.actors import unwrap
 from duplex.logs import get_logger
 from duplex.metrics import REGISTRY, MetricsRegistry
 
