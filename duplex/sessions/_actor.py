@@ -11,6 +11,11 @@ chunk also goes to its `VadLink`, a pump task brings the scored windows back
 (`FromVad`), and the link turns them into the machine's ``SpeechStarted`` /
 ``SpeechStopped``. A clearing ``ModelReset`` or a turn-detection change restarts
 the stream; a VAD restart moves it onto the new VAD (`VadReplaced`).
+
+Logs, at info, from the effects it performs (the machine itself logs nothing):
+``session created``, ``session resumed``, ``session replaced``, ``session
+expired`` (reason) and ``session closed`` (reason), each with ``session_id`` and
+``connection`` (the socket generation); never a resume token or audio.
 """
 
 from __future__ import annotations
@@ -45,7 +50,10 @@ from ._events import (
     ModelFailed,
     ModelFrame,
     ServerEvent,
+    SessionCreated,
+    SessionReplaced,
     SessionResume,
+    SessionResumed,
     Tick,
     VideoAppend,
 )
@@ -254,7 +262,7 @@ class SessionActor(Actor[Any]):
         vad = self.resources.vad
         if vad is not None:
             ctx.start_soon(self._pump_vad, ctx, vad.windows, vad.pump)
-        ctx.start_soon(self._guard)
+        ctx.start_soon(self._guard, ctx)
 
     async def on_stop(self, ctx: ActorContext) -> None:
         self._release()
@@ -271,12 +279,13 @@ class SessionActor(Actor[Any]):
                 async for window in windows:
                     await ctx.self.tell(FromVad(window))
 
-    async def _guard(self) -> None:
+    async def _guard(self, ctx: ActorContext) -> None:
         """Frees the slot and tells the sockets when the actor ends without a session end."""
         try:
             await trio.sleep_forever()
         finally:
             if not self.resources.released:  # a crash or a shutdown, not a session end
+                self._log_closed(ctx, "actor_stopped")
                 self._release()
                 for connection in self.connections.values():
                     self._notify_lost(connection)
@@ -293,6 +302,7 @@ class SessionActor(Actor[Any]):
             handle = None
         if handle is None:
             ctx.log.error("no slot on the restarted engine; ending the session")
+            self._log_closed(ctx, "engine_restart_no_slot")
             self.resources.released = True
             if res.vad is not None:
                 res.vad.link.close()
@@ -315,6 +325,7 @@ class SessionActor(Actor[Any]):
         handle = driver.attach(self.machine.session_id, send)
         if handle is None:  # the new pool is as large as the old one: never expected
             ctx.log.error("no stream on the restarted VAD; ending the session")
+            self._log_closed(ctx, "vad_restart_no_stream")
             self.resources.vad = None
             self._release()
             for connection in self.connections.values():
@@ -385,6 +396,8 @@ class SessionActor(Actor[Any]):
         res = self.resources
         match effect:
             case Send(event, seq, generation):
+                if seq is None:  # lifecycle replies are connection-scoped
+                    self._log_sent(ctx, event, generation)
                 connection = self.connections.get(generation)
                 if connection is not None:
                     await connection.tell_eager(Outbound(event, seq))
@@ -408,9 +421,35 @@ class SessionActor(Actor[Any]):
                     res.vad.link.restart()
             case ModelSignal():
                 pass  # frame-synchronous models take turns from the audio itself
-            case ReleaseResources():
+            case ReleaseResources(reason, expired):
+                if expired:
+                    ctx.log.info(
+                        "session expired", session_id=self.machine.session_id, reason=reason
+                    )
+                self._log_closed(ctx, reason)
                 self._release()
                 ctx.stop()
+
+    def _log_sent(self, ctx: ActorContext, event: ServerEvent, generation: int) -> None:
+        """The lifecycle line of a connection-scoped reply (never its resume token)."""
+        session_id = self.machine.session_id
+        match event:
+            case SessionCreated():
+                ctx.log.info("session created", session_id=session_id, connection=generation)
+            case SessionResumed(replay_count=replayed):
+                ctx.log.info(
+                    "session resumed",
+                    session_id=session_id,
+                    connection=generation,
+                    replayed=replayed,
+                )
+            case SessionReplaced(attachment_generation=new):
+                ctx.log.info(
+                    "session replaced", session_id=session_id, connection=generation, by=new
+                )
+
+    def _log_closed(self, ctx: ActorContext, reason: str) -> None:
+        ctx.log.info("session closed", session_id=self.machine.session_id, reason=reason)
 
     def _push_vad(
         self, ctx: ActorContext, vad: VadResources, pcm: np.ndarray, start_ms: float

@@ -96,9 +96,15 @@ class Backend(Protocol):
         ...
 
     async def connect(
-        self, socket: EventSocket, *, autostart: bool, peer: str | None = None
+        self,
+        socket: EventSocket,
+        *,
+        autostart: bool,
+        peer: str | None = None,
+        endpoint: str | None = None,
     ) -> None:
-        """Run one client socket's connection until it ends; ``peer``: its IP address."""
+        """Run one client socket's connection until it ends; ``peer``: its IP address;
+        ``endpoint``: the route's path, for logs."""
         ...
 
 
@@ -263,8 +269,10 @@ class HubBackend:
         autostart: bool,
         peer: str | None = None,
         waited_s: float = 0.0,
+        endpoint: str | None = None,
     ) -> None:
-        """``waited_s``: time the socket already waited for its first event (in a worker)."""
+        """``waited_s``: time the socket already waited for its first event (in a worker);
+        ``endpoint``: the route's path, for logs."""
         hub = self.hub
         generation = hub.next_generation()
         timeout = self.first_event_timeout_s
@@ -279,6 +287,7 @@ class HubBackend:
             timeout,
             self.resume_guard,
             peer,
+            endpoint,
             name=f"connection-{generation}",
             restart=Restart.TEMPORARY,
         )
@@ -452,7 +461,7 @@ def build_app(
         peer = await accept(websocket)
         projection = NativeProjection(max_size=max_frame_bytes)
         events = WebSocketEvents(websocket, projection)
-        await backend.connect(events, autostart=False, peer=peer)
+        await backend.connect(events, autostart=False, peer=peer, endpoint="/v1/duplex")
 
     async def realtime_socket(websocket: WebSocket) -> None:
         """OpenAI Realtime: the session opens on connect, as OpenAI's does.
@@ -478,7 +487,7 @@ def build_app(
             vad=realtime_vad,
         )
         events = WebSocketEvents(websocket, projection)
-        await backend.connect(events, autostart=not resume_only, peer=peer)
+        await backend.connect(events, autostart=not resume_only, peer=peer, endpoint="/v1/realtime")
 
     app = Starlette(
         routes=[

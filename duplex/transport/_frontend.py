@@ -127,8 +127,14 @@ class LinkBackend:
         return answer.reply
 
     async def connect(
-        self, socket: EventSocket, *, autostart: bool, peer: str | None = None
+        self,
+        socket: EventSocket,
+        *,
+        autostart: bool,
+        peer: str | None = None,
+        endpoint: str | None = None,
     ) -> None:
+        """``endpoint`` stays here: the session process logs a worker's sockets without it."""
         placed = await self._place(socket, autostart)
         if placed is None:  # the peer left before it said anything
             return

@@ -94,6 +94,7 @@ class LinkedSocket:
         self._consumed = Tally()
         self.window = Window()  # frames the worker has not yet written
         self._closed = False
+        self._peer_left = False
 
     @property
     def open(self) -> bool:
@@ -103,6 +104,11 @@ class LinkedSocket:
     def initial_options(self) -> SessionOptions | None:
         return self._initial_options
 
+    @property
+    def peer_close(self) -> tuple[int | None, str] | None:
+        """The worker says only that its peer left, not with which code."""
+        return (None, "") if self._peer_left else None
+
     def deliver(self, received: Received) -> None:
         """A frame from the worker (bounded there by our credits); ``None``: the peer left."""
         if received is None:
@@ -111,6 +117,7 @@ class LinkedSocket:
         self._inbox_in.send_nowait(received)
 
     def peer_left(self) -> None:
+        self._peer_left = True
         self.window.close()
         self._inbox_in.close()
 
