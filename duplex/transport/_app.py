@@ -452,6 +452,19 @@ def build_app(
         body = json.dumps({"ttl_s": ttl_s, "session": session}).encode()
         return (await backend.http("client_secrets", body)).response()
 
+    async def upgrade_required(request: Request) -> Response:
+        """A plain HTTP request on a WebSocket route: 426, naming the upgrade it needs."""
+        error = {
+            "message": f"{request.url.path} is a WebSocket endpoint: send an Upgrade: "
+            "websocket request",
+            "type": "invalid_request_error",
+            "code": "upgrade_required",
+        }
+        response = Reply.json({"error": error}, 426).response()
+        response.headers["Upgrade"] = "websocket"
+        response.headers["Connection"] = "Upgrade"
+        return response
+
     async def accept(websocket: WebSocket) -> str | None:
         """Accept, echoing ``realtime`` when a browser offered it; returns the peer address."""
         await websocket.accept(subprotocol=select_subprotocol(websocket.scope["subprotocols"]))
@@ -497,6 +510,8 @@ def build_app(
             Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
             WebSocketRoute("/v1/duplex", duplex_socket),
             WebSocketRoute("/v1/realtime", realtime_socket),
+            Route("/v1/duplex", upgrade_required),  # a plain GET: 426, not 404
+            Route("/v1/realtime", upgrade_required),
         ]
     )
     app.add_middleware(Guard, policy=policy, backend=backend, refused=refused)

@@ -236,3 +236,17 @@ async def test_tls_serves_https_and_wss(tmp_path: Path, workers: Layout) -> None
         with pytest.raises(trio.BrokenResourceError):  # a client that does not trust it
             async with connect(wss, additional_headers=BEARER):
                 pass  # pragma: no cover
+
+
+async def test_a_plain_get_on_a_websocket_route_is_426(workers: Layout) -> None:
+    async with running_server(**workers) as server, httpx.AsyncClient() as http:
+        for path in ("/v1/duplex", "/v1/realtime"):
+            answer = await http.get(server.http + path)
+            assert answer.status_code == 426
+            assert answer.headers["upgrade"] == "websocket"
+            assert answer.headers["content-type"].startswith("application/json")
+            error = answer.json()["error"]
+            assert error["code"] == "upgrade_required" and error["type"] == "invalid_request_error"
+            assert path in error["message"]
+        # and the WebSocket on the same path still opens
+        assert await opens_a_session(realtime(server))
