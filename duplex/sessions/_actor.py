@@ -256,6 +256,8 @@ class SessionActor(Actor[Any]):
         self.owner = owner
         self.connections: dict[int, ActorRef[Any]] = {}
         self.armed: float | None = None
+        self.closed: int | None = None
+        """The socket generation the current effects closed (for the session's end line)."""
 
     async def on_start(self, ctx: ActorContext) -> None:
         self.resources.sink.bind(ctx.self)
@@ -382,6 +384,7 @@ class SessionActor(Actor[Any]):
         vad = self.resources.vad
         if vad is not None and vad.link.config is not self.machine.config:
             vad.link.reconfigure(self.machine.config)  # before any audio of the new config
+        self.closed = None  # a session's end closes its socket in the same effects, if any
         for effect in effects:
             await self._perform(ctx, effect)
         # Most events push the deadline later (every append renews the idle lease);
@@ -396,12 +399,13 @@ class SessionActor(Actor[Any]):
         res = self.resources
         match effect:
             case Send(event, seq, generation):
-                if seq is None:  # lifecycle replies are connection-scoped
+                if seq is None or isinstance(event, ErrorEvent):  # lifecycle replies, errors
                     self._log_sent(ctx, event, generation)
                 connection = self.connections.get(generation)
                 if connection is not None:
                     await connection.tell_eager(Outbound(event, seq))
             case CloseConnection(generation, code, reason):
+                self.closed = generation
                 connection = self.connections.pop(generation, None)
                 if connection is not None:
                     await connection.tell(CloseSocket(code, reason))
@@ -424,14 +428,18 @@ class SessionActor(Actor[Any]):
             case ReleaseResources(reason, expired):
                 if expired:
                     ctx.log.info(
-                        "session expired", session_id=self.machine.session_id, reason=reason
+                        "session expired",
+                        session_id=self.machine.session_id,
+                        connection=self.closed,
+                        reason=reason,
                     )
                 self._log_closed(ctx, reason)
                 self._release()
                 ctx.stop()
 
     def _log_sent(self, ctx: ActorContext, event: ServerEvent, generation: int) -> None:
-        """The lifecycle line of a connection-scoped reply (never its resume token)."""
+        """The lifecycle line of a connection-scoped reply (never its resume token), or the
+        debug line of an error the machine answered an event with."""
         session_id = self.machine.session_id
         match event:
             case SessionCreated():
@@ -447,9 +455,22 @@ class SessionActor(Actor[Any]):
                 ctx.log.info(
                     "session replaced", session_id=session_id, connection=generation, by=new
                 )
+            case ErrorEvent(code=code, param=param):  # a refused event: per-event detail
+                ctx.log.debug(
+                    "event refused",
+                    session_id=session_id,
+                    connection=generation,
+                    code=code,
+                    param=param,
+                )
 
     def _log_closed(self, ctx: ActorContext, reason: str) -> None:
-        ctx.log.info("session closed", session_id=self.machine.session_id, reason=reason)
+        ctx.log.info(
+            "session closed",
+            session_id=self.machine.session_id,
+            connection=self.closed,
+            reason=reason,
+        )
 
     def _push_vad(
         self, ctx: ActorContext, vad: VadResources, pcm: np.ndarray, start_ms: float

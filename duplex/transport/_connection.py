@@ -14,7 +14,8 @@ Bad input never reaches the session: the reader answers it with one typed
 The session lives on when this actor ends (``Detach`` starts its grace period).
 
 Logs: ``connection opened`` (endpoint, peer) and ``connection closed`` (code,
-reason, who closed) at info; ``bad event`` (code, param, event type; never the
+reason, who closed) at info, or at warning when the server closed to refuse (1008,
+1011, 1013); ``bad event`` (code, param, event type; never the
 frame) at warning for the first `BAD_EVENTS_LOGGED` of a socket, the rest
 counted in its ``connection closed`` line.
 """
@@ -52,6 +53,10 @@ BAD_EVENTS_LOGGED = 3
 
 _EVENT_TYPE_LOGGED = 64
 """Characters of a refused frame's ``type`` a log line keeps (the client chose it)."""
+
+_ORDINARY_CLOSES = frozenset({1000, 1001, 4001})
+"""Codes of a server close that refuses nothing (a normal end, a shutdown, a takeover); any
+other (1008 policy, 1011 internal error, 1013 try again later) is logged as a warning."""
 
 
 @final
@@ -127,7 +132,8 @@ class ConnectionActor(Actor[Any]):
         if self.socket.open:
             with trio.move_on_after(1):
                 await self.socket.close(1001, "server_shutdown")
-        ctx.log.info(
+        refused = by == "server" and code not in _ORDINARY_CLOSES
+        (ctx.log.warning if refused else ctx.log.info)(
             "connection closed",
             connection=self.generation,
             session_id=self.session_id,
@@ -203,6 +209,7 @@ class ConnectionActor(Actor[Any]):
             await self.session.tell_eager(FromClient(self.generation, event))
             return
         if isinstance(event, SessionResume):
+            self.session_id = event.session_id  # asked for: the close line names it either way
             guard, now = self.resume_guard, trio.current_time()
             if guard is not None and guard.blocked(self.peer, event.session_id, now):
                 exc = errors.RateLimited(
@@ -221,7 +228,6 @@ class ConnectionActor(Actor[Any]):
                 await self._refuse(ctx, exc, close=(1008, "session_resume_expired"))
                 return
             self.session, self.resuming = session, event.session_id
-            self.session_id = event.session_id
             await session.tell(Attach(self.generation, ctx.self, event))
             return
         options = event.options if isinstance(event, SessionCreate) else self.socket.initial_options

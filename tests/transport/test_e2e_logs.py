@@ -89,6 +89,7 @@ async def test_one_session_whole_life_in_order() -> None:
     assert opened["log_level"] == made["log_level"] == closed["log_level"] == "info"
     connection = opened["connection"]
     assert made["connection"] == bad["connection"] == gone["connection"] == connection
+    assert closed["connection"] == connection
     assert made["session_id"] == bad["session_id"] == closed["session_id"] == session_id
     assert gone["session_id"] == session_id
     assert bad["log_level"] == "warning"
@@ -161,6 +162,33 @@ async def test_expiry_is_logged_with_its_reason() -> None:
     events = [line["event"] for line in lines]
     assert events[-2:] == ["session expired", "session closed"]
     assert lines[-2]["reason"] == lines[-1]["reason"] == "disconnect_grace_expired"
+    assert lines[-1]["connection"] is None  # it had no socket when it expired
+
+
+async def test_a_refusal_closes_with_a_warning() -> None:
+    with capture_logs() as logs:
+        async with running_server() as server:
+            async with client(server) as c:
+                await c.send(resume({"session": {"id": "duplex-nope"}, "resume_token": "x" * 8}))
+                error = await c.until("error")
+                assert error["error"]["code"] == "session_resume_expired"
+            await wait_for(logs, "connection closed")
+    (gone,) = [line for line in logs if line["event"] == "connection closed"]
+    assert gone["log_level"] == "warning" and gone["session_id"] == "duplex-nope"
+    assert (gone["code"], gone["reason"], gone["by"]) == (1008, "session_resume_expired", "server")
+    assert "x" * 8 not in json.dumps(logs, default=repr)
+
+
+async def test_an_event_the_session_refuses_is_a_debug_line() -> None:
+    ack = {"type": "session.event_ack", "event_id": "a1", "server_event_seq": 99}
+    with capture_logs() as logs:
+        async with running_server() as server, client(server) as c:
+            created = await open_session(c)
+            await c.send(ack)
+            error = await c.until("error")
+    (line,) = [line for line in logs if line["event"] == "event refused"]
+    assert line["log_level"] == "debug" and line["code"] == error["error"]["code"]
+    assert line["session_id"] == created["session"]["id"]
 
 
 async def _open_used_and_drop(server: Server) -> str:
