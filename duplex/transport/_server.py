@@ -140,10 +140,22 @@ def freeze_startup_objects() -> None:
     every full collection walked them all, a 50-120 ms pause of the event loop on
     a 2-core machine, which made whole engine ticks late (docs/benchmarks.md).
     Frozen objects are never collected, so this runs once, after the engine and
-    the VAD are built and their garbage is collected.
+    the VAD are built and their garbage is collected; `unfreeze_startup_objects`
+    undoes it on the way out.
     """
     gc.collect()
     gc.freeze()
+
+
+def unfreeze_startup_objects() -> None:
+    """Hand the frozen objects back to the collector when the server stops.
+
+    Frozen objects are skipped by the collections of interpreter shutdown too, so
+    the cycles among extension types stay alive past it: nanobind then reports
+    Triton's types, functions and instances as leaked (dozens of ``nanobind:
+    leaked ...`` lines at exit, once the Triton kernels were imported).
+    """
+    gc.unfreeze()
 
 
 def access_settings(config: Config) -> AccessSettings:
@@ -212,6 +224,7 @@ async def open_backend(
         name=f"engine-{spec.name}",
     )
     vad_ref = None
+    frozen = False
     try:
         if uses_silero(config):
             limit_torch_threads()
@@ -222,6 +235,7 @@ async def open_backend(
 
             vad_ref = await system.spawn(VadActor, build_vad, hub.vad_started, name="vad-silero")
         freeze_startup_objects()
+        frozen = True
         guard = ResumeGuard(burst=server.auth_failure_burst, window_s=server.auth_failure_window_s)
         yield HubBackend(
             hub, registry, first_event_timeout_s=server.first_event_timeout_s, resume_guard=guard
@@ -231,6 +245,8 @@ async def open_backend(
             if vad_ref is not None:
                 await system.stop(vad_ref)
             await system.stop(engine_ref)
+        if frozen:
+            unfreeze_startup_objects()
 
 
 async def serve_duplex(
