@@ -35,8 +35,10 @@ from starlette.websockets import WebSocket
 from duplex import __version__
 from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.exceptions import ProtocolError
+from duplex.logs import get_logger
 from duplex.metrics import Counter, MetricsRegistry, Sample, merge_labelled, render
 from duplex.sessions import ErrorEvent
+from duplex.sessions._admission import RefusalLog
 from duplex.sessions._hub import SessionHub
 
 from ._access import (
@@ -335,6 +337,10 @@ def _headers(scope: dict[str, Any]) -> dict[str, str]:
     return headers
 
 
+_PATH_LOGGED = 200
+"""Characters of a refused request's path a log line keeps (the client chose it)."""
+
+
 class Guard:
     """Pure ASGI middleware: the access policy on every HTTP request and WebSocket handshake."""
 
@@ -346,6 +352,8 @@ class Guard:
         self.backend = backend
         self.refused = refused
         self.peers = PeerConnections(policy.settings.max_connections_per_peer)
+        self.refusal_log = RefusalLog()
+        self.log = get_logger(component="access")
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         kind = scope["type"]
@@ -371,6 +379,17 @@ class Guard:
         if isinstance(decision, Denied):
             if self.refused is not None:
                 self.refused.inc(code=decision.code)
+            unlogged = self.refusal_log.note(decision.code, now)
+            if unlogged is not None:  # never a credential: the code says which check failed
+                self.log.warning(
+                    "access refused",
+                    kind=kind,
+                    path=str(scope.get("path", ""))[:_PATH_LOGGED],
+                    peer=peer,
+                    status=decision.status,
+                    code=decision.code,
+                    unlogged_since_last=unlogged,
+                )
             await _deny(scope, receive, send, decision)
             return
         if kind == "http":
