@@ -471,6 +471,8 @@ def build_app(
         body = json.dumps({"ttl_s": ttl_s, "session": session}).encode()
         return (await backend.http("client_secrets", body)).response()
 
+    bad_queries = RefusalLog()  # a log line for the first, then one every 10 s
+
     async def upgrade_required(request: Request) -> Response:
         """A plain HTTP request on a WebSocket route: 426, naming the upgrade it needs."""
         error = {
@@ -507,6 +509,17 @@ def build_app(
             duplex = duplex_flag(params.get("duplex"))
             resume_only = duplex_flag(params.get("resume"))
         except ProtocolError as exc:
+            unlogged = bad_queries.note("bad_query", trio.current_time())
+            if unlogged is not None:
+                get_logger(component="http").warning(
+                    "connection refused",
+                    endpoint="/v1/realtime",
+                    peer=peer,
+                    code=1008,
+                    reason="bad_query",
+                    param=exc.param,
+                    unlogged_since_last=unlogged,
+                )
             (text,) = NativeProjection().frames(ErrorEvent.from_exception(exc), None)
             await websocket.send_text(text)
             await websocket.close(1008, "bad_query")

@@ -200,3 +200,16 @@ async def _open_used_and_drop(server: Server) -> str:
         created = await open_session(c)
         await use_session(c)
     return created["session"]["id"]
+
+
+async def test_a_bad_realtime_query_is_refused_with_a_warning() -> None:
+    with capture_logs() as logs:
+        async with running_server() as server:
+            url = server.url.replace("/v1/duplex", "/v1/realtime?duplex=maybe")
+            async with connect(url, max_queue=None) as ws:
+                error = await Client(ws).recv()
+    assert (error["error"]["code"], error["error"]["param"]) == ("bad_event", "duplex")
+    (line,) = [line for line in logs if line["event"] == "connection refused"]
+    assert line["log_level"] == "warning" and line["reason"] == "bad_query"
+    assert (line["code"], line["peer"], line["endpoint"]) == (1008, "127.0.0.1", "/v1/realtime")
+    assert line["param"] == "duplex"
