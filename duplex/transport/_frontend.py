@@ -134,7 +134,6 @@ class LinkBackend:
         peer: str | None = None,
         endpoint: str | None = None,
     ) -> None:
-        """``endpoint`` stays here: the session process logs a worker's sockets without it."""
         placed = await self._place(socket, autostart)
         if placed is None:  # the peer left before it said anything
             return
@@ -142,7 +141,8 @@ class LinkBackend:
         conn, self._next_conn = self._next_conn, self._next_conn + 1
         assert shard.link is not None
         self.relays[conn] = relay = Relay(conn, socket, shard.link, shard.index)
-        relay.link.post(Connected(conn, autostart, socket.initial_options, waited, peer))
+        options = socket.initial_options
+        relay.link.post(Connected(conn, autostart, options, waited, peer, endpoint))
         if first is not _NOTHING:
             await relay.window.take()  # the first of a fresh window: never waits
             relay.link.post(FromSocket(conn, first))  # type: ignore[arg-type]

@@ -226,11 +226,18 @@ class LinkServer:
         backend = self.backend
 
         async def connection(
-            conn: int, socket: LinkedSocket, autostart: bool, waited: float, peer: str | None
+            conn: int,
+            socket: LinkedSocket,
+            autostart: bool,
+            waited: float,
+            peer: str | None,
+            endpoint: str | None,
         ) -> None:
             self._sockets.inc()
             try:
-                await backend.connect(socket, autostart=autostart, peer=peer, waited_s=waited)
+                await backend.connect(
+                    socket, autostart=autostart, peer=peer, waited_s=waited, endpoint=endpoint
+                )
             finally:
                 sockets.pop(conn, None)
                 self._sockets.dec()
@@ -251,10 +258,10 @@ class LinkServer:
                             case Written(conn, count):
                                 if (linked := sockets.get(conn)) is not None:
                                     linked.window.give(count)
-                            case Connected(conn, autostart, options, waited, peer):
+                            case Connected(conn, autostart, options, waited, peer, endpoint):
                                 sockets[conn] = linked = LinkedSocket(link, conn, options)
                                 nursery.start_soon(
-                                    connection, conn, linked, autostart, waited, peer
+                                    connection, conn, linked, autostart, waited, peer, endpoint
                                 )
                             case HttpRequest(request, route, body):
                                 nursery.start_soon(answer, request, route, body)

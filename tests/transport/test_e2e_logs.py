@@ -87,8 +87,7 @@ async def test_one_session_whole_life_in_order(workers: int) -> None:
         "connection closed",
     ]
     opened, made, bad, closed, gone = lines
-    # a worker's socket reaches the session process without its path
-    assert opened["endpoint"] == (None if workers else "/v1/duplex")
+    assert opened["endpoint"] == "/v1/duplex"  # a worker's socket's too, over its link
     assert opened["peer"] == "127.0.0.1"
     assert opened["log_level"] == made["log_level"] == closed["log_level"] == "info"
     connection = opened["connection"]
