@@ -51,8 +51,9 @@ _FIRST_EVENT = "first-event"
 BAD_EVENTS_LOGGED = 3
 """Bad events of one socket logged one by one; later ones are only counted (at close)."""
 
-_EVENT_TYPE_LOGGED = 64
-"""Characters of a refused frame's ``type`` a log line keeps (the client chose it)."""
+_CLIENT_TEXT_LOGGED = 64
+"""Characters of a client-chosen string (a frame's ``type``, a resumed session id) a log
+line keeps."""
 
 _ORDINARY_CLOSES = frozenset({1000, 1001, 4001})
 """Codes of a server close that refuses nothing (a normal end, a shutdown, a takeover); any
@@ -92,7 +93,7 @@ class ConnectionActor(Actor[Any]):
         endpoint: str | None = None,
     ):
         """``resume_guard`` limits failed resumes by ``peer`` (its IP address) and session id;
-        ``endpoint``: the route's path, for logs (``None`` when a worker holds the socket)."""
+        ``endpoint``: the route's path, for logs."""
         self.socket = socket
         self.hub = hub
         self.generation = generation
@@ -209,7 +210,8 @@ class ConnectionActor(Actor[Any]):
             await self.session.tell_eager(FromClient(self.generation, event))
             return
         if isinstance(event, SessionResume):
-            self.session_id = event.session_id  # asked for: the close line names it either way
+            # asked for: the close line names it either way (cut: the client chose it)
+            self.session_id = event.session_id[:_CLIENT_TEXT_LOGGED]
             guard, now = self.resume_guard, trio.current_time()
             if guard is not None and guard.blocked(self.peer, event.session_id, now):
                 exc = errors.RateLimited(
@@ -264,7 +266,7 @@ class ConnectionActor(Actor[Any]):
             peer=self.peer,
             code=exc.code,
             param=exc.param,
-            event_type=None if kind is None else kind[:_EVENT_TYPE_LOGGED],
+            event_type=None if kind is None else kind[:_CLIENT_TEXT_LOGGED],
             last_logged=self.bad_events == BAD_EVENTS_LOGGED,
         )
 

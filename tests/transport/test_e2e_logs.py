@@ -182,6 +182,21 @@ async def test_a_refusal_closes_with_a_warning() -> None:
     assert "x" * 8 not in json.dumps(logs, default=repr)
 
 
+async def test_client_chosen_strings_are_cut_in_the_log() -> None:
+    long_id = "duplex-" + "z" * 5000
+    with capture_logs() as logs:
+        async with running_server() as server:
+            async with client(server) as c:
+                await c.send({"type": "t" * 5000})
+                await c.until("error")
+                await c.send(resume({"session": {"id": long_id}, "resume_token": "x" * 8}))
+                await c.until("error")
+            await wait_for(logs, "connection closed")
+    (bad,) = [line for line in logs if line["event"] == "bad event"]
+    (gone,) = [line for line in logs if line["event"] == "connection closed"]
+    assert bad["event_type"] == "t" * 64 and gone["session_id"] == long_id[:64]
+
+
 async def test_an_event_the_session_refuses_is_a_debug_line() -> None:
     ack = {"type": "session.event_ack", "event_id": "a1", "server_event_seq": 99}
     with capture_logs() as logs:
