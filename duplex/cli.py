@@ -91,11 +91,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-keyfile", metavar="PEM", help="private key of --tls-certfile")
     serve.add_argument("--log-format", choices=["console", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(command_parser=serve)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args, unknown = _parser().parse_known_args(argv)
+    if unknown:  # the subcommand's usage, not the top level's (argparse's own error: exit 2)
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "serve":
         return _serve(args)
     return 2  # pragma: no cover - argparse rejects unknown commands

@@ -68,6 +68,8 @@ class ProtocolError(DuplexError):
         self.message = message
         self.event_id = event_id
         self.param = param
+        self.event_type: str | None = None
+        """The refused frame's ``type``, when readable (set by the wire parser; for logs)."""
 
 
 def _code(name: str, code: str, error_type: str = "invalid_request_error") -> type[ProtocolError]:

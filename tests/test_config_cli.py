@@ -160,6 +160,32 @@ def test_cli_port_in_use_is_one_clear_line(capsys: pytest.CaptureFixture[str]) -
         assert main(["serve", "--port", str(port)]) == 1
     err = capsys.readouterr().err
     assert f"cannot serve on 127.0.0.1:{port}" in err and "Traceback" not in err
+    # no "starting"/"started" line first: the server logs that only once it is bound
+    assert "start" not in err and "listening" not in err
+    (line,) = [line for line in err.splitlines() if "127.0.0.1" in line]
+    assert line.startswith("duplex: cannot serve on")
+
+
+def test_cli_unknown_flag_prints_the_serve_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--bogus"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: duplex serve [-h]")  # not the top level's "duplex COMMAND"
+    assert "unrecognized arguments: --bogus" in err
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="the check is for a machine without CUDA"
+)
+@pytest.mark.parametrize("model", ["loopback", "tiny"])
+def test_cli_refuses_cuda_without_a_cuda_device(
+    model: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--model", model, "--model-device", "cuda", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "configuration error: server.model_device: 'cuda'" in err
+    assert "no CUDA device" in err and "Traceback" not in err
 
 
 # -- exposure: keys, origins, hosts, TLS --------------------------------------

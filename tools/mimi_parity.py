@@ -22,9 +22,10 @@ What it does:
    second-nearest centroid over every code choice is recorded too: it says how
    far float rounding is from flipping a code.
 
-Regenerate (from the repository root; never import ``moshi.server``)::
+Regenerate (from the repository root, with ``path/to/moshi-ref`` a folder holding the
+``moshi`` package of ``moshi==0.2.13``; never import ``moshi.server``)::
 
-    PYTHONPATH=/work/moshi-ref .venv/bin/python tools/mimi_parity.py \\
+    PYTHONPATH=path/to/moshi-ref .venv/bin/python tools/mimi_parity.py \\
         --out tests/fixtures/mimi_tiny
 
 Outputs in ``--out``: ``mimi.safetensors`` (float32, official names), ``trace.npz``

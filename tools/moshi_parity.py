@@ -25,9 +25,10 @@ What it does:
    smallest top-1/top-2 gap among them, which says how far float rounding
    differences between the two implementations are from flipping an argmax.
 
-Regenerate (from the repository root; never import ``moshi.server``)::
+Regenerate (from the repository root, with ``path/to/moshi-ref`` a folder holding the
+``moshi`` package of ``moshi==0.2.13``; never import ``moshi.server``)::
 
-    PYTHONPATH=/work/moshi-ref .venv/bin/python tools/moshi_parity.py \\
+    PYTHONPATH=path/to/moshi-ref .venv/bin/python tools/moshi_parity.py \\
         --out tests/fixtures/moshi_tiny
 
 Outputs in ``--out``: ``lm.safetensors`` (bf16 weights, official names),

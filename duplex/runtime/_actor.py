@@ -11,6 +11,11 @@ chunk also goes to its `VadLink`, a pump task brings the scored windows back
 (`FromVad`), and the link turns them into the machine's ``SpeechStarted`` /
 ``SpeechStopped``. A clearing ``ModelReset`` or a turn-detection change restarts
 the stream; a VAD restart moves it onto the new VAD (`VadReplaced`).
+
+Logs, at info, from the effects it performs (the machine itself logs nothing):
+``session created``, ``session resumed``, ``session replaced``, ``session
+expired`` (reason) and ``session closed`` (reason), each with ``session_id`` and
+``connection`` (the socket generation); never a resume token or audio.
 """
 
 from __future__ import annotations
@@ -42,8 +47,11 @@ from duplex.sessions import (
     Send,
     ServerEvent,
     SessionConfig,
+    SessionCreated,
     SessionMachine,
+    SessionReplaced,
     SessionResume,
+    SessionResumed,
     Tick,
     VideoAppend,
 )
@@ -246,13 +254,15 @@ class SessionActor(Actor[Any]):
         self.owner = owner
         self.connections: dict[int, ActorRef[Any]] = {}
         self.armed: float | None = None
+        self.closed: int | None = None
+        """The socket generation the current effects closed (for the session's end line)."""
 
     async def on_start(self, ctx: ActorContext) -> None:
         self.resources.sink.bind(ctx.self)
         vad = self.resources.vad
         if vad is not None:
             ctx.start_soon(self._pump_vad, ctx, vad.windows, vad.pump)
-        ctx.start_soon(self._guard)
+        ctx.start_soon(self._guard, ctx)
 
     async def on_stop(self, ctx: ActorContext) -> None:
         self._release()
@@ -269,12 +279,13 @@ class SessionActor(Actor[Any]):
                 async for window in windows:
                     await ctx.self.tell(FromVad(window))
 
-    async def _guard(self) -> None:
+    async def _guard(self, ctx: ActorContext) -> None:
         """Frees the slot and tells the sockets when the actor ends without a session end."""
         try:
             await trio.sleep_forever()
         finally:
             if not self.resources.released:  # a crash or a shutdown, not a session end
+                self._log_closed(ctx, "actor_stopped")
                 self._release()
                 for connection in self.connections.values():
                     self._notify_lost(connection)
@@ -291,6 +302,7 @@ class SessionActor(Actor[Any]):
             handle = None
         if handle is None:
             ctx.log.error("no slot on the restarted engine; ending the session")
+            self._log_closed(ctx, "engine_restart_no_slot")
             self.resources.released = True
             if res.vad is not None:
                 res.vad.link.close()
@@ -313,6 +325,7 @@ class SessionActor(Actor[Any]):
         handle = driver.attach(self.machine.session_id, send)
         if handle is None:  # the new pool is as large as the old one: never expected
             ctx.log.error("no stream on the restarted VAD; ending the session")
+            self._log_closed(ctx, "vad_restart_no_stream")
             self.resources.vad = None
             self._release()
             for connection in self.connections.values():
@@ -369,6 +382,7 @@ class SessionActor(Actor[Any]):
         vad = self.resources.vad
         if vad is not None and vad.link.config is not self.machine.config:
             vad.link.reconfigure(self.machine.config)  # before any audio of the new config
+        self.closed = None  # a session's end closes its socket in the same effects, if any
         for effect in effects:
             await self._perform(ctx, effect)
         # Most events push the deadline later (every append renews the idle lease);
@@ -383,10 +397,13 @@ class SessionActor(Actor[Any]):
         res = self.resources
         match effect:
             case Send(event, seq, generation):
+                if seq is None or isinstance(event, ErrorEvent):  # lifecycle replies, errors
+                    self._log_sent(ctx, event, generation)
                 connection = self.connections.get(generation)
                 if connection is not None:
                     await connection.tell_eager(Outbound(event, seq))
             case CloseConnection(generation, code, reason):
+                self.closed = generation
                 connection = self.connections.pop(generation, None)
                 if connection is not None:
                     await connection.tell(CloseSocket(code, reason))
@@ -406,9 +423,52 @@ class SessionActor(Actor[Any]):
                     res.vad.link.restart()
             case ModelSignal():
                 pass  # frame-synchronous models take turns from the audio itself
-            case ReleaseResources():
+            case ReleaseResources(reason, expired):
+                if expired:
+                    ctx.log.info(
+                        "session expired",
+                        session_id=self.machine.session_id,
+                        connection=self.closed,
+                        reason=reason,
+                    )
+                self._log_closed(ctx, reason)
                 self._release()
                 ctx.stop()
+
+    def _log_sent(self, ctx: ActorContext, event: ServerEvent, generation: int) -> None:
+        """The lifecycle line of a connection-scoped reply (never its resume token), or the
+        debug line of an error the machine answered an event with."""
+        session_id = self.machine.session_id
+        match event:
+            case SessionCreated():
+                ctx.log.info("session created", session_id=session_id, connection=generation)
+            case SessionResumed(replay_count=replayed):
+                ctx.log.info(
+                    "session resumed",
+                    session_id=session_id,
+                    connection=generation,
+                    replayed=replayed,
+                )
+            case SessionReplaced(attachment_generation=new):
+                ctx.log.info(
+                    "session replaced", session_id=session_id, connection=generation, by=new
+                )
+            case ErrorEvent(code=code, param=param):  # a refused event: per-event detail
+                ctx.log.debug(
+                    "event refused",
+                    session_id=session_id,
+                    connection=generation,
+                    code=code,
+                    param=param,
+                )
+
+    def _log_closed(self, ctx: ActorContext, reason: str) -> None:
+        ctx.log.info(
+            "session closed",
+            session_id=self.machine.session_id,
+            connection=self.closed,
+            reason=reason,
+        )
 
     def _push_vad(
         self, ctx: ActorContext, vad: VadResources, pcm: np.ndarray, start_ms: float

@@ -260,6 +260,9 @@ class SessionHub:
         self.engine_starts += 1
         if previous is None:
             return
+        get_logger(component="engine", model=self.spec.name).info(
+            "engine restarted", restarts=self.engine_starts - 1, sessions=len(self._sessions)
+        )
         for ref in list(self._sessions.values()):
             await ref.tell(EngineReplaced(driver, "engine crashed"))
 

@@ -9,6 +9,7 @@ carried out, not when its socket closes. Every refusal has a `RefusalReason`;
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 from enum import Enum
 from typing import final
@@ -41,6 +42,7 @@ class RefusalReason(Enum):
 class RefusalLog:
     """Rate limit of refusal log lines: the first refusal of a reason is logged, then at
     most one line per reason every ``interval_s``, carrying how many were not logged.
+    A reason is any hashable: a `RefusalReason`, or an access refusal's code.
 
     Pure: the caller passes trio's time.
     """
@@ -49,10 +51,10 @@ class RefusalLog:
         if not interval_s > 0:
             raise ValueError("interval_s must be positive")
         self._interval_s = interval_s
-        self._last: dict[RefusalReason, float] = {}
-        self._suppressed: dict[RefusalReason, int] = {}
+        self._last: dict[Hashable, float] = {}
+        self._suppressed: dict[Hashable, int] = {}
 
-    def note(self, reason: RefusalReason, now: float) -> int | None:
+    def note(self, reason: Hashable, now: float) -> int | None:
         """Count one refusal; returns how many went unlogged before it when this one
         should be logged, else ``None``."""
         last = self._last.get(reason)

@@ -90,9 +90,14 @@ class ModelReset:
 @final
 @dataclass(frozen=True, slots=True)
 class ReleaseResources:
-    """The session is over: free its engine slot and everything else; sent once."""
+    """The session is over: free its engine slot and everything else; sent once.
+
+    ``expired``: a timer ended it (idle lease, disconnect grace, a socket that left
+    before any event), not the client.
+    """
 
     reason: str
+    expired: bool = False
 
 
 Effect = (

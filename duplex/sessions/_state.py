@@ -452,12 +452,14 @@ class SessionMachine:
     def _expire(self, out: list[Effect], reason: str) -> None:
         self._turns.finish(out, "incomplete", "session_expired")
         self._emit(out, SessionExpired(self._session_id, reason))
-        self._shutdown(out, CLOSE_GOING_AWAY, reason)
+        self._shutdown(out, CLOSE_GOING_AWAY, reason, expired=True)
 
-    def _shutdown(self, out: list[Effect], code: int, reason: str) -> None:
+    def _shutdown(
+        self, out: list[Effect], code: int, reason: str, *, expired: bool = False
+    ) -> None:
         if self._generation is not None:
             out.append(CloseConnection(self._generation, code, reason))
-        out.append(ReleaseResources(reason))
+        out.append(ReleaseResources(reason, expired))
         self._set_state(SessionState.CLOSED)
         self._generation = None
         self._detached_at = None

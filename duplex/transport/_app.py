@@ -35,9 +35,10 @@ from starlette.websockets import WebSocket
 from duplex import __version__
 from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.exceptions import ProtocolError
+from duplex.logs import get_logger
 from duplex.metrics import Counter, MetricsRegistry, Sample, merge_labelled, render
 from duplex.runtime import SessionHub
-from duplex.sessions import ErrorEvent
+from duplex.sessions import ErrorEvent, RefusalLog
 
 from ._access import (
     TOO_MANY_CONNECTIONS,
@@ -96,9 +97,15 @@ class Backend(Protocol):
         ...
 
     async def connect(
-        self, socket: EventSocket, *, autostart: bool, peer: str | None = None
+        self,
+        socket: EventSocket,
+        *,
+        autostart: bool,
+        peer: str | None = None,
+        endpoint: str | None = None,
     ) -> None:
-        """Run one client socket's connection until it ends; ``peer``: its IP address."""
+        """Run one client socket's connection until it ends; ``peer``: its IP address;
+        ``endpoint``: the route's path, for logs."""
         ...
 
 
@@ -263,8 +270,10 @@ class HubBackend:
         autostart: bool,
         peer: str | None = None,
         waited_s: float = 0.0,
+        endpoint: str | None = None,
     ) -> None:
-        """``waited_s``: time the socket already waited for its first event (in a worker)."""
+        """``waited_s``: time the socket already waited for its first event (in a worker);
+        ``endpoint``: the route's path, for logs."""
         hub = self.hub
         generation = hub.next_generation()
         timeout = self.first_event_timeout_s
@@ -279,6 +288,7 @@ class HubBackend:
             timeout,
             self.resume_guard,
             peer,
+            endpoint,
             name=f"connection-{generation}",
             restart=Restart.TEMPORARY,
         )
@@ -326,6 +336,10 @@ def _headers(scope: dict[str, Any]) -> dict[str, str]:
     return headers
 
 
+_PATH_LOGGED = 200
+"""Characters of a refused request's path a log line keeps (the client chose it)."""
+
+
 class Guard:
     """Pure ASGI middleware: the access policy on every HTTP request and WebSocket handshake."""
 
@@ -337,6 +351,8 @@ class Guard:
         self.backend = backend
         self.refused = refused
         self.peers = PeerConnections(policy.settings.max_connections_per_peer)
+        self.refusal_log = RefusalLog()
+        self.log = get_logger(component="access")
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         kind = scope["type"]
@@ -362,6 +378,17 @@ class Guard:
         if isinstance(decision, Denied):
             if self.refused is not None:
                 self.refused.inc(code=decision.code)
+            unlogged = self.refusal_log.note(decision.code, now)
+            if unlogged is not None:  # never a credential: the code says which check failed
+                self.log.warning(
+                    "access refused",
+                    kind=kind,
+                    path=str(scope.get("path", ""))[:_PATH_LOGGED],
+                    peer=peer,
+                    status=decision.status,
+                    code=decision.code,
+                    unlogged_since_last=unlogged,
+                )
             await _deny(scope, receive, send, decision)
             return
         if kind == "http":
@@ -445,6 +472,21 @@ def build_app(
         body = json.dumps({"ttl_s": ttl_s, "session": session}).encode()
         return (await backend.http("client_secrets", body)).response()
 
+    bad_queries = RefusalLog()  # a log line for the first, then one every 10 s
+
+    async def upgrade_required(request: Request) -> Response:
+        """A plain HTTP request on a WebSocket route: 426, naming the upgrade it needs."""
+        error = {
+            "message": f"{request.url.path} is a WebSocket endpoint: send an Upgrade: "
+            "websocket request",
+            "type": "invalid_request_error",
+            "code": "upgrade_required",
+        }
+        response = HttpAnswer.json({"error": error}, 426).response()
+        response.headers["Upgrade"] = "websocket"
+        response.headers["Connection"] = "Upgrade"
+        return response
+
     async def accept(websocket: WebSocket) -> str | None:
         """Accept, echoing ``realtime`` when a browser offered it; returns the peer address."""
         await websocket.accept(subprotocol=select_subprotocol(websocket.scope["subprotocols"]))
@@ -454,7 +496,7 @@ def build_app(
         peer = await accept(websocket)
         projection = NativeProjection(max_size=max_frame_bytes)
         events = WebSocketEvents(websocket, projection)
-        await backend.connect(events, autostart=False, peer=peer)
+        await backend.connect(events, autostart=False, peer=peer, endpoint="/v1/duplex")
 
     async def realtime_socket(websocket: WebSocket) -> None:
         """OpenAI Realtime: the session opens on connect, as OpenAI's does.
@@ -468,6 +510,17 @@ def build_app(
             duplex = duplex_flag(params.get("duplex"))
             resume_only = duplex_flag(params.get("resume"))
         except ProtocolError as exc:
+            unlogged = bad_queries.note("bad_query", trio.current_time())
+            if unlogged is not None:
+                get_logger(component="http").warning(
+                    "connection refused",
+                    endpoint="/v1/realtime",
+                    peer=peer,
+                    code=1008,
+                    reason="bad_query",
+                    param=exc.param,
+                    unlogged_since_last=unlogged,
+                )
             (text,) = NativeProjection().frames(ErrorEvent.from_exception(exc), None)
             await websocket.send_text(text)
             await websocket.close(1008, "bad_query")
@@ -480,7 +533,7 @@ def build_app(
             vad=realtime_vad,
         )
         events = WebSocketEvents(websocket, projection)
-        await backend.connect(events, autostart=not resume_only, peer=peer)
+        await backend.connect(events, autostart=not resume_only, peer=peer, endpoint="/v1/realtime")
 
     app = Starlette(
         routes=[
@@ -490,6 +543,8 @@ def build_app(
             Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
             WebSocketRoute("/v1/duplex", duplex_socket),
             WebSocketRoute("/v1/realtime", realtime_socket),
+            Route("/v1/duplex", upgrade_required),  # a plain GET: 426, not 404
+            Route("/v1/realtime", upgrade_required),
         ]
     )
     app.add_middleware(Guard, policy=policy, backend=backend, refused=refused)

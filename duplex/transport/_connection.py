@@ -12,6 +12,12 @@ Two halves, so neither can wait on the other:
 Bad input never reaches the session: the reader answers it with one typed
 ``error`` (connection-scoped, no ``server_event_seq``) and keeps reading.
 The session lives on when this actor ends (``Detach`` starts its grace period).
+
+Logs: ``connection opened`` (endpoint, peer) and ``connection closed`` (code,
+reason, who closed) at info, or at warning when the server closed to refuse (1008,
+1011, 1013); ``bad event`` (code, param, event type; never the
+frame) at warning for the first `BAD_EVENTS_LOGGED` of a socket, the rest
+counted in its ``connection closed`` line.
 """
 
 from __future__ import annotations
@@ -40,6 +46,17 @@ DETACH_TIMEOUT_S = 5.0
 
 
 _FIRST_EVENT = "first-event"
+
+BAD_EVENTS_LOGGED = 3
+"""Bad events of one socket logged one by one; later ones are only counted (at close)."""
+
+_CLIENT_TEXT_LOGGED = 64
+"""Characters of a client-chosen string (a frame's ``type``, a resumed session id) a log
+line keeps."""
+
+_ORDINARY_CLOSES = frozenset({1000, 1001, 4001})
+"""Codes of a server close that refuses nothing (a normal end, a shutdown, a takeover); any
+other (1008 policy, 1011 internal error, 1013 try again later) is logged as a warning."""
 
 
 @final
@@ -72,8 +89,10 @@ class ConnectionActor(Actor[Any]):
         first_event_timeout_s: float = 0.0,
         resume_guard: ResumeGuard | None = None,
         peer: str | None = None,
+        endpoint: str | None = None,
     ):
-        """``resume_guard`` limits failed resumes by ``peer`` (its IP address) and session id."""
+        """``resume_guard`` limits failed resumes by ``peer`` (its IP address) and session id;
+        ``endpoint``: the route's path, for logs."""
         self.socket = socket
         self.hub = hub
         self.generation = generation
@@ -87,8 +106,16 @@ class ConnectionActor(Actor[Any]):
         """The session id this socket resumed: the session refusing it is a failed resume."""
         self.heard = False
         """A client event reached a session: the first-event timer is off."""
+        self.endpoint = endpoint
+        self.session_id: str | None = None
+        """The session this socket opened or asked to resume (for logs)."""
+        self.closed_with: tuple[int, str] | None = None
+        self.bad_events = 0
 
     async def on_start(self, ctx: ActorContext) -> None:
+        ctx.log.info(
+            "connection opened", connection=self.generation, endpoint=self.endpoint, peer=self.peer
+        )
         # a session opened on connect holds a model slot too: it must be used in time
         if self.first_event_timeout_s > 0:
             ctx.start_timer(_FIRST_EVENT, self.first_event_timeout_s, _FirstEventDue())
@@ -97,9 +124,25 @@ class ConnectionActor(Actor[Any]):
         ctx.start_soon(self._read, ctx)
 
     async def on_stop(self, ctx: ActorContext) -> None:
+        by = "server"
+        if self.closed_with is None and self.socket.peer_close is not None:
+            by, (code, reason) = "client", self.socket.peer_close
+        else:
+            code, reason = self.closed_with or (1001, "server_shutdown")
         if self.socket.open:
             with trio.move_on_after(1):
                 await self.socket.close(1001, "server_shutdown")
+        refused = by == "server" and code not in _ORDINARY_CLOSES
+        (ctx.log.warning if refused else ctx.log.info)(
+            "connection closed",
+            connection=self.generation,
+            session_id=self.session_id,
+            peer=self.peer,
+            code=code,
+            reason=reason,
+            by=by,
+            bad_events=self.bad_events,
+        )
 
     async def receive(self, ctx: ActorContext, message: Any) -> Any:
         match message:
@@ -136,6 +179,8 @@ class ConnectionActor(Actor[Any]):
             self._resume_failed(self.resuming)  # a wrong resume token
         self.session = None  # the session closed us: it needs no Detach
         self.closing = True  # and frames still in flight must not open a new one
+        if self.closed_with is None and self.socket.peer_close is None:
+            self.closed_with = (code, reason)
         await self.socket.close(code, reason)
         ctx.stop()
 
@@ -148,6 +193,7 @@ class ConnectionActor(Actor[Any]):
                 if received is None or self.closing:
                     break
                 if isinstance(received, errors.ProtocolError):
+                    self._log_bad_event(ctx, received)
                     await self._refuse(ctx, received, close=None)
                 else:
                     await self._dispatch(ctx, received)
@@ -163,6 +209,8 @@ class ConnectionActor(Actor[Any]):
             await self.session.tell_eager(FromClient(self.generation, event))
             return
         if isinstance(event, SessionResume):
+            # asked for: the close line names it either way (cut: the client chose it)
+            self.session_id = event.session_id[:_CLIENT_TEXT_LOGGED]
             guard, now = self.resume_guard, trio.current_time()
             if guard is not None and guard.blocked(self.peer, event.session_id, now):
                 exc = errors.RateLimited(
@@ -200,9 +248,26 @@ class ConnectionActor(Actor[Any]):
             full = isinstance(exc, errors.ResourceExhausted)
             await self._refuse(ctx, exc, close=(1013, "resource_exhausted") if full else None)
             return False
-        self.session = opened.ref
+        self.session, self.session_id = opened.ref, opened.session_id
         await opened.ref.tell(Attach(self.generation, ctx.self))
         return True
+
+    def _log_bad_event(self, ctx: ActorContext, exc: errors.ProtocolError) -> None:
+        """One ``bad event`` line for each of the socket's first few; never the frame itself."""
+        self.bad_events += 1
+        if self.bad_events > BAD_EVENTS_LOGGED:
+            return
+        kind = exc.event_type
+        ctx.log.warning(
+            "bad event",
+            connection=self.generation,
+            session_id=self.session_id,
+            peer=self.peer,
+            code=exc.code,
+            param=exc.param,
+            event_type=None if kind is None else kind[:_CLIENT_TEXT_LOGGED],
+            last_logged=self.bad_events == BAD_EVENTS_LOGGED,
+        )
 
     def _resume_failed(self, session_id: str) -> None:
         if self.resume_guard is not None:

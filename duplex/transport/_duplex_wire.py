@@ -318,6 +318,7 @@ def client_event(envelope: Envelope) -> ClientEvent:
         return parser(envelope.body)  # its event_id, read with .get, is the envelope's
     except ProtocolError as exc:
         exc.event_id = exc.event_id or envelope.event_id
+        exc.event_type = exc.event_type or envelope.type
         raise
 
 

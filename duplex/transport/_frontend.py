@@ -126,7 +126,12 @@ class LinkBackend:
         return answer.reply
 
     async def connect(
-        self, socket: EventSocket, *, autostart: bool, peer: str | None = None
+        self,
+        socket: EventSocket,
+        *,
+        autostart: bool,
+        peer: str | None = None,
+        endpoint: str | None = None,
     ) -> None:
         placed = await self._place(socket, autostart)
         if placed is None:  # the peer left before it said anything
@@ -135,7 +140,8 @@ class LinkBackend:
         conn, self._next_conn = self._next_conn, self._next_conn + 1
         assert shard.link is not None
         self.relays[conn] = relay = Relay(conn, socket, shard.link, shard.index)
-        relay.link.post(Connected(conn, autostart, socket.initial_options, waited, peer))
+        options = socket.initial_options
+        relay.link.post(Connected(conn, autostart, options, waited, peer, endpoint))
         if first is not _NOTHING:
             await relay.window.take()  # the first of a fresh window: never waits
             relay.link.post(FromSocket(conn, first))  # type: ignore[arg-type]

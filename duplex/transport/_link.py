@@ -94,6 +94,8 @@ class Connected:
     taken off the first-event timeout."""
     peer: str | None = None
     """The client's IP address (failed resumes are limited per peer)."""
+    endpoint: str | None = None
+    """The route's path (``/v1/duplex``, ``/v1/realtime``), for logs."""
 
 
 @final

@@ -436,6 +436,7 @@ class RealtimeProjection:
             return self._parse(envelope)
         except ProtocolError as exc:
             exc.event_id = exc.event_id or envelope.event_id
+            exc.event_type = exc.event_type or envelope.type
             exc.param = wire_param(exc.param, self.schema)
             raise
 

@@ -51,9 +51,12 @@ def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
     Raises:
         UnknownModel: no such model.
         ConfigError: the session's model rate is not the model's, a model device is
-            invalid, or a named checkpoint folder is missing (one line naming what).
+            invalid or absent (``cuda`` where torch finds no CUDA device, for any model),
+            or a named checkpoint folder is missing (one line naming what).
     """
     server = config.server
+    if server.model_device != "cpu":
+        check_cuda_device(server.model_device)
     options = ModelOptions(
         device=server.model_device,
         seed=server.model_seed,
@@ -69,6 +72,28 @@ def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
             f"model {spec.name!r}, which runs at {spec.sample_rate} Hz"
         )
     return spec, factory
+
+
+def check_cuda_device(device: str) -> None:
+    """Refuse a ``cuda`` or ``cuda:N`` model device that torch cannot see.
+
+    Raises:
+        ConfigError: no CUDA device at all, or fewer than ``N + 1``.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"server.model_device: {device!r}, but torch finds no CUDA device on this machine "
+            "(use cpu)"
+        )
+    index = int(device.partition(":")[2] or 0)
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ConfigError(
+            f"server.model_device: {device!r}, but torch finds {count} CUDA device(s) "
+            f"(0..{count - 1})"
+        )
 
 
 def capabilities_for(spec: ModelSpec) -> Capabilities:
@@ -114,10 +139,22 @@ def freeze_startup_objects() -> None:
     every full collection walked them all, a 50-120 ms pause of the event loop on
     a 2-core machine, which made whole engine ticks late (docs/benchmarks.md).
     Frozen objects are never collected, so this runs once, after the engine and
-    the VAD are built and their garbage is collected.
+    the VAD are built and their garbage is collected; `unfreeze_startup_objects`
+    undoes it on the way out.
     """
     gc.collect()
     gc.freeze()
+
+
+def unfreeze_startup_objects() -> None:
+    """Hand the frozen objects back to the collector when the server stops.
+
+    Frozen objects are skipped by the collections of interpreter shutdown too, so
+    the cycles among extension types stay alive past it: nanobind then reports
+    Triton's types, functions and instances as leaked (dozens of ``nanobind:
+    leaked ...`` lines at exit, once the Triton kernels were imported).
+    """
+    gc.unfreeze()
 
 
 def access_settings(config: Config) -> AccessSettings:
@@ -186,6 +223,7 @@ async def open_backend(
         name=f"engine-{spec.name}",
     )
     vad_ref = None
+    frozen = False
     try:
         if uses_silero(config):
             limit_torch_threads()
@@ -196,6 +234,7 @@ async def open_backend(
 
             vad_ref = await system.spawn(VadActor, build_vad, hub.vad_started, name="vad-silero")
         freeze_startup_objects()
+        frozen = True
         guard = ResumeGuard(burst=server.auth_failure_burst, window_s=server.auth_failure_window_s)
         yield HubBackend(
             hub, registry, first_event_timeout_s=server.first_event_timeout_s, resume_guard=guard
@@ -205,6 +244,8 @@ async def open_backend(
             if vad_ref is not None:
                 await system.stop(vad_ref)
             await system.stop(engine_ref)
+        if frozen:
+            unfreeze_startup_objects()
 
 
 async def serve_duplex(
@@ -229,41 +270,59 @@ async def serve_duplex(
             tls_certfile=server.tls_certfile,
             tls_keyfile=server.tls_keyfile,
         )
-        log.info(
-            "starting",
-            bind=hyper.bind,
-            tls=bool(server.tls_certfile),
-            api_keys=len(access.key_digests),
-            model=backend.hub.spec.name,
-            vad="silero" if uses_silero(config) else None,
-            connection_workers=server.connection_workers,
-            session_shards=server.session_shards,
-        )
-        if server.connection_workers:
-            await serve_with_workers(config, backend, hyper, registry, access, task_status)
-        else:
-            app = build_app(
-                backend,
-                max_frame_bytes=server.max_frame_bytes,
-                realtime_vad=server.realtime_vad,
-                access=access,
-                client_secret_ttl_s=server.client_secret_ttl_s,
-                registry=registry,
+        async with trio.open_nursery() as nursery:
+            if server.connection_workers:
+                urls = await nursery.start(
+                    serve_with_workers, config, backend, hyper, registry, access
+                )
+            else:
+                urls = await nursery.start(
+                    _serve_here, config, system, backend, hyper, registry, access
+                )
+            # after the bind: a port already taken ends the server with one clear line
+            log.info(
+                "started",
+                urls=urls,
+                tls=bool(server.tls_certfile),
+                api_keys=len(access.key_digests),
+                model=backend.hub.spec.name,
+                vad="silero" if uses_silero(config) else None,
+                connection_workers=server.connection_workers,
+                session_shards=server.session_shards,
             )
-
-            async def shutdown_trigger() -> None:
-                await system.wait_shutdown_requested()
-                await backend.connections.close_all(server.shutdown_grace_s / 2)  # 1001, at once
-
-            # hypercorn returns after its graceful shutdown; then the engine stops
-            await serve_http(
-                app,
-                hyper,
-                shutdown_trigger=shutdown_trigger,
-                registry=registry,
-                task_status=task_status,
-            )
+            task_status.started(urls)
     log.info("stopped")
+
+
+async def _serve_here(
+    config: Config,
+    system: ActorSystem,
+    backend: HubBackend,
+    hyper: HypercornConfig,
+    registry: MetricsRegistry,
+    access: AccessSettings,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve HTTP and WebSockets in this process (no connection workers); reports the binds."""
+    server = config.server
+    app = build_app(
+        backend,
+        max_frame_bytes=server.max_frame_bytes,
+        realtime_vad=server.realtime_vad,
+        access=access,
+        client_secret_ttl_s=server.client_secret_ttl_s,
+        registry=registry,
+    )
+
+    async def shutdown_trigger() -> None:
+        await system.wait_shutdown_requested()
+        await backend.connections.close_all(server.shutdown_grace_s / 2)  # 1001, at once
+
+    # hypercorn returns after its graceful shutdown; then the engine stops
+    await serve_http(
+        app, hyper, shutdown_trigger=shutdown_trigger, registry=registry, task_status=task_status
+    )
 
 
 async def serve_with_workers(
@@ -272,7 +331,8 @@ async def serve_with_workers(
     hyper: HypercornConfig,
     registry: MetricsRegistry,
     access: AccessSettings,
-    task_status: trio.TaskStatus[list[str]],
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Bind here, serve in connection workers (and shards); returns once all have exited.
 

@@ -62,6 +62,11 @@ class EventSocket(Protocol):
         """The wire protocol's options for a session opened without ``session.create``."""
         ...
 
+    @property
+    def peer_close(self) -> tuple[int | None, str] | None:
+        """The close code (``None``: unknown) and reason of a peer that left; ``None`` before."""
+        ...
+
     async def receive(self) -> Received:
         """The next frame, decoded; waits for it."""
         ...
@@ -81,6 +86,7 @@ class WebSocketEvents:
     def __init__(self, websocket: WebSocket, projection: Projection) -> None:
         self.ws = websocket
         self.projection = projection
+        self._peer_close: tuple[int | None, str] | None = None
 
     @property
     def open(self) -> bool:
@@ -90,12 +96,18 @@ class WebSocketEvents:
     def initial_options(self) -> SessionOptions | None:
         return self.projection.initial_options
 
+    @property
+    def peer_close(self) -> tuple[int | None, str] | None:
+        return self._peer_close
+
     async def receive(self) -> Received:
         try:
             message = await self.ws.receive()
         except RuntimeError:  # starlette: the socket was closed under us
+            self._peer_close = self._peer_close or (None, "")
             return None
         if message["type"] == "websocket.disconnect":
+            self._peer_close = (message.get("code", 1005), message.get("reason") or "")
             return None
         text, data = message.get("text"), message.get("bytes")
         try:

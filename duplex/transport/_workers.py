@@ -94,6 +94,7 @@ class LinkedSocket:
         self._consumed = Tally()
         self.window = Window()  # frames the worker has not yet written
         self._closed = False
+        self._peer_left = False
 
     @property
     def open(self) -> bool:
@@ -103,6 +104,11 @@ class LinkedSocket:
     def initial_options(self) -> SessionOptions | None:
         return self._initial_options
 
+    @property
+    def peer_close(self) -> tuple[int | None, str] | None:
+        """The worker says only that its peer left, not with which code."""
+        return (None, "") if self._peer_left else None
+
     def deliver(self, received: Received) -> None:
         """A frame from the worker (bounded there by our credits); ``None``: the peer left."""
         if received is None:
@@ -111,6 +117,7 @@ class LinkedSocket:
         self._inbox_in.send_nowait(received)
 
     def peer_left(self) -> None:
+        self._peer_left = True
         self.window.close()
         self._inbox_in.close()
 
@@ -219,11 +226,18 @@ class LinkServer:
         backend = self.backend
 
         async def connection(
-            conn: int, socket: LinkedSocket, autostart: bool, waited: float, peer: str | None
+            conn: int,
+            socket: LinkedSocket,
+            autostart: bool,
+            waited: float,
+            peer: str | None,
+            endpoint: str | None,
         ) -> None:
             self._sockets.inc()
             try:
-                await backend.connect(socket, autostart=autostart, peer=peer, waited_s=waited)
+                await backend.connect(
+                    socket, autostart=autostart, peer=peer, waited_s=waited, endpoint=endpoint
+                )
             finally:
                 sockets.pop(conn, None)
                 self._sockets.dec()
@@ -244,10 +258,10 @@ class LinkServer:
                             case Written(conn, count):
                                 if (linked := sockets.get(conn)) is not None:
                                     linked.window.give(count)
-                            case Connected(conn, autostart, options, waited, peer):
+                            case Connected(conn, autostart, options, waited, peer, endpoint):
                                 sockets[conn] = linked = LinkedSocket(link, conn, options)
                                 nursery.start_soon(
-                                    connection, conn, linked, autostart, waited, peer
+                                    connection, conn, linked, autostart, waited, peer, endpoint
                                 )
                             case HttpRequest(request, route, body):
                                 nursery.start_soon(answer, request, route, body)

@@ -94,7 +94,7 @@ def test_update_and_idle_lease():
     assert of(effects, CloseConnection) == [
         CloseConnection(1, CLOSE_GOING_AWAY, "idle_ttl_expired")
     ]
-    assert of(effects, ReleaseResources) == [ReleaseResources("idle_ttl_expired")]
+    assert of(effects, ReleaseResources) == [ReleaseResources("idle_ttl_expired", expired=True)]
     assert m.state is SessionState.CLOSED and m.next_deadline() is None
     assert of(m.handle(AudioCommit("late"), 400.0, generation=1), ErrorEvent)[0].code == (
         "session_closed"
@@ -109,7 +109,9 @@ def test_disconnect_grace_expires_and_releases_once():
     assert m.state is SessionState.DETACHED and m.next_deadline() == 35.0
     assert m.handle(speaking(m, "b"), 6.0) == []  # journaled, nobody to send to
     effects = m.handle(Tick(), 35.0)
-    assert of(effects, ReleaseResources) == [ReleaseResources("disconnect_grace_expired")]
+    assert of(effects, ReleaseResources) == [
+        ReleaseResources("disconnect_grace_expired", expired=True)
+    ]
     assert of(effects, CloseConnection) == []
     assert m.handle(Tick(), 99.0) == []
 
@@ -119,7 +121,9 @@ def test_a_session_detached_before_any_client_event_ends_at_once():
     m = machine()
     m.handle(speaking(m, "a"), 1.0)  # model output alone is no sign of a client
     effects = m.handle(ConnectionDetached(1), 2.0)
-    assert of(effects, ReleaseResources) == [ReleaseResources("detached_before_any_event")]
+    assert of(effects, ReleaseResources) == [
+        ReleaseResources("detached_before_any_event", expired=True)
+    ]
     assert m.state is SessionState.CLOSED and m.next_deadline() is None
 
 

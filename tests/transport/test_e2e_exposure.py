@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from structlog.testing import capture_logs
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.trio.client import connect
 
@@ -236,3 +237,42 @@ async def test_tls_serves_https_and_wss(tmp_path: Path, workers: Layout) -> None
         with pytest.raises(trio.BrokenResourceError):  # a client that does not trust it
             async with connect(wss, additional_headers=BEARER):
                 pass  # pragma: no cover
+
+
+async def test_a_plain_get_on_a_websocket_route_is_426(workers: Layout) -> None:
+    async with running_server(**workers) as server, httpx.AsyncClient() as http:
+        for path in ("/v1/duplex", "/v1/realtime"):
+            answer = await http.get(server.http + path)
+            assert answer.status_code == 426
+            assert answer.headers["upgrade"] == "websocket"
+            assert answer.headers["content-type"].startswith("application/json")
+            error = answer.json()["error"]
+            assert error["code"] == "upgrade_required" and error["type"] == "invalid_request_error"
+            assert path in error["message"]
+        # and the WebSocket on the same path still opens
+        assert await opens_a_session(realtime(server))
+
+
+async def test_access_refusals_are_logged_rate_limited_without_the_credential() -> None:
+    wrong = "sk-duplex-" + "w" * 24
+    with capture_logs() as logs:
+        async with running_server(**KEYED) as server, httpx.AsyncClient() as http:
+            for _ in range(3):
+                answer = await http.get(
+                    server.http + "/health", headers={"Authorization": f"Bearer {wrong}"}
+                )
+                assert answer.status_code == 401
+            assert (
+                await refused(
+                    server.url, additional_headers=BEARER | {"Origin": "https://x.example"}
+                )
+            )[0] == 403
+    lines = [line for line in logs if line["event"] == "access refused"]
+    assert [(line["code"], line["kind"], line["status"]) for line in lines] == [
+        ("invalid_api_key", "http", 401),  # the next two within 10 s are only counted
+        ("origin_not_allowed", "websocket", 403),
+    ]
+    assert lines[0]["log_level"] == "warning" and lines[0]["path"] == "/health"
+    assert lines[0]["peer"] == "127.0.0.1" and lines[0]["unlogged_since_last"] == 0
+    text = json.dumps(logs, default=repr)
+    assert wrong not in text and KEY not in text

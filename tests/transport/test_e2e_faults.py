@@ -7,6 +7,7 @@ import threading
 
 import httpx
 import trio
+from structlog.testing import capture_logs
 
 from duplex.models import (
     LOOPBACK_SPEC,
@@ -53,8 +54,9 @@ async def test_engine_crash_mid_response_restarts_engine_and_sessions_continue()
         await c.until("session.created")
         await c.stream(tone(8))
         await c.until("response.audio.delta")
-        FAULT.set()
-        error = await c.until("error")
+        with capture_logs() as logs:
+            FAULT.set()
+            error = await c.until("error")
         assert error["error"]["code"] == "engine_error"
         # the open response ends first, as failed, then the error explains why
         kinds = [e["type"] for e in c.events]
@@ -71,6 +73,9 @@ async def test_engine_crash_mid_response_restarts_engine_and_sessions_continue()
             health = (await http.get(server.http + "/health")).json()
         assert health["engine_starts"] == 2 and health["sessions"]["live"] == 1
     assert not FAULT.is_set()
+    (restarted,) = [line for line in logs if line["event"] == "engine restarted"]
+    assert restarted["log_level"] == "info" and restarted["sessions"] == 1
+    assert restarted["restarts"] == 1 and restarted["model"] == FAULTY_SPEC.name
 
 
 async def test_health_reports_the_engine() -> None:
