@@ -8,9 +8,13 @@ event name, in order, joined by ``session_id`` and ``connection``.
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
+import structlog
 import trio
 from structlog.testing import capture_logs
 from websockets.trio.client import connect
@@ -197,9 +201,20 @@ async def test_client_chosen_strings_are_cut_in_the_log() -> None:
     assert bad["event_type"] == "t" * 64 and gone["session_id"] == long_id[:64]
 
 
+@contextmanager
+def _debug_level() -> Iterator[None]:
+    """Debug lines pass, whatever level an earlier test configured (a process-wide filter)."""
+    wrapper = structlog.get_config()["wrapper_class"]
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        yield
+    finally:
+        structlog.configure(wrapper_class=wrapper)
+
+
 async def test_an_event_the_session_refuses_is_a_debug_line() -> None:
     ack = {"type": "session.event_ack", "event_id": "a1", "server_event_seq": 99}
-    with capture_logs() as logs:
+    with _debug_level(), capture_logs() as logs:
         async with running_server() as server, client(server) as c:
             created = await open_session(c)
             await c.send(ack)
