@@ -31,7 +31,14 @@ class DuplexError(Exception):
 
 
 class ConfigError(DuplexError, ValueError):
-    """A configuration value is invalid; the message names the key and the rule."""
+    """A configuration value is invalid; the message names the key and the rule.
+
+    ``key``: the field, when one is to blame (a session names it as the event's ``param``).
+    """
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class ActorError(DuplexError):

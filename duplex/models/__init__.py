@@ -13,7 +13,7 @@ them into OpenAI server_vad events; the `VadActor` supervises the driver.
 """
 
 from ._actor import EngineActor
-from ._driver import DriverStatistics, EngineDriver, Offload
+from ._driver import ENGINE_METRICS, DriverStatistics, EngineDriver, Offload
 from ._engine import (
     Engine,
     EngineStatistics,
@@ -59,10 +59,12 @@ from ._silero import (
     silero_weights_path,
 )
 from ._vad_actor import VadActor
-from ._vad_driver import VadDriver, VadDriverStatistics
+from ._vad_driver import VAD_METRICS, VadDriver, VadDriverStatistics
 
 __all__ = [
+    "ENGINE_METRICS",
     "LOOPBACK_SPEC",
+    "VAD_METRICS",
     "VAD_SAMPLE_RATE",
     "VAD_WINDOW_MS",
     "VAD_WINDOW_SAMPLES",

@@ -71,6 +71,39 @@ class DriverStatistics:
     orphaned: int
     engine: EngineStatistics
 
+    def metric(self, name: str) -> float | None:
+        """The value of ``ENGINE_METRICS`` entry ``name`` (``None``: nothing to report yet)."""
+        engine = self.engine
+        values: dict[str, float | None] = {
+            "duplex_engine_ticks_total": self.ticks,
+            "duplex_engine_late_ticks_total": self.late_ticks,
+            "duplex_engine_underruns_total": engine.underruns,
+            "duplex_engine_silence_skipped_total": engine.silence_skipped,
+            "duplex_engine_outputs_dropped_total": self.dropped_full + self.dropped_closed,
+            "duplex_engine_input_frames_rejected_total": engine.frames_rejected,
+            "duplex_engine_video_frames_dropped_total": engine.video_dropped,
+            "duplex_engine_live_slots": engine.live_slots,
+            "duplex_engine_step_p99_seconds": engine.scheduler.p99_step_s,
+            "duplex_engine_warmup_steps_total": engine.warmup_steps,
+        }
+        return values[name]
+
+
+ENGINE_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("duplex_engine_ticks_total", "counter", "Engine ticks (current engine)"),
+    ("duplex_engine_late_ticks_total", "counter", "Ticks whose step ended after the next tick"),
+    ("duplex_engine_underruns_total", "counter", "Slot-ticks with no input (played as silence)"),
+    ("duplex_engine_silence_skipped_total", "counter", "Queued silent frames skipped to repay lag"),
+    ("duplex_engine_outputs_dropped_total", "counter", "Outputs dropped: a session fell behind"),
+    ("duplex_engine_input_frames_rejected_total", "counter", "Input frames refused (queue full)"),
+    ("duplex_engine_video_frames_dropped_total", "counter", "Video frames dropped (queue full)"),
+    ("duplex_engine_live_slots", "gauge", "Slots in use"),
+    ("duplex_engine_step_p99_seconds", "gauge", "p99 step time over the recent window"),
+    ("duplex_engine_warmup_steps_total", "counter", "Warm-up steps kept out of the window"),
+)
+"""The engine's metrics (name, kind, help), read from `DriverStatistics.metric`, labelled
+with the model by whoever exports them."""
+
 
 @final
 class EngineDriver:

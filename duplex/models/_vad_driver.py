@@ -63,6 +63,27 @@ class VadDriverStatistics:
     orphaned: int
     vad: VadStatistics
 
+    def metric(self, name: str) -> float:
+        """The value of ``VAD_METRICS`` entry ``name``."""
+        values: dict[str, float] = {
+            "duplex_vad_streams": self.vad.streams,
+            "duplex_vad_capacity_streams": self.vad.max_streams,
+            "duplex_vad_late_ticks_total": self.late_ticks,
+            "duplex_vad_windows_dropped_total": self.vad.windows_dropped + self.dropped_full,
+            "duplex_vad_step_seconds": self.vad.last_step_s,
+        }
+        return values[name]
+
+
+VAD_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("duplex_vad_streams", "gauge", "Sessions holding a stream on the shared VAD"),
+    ("duplex_vad_capacity_streams", "gauge", "Size of the shared VAD's stream pool"),
+    ("duplex_vad_late_ticks_total", "counter", "VAD ticks whose steps ended after the next tick"),
+    ("duplex_vad_windows_dropped_total", "counter", "VAD windows dropped (queue or mailbox full)"),
+    ("duplex_vad_step_seconds", "gauge", "Compute time of the last VAD forward"),
+)
+"""The shared VAD's metrics (name, kind, help), read from `VadDriverStatistics.metric`."""
+
 
 @final
 class VadDriver:

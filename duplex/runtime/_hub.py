@@ -15,6 +15,7 @@ reason and logged (rate-limited by `RefusalLog`) with the figures behind it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -29,13 +30,13 @@ from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry, Sample
 from duplex.models import (
+    ENGINE_METRICS,
+    VAD_METRICS,
     CapacityLimit,
     CapacityReport,
-    DriverStatistics,
     EngineDriver,
     ModelSpec,
     VadDriver,
-    VadDriverStatistics,
     VadWindow,
 )
 from duplex.sessions import (
@@ -61,58 +62,6 @@ from ._actor import (
     slot_prompt,
 )
 from ._vad_link import VadLink
-
-_ENGINE_METRICS: tuple[tuple[str, str, str], ...] = (
-    ("duplex_engine_ticks_total", "counter", "Engine ticks (current engine)"),
-    ("duplex_engine_late_ticks_total", "counter", "Ticks whose step ended after the next tick"),
-    ("duplex_engine_underruns_total", "counter", "Slot-ticks with no input (played as silence)"),
-    ("duplex_engine_silence_skipped_total", "counter", "Queued silent frames skipped to repay lag"),
-    ("duplex_engine_outputs_dropped_total", "counter", "Outputs dropped: a session fell behind"),
-    ("duplex_engine_input_frames_rejected_total", "counter", "Input frames refused (queue full)"),
-    ("duplex_engine_video_frames_dropped_total", "counter", "Video frames dropped (queue full)"),
-    ("duplex_engine_live_slots", "gauge", "Slots in use"),
-    ("duplex_engine_capacity_slots", "gauge", "Sessions admission allows now (as /health)"),
-    ("duplex_engine_step_p99_seconds", "gauge", "p99 step time over the recent window"),
-    ("duplex_engine_warmup_steps_total", "counter", "Warm-up steps kept out of the window"),
-)
-
-
-def _engine_value(name: str, stats: DriverStatistics) -> float | None:
-    engine, sched = stats.engine, stats.engine.scheduler
-    values: dict[str, float | None] = {
-        "duplex_engine_ticks_total": stats.ticks,
-        "duplex_engine_late_ticks_total": stats.late_ticks,
-        "duplex_engine_underruns_total": engine.underruns,
-        "duplex_engine_silence_skipped_total": engine.silence_skipped,
-        "duplex_engine_outputs_dropped_total": stats.dropped_full + stats.dropped_closed,
-        "duplex_engine_input_frames_rejected_total": engine.frames_rejected,
-        "duplex_engine_video_frames_dropped_total": engine.video_dropped,
-        "duplex_engine_live_slots": engine.live_slots,
-        "duplex_engine_step_p99_seconds": sched.p99_step_s,
-        "duplex_engine_warmup_steps_total": engine.warmup_steps,
-    }
-    return values[name]
-
-
-_VAD_METRICS: tuple[tuple[str, str, str], ...] = (
-    ("duplex_vad_streams", "gauge", "Sessions holding a stream on the shared VAD"),
-    ("duplex_vad_capacity_streams", "gauge", "Size of the shared VAD's stream pool"),
-    ("duplex_vad_late_ticks_total", "counter", "VAD ticks whose steps ended after the next tick"),
-    ("duplex_vad_windows_dropped_total", "counter", "VAD windows dropped (queue or mailbox full)"),
-    ("duplex_vad_step_seconds", "gauge", "Compute time of the last VAD forward"),
-)
-
-
-def _vad_value(name: str, stats: VadDriverStatistics) -> float:
-    values: dict[str, float] = {
-        "duplex_vad_streams": stats.vad.streams,
-        "duplex_vad_capacity_streams": stats.vad.max_streams,
-        "duplex_vad_late_ticks_total": stats.late_ticks,
-        "duplex_vad_windows_dropped_total": stats.vad.windows_dropped + stats.dropped_full,
-        "duplex_vad_step_seconds": stats.vad.last_step_s,
-    }
-    return values[name]
-
 
 ENGINE_OUTPUT_BUFFER = 8
 """Frames of engine output a session may fall behind before the driver drops (counted)."""
@@ -173,21 +122,31 @@ class SessionHub:
         registry.add_collector(
             "duplex_sessions_live", "gauge", "Sessions holding engine resources", self._collect
         )
-        for name, kind, help_text in _ENGINE_METRICS:
+        registry.add_collector(
+            "duplex_engine_capacity_slots",
+            "gauge",
+            "Sessions admission allows now (as /health)",
+            self._capacity_sample,
+        )
+        for name, kind, help_text in ENGINE_METRICS:
             registry.add_collector(name, kind, help_text, self._engine_sampler(name))
-        for name, kind, help_text in _VAD_METRICS:
+        for name, kind, help_text in VAD_METRICS:
             registry.add_collector(name, kind, help_text, self._vad_sampler(name))
 
     def _collect(self) -> list[Sample]:
         return [Sample("duplex_sessions_live", {}, self.admission.statistics().live)]
 
+    def _capacity_sample(self) -> list[Sample]:
+        """The figure /health and admission use."""
+        if self.driver is None:
+            return []
+        return [Sample("duplex_engine_capacity_slots", {"model": self.spec.name}, self.capacity())]
+
     def _engine_sampler(self, name: str) -> Callable[[], list[Sample]]:
         def collect() -> list[Sample]:
             if self.driver is None:
                 return []
-            if name == "duplex_engine_capacity_slots":  # the figure /health and admission use
-                return [Sample(name, {"model": self.spec.name}, self.capacity())]
-            value = _engine_value(name, self.driver.statistics())
+            value = self.driver.statistics().metric(name)
             if value is None:
                 return []
             return [Sample(name, {"model": self.spec.name}, value)]
@@ -198,7 +157,7 @@ class SessionHub:
         def collect() -> list[Sample]:
             if self.vad is None:
                 return []
-            return [Sample(name, {"model": "silero"}, _vad_value(name, self.vad.statistics()))]
+            return [Sample(name, {"model": "silero"}, self.vad.statistics().metric(name))]
 
         return collect
 
@@ -321,11 +280,7 @@ class SessionHub:
             raise self._refusal(RefusalReason.STARTING, "the engine is not running yet")
         config = self.config
         if options is not None:
-            try:
-                config = config.updated(options)
-            except errors.ConfigError as exc:
-                param = f"session.{getattr(exc, 'key', '')}".rstrip(".")
-                raise errors.BadEvent(str(exc), param=param) from exc
+            config = config.accepting(options)
         session_id = None if self.shard is None else new_session_id(os.urandom, self.shard)
         machine = SessionMachine(config, self.capabilities, session_id=session_id)
         session_id = machine.session_id
@@ -338,24 +293,24 @@ class SessionHub:
             )
         if not report.admits:
             raise self._engine_refusal(report)
-        self.admission.try_admit(session_id)
-        sink = EngineSink(ENGINE_OUTPUT_BUFFER)
-        try:
-            handle = driver.attach(session_id, sink, prompt=slot_prompt(config))
-        except errors.PromptUnsupported as exc:  # no prompts, or a voice it does not have
-            self.admission.release(session_id)
-            raise errors.UnsupportedParameter(str(exc), param="session.prompt") from exc
-        if handle is None:  # a step changed the figures since the check above
-            self.admission.release(session_id)
-            raise self._engine_refusal(driver.capacity())
-        try:
-            vad = self._attach_vad(session_id, config)
-        except errors.ResourceExhausted as exc:
-            driver.detach(handle)
-            self.admission.release(session_id)
-            raise self._refusal(RefusalReason.VAD, str(exc)) from None
-        resources = SessionResources(driver, handle, sink, vad=vad)
-        try:
+        with contextlib.ExitStack() as undo:  # one transaction: all of it, or nothing held
+            self.admission.try_admit(session_id)
+            undo.callback(self.admission.release, session_id)
+            sink = EngineSink(ENGINE_OUTPUT_BUFFER)
+            try:
+                handle = driver.attach(session_id, sink, prompt=slot_prompt(config))
+            except errors.PromptUnsupported as exc:  # no prompts, or a voice it does not have
+                raise errors.UnsupportedParameter(str(exc), param="session.prompt") from exc
+            if handle is None:  # a step changed the figures since the check above
+                raise self._engine_refusal(driver.capacity())
+            undo.callback(driver.detach, handle)
+            try:
+                vad = self._attach_vad(session_id, config)
+            except errors.ResourceExhausted as exc:
+                raise self._refusal(RefusalReason.VAD, str(exc)) from None
+            if vad is not None:
+                undo.callback(vad.link.close)
+            resources = SessionResources(driver, handle, sink, vad=vad)
             ref = await self.system.spawn(
                 SessionActor,
                 machine,
@@ -365,12 +320,7 @@ class SessionHub:
                 restart=Restart.TEMPORARY,
                 lanes=SessionActor.lanes_for(config),
             )
-        except BaseException:
-            driver.detach(handle)
-            if vad is not None:
-                vad.link.close()
-            self.admission.release(session_id)
-            raise
+            undo.pop_all()  # the session actor owns them now and releases them itself
         self._sessions[session_id] = ref
         self._opened.inc()
         if self.driver is not driver:  # the engine restarted while the session was starting

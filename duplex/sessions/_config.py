@@ -85,9 +85,7 @@ overflow a float or a timer later."""
 
 
 def _config_error(key: str, rule: str) -> ConfigError:
-    err = ConfigError(f"{key}: {rule}")
-    err.key = key  # type: ignore[attr-defined]  # lets the session name the param
-    return err
+    return ConfigError(f"{key}: {rule}", key=key)
 
 
 def _ranged(key: str, value: object, rule: Range) -> None:
@@ -298,10 +296,14 @@ class SessionConfig:
             raise BadEvent(  # the replay ran when the slot went live
                 "session.prompt is fixed when the session is created", param="session.prompt"
             )
+        return self.accepting(options)
+
+    def accepting(self, options: SessionOptions) -> SessionConfig:
+        """`updated`, refused as a client's error that names the field (``bad_event``)."""
         try:
             return self.updated(options)
         except ConfigError as exc:
-            param = f"session.{getattr(exc, 'key', '')}".rstrip(".")
+            param = f"session.{exc.key}" if exc.key else "session"
             raise BadEvent(str(exc), param=param) from exc
 
 

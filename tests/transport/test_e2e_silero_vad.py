@@ -97,6 +97,11 @@ async def test_a_full_vad_pool_refuses_the_session() -> None:
             error = await second.until("error")
             assert error["error"]["code"] == "resource_exhausted"
             assert "vad" in error["error"]["message"]
+        # admission is one transaction: the refused session holds no admission and no slot
+        with trio.fail_after(5):
+            while 'duplex_engine_live_slots{model="loopback"} 1' not in server.registry.render():
+                await trio.sleep(0.05)
+        assert "duplex_sessions_live 1" in server.registry.render()
         await speak(first, pcm16(np.zeros(RATE // 10, dtype=np.float32)), speedup=10)
         assert not first.of("error")  # the first session goes on
 
