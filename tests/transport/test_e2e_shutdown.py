@@ -17,16 +17,10 @@ from duplex.config import Config, load_config
 from duplex.metrics import MetricsRegistry
 from duplex.transport import serve_duplex
 
+from .rawws import masked_frame
+
 GRACE_S = 2.0
 STALLED = 6
-
-
-def _masked_text(payload: bytes) -> bytes:
-    mask = os.urandom(4)
-    n = len(payload)
-    assert n < 126
-    body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-    return bytes([0x81, 0x80 | n]) + mask + body
 
 
 async def _stalled_peer(port: int) -> trio.SocketStream:
@@ -46,7 +40,7 @@ async def _stalled_peer(port: int) -> trio.SocketStream:
     while b"\r\n\r\n" not in head:  # frames only after the 101, as RFC 6455 asks
         head += await stream.receive_some(1)
     assert head.startswith(b"HTTP/1.1 101"), head
-    update = _masked_text(json.dumps({"type": "session.update", "session": {}}).encode())
+    update = masked_frame(0x1, json.dumps({"type": "session.update", "session": {}}).encode())
     with trio.move_on_after(1.0):  # each answer is a whole session config: the writer stalls
         for _ in range(4000):
             await stream.send_all(update)

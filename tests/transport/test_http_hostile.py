@@ -25,6 +25,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from .rawws import masked_frame
+
 MAX_FRAME_BYTES = 4096
 """The server's ``max_frame_bytes`` here: messages over twice this get 1009."""
 
@@ -136,22 +138,6 @@ def _response_head(sock: socket.socket) -> bytes:
     return head
 
 
-def _frame(opcode: int, payload: bytes, *, rsv1: bool = False, fin: bool = True) -> bytes:
-    """One masked client frame."""
-    first = (0x80 if fin else 0) | (0x40 if rsv1 else 0) | opcode
-    n = len(payload)
-    if n < 126:
-        header = bytes([first, 0x80 | n])
-    elif n < 1 << 16:
-        header = bytes([first, 0x80 | 126]) + struct.pack(">H", n)
-    else:
-        header = bytes([first, 0x80 | 127]) + struct.pack(">Q", n)
-    mask = os.urandom(4)
-    repeated = (mask * (n // 4 + 1))[:n]
-    masked = (int.from_bytes(payload, "big") ^ int.from_bytes(repeated, "big")).to_bytes(n, "big")
-    return header + mask + masked
-
-
 def _close_code(data: bytes) -> int | None:
     """The code of the first close frame in ``data`` (server frames are unmasked)."""
     i = 0
@@ -209,7 +195,7 @@ def test_permessage_deflate_is_never_negotiated(served: Served) -> None:
         # a frame that claims compression anyway (RSV1) is a protocol error
         co = zlib.compressobj(9, zlib.DEFLATED, -15)
         bomb = co.compress(b"a" * 1_000_000) + co.flush(zlib.Z_SYNC_FLUSH)
-        s.sendall(_frame(0x1, bomb[:-4], rsv1=True))
+        s.sendall(masked_frame(0x1, bomb[:-4], rsv1=True))
         data, closed = _read_all(s)
     assert _close_code(data) == 1002
     assert closed
@@ -219,7 +205,7 @@ def test_permessage_deflate_is_never_negotiated(served: Served) -> None:
 def test_invalid_utf8_in_a_text_frame_closes_1007(served: Served) -> None:
     with _upgrade(served.port) as sock:
         assert _response_head(sock).startswith(b"HTTP/1.1 101")
-        sock.sendall(_frame(0x1, b'{"type": "\xff\xfe"}'))
+        sock.sendall(masked_frame(0x1, b'{"type": "\xff\xfe"}'))
         data, closed = _read_all(sock)
     assert _close_code(data) == 1007
     assert closed
@@ -229,7 +215,7 @@ def test_an_oversize_message_is_closed_1009_and_the_connection_ends(served: Serv
     """The close used to leave the TCP connection open (90 s and more) and the app untold."""
     with _upgrade(served.port) as sock:
         assert _response_head(sock).startswith(b"HTTP/1.1 101")
-        sock.sendall(_frame(0x1, b"a" * (2 * MAX_FRAME_BYTES + 1)))
+        sock.sendall(masked_frame(0x1, b"a" * (2 * MAX_FRAME_BYTES + 1)))
         data, closed = _read_all(sock, timeout=10)
     assert _close_code(data) == 1009
     assert closed, "the server still held the connection 10 s after its close frame"
@@ -308,7 +294,7 @@ def test_fuzz_raw_http_never_stops_the_server(served: Served, case: tuple[bytes,
 
 
 _frames = st.builds(
-    lambda opcode, payload, rsv, fin: _frame(opcode, payload, rsv1=rsv, fin=fin),
+    lambda opcode, payload, rsv, fin: masked_frame(opcode, payload, rsv1=rsv, fin=fin),
     st.integers(0, 15),
     st.binary(max_size=200) | st.sampled_from([b"\xff", b'{"type":"session.create"}']),
     st.booleans(),
