@@ -2,9 +2,13 @@
 
 Two rules, after h11's ``_state.py``:
 
-1. Everything that decides a transition lives in this file, and the tables
-   come first: ``SESSION_TABLE`` maps (session state, event type) to a rule,
-   ``TURN_TABLE`` refines it by turn state for the response events.
+1. The tables come first and decide which rule applies: ``SESSION_TABLE`` maps
+   (session state, event type) to a rule, ``TURN_TABLE`` refines it by turn
+   state for the response events. The session state changes only in this file;
+   the turn state (listening, responding, paused) changes only inside
+   `TurnTaking` (``_turns.py``), its one owner, whose methods the handlers here
+   call. So a transition is found from the tables: the cell names the handler,
+   and the handler's turn calls name the turn change.
 2. The machine does no I/O and reads no clock. ``handle(event, now)`` returns
    effects; the session actor performs them, and asks `next_deadline` when to
    send a `Tick`.
