@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from duplex.models import Engine, LoopbackRunner, ModelSpec
+from duplex.models import Engine, LoopbackRunner, ModelSpec, StepOutput, StepPlan
 
 FRAME = 1920
 SPEC = ModelSpec(name="loopback", supports_video_input=True, max_slots=8)
+
+
+class WrappedLoopback:
+    """The loopback runner behind a subclass's `execute` (a fault, a slow step, ...)."""
+
+    def __init__(self, spec: ModelSpec):
+        self.inner = LoopbackRunner(spec)
+        self.spec = spec
+
+    def reset_slot(self, slot: int) -> None:
+        self.inner.reset_slot(slot)
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        return self.inner.execute(plan)
 
 
 class FakeTimer:

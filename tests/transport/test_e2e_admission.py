@@ -15,7 +15,6 @@ from websockets.exceptions import ConnectionClosed
 
 from duplex.models import (
     LOOPBACK_SPEC,
-    LoopbackRunner,
     ModelSpec,
     StepOutput,
     StepPlan,
@@ -23,20 +22,15 @@ from duplex.models import (
     register_model,
 )
 
+from ..models.models_support import WrappedLoopback
 from .wsclient import Server, client, running_server
 
 
-class SlowFirstStep:
+class SlowFirstStep(WrappedLoopback):
     """Loopback whose first step blocks 0.3 s (a CUDA graph capture, say) and does not say
     so: the served GPU path of the issue, where the first step took 2.06 s."""
 
-    def __init__(self, spec: ModelSpec):
-        self.inner = LoopbackRunner(spec)
-        self.spec = spec
-        self.stepped = False
-
-    def reset_slot(self, slot: int) -> None:
-        self.inner.reset_slot(slot)
+    stepped = False
 
     def execute(self, plan: StepPlan) -> StepOutput:
         if not self.stepped:
@@ -45,15 +39,8 @@ class SlowFirstStep:
         return self.inner.execute(plan)
 
 
-class SlowPairs:
+class SlowPairs(WrappedLoopback):
     """Loopback whose batches of two or more take 0.1 s: over the 64 ms budget."""
-
-    def __init__(self, spec: ModelSpec):
-        self.inner = LoopbackRunner(spec)
-        self.spec = spec
-
-    def reset_slot(self, slot: int) -> None:
-        self.inner.reset_slot(slot)
 
     def execute(self, plan: StepPlan) -> StepOutput:
         if len(plan.inputs) >= 2:

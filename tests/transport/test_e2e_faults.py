@@ -11,29 +11,21 @@ from structlog.testing import capture_logs
 
 from duplex.models import (
     LOOPBACK_SPEC,
-    LoopbackRunner,
-    ModelSpec,
     StepOutput,
     StepPlan,
     model_names,
     register_model,
 )
 
+from ..models.models_support import WrappedLoopback
 from .wsclient import client, running_server, silence, tone
 
 FAULT = threading.Event()
 """Set it and the next engine step raises (once), as a crashing model would."""
 
 
-class FaultyRunner:
+class FaultyRunner(WrappedLoopback):
     """The loopback runner, except that a step raises once ``FAULT`` is set."""
-
-    def __init__(self, spec: ModelSpec):
-        self.inner = LoopbackRunner(spec)
-        self.spec = spec
-
-    def reset_slot(self, slot: int) -> None:
-        self.inner.reset_slot(slot)
 
     def execute(self, plan: StepPlan) -> StepOutput:
         if FAULT.is_set():
