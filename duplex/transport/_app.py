@@ -109,6 +109,12 @@ class Backend(Protocol):
         ...
 
 
+def _shut_down(ref: ActorRef[Any]) -> None:
+    """Tell a connection the server stops; a full control lane leaves it to the abort."""
+    with contextlib.suppress(trio.WouldBlock):
+        ref.tell_nowait(ShutDown())
+
+
 class Connections:
     """The live connection actors, so a shutdown can close every socket first (1001)."""
 
@@ -128,8 +134,7 @@ class Connections:
         """
         self.closing = True
         for ref in list(self.live):
-            with contextlib.suppress(trio.WouldBlock):  # a full control lane: left to the abort
-                ref.tell_nowait(ShutDown())
+            _shut_down(ref)
         if self.live:
             with trio.move_on_after(within_s):
                 await self._none_left.wait()
@@ -137,8 +142,7 @@ class Connections:
     async def add(self, ref: ActorRef[Any]) -> None:
         self.live.add(ref)
         if self.closing:  # accepted just as the shutdown began
-            with contextlib.suppress(trio.WouldBlock):
-                ref.tell_nowait(ShutDown())
+            _shut_down(ref)
 
     def remove(self, ref: ActorRef[Any]) -> None:
         self.live.discard(ref)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -56,6 +55,7 @@ from wsproto.frame_protocol import CloseReason
 from duplex.actors import unwrap
 from duplex.logs import get_logger
 from duplex.metrics import REGISTRY, MetricsRegistry
+from duplex.sessions import RefusalLog
 
 CLOSE_LINGER_S = 1.0
 """After a close frame the server sent for a bad frame, how long bytes still arriving are
@@ -165,23 +165,16 @@ class _ErrorLog:
             ("kind",),
         )
         self.log = get_logger(component="http")
-        self.last: dict[str, float] = {}
-        self.unlogged: dict[str, int] = {}
+        self.rate = RefusalLog(ERROR_LOG_INTERVAL_S)
 
     def record(self, exc: BaseException) -> None:
         kind = type(exc).__name__
         self.counter.inc(kind=kind)
-        now = time.monotonic()
-        if now - self.last.get(kind, -ERROR_LOG_INTERVAL_S) < ERROR_LOG_INTERVAL_S:
-            self.unlogged[kind] = self.unlogged.get(kind, 0) + 1
-            return
-        self.last[kind] = now
-        self.log.warning(
-            "connection error",
-            kind=kind,
-            error=str(exc)[:200],
-            unlogged_since_last=self.unlogged.pop(kind, 0),
-        )
+        unlogged = self.rate.note(kind, trio.current_time())
+        if unlogged is not None:
+            self.log.warning(
+                "connection error", kind=kind, error=str(exc)[:200], unlogged_since_last=unlogged
+            )
 
 
 async def serve_http(
