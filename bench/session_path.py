@@ -31,7 +31,7 @@ from duplex.actors import open_actor_system
 from duplex.config import load_config
 from duplex.metrics import MetricsRegistry
 from duplex.sessions import AudioAppend, AudioDelta, ServerEvent, SessionCreate, SessionOptions
-from duplex.transport._server import open_backend
+from duplex.topology._server import open_backend
 from duplex.transport._sockets import Received
 
 FRAME = 1920  # 80 ms at 24 kHz

@@ -106,8 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from duplex.config import api_keys_of, load_config
-    from duplex.transport import run_server
-    from duplex.transport._server import resolve_model
+    from duplex.topology import resolve_model, run_server
 
     overrides: dict[str, Any] = {
         f"server.{key}": value

@@ -1,6 +1,11 @@
-"""duplex.transport: wire protocols (sans-I/O codecs), the connection actor and the server."""
+"""duplex.transport: wire protocols (sans-I/O codecs), the connection actor and the ASGI app.
 
-from ._app import build_app
+What the process topology (``duplex.topology``) builds on is exported here; no
+other package imports a ``_`` module of this one.
+"""
+
+from ._access import AccessSettings, ResumeGuard, digest
+from ._app import HttpAnswer, HttpRoute, HubBackend, build_app, hypercorn_config
 from ._duplex_wire import (
     CLIENT_EVENT_NAMES,
     DEFAULT_MAX_EVENT_BYTES,
@@ -8,15 +13,25 @@ from ._duplex_wire import (
     encode_server_event,
     parse_client_event,
 )
-from ._server import run_server, serve_duplex
+from ._http import serve_http
+from ._sockets import EventSocket, Received, SocketGone
 
 __all__ = [
     "CLIENT_EVENT_NAMES",
     "DEFAULT_MAX_EVENT_BYTES",
     "SERVER_EVENT_NAMES",
+    "AccessSettings",
+    "EventSocket",
+    "HttpAnswer",
+    "HttpRoute",
+    "HubBackend",
+    "Received",
+    "ResumeGuard",
+    "SocketGone",
     "build_app",
+    "digest",
     "encode_server_event",
+    "hypercorn_config",
     "parse_client_event",
-    "run_server",
-    "serve_duplex",
+    "serve_http",
 ]

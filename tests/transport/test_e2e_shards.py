@@ -1,7 +1,7 @@
 """Session shards end to end: real shard and worker processes, spread, resumed, full, killed.
 
 With ``server.session_shards = 2`` this process is shard 0 and runs shard 1
-(``python -m duplex.transport._shard``); the connection workers connect to both and
+(``python -m duplex.topology._shard``); the connection workers connect to both and
 place each session. These tests find the shard among this process's children and
 signal it directly, and stop workers (SIGSTOP) to choose which one accepts a socket.
 """
@@ -40,7 +40,7 @@ from .test_e2e_workers import (
 from .wsclient import FRAME, Client, Server, running_server, silence, tone
 
 SHARDED = {**BASE, "server.connection_workers": 2, "server.session_shards": 2}
-SHARD = b"duplex.transport._shard"
+SHARD = b"duplex.topology._shard"
 
 
 # -- the shard processes -------------------------------------------------------

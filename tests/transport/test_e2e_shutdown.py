@@ -15,7 +15,7 @@ from websockets.trio.client import connect
 from duplex.actors import open_actor_system
 from duplex.config import Config, load_config
 from duplex.metrics import MetricsRegistry
-from duplex.transport import serve_duplex
+from duplex.topology import serve_duplex
 
 from .rawws import masked_frame
 

@@ -1,7 +1,7 @@
 """Connection workers end to end: real worker processes, killed, stopped, shared, flooded.
 
 With ``server.connection_workers = N`` the sockets live in N worker processes
-(``python -m duplex.transport._frontend``) and the sessions in this one. These
+(``python -m duplex.topology._frontend``) and the sessions in this one. These
 tests find the workers among this process's children and signal them directly.
 """
 
@@ -24,9 +24,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect
 
 from duplex.actors._supervisor import unwrap
-from duplex.transport import _link
-from duplex.transport._link import WINDOW
-from duplex.transport._workers import LinkedSocket
+from duplex.topology import _link
+from duplex.topology._link import WINDOW
+from duplex.topology._workers import LinkedSocket
 
 from .test_e2e_duplex import open_session, resume, use_session
 from .test_realtime_wire import check_wire
@@ -34,7 +34,7 @@ from .wsclient import FRAME, Client, Server, append, running_server, silence, to
 
 BASE = {"session.overlap_policy": "model", "server.realtime_vad": "energy"}
 """The loopback echoes speech once it ends; no silero to load (these tests speak in tones)."""
-FRONTEND = b"duplex.transport._frontend"
+FRONTEND = b"duplex.topology._frontend"
 OPEN_TIMEOUT_S = 30.0
 """A handshake may wait for a restarted worker: its 1 s restart delay, then its startup."""
 

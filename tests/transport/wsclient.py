@@ -17,7 +17,7 @@ from websockets.trio.client import ClientConnection, connect
 from duplex.actors import ActorSystem, open_actor_system
 from duplex.config import load_config
 from duplex.metrics import MetricsRegistry
-from duplex.transport import serve_duplex
+from duplex.topology import serve_duplex
 
 FRAME = 1920  # 80 ms at 24 kHz
 ENERGY_VAD = {"server.realtime_vad": "energy"}

@@ -1,6 +1,6 @@
 """A connection worker process: hypercorn on the shared listener, relaying to the session processes.
 
-    python -m duplex.transport._frontend --index I --listen-fd L --link-fd K --settings JSON
+    python -m duplex.topology._frontend --index I --listen-fd L --link-fd K --settings JSON
 
 Spawned by ``ConnectionWorkers`` (``_workers.py``), never by hand. It runs the
 same Starlette app as a single-process server over a ``LinkBackend``: each
@@ -26,9 +26,16 @@ import trio
 
 from duplex.logs import configure_logging, get_logger
 from duplex.sessions import SessionResume, shard_of
+from duplex.transport import (
+    EventSocket,
+    HttpAnswer,
+    HttpRoute,
+    SocketGone,
+    build_app,
+    hypercorn_config,
+    serve_http,
+)
 
-from ._app import HttpAnswer, HttpRoute, build_app, hypercorn_config
-from ._http import serve_http
 from ._link import (
     CODE_FINGERPRINT,
     EXIT_STALE_CODE,
@@ -48,7 +55,6 @@ from ._link import (
     Window,
     Written,
 )
-from ._sockets import EventSocket, SocketGone
 from ._workers import WorkerSettings
 
 HTTP_TIMEOUT_S = 5.0

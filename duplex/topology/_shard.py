@@ -1,6 +1,6 @@
 """A session shard process: its own sessions and engine, reached by the workers' links.
 
-    python -m duplex.transport._shard --link-fd F --index I --path P --fingerprint H \
+    python -m duplex.topology._shard --link-fd F --index I --path P --fingerprint H \
         --config B64
 
 Spawned by ``ShardProcesses`` (``_shards.py``), never by hand. It runs what the

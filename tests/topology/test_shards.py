@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from duplex.metrics import Family, MetricsRegistry, Sample, merge_labelled, render
 from duplex.sessions import SessionCreate, SessionResume, new_session_id, shard_of
-from duplex.transport._frontend import LinkBackend, Relay
-from duplex.transport._link import CloseRemoteSocket, Connected, FromSocket, Link, Load
-from duplex.transport._server import shard_max_sessions
+from duplex.topology._frontend import LinkBackend, Relay
+from duplex.topology._link import CloseRemoteSocket, Connected, FromSocket, Link, Load
+from duplex.topology._server import shard_max_sessions
 
 # -- session ids ---------------------------------------------------------------
 

@@ -29,9 +29,7 @@ import numpy as np
 import trio
 
 from duplex.sessions import AudioAppend, AudioDelta, ServerEvent, SessionOptions, rebuilt
-
-from ._app import HttpAnswer
-from ._sockets import Received
+from duplex.transport import HttpAnswer, Received
 
 HEADER = struct.Struct("<I")
 MAX_MESSAGE_BYTES = 1 << 30
@@ -55,6 +53,8 @@ def _code_fingerprint() -> str:
         *root.glob("sessions/*.py"),
         *root.glob("runtime/*.py"),
         *root.glob("transport/*.py"),
+        *root.glob("topology/*.py"),
+        *root.glob("models/*.py"),
         root / "exceptions.py",
     ]
     digest = hashlib.sha256()

@@ -36,11 +36,17 @@ from duplex.models import (
 )
 from duplex.runtime import SessionHub
 from duplex.sessions import Capabilities
+from duplex.transport import (
+    AccessSettings,
+    HubBackend,
+    ResumeGuard,
+    build_app,
+    digest,
+    hypercorn_config,
+    serve_http,
+)
 
 from . import _link
-from ._access import AccessSettings, ResumeGuard, digest
-from ._app import HubBackend, build_app, hypercorn_config
-from ._http import serve_http
 from ._shards import ShardProcesses
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
 

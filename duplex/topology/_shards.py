@@ -111,7 +111,7 @@ class ShardProcesses:
             f"--fingerprint={CODE_FINGERPRINT}",
             f"--config={config}",
         ]
-        return await spawn_linked("duplex.transport._shard", args)
+        return await spawn_linked("duplex.topology._shard", args)
 
     async def serve(self, index: int, link: Link, on_ready: Callable[[], None]) -> None:
         try:

@@ -23,8 +23,7 @@ from hypothesis import strategies as st
 
 from duplex.exceptions import BadEvent
 from duplex.sessions import AudioAppend, AudioDelta, ErrorEvent, SessionOptions, TranscriptDelta
-from duplex.transport._app import HttpAnswer
-from duplex.transport._link import (
+from duplex.topology._link import (
     HEADER,
     MAX_MESSAGE_BYTES,
     WINDOW,
@@ -45,6 +44,7 @@ from duplex.transport._link import (
     Written,
     encode,
 )
+from duplex.transport._app import HttpAnswer
 
 # -- comparing what came out with what went in ---------------------------------
 
@@ -258,7 +258,7 @@ def test_a_header_at_the_limit_waits_for_its_body() -> None:
         b"",  # an empty pickle
         b"not a pickle at all",
         pickle.dumps({"k": list(range(50))})[:-5],  # a pickle cut short inside its frame
-        b"cduplex.transport._link\nNoSuchName\n.",  # a name the receiver does not have
+        b"cduplex.topology._link\nNoSuchName\n.",  # a name the receiver does not have
     ],
     ids=["empty", "garbage", "truncated", "unknown-global"],
 )

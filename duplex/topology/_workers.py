@@ -24,9 +24,8 @@ import trio
 from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry
 from duplex.sessions import ServerEvent, SessionOptions
+from duplex.transport import AccessSettings, HttpRoute, HubBackend, Received, SocketGone
 
-from ._access import AccessSettings
-from ._app import HttpRoute, HubBackend
 from ._children import Children, spawn_linked
 from ._link import (
     CloseRemoteSocket,
@@ -44,7 +43,6 @@ from ._link import (
     Window,
     Written,
 )
-from ._sockets import Received, SocketGone
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +173,7 @@ class ConnectionWorkers:
         listen_fd = self.listener.fileno()
         settings = self.settings.to_json()
         args = [f"--index={index}", f"--listen-fd={listen_fd}", f"--settings={settings}"]
-        return await spawn_linked("duplex.transport._frontend", args, pass_fds=(listen_fd,))
+        return await spawn_linked("duplex.topology._frontend", args, pass_fds=(listen_fd,))
 
     async def serve(self, index: int, link: Link, on_ready: Callable[[], None]) -> None:
         await self.server.serve(link, on_ready=on_ready, name=f"worker {index}")
