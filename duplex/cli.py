@@ -30,7 +30,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model", help="loopback (default), tiny, moshi-7b, personaplex-7b or a checkpoint folder"
     )
-    serve.add_argument("--model-device", help="torch device of the model: cpu, cuda, cuda:N")
+    serve.add_argument(
+        "--model-device",
+        help="torch device of the model: cpu, cuda, cuda:N, or several (cuda:0,cuda:1)",
+    )
     serve.add_argument("--model-seed", type=int, help="base sampling seed of the model")
     serve.add_argument(
         "--random-weights",
@@ -53,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         metavar="K",
         help="session processes, each with its own engine (default 1; needs connection workers)",
+    )
+    serve.add_argument(
+        "--engine-process",
+        choices=("auto", "on", "off"),
+        help="run the engine in its own process per device (auto: on for a GPU)",
     )
     serve.add_argument(
         "--api-key",
@@ -120,6 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
             ("kv_cache_dtype", args.kv_cache_dtype),
             ("connection_workers", args.connection_workers),
             ("session_shards", args.session_shards),
+            ("engine_process", args.engine_process),
             ("log_format", args.log_format),
             ("log_level", args.log_level),
             ("api_keys", args.api_key),

@@ -71,7 +71,8 @@ class ServerConfig:
     """``loopback``, ``tiny``, ``moshi-7b``, ``personaplex-7b``, a checkpoint folder, or
     ``PRESET:PATH`` (docs/operations.md, "Models")."""
     model_device: str = "cpu"
-    """Torch device of the model: ``cpu``, ``cuda`` or ``cuda:N``."""
+    """Torch device of the model: ``cpu``, ``cuda`` or ``cuda:N``; or several, comma-separated
+    (``cuda:0,cuda:1``): one engine process per device, new sessions on the one with room."""
     model_seed: int = 0
     """Base sampling seed; with it, a session's output is reproducible."""
     random_weights: bool = False
@@ -103,11 +104,16 @@ class ServerConfig:
     """Worker processes that accept the port's connections and do their WebSocket I/O, JSON
     and base64, relaying decoded events to this process, which keeps every session and the
     engine (docs/operations.md, "Connection workers"). 0: one process does everything."""
+    engine_process: Literal["auto", "on", "off"] = "auto"
+    """Where the engine runs: ``on``, in an engine process per device of ``model_device``,
+    which every session process links to (docs/operations.md, "Engine processes"); ``off``,
+    inside each session process; ``auto``: ``on`` for a GPU (or several devices), else ``off``."""
     session_shards: int = 1
     """Session processes, each with its own sessions, engine and share of ``max_sessions``;
     connection workers send a new session to the least loaded one and a resume to its owner
     (docs/operations.md, "Session shards"). Above 1 it needs ``connection_workers`` and a
-    model on the CPU: a GPU model must batch every session in one engine."""
+    model on the CPU or engine processes: a GPU model must batch every session in one
+    engine."""
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     shutdown_grace_s: float = 5.0
@@ -149,8 +155,19 @@ class ServerConfig:
             raise ConfigError(f"port: must be 0..65535, got {self.port}")
         if not self.host:
             raise ConfigError("host: must not be empty")
-        if not _DEVICE.match(self.model_device):
-            raise ConfigError(f"model_device: must be cpu, cuda or cuda:N: {self.model_device!r}")
+        devices = self.devices
+        if not all(_DEVICE.match(device) for device in devices):
+            raise ConfigError(
+                "model_device: must be cpu, cuda or cuda:N, or several of them comma-separated: "
+                f"{self.model_device!r}"
+            )
+        if len(set(devices)) != len(devices):
+            raise ConfigError(f"model_device: a device is named twice: {self.model_device!r}")
+        if len(devices) > 1 and self.engine_process == "off":
+            raise ConfigError(
+                f"engine_process: off, but model_device names {len(devices)} devices: each "
+                "needs its own engine process"
+            )
         if self.max_sessions < 0:
             raise ConfigError(f"max_sessions: must be >= 0, got {self.max_sessions}")
         if self.max_frame_bytes < 1024:
@@ -215,6 +232,18 @@ class ServerConfig:
                 "(--allow-unauthenticated) to serve it open on purpose"
             )
 
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices of ``model_device``, one engine each."""
+        return tuple(device.strip() for device in self.model_device.split(","))
+
+    @property
+    def engine_processes(self) -> bool:
+        """Engines run in their own processes (``engine_process``, ``auto`` resolved)."""
+        if self.engine_process == "auto":
+            return self.model_device != "cpu"
+        return self.engine_process == "on"
+
     def _check_shards(self) -> None:
         shards = self.session_shards
         if not self.connection_workers:
@@ -222,10 +251,11 @@ class ServerConfig:
                 f"session_shards: {shards} shards need connection_workers >= 1 "
                 "(the workers route each socket to its shard)"
             )
-        if self.model_device != "cpu":
+        if self.model_device != "cpu" and not self.engine_processes:
             raise ConfigError(
                 f"session_shards: each shard runs its own engine, and model_device "
-                f"{self.model_device!r} needs one engine batching every session; use 1 shard"
+                f"{self.model_device!r} needs one engine batching every session; use 1 shard "
+                "or engine_process = on"
             )
         if self.max_sessions and self.max_sessions < shards:
             raise ConfigError(

@@ -65,12 +65,12 @@ def test_bad_values_name_the_key(env: dict[str, str], message: str) -> None:
         ({"server.session_shards": 2}, "session_shards: 2 shards need connection_workers >= 1"),
         (
             {"server.session_shards": 2, "server.connection_workers": 1,
-             "server.model_device": "cuda"},
+             "server.model_device": "cuda", "server.engine_process": "off"},
             "session_shards: each shard runs its own engine, and model_device 'cuda'",
         ),
         (
             {"server.session_shards": 2, "server.connection_workers": 1,
-             "server.model_device": "cuda:1"},
+             "server.model_device": "cuda:1", "server.engine_process": "off"},
             "model_device 'cuda:1' needs one engine",
         ),
         (

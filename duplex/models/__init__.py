@@ -13,6 +13,7 @@ them into OpenAI server_vad events; the `VadActor` supervises the driver.
 """
 
 from ._actor import EngineActor
+from ._delivery import SlotDelivery, SlotEngine
 from ._driver import ENGINE_METRICS, DriverStatistics, EngineDriver, Offload
 from ._engine import (
     Engine,
@@ -58,6 +59,7 @@ from ._silero import (
     VadWindow,
     silero_weights_path,
 )
+from ._ticker import Fanout, Subscriber
 from ._vad_actor import VadActor
 from ._vad_driver import VAD_METRICS, VadDriver, VadDriverStatistics
 
@@ -75,6 +77,7 @@ __all__ = [
     "EngineActor",
     "EngineDriver",
     "EngineStatistics",
+    "Fanout",
     "FrameOutput",
     "IdleTimeout",
     "InputPush",
@@ -92,6 +95,8 @@ __all__ = [
     "SegmenterEvent",
     "ServerVadConfig",
     "SileroVad",
+    "SlotDelivery",
+    "SlotEngine",
     "SlotHandle",
     "SlotInput",
     "SlotOutput",
@@ -101,6 +106,7 @@ __all__ = [
     "SpeechSegmenter",
     "StepOutput",
     "StepPlan",
+    "Subscriber",
     "VadActor",
     "VadDriver",
     "VadDriverStatistics",

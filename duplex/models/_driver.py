@@ -14,7 +14,6 @@ one slow session never holds up the tick.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -22,6 +21,7 @@ from typing import Protocol, TypeVar, final
 
 import trio
 
+from ._delivery import SlotDelivery
 from ._engine import Engine, EngineStatistics, InputPush, SlotHandle, SlotOutput
 from ._interface import ModelSpec, PcmFrame, SlotPrompt
 from ._scheduler import CapacityReport
@@ -125,12 +125,12 @@ class EngineDriver:
             offload = inline if engine.spec.steps_inline else trio.to_thread.run_sync
         self._offload = offload
         self._phases = engine.spec.tick_phases
+        self.on_tick: Callable[[], None] | None = None
+        """Called after each step's outputs are handed out: the engine process sends each
+        session process its tick's outputs as one message then."""
         self._ticker = Ticker(engine.spec.frame_period_s / self._phases)
         self._fanout: Fanout[SlotHandle, SlotOutput] = Fanout(self.detach)
-        self._carry: dict[SlotHandle, SlotOutput] = {}
-        """The last dropped output per slot (already holding what it carried): its input
-        samples and consumed video frames go out with the slot's next delivered output,
-        so the session's input accounting never drifts."""
+        self._delivery = SlotDelivery(self._fanout)
 
     @property
     def spec(self) -> ModelSpec:
@@ -158,8 +158,14 @@ class EngineDriver:
         """
         handle = self._engine.acquire_slot(owner, prompt, now=trio.current_time())
         if handle is not None:
-            self._fanout.subscribers[handle] = send_channel
+            self._delivery.add(handle, send_channel)
         return handle
+
+    async def open_slot(
+        self, owner: str, subscriber: Subscriber[SlotOutput], *, prompt: SlotPrompt | None = None
+    ) -> SlotHandle | None:
+        """`attach`, as a `SlotEngine` (the engine-process client's is a round trip)."""
+        return self.attach(owner, subscriber, prompt=prompt)
 
     def detach(self, handle: SlotHandle) -> bool:
         """Release the slot; outputs of a step already running are dropped as orphaned.
@@ -167,8 +173,7 @@ class EngineDriver:
         Returns:
             ``True`` if released now, ``False`` if it already was.
         """
-        self._fanout.subscribers.pop(handle, None)
-        self._carry.pop(handle, None)
+        self._delivery.remove(handle)
         return self._engine.release_slot(handle)
 
     def push_input(self, handle: SlotHandle, pcm: PcmFrame) -> InputPush:
@@ -206,26 +211,6 @@ class EngineDriver:
         phase = (self._ticker.ticks - 1) % self._phases if self._phases > 1 else None
         outputs = await self._offload(partial(self._engine.step, scheduled, phase))
         for handle, output in outputs.items():
-            carried = self._carry.pop(handle, None)
-            if carried is not None:
-                output = _merge(carried, output)
-            if not self._fanout.send(handle, output):
-                self._carry[handle] = output
-
-
-def _merge(dropped: SlotOutput, output: SlotOutput) -> SlotOutput:
-    """``output`` plus the input accounting of outputs dropped before it."""
-    frame = output.frame
-    if dropped.frame.video_frame_ids:
-        frame = dataclasses.replace(
-            frame,
-            video_frame_ids=(*dropped.frame.video_frame_ids, *frame.video_frame_ids),
-            latest_video_pts_ms=(
-                frame.latest_video_pts_ms
-                if frame.latest_video_pts_ms is not None
-                else dropped.frame.latest_video_pts_ms
-            ),
-        )
-    return dataclasses.replace(
-        output, input_samples=output.input_samples + dropped.input_samples, frame=frame
-    )
+            self._delivery.deliver(handle, output)
+        if self.on_tick is not None:
+            self.on_tick()

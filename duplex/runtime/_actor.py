@@ -28,7 +28,7 @@ import trio
 
 from duplex.actors import Actor, ActorContext, ActorRef, ControlMessage, LaneSpec, Overflow
 from duplex.exceptions import InternalError, MailboxFull, PromptUnsupported
-from duplex.models import EngineDriver, SlotHandle, SlotOutput, SlotPrompt, VadDriver, VadWindow
+from duplex.models import SlotEngine, SlotHandle, SlotOutput, SlotPrompt, VadDriver, VadWindow
 from duplex.sessions import (
     ClientEvent,
     CloseConnection,
@@ -108,7 +108,7 @@ class LeaseTimer(ControlMessage):
 class EngineReplaced(ControlMessage):
     """The engine crashed and restarted: move onto ``driver``."""
 
-    driver: EngineDriver
+    driver: SlotEngine
     reason: str
 
 
@@ -208,7 +208,7 @@ class EngineSink:
 class SessionResources:
     """The engine slot (and VAD stream) a session holds and where their output arrives."""
 
-    driver: EngineDriver
+    driver: SlotEngine
     handle: SlotHandle
     sink: EngineSink
     released: bool = field(default=False)
@@ -290,14 +290,14 @@ class SessionActor(Actor[Any]):
                 for connection in self.connections.values():
                     self._notify_lost(connection)
 
-    async def _replace_engine(self, ctx: ActorContext, driver: EngineDriver, reason: str) -> None:
+    async def _replace_engine(self, ctx: ActorContext, driver: SlotEngine, reason: str) -> None:
         res = self.resources
         res.sink.closed = True
         res.driver.detach(res.handle)
         sink = EngineSink(res.sink.limit)
         try:  # the prompt was accepted by the same model before the restart
             prompt = slot_prompt(self.machine.config)
-            handle = driver.attach(self.machine.session_id, sink, prompt=prompt)
+            handle = await driver.open_slot(self.machine.session_id, sink, prompt=prompt)
         except PromptUnsupported:
             handle = None
         if handle is None:

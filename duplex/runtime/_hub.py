@@ -34,8 +34,8 @@ from duplex.models import (
     VAD_METRICS,
     CapacityLimit,
     CapacityReport,
-    EngineDriver,
     ModelSpec,
+    SlotEngine,
     VadDriver,
     VadWindow,
 )
@@ -76,10 +76,12 @@ class Opened:
 
 @final
 class SessionHub:
-    """Opens sessions against one engine and finds them again for resume.
+    """Opens sessions against its engines and finds them again for resume.
 
-    The engine actor hands over each driver it starts (`engine_started`); a
-    replacement after a crash moves every live session onto the new one.
+    Each engine (one in process, or one per engine process: ``index``) is handed over
+    when it starts (`engine_started`); a replacement after a crash moves every live
+    session of that engine onto the new one. A new session goes to the engine with
+    the most room; a session stays on its engine for its whole life.
     """
 
     def __init__(
@@ -97,8 +99,12 @@ class SessionHub:
         (``duplex-s<shard>-<32 hex>``) so a worker can route a resume to it."""
         self.system = system
         self.spec = spec
-        self.driver: EngineDriver | None = None
+        self.engines: dict[int, SlotEngine] = {}
+        """The running engine of each index (one per device)."""
         self.engine_starts = 0
+        self.export_engine_metrics = True
+        """Off in every session process but the first when engines run in their own
+        processes: one engine's figures are exported once."""
         self.vad: VadDriver | None = None
         self.vad_starts = 0
         self.config = config
@@ -112,6 +118,8 @@ class SessionHub:
         """Called after each admission attempt and each release (a shard tells its workers,
         which count a session they send as taken until then)."""
         self._sessions: dict[str, ActorRef[Any]] = {}
+        self._placed: dict[str, int] = {}
+        """The engine index each live session holds its slot on."""
         self._generations = itertools.count(1)
         self._opened = registry.counter("duplex_sessions_opened_total", "Sessions admitted")
         self._refused = registry.counter(
@@ -138,18 +146,25 @@ class SessionHub:
 
     def _capacity_sample(self) -> list[Sample]:
         """The figure /health and admission use."""
-        if self.driver is None:
+        if not self.engines:
             return []
         return [Sample("duplex_engine_capacity_slots", {"model": self.spec.name}, self.capacity())]
 
     def _engine_sampler(self, name: str) -> Callable[[], list[Sample]]:
         def collect() -> list[Sample]:
-            if self.driver is None:
+            if not self.export_engine_metrics:
                 return []
-            value = self.driver.statistics().metric(name)
-            if value is None:
-                return []
-            return [Sample(name, {"model": self.spec.name}, value)]
+            samples = []
+            for index, engine in sorted(self.engines.items()):
+                statistics = engine.statistics()
+                value = None if statistics is None else statistics.metric(name)
+                if value is None:
+                    continue
+                labels = {"model": self.spec.name}
+                if len(self.engines) > 1:
+                    labels["engine"] = str(index)
+                samples.append(Sample(name, labels, value))
+            return samples
 
         return collect
 
@@ -162,12 +177,12 @@ class SessionHub:
         return collect
 
     def capacity(self) -> int:
-        """Sessions that may hold engine resources at once now: the engine's measured
+        """Sessions that may hold engine resources at once now: the engines' measured
         capacity under the configured bound; 0 while no engine runs."""
-        driver = self.driver
-        if driver is None:
+        if not self.engines:
             return 0
-        return min(self.admission.bound, driver.capacity().slots)
+        slots = sum(engine.capacity().slots for engine in self.engines.values())
+        return min(self.admission.bound, slots)
 
     def _refusal(
         self, reason: RefusalReason, message: str, **figures: object
@@ -211,19 +226,38 @@ class SessionHub:
     @property
     def ready(self) -> bool:
         """An engine is running: sessions can be admitted."""
-        return self.driver is not None
+        return bool(self.engines)
 
-    async def engine_started(self, driver: EngineDriver) -> None:
-        """A (new) engine runs; after a crash, every live session moves onto it."""
-        previous, self.driver = self.driver, driver
+    async def engine_started(self, engine: SlotEngine, index: int = 0) -> None:
+        """Engine ``index`` runs (again); after a crash, its live sessions move onto it."""
+        previous = self.engines.get(index)
+        self.engines[index] = engine
         self.engine_starts += 1
         if previous is None:
             return
+        moved = [sid for sid, placed in self._placed.items() if placed == index]
         get_logger(component="engine", model=self.spec.name).info(
-            "engine restarted", restarts=self.engine_starts - 1, sessions=len(self._sessions)
+            "engine restarted", engine=index, restarts=self.engine_starts - 1, sessions=len(moved)
         )
-        for ref in list(self._sessions.values()):
-            await ref.tell(EngineReplaced(driver, "engine crashed"))
+        for session_id in moved:
+            ref = self._sessions.get(session_id)
+            if ref is not None:
+                await ref.tell(EngineReplaced(engine, "engine crashed"))
+
+    def engine_stopped(self, index: int, engine: SlotEngine) -> None:
+        """Engine ``index`` is gone until it starts again: no new session goes to it."""
+        if self.engines.get(index) is engine:
+            del self.engines[index]
+
+    def _roomiest(self) -> tuple[int, SlotEngine, CapacityReport] | None:
+        """The engine with the most room now (``None``: no engine runs)."""
+        best = None
+        for index, engine in sorted(self.engines.items()):
+            report = engine.capacity()
+            room = (report.admits, min(report.slots - report.live, report.free_ids))
+            if best is None or room > best[0]:
+                best = (room, index, engine, report)
+        return None if best is None else best[1:]
 
     async def vad_started(self, driver: VadDriver) -> None:
         """A (new) shared VAD runs; after a crash, every live session moves onto it
@@ -275,16 +309,16 @@ class SessionHub:
             ResourceExhausted: no capacity (engine slots, step time, ``max_sessions``,
                 or VAD streams for a ``vad="silero"`` session).
         """
-        driver = self.driver
-        if driver is None:
+        chosen = self._roomiest()
+        if chosen is None:
             raise self._refusal(RefusalReason.STARTING, "the engine is not running yet")
+        index, driver, report = chosen
         config = self.config
         if options is not None:
             config = config.accepting(options)
         session_id = None if self.shard is None else new_session_id(os.urandom, self.shard)
         machine = SessionMachine(config, self.capabilities, session_id=session_id)
         session_id = machine.session_id
-        report = driver.capacity()
         if self.admission.live >= self.admission.bound:
             limit = self.admission.bound
             raise self._refusal(
@@ -298,7 +332,7 @@ class SessionHub:
             undo.callback(self.admission.release, session_id)
             sink = EngineSink(ENGINE_OUTPUT_BUFFER)
             try:
-                handle = driver.attach(session_id, sink, prompt=slot_prompt(config))
+                handle = await driver.open_slot(session_id, sink, prompt=slot_prompt(config))
             except errors.PromptUnsupported as exc:  # no prompts, or a voice it does not have
                 raise errors.UnsupportedParameter(str(exc), param="session.prompt") from exc
             if handle is None:  # a step changed the figures since the check above
@@ -322,15 +356,18 @@ class SessionHub:
             )
             undo.pop_all()  # the session actor owns them now and releases them itself
         self._sessions[session_id] = ref
+        self._placed[session_id] = index
         self._opened.inc()
-        if self.driver is not driver:  # the engine restarted while the session was starting
-            await ref.tell(EngineReplaced(self.driver, "engine crashed"))  # type: ignore[arg-type]
+        current = self.engines.get(index)
+        if current is not None and current is not driver:  # it restarted meanwhile
+            await ref.tell(EngineReplaced(current, "engine crashed"))
         if vad is not None and self.vad is not vad.link.streams:  # so did the VAD
             await ref.tell(VadReplaced(self.vad))  # type: ignore[arg-type]
         return Opened(session_id, ref)
 
     def released(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
+        self._placed.pop(session_id, None)
         self.admission.release(session_id)
         self._load_changed()
 

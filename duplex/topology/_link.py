@@ -295,10 +295,11 @@ def decode(body: bytes) -> Any:
 
 
 class Decoder:
-    """Bytes in, in any chunking; whole messages out, in order."""
+    """Bytes in, in any chunking; whole messages out, in order (each body through ``decode``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, decode: Callable[[bytes], Any] = decode) -> None:
         self._buffer = bytearray()
+        self._decode = decode
 
     def feed(self, data: bytes) -> list[Any]:
         buffer = self._buffer
@@ -312,7 +313,7 @@ class Decoder:
             stop = start + HEADER.size + size
             if stop > end:
                 break
-            messages.append(decode(bytes(buffer[start + HEADER.size : stop])))
+            messages.append(self._decode(bytes(buffer[start + HEADER.size : stop])))
             start = stop
         del buffer[:start]
         return messages
@@ -374,9 +375,17 @@ class Tally:
 class Link:
     """One end of a link over a trio stream."""
 
-    def __init__(self, stream: trio.abc.Stream, *, receive_size: int = 1 << 18) -> None:
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        *,
+        receive_size: int = 1 << 18,
+        decode: Callable[[bytes], Any] = decode,
+    ) -> None:
+        """``decode``: a message body to its message (the engine link has its own)."""
         self.stream = stream
         self.receive_size = receive_size
+        self._decode = decode
         self._out: list[bytes] = []
         self._posted = trio.Event()
         self.closed = False
@@ -386,6 +395,13 @@ class Link:
         if self.closed:
             return
         self._out.append(encode(message))
+        self._posted.set()
+
+    def post_framed(self, data: bytes) -> None:
+        """Queue a message already framed (its length included); never blocks."""
+        if self.closed:
+            return
+        self._out.append(data)
         self._posted.set()
 
     async def send_loop(self) -> None:
@@ -408,7 +424,7 @@ class Link:
 
     async def messages(self) -> AsyncIterator[Any]:
         """Messages as they arrive, until the peer closes its end."""
-        decoder = Decoder()
+        decoder = Decoder(self._decode)
         while True:
             try:
                 data = await self.stream.receive_some(self.receive_size)

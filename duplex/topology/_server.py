@@ -7,17 +7,20 @@ its own engine) are spread over this process and shard processes (``_shards.py``
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.utils import repr_socket_addr
 
-from duplex.actors import ActorSystem, open_actor_system, run_until_signal, unwrap
+from duplex.actors import ActorRef, ActorSystem, open_actor_system, run_until_signal, unwrap
 from duplex.config import Config, api_keys_of, is_loopback
 from duplex.exceptions import ConfigError
 from duplex.logs import configure_logging, get_logger
@@ -35,7 +38,7 @@ from duplex.models import (
     get_model,
 )
 from duplex.runtime import SessionHub
-from duplex.sessions import Capabilities
+from duplex.sessions import Capabilities, SessionConfig
 from duplex.transport import (
     AccessSettings,
     HubBackend,
@@ -47,6 +50,8 @@ from duplex.transport import (
 )
 
 from . import _link
+from ._engine_client import EngineConnection
+from ._engines import EngineProcesses
 from ._shards import ShardProcesses
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
 
@@ -61,10 +66,11 @@ def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
             or a named checkpoint folder is missing (one line naming what).
     """
     server = config.server
-    if server.model_device != "cpu":
-        check_cuda_device(server.model_device)
+    for device in server.devices:
+        if device != "cpu":
+            check_cuda_device(device)
     options = ModelOptions(
-        device=server.model_device,
+        device=server.devices[0],
         seed=server.model_seed,
         kv_cache_dtype=server.kv_cache_dtype,
         cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None,
@@ -190,68 +196,109 @@ def shard_max_sessions(max_sessions: int, shards: int, index: int) -> int:
 
 @asynccontextmanager
 async def open_backend(
-    config: Config, system: ActorSystem, registry: MetricsRegistry, *, shard: int | None = None
+    config: Config,
+    system: ActorSystem,
+    registry: MetricsRegistry,
+    *,
+    shard: int | None = None,
+    engine_paths: Sequence[str] = (),
 ) -> AsyncIterator[HubBackend]:
-    """This process's sessions: hub, engine and shared VAD, stopped on the way out.
+    """This process's sessions: hub, engine (or links to engine processes) and shared VAD,
+    stopped on the way out.
 
     ``shard``: the process's index when the server runs several session shards.
+    ``engine_paths``: the sockets of the engine processes, one per device; empty: the
+    engine runs here.
     """
     spec, factory = resolve_model(config)
     session_cfg = config.session
     server = config.server
-    frame_bytes = spec.frame_samples * 2
     max_sessions = server.max_sessions
     if shard is not None:
         max_sessions = shard_max_sessions(max_sessions, server.session_shards, shard)
+    hub_spec = spec
+    if engine_paths:  # the hub's slot pool is every engine's
+        hub_spec = dataclasses.replace(spec, max_slots=spec.max_slots * len(engine_paths))
     hub = SessionHub(
         system,
-        spec,
+        hub_spec,
         config=session_cfg,
         capabilities=capabilities_for(spec),
         max_sessions=max_sessions,
         registry=registry,
         shard=shard,
     )
-
-    def build_engine() -> EngineDriver:
-        engine = Engine(
-            factory(spec),
-            max_input_frames=session_cfg.max_pending_input_bytes // frame_bytes + 2,
-            max_video_frames=session_cfg.video_lane_size,
-        )
-        return EngineDriver(engine)
-
-    engine_ref = await system.spawn(
-        EngineActor,
-        build_engine,
-        hub.engine_started,
-        trio.to_thread.run_sync,
-        name=f"engine-{spec.name}",
-    )
+    hub.export_engine_metrics = not engine_paths or not shard  # one engine, exported once
     vad_ref = None
     frozen = False
+    async with trio.open_nursery() as nursery:
+        try:
+            if engine_paths:
+                connections = [
+                    EngineConnection(spec, index, path, hub)
+                    for index, path in enumerate(engine_paths)
+                ]
+                for connection in connections:
+                    nursery.start_soon(connection.run)
+                for connection in connections:
+                    await connection.ready.wait()
+            else:
+                engine_ref = await system.spawn(
+                    EngineActor,
+                    partial(build_engine, spec, factory, session_cfg),
+                    hub.engine_started,
+                    trio.to_thread.run_sync,
+                    name=f"engine-{spec.name}",
+                )
+                nursery.start_soon(_stop_on_exit, system, engine_ref)
+            if uses_silero(config):
+                limit_torch_threads()
+                streams = server.vad_streams
+
+                def build_vad() -> VadDriver:
+                    vad = SileroVad(max_streams=streams, max_pending_ms=VAD_MAX_PENDING_MS)
+                    return VadDriver(vad)
+
+                vad_ref = await system.spawn(
+                    VadActor, build_vad, hub.vad_started, name="vad-silero"
+                )
+            freeze_startup_objects()
+            frozen = True
+            guard = ResumeGuard(
+                burst=server.auth_failure_burst, window_s=server.auth_failure_window_s
+            )
+            yield HubBackend(
+                hub,
+                registry,
+                first_event_timeout_s=server.first_event_timeout_s,
+                resume_guard=guard,
+            )
+        finally:
+            with trio.CancelScope(shield=True):
+                if vad_ref is not None:
+                    await system.stop(vad_ref)
+            nursery.cancel_scope.cancel()
+            if frozen:
+                unfreeze_startup_objects()
+
+
+def build_engine(spec: ModelSpec, factory: RunnerFactory, session: SessionConfig) -> EngineDriver:
+    """A fresh engine and its driver (loads the model: seconds for a 7B checkpoint)."""
+    engine = Engine(
+        factory(spec),
+        max_input_frames=session.max_pending_input_bytes // (spec.frame_samples * 2) + 2,
+        max_video_frames=session.video_lane_size,
+    )
+    return EngineDriver(engine)
+
+
+async def _stop_on_exit(system: ActorSystem, ref: ActorRef[Any]) -> None:
+    """Stops ``ref`` when cancelled (the backend closing), after the sessions' last use."""
     try:
-        if uses_silero(config):
-            limit_torch_threads()
-            streams = server.vad_streams
-
-            def build_vad() -> VadDriver:
-                return VadDriver(SileroVad(max_streams=streams, max_pending_ms=VAD_MAX_PENDING_MS))
-
-            vad_ref = await system.spawn(VadActor, build_vad, hub.vad_started, name="vad-silero")
-        freeze_startup_objects()
-        frozen = True
-        guard = ResumeGuard(burst=server.auth_failure_burst, window_s=server.auth_failure_window_s)
-        yield HubBackend(
-            hub, registry, first_event_timeout_s=server.first_event_timeout_s, resume_guard=guard
-        )
+        await trio.sleep_forever()
     finally:
         with trio.CancelScope(shield=True):
-            if vad_ref is not None:
-                await system.stop(vad_ref)
-            await system.stop(engine_ref)
-        if frozen:
-            unfreeze_startup_objects()
+            await system.stop(ref)
 
 
 async def serve_duplex(
@@ -262,11 +309,35 @@ async def serve_duplex(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run engine and HTTP server until ``system.request_shutdown()``; reports the binds."""
+    access = access_settings(config)
+    async with EngineProcesses(config, registry) as engines, trio.open_nursery() as nursery:
+        if engines.devices:  # built and listening before any session process links to them
+            await nursery.start(engines.children.run)
+        try:
+            await _serve_sessions(
+                config, system, registry, access, engines.paths, task_status=task_status
+            )
+        finally:
+            engines.children.stop()
+    get_logger(component="server").info("stopped")
+
+
+async def _serve_sessions(
+    config: Config,
+    system: ActorSystem,
+    registry: MetricsRegistry,
+    access: AccessSettings,
+    engine_paths: Sequence[str],
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """This process's sessions and the HTTP server (with workers and shards, if any)."""
     log = get_logger(component="server")
     server = config.server
     sharded = server.session_shards > 1
-    access = access_settings(config)
-    async with open_backend(config, system, registry, shard=0 if sharded else None) as backend:
+    async with open_backend(
+        config, system, registry, shard=0 if sharded else None, engine_paths=engine_paths
+    ) as backend:
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
         hyper = hypercorn_config(
@@ -279,7 +350,7 @@ async def serve_duplex(
         async with trio.open_nursery() as nursery:
             if server.connection_workers:
                 urls = await nursery.start(
-                    serve_with_workers, config, backend, hyper, registry, access
+                    serve_with_workers, config, backend, hyper, registry, access, engine_paths
                 )
             else:
                 urls = await nursery.start(
@@ -295,9 +366,9 @@ async def serve_duplex(
                 vad="silero" if uses_silero(config) else None,
                 connection_workers=server.connection_workers,
                 session_shards=server.session_shards,
+                engine_processes=len(engine_paths),
             )
             task_status.started(urls)
-    log.info("stopped")
 
 
 async def _serve_here(
@@ -337,6 +408,7 @@ async def serve_with_workers(
     hyper: HypercornConfig,
     registry: MetricsRegistry,
     access: AccessSettings,
+    engine_paths: Sequence[str] = (),
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -352,7 +424,8 @@ async def serve_with_workers(
     try:
         listener.listen(hyper.backlog)
         links = LinkServer(backend, registry)
-        async with ShardProcesses(config, registry) as shards, trio.open_nursery() as nursery:
+        shard_processes = ShardProcesses(config, registry, engine_paths=engine_paths)
+        async with shard_processes as shards, trio.open_nursery() as nursery:
             if shards.count:
                 await nursery.start(shards.children.run)
                 backend.shards = shards

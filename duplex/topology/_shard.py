@@ -40,13 +40,15 @@ from ._workers import LinkServer
 ACCEPT_RETRY_S = 0.1
 
 
-async def run_shard(index: int, path: str, link_fd: int, config: Config) -> None:
+async def run_shard(
+    index: int, path: str, link_fd: int, config: Config, engine_paths: Sequence[str] = ()
+) -> None:
     log = get_logger(component="shard", shard=index)
     control_socket = trio.socket.from_stdlib_socket(socket.socket(fileno=link_fd))
     control = Link(trio.SocketStream(control_socket))
     async with (
         open_actor_system(name=f"duplex-shard-{index}") as system,
-        open_backend(config, system, REGISTRY, shard=index) as backend,
+        open_backend(config, system, REGISTRY, shard=index, engine_paths=engine_paths) as backend,
     ):
         links = LinkServer(backend, REGISTRY)
         listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -109,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--link-fd", type=int, required=True)
     parser.add_argument("--fingerprint", required=True)
     parser.add_argument("--config", required=True)
+    parser.add_argument("--engine-path", action="append", default=[])
     args = parser.parse_args(argv)
     for signum in (signal.SIGINT, signal.SIGTERM):  # to a process group: the server stops us
         signal.signal(signum, signal.SIG_IGN)
@@ -120,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_STALE_CODE
     config: Config = pickle.loads(base64.b64decode(args.config))
     configure_logging(config.server.log_format, config.server.log_level)
-    trio.run(run_shard, args.index, args.path, args.link_fd, config)
+    trio.run(run_shard, args.index, args.path, args.link_fd, config, args.engine_path)
     return 0
 
 

@@ -17,7 +17,7 @@ import os
 import pickle
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -54,8 +54,12 @@ class ShardProcesses:
 
     kind = "session shard"
 
-    def __init__(self, config: Config, registry: MetricsRegistry) -> None:
+    def __init__(
+        self, config: Config, registry: MetricsRegistry, *, engine_paths: Sequence[str] = ()
+    ) -> None:
+        """``engine_paths``: the engine processes' sockets, which every shard links to."""
         self.config = config
+        self.engine_paths = tuple(engine_paths)
         self.count = config.server.session_shards - 1
         self.folder = ""
         self.paths: tuple[str, ...] = ()
@@ -75,7 +79,7 @@ class ShardProcesses:
 
     async def __aenter__(self) -> ShardProcesses:
         if self.count:
-            self.folder = _private_folder(f"shard-{self.count}.sock")
+            self.folder = private_folder(f"shard-{self.count}.sock")
             self.paths = tuple(
                 os.path.join(self.folder, f"shard-{i}.sock") for i in range(1, self.count + 1)
             )
@@ -110,6 +114,7 @@ class ShardProcesses:
             f"--path={self.paths[index - 1]}",
             f"--fingerprint={CODE_FINGERPRINT}",
             f"--config={config}",
+            *(f"--engine-path={path}" for path in self.engine_paths),
         ]
         return await spawn_linked("duplex.topology._shard", args)
 
@@ -129,7 +134,7 @@ class ShardProcesses:
             self.log.error("session shard link broken", shard=index, error=str(exc))
 
 
-def _private_folder(longest: str) -> str:
+def private_folder(longest: str) -> str:
     """A new folder only we can enter (mode 0700), short enough for ``longest`` inside it.
 
     Raises:

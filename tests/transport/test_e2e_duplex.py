@@ -16,13 +16,21 @@ from duplex.sessions import SessionMachine, SessionState
 from .wsclient import FRAME, Client, Server, client, running_server, silence, tone
 
 MODEL = {"session.overlap_policy": "model"}
-Layout = dict[str, int]
+Layout = dict[str, object]
 
 
-@pytest.fixture(params=[0, 2], ids=["one-process", "two-workers"])
+LAYOUTS: dict[str, Layout] = {
+    "one-process": {},
+    "two-workers": {"server.connection_workers": 2},
+    "engine-process": {"server.engine_process": "on"},
+}
+
+
+@pytest.fixture(params=list(LAYOUTS))
 def workers(request: pytest.FixtureRequest) -> Layout:
-    """Every test runs on both layouts: sockets in this process, or in two connection workers."""
-    return {"server.connection_workers": request.param}
+    """Every test runs on each layout: sockets and the engine in this process, sockets in two
+    connection workers, or the engine in its own process."""
+    return LAYOUTS[request.param]
 
 
 def resume(created: dict, cursor: int) -> dict:

@@ -1,0 +1,280 @@
+"""A session process's side of an engine process: a `SlotEngine` over a link.
+
+`RemoteEngine` is what the session hub and its session actors hold when the
+engine runs in its own process: the same calls as the in-process
+``EngineDriver``. Opening a slot is a round trip (the engine process admits);
+audio, video and resets are batched into one message per write
+(``CommandBatch``); each tick's outputs arrive as one message and go to each
+slot's subscriber (``SlotDelivery``: a full session drops, counted, with its
+input accounting carried forward). Frames the engine refused (its input queue
+full, which the session's own input bound should prevent) come back with the
+slot's next output and are reported by the slot's next ``push_input``.
+
+`EngineConnection` keeps one engine index connected: it connects (retrying
+while the engine process starts), hands each new `RemoteEngine` to the hub
+(which moves that engine's sessions onto it after a restart) and, when the link
+ends, takes the engine out of admission until it is back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import socket
+from typing import Protocol, final
+
+import trio
+
+from duplex.exceptions import PromptUnsupported
+from duplex.logs import get_logger
+from duplex.models import (
+    CapacityLimit,
+    CapacityReport,
+    DriverStatistics,
+    Fanout,
+    InputPush,
+    ModelSpec,
+    PcmFrame,
+    SlotDelivery,
+    SlotEngine,
+    SlotHandle,
+    SlotOutput,
+    SlotPrompt,
+    Subscriber,
+)
+
+from ._engine_link import (
+    CloseSlot,
+    CommandBatch,
+    EngineStatus,
+    Hello,
+    OpenSlot,
+    Outputs,
+    SlotOpened,
+    decode,
+)
+from ._link import Link
+
+CONNECT_RETRY_S = 0.1
+STALL_PERIODS = 25
+"""An engine with live slots that sent no tick for this many frame periods (2 s at 80 ms)
+is stalled: reported in ``/health`` and metrics."""
+
+
+class EngineHost(Protocol):
+    """Who is told an engine started or stopped (the session hub)."""
+
+    async def engine_started(self, engine: SlotEngine, index: int = 0) -> None: ...
+
+    def engine_stopped(self, index: int, engine: SlotEngine) -> None: ...
+
+
+def _closed_report() -> CapacityReport:
+    """No slot: what admission reads from an engine that is not (or no longer) linked."""
+    return CapacityReport(0, 0, 0, CapacityLimit.POOL, None, None, math.inf)
+
+
+@final
+class RemoteEngine:
+    """One engine process, as one incarnation of it is reached over one link."""
+
+    def __init__(self, spec: ModelSpec, index: int, link: Link) -> None:
+        self.spec = spec
+        self.index = index
+        self.link = link
+        self.connected = True
+        self.last_tick_at = trio.current_time()
+        self._report = _closed_report()
+        self._statistics: DriverStatistics | None = None
+        self._requests = itertools.count(1)
+        self._waiting: dict[int, tuple[trio.Event, list[SlotOpened]]] = {}
+        self._handles: dict[tuple[int, int], SlotHandle] = {}
+        self._rejected: dict[SlotHandle, int] = {}
+        self._fanout: Fanout[SlotHandle, SlotOutput] = Fanout(self.detach)
+        self._delivery = SlotDelivery(self._fanout)
+        self._batch = CommandBatch()
+        self._wrote = trio.Event()
+        self.dropped_disconnected = 0
+        """Input frames pushed after the link ended (the session moves once the engine is back)."""
+
+    # -- SlotEngine ----------------------------------------------------------
+
+    async def open_slot(
+        self, owner: str, subscriber: Subscriber[SlotOutput], *, prompt: SlotPrompt | None = None
+    ) -> SlotHandle | None:
+        if not self.connected:
+            return None
+        request = next(self._requests)
+        answered = trio.Event()
+        box: list[SlotOpened] = []
+        self._waiting[request] = (answered, box)
+        self.link.post(OpenSlot(request, owner, prompt))
+        try:
+            await answered.wait()
+        finally:
+            self._waiting.pop(request, None)
+        if not box:  # the link ended first
+            return None
+        answer = box[0]
+        self._report = answer.report
+        if answer.error is not None:
+            raise PromptUnsupported(answer.error)
+        if answer.slot < 0:
+            return None
+        handle = SlotHandle(answer.slot, owner, answer.generation)
+        if not self.connected:
+            return None
+        self._handles[(handle.slot, handle.generation)] = handle
+        self._delivery.add(handle, subscriber)
+        return handle
+
+    def detach(self, handle: SlotHandle) -> bool:
+        if self._handles.pop((handle.slot, handle.generation), None) is None:
+            return False
+        self._delivery.remove(handle)
+        self._rejected.pop(handle, None)
+        self.link.post(CloseSlot(handle.slot, handle.generation))
+        return True
+
+    def push_input(self, handle: SlotHandle, pcm: PcmFrame) -> InputPush:
+        frames = len(pcm) // self.spec.frame_samples
+        if not self.connected:
+            self.dropped_disconnected += frames
+            return InputPush(frames, 0, 0, 0)
+        rejected = self._rejected.pop(handle, 0)
+        self._batch.pcm(handle, pcm)
+        self._wrote.set()
+        return InputPush(frames, rejected, 0, 0)
+
+    def push_video(self, handle: SlotHandle, frame_id: str, pts_ms: int, payload: bytes) -> int:
+        if self.connected:
+            self._batch.video(handle, frame_id, pts_ms, payload)
+            self._wrote.set()
+        return 0
+
+    def reset(self, handle: SlotHandle, epoch: int, *, clear_input: bool = True) -> None:
+        if self.connected:
+            self._batch.reset(handle, epoch, clear_input)
+            self._wrote.set()
+
+    def capacity(self) -> CapacityReport:
+        return self._report
+
+    def statistics(self) -> DriverStatistics | None:
+        return self._statistics
+
+    # -- the link ------------------------------------------------------------
+
+    @property
+    def slots(self) -> int:
+        """Slots this process holds on the engine."""
+        return len(self._handles)
+
+    def stalled(self, now: float) -> bool:
+        """Live slots, yet no tick for ``STALL_PERIODS`` frame periods."""
+        quiet = now - self.last_tick_at
+        return bool(self._handles) and quiet > STALL_PERIODS * self.spec.frame_period_s
+
+    async def write_loop(self) -> None:
+        """Posts the commands batched since the last write as one message."""
+        while True:
+            await self._wrote.wait()
+            self._wrote = trio.Event()
+            if self._batch:
+                self.link.post_framed(self._batch.take())
+            await trio.lowlevel.checkpoint()
+
+    def on_message(self, message: object) -> None:
+        match message:
+            case Outputs():
+                self.last_tick_at = trio.current_time()
+                for output, rejected in message.entries(self._handles):
+                    handle = output.handle
+                    if rejected:
+                        self._rejected[handle] = self._rejected.get(handle, 0) + rejected
+                    self._delivery.deliver(handle, output)
+            case EngineStatus(report, statistics):
+                self._report = report
+                self._statistics = statistics
+            case SlotOpened(request):
+                waiting = self._waiting.get(request)
+                if waiting is not None:
+                    waiting[1].append(message)
+                    waiting[0].set()
+            case _:
+                raise TypeError(f"unexpected message from the engine: {message!r}")
+
+    def disconnect(self) -> None:
+        """The link ended: refuse new slots, drop input, wake every open waiting."""
+        self.connected = False
+        self._report = _closed_report()
+        for answered, _ in self._waiting.values():
+            answered.set()
+
+
+@final
+class EngineConnection:
+    """Keeps this session process linked to engine ``index`` at ``path``, across restarts."""
+
+    def __init__(self, spec: ModelSpec, index: int, path: str, host: EngineHost) -> None:
+        self.spec = spec
+        self.index = index
+        self.path = path
+        self.host = host
+        self.engine: RemoteEngine | None = None
+        self.connects = 0
+        self.ready = trio.Event()
+        self.log = get_logger(component="engine-link", engine=index)
+
+    async def _connect(self) -> trio.SocketStream:
+        while True:
+            sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                await sock.connect(self.path)
+            except OSError:  # not listening yet (starting, or restarting)
+                sock.close()
+                await trio.sleep(CONNECT_RETRY_S)
+                continue
+            return trio.SocketStream(sock)
+
+    async def run(self) -> None:
+        """Forever: connect, serve, reconnect (``ready`` is set once the first engine is in use)."""
+        while True:
+            link = Link(await self._connect(), decode=decode)
+            try:
+                await link.while_sending(self._serve, link)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await link.stream.aclose()
+            await trio.sleep(CONNECT_RETRY_S)
+
+    async def _serve(self, link: Link) -> None:
+        messages = link.messages()
+        hello = await anext(messages, None)
+        if not isinstance(hello, Hello):
+            return  # the engine process went away as we connected
+        if dataclasses.replace(hello.spec, max_slots=self.spec.max_slots) != self.spec:
+            raise RuntimeError(
+                f"engine {self.index} serves {hello.spec!r}, this process expects {self.spec!r}"
+            )
+        engine = RemoteEngine(hello.spec, self.index, link)
+        self.engine = engine
+        self.connects += 1
+        if self.connects > 1:
+            self.log.warning("engine process back; moving its sessions onto it")
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(engine.write_loop)
+                first = await anext(messages, None)  # its status: admission has figures
+                if first is not None:
+                    engine.on_message(first)
+                await self.host.engine_started(engine, self.index)
+                self.ready.set()
+                async for message in messages:
+                    engine.on_message(message)
+                nursery.cancel_scope.cancel()
+        finally:
+            engine.disconnect()
+            self.host.engine_stopped(self.index, engine)
+            self.log.warning("engine link ended", sessions=engine.slots)

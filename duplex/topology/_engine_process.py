@@ -1,0 +1,305 @@
+"""An engine process: one engine (slot pool, scheduler, runner, tick clock) per device,
+serving the links of every session process.
+
+    python -m duplex.topology._engine_process --link-fd F --index I --path P \
+        --device D --fingerprint H --config B64
+
+Spawned by ``EngineProcesses`` (``_engines.py``), never by hand. It builds the
+model on its device (capturing CUDA graphs before it says ``Ready``), runs the
+engine under an ``EngineActor`` (a crash in a step starts a fresh engine in this
+process) and listens on a Unix socket. Each session process connects once and
+holds its sessions' slots over that link (``_engine_link.py``): slots are
+granted or refused here, so no two session processes can oversubscribe the
+engine. After every tick each link gets its slots' outputs as one message.
+
+When the engine restarts, every link is closed: each session process
+reconnects, finds the new engine and moves its sessions onto it (they are told
+``engine_error``), the same path as when this whole process dies and its
+supervisor starts another. SIGINT is left to the server; ``Stop`` or the end
+of the control link ends the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import dataclasses
+import os
+import pickle
+import signal
+import socket
+from collections.abc import Sequence
+from functools import partial
+from typing import Any, final
+
+import trio
+
+from duplex.actors import open_actor_system
+from duplex.config import Config
+from duplex.exceptions import PromptUnsupported, SlotReleased, VideoInputUnsupported
+from duplex.logs import configure_logging, get_logger
+from duplex.models import (
+    EngineActor,
+    EngineDriver,
+    ModelSpec,
+    SlotHandle,
+    SlotOutput,
+)
+
+from ._engine_link import (
+    STATUS_PERIOD_S,
+    CloseSlot,
+    Commands,
+    EngineStatus,
+    Hello,
+    OpenSlot,
+    PushPcm,
+    PushVideo,
+    Reset,
+    SlotOpened,
+    decode,
+    encode_outputs,
+)
+from ._link import CODE_FINGERPRINT, EXIT_STALE_CODE, Link, Ready, Stop
+from ._server import build_engine, freeze_startup_objects, resolve_model
+
+ACCEPT_RETRY_S = 0.1
+
+
+@final
+class _Forward:
+    """A slot's subscriber on this side: its outputs join its link's message of the tick."""
+
+    __slots__ = ("link",)
+
+    def __init__(self, link: SessionLink) -> None:
+        self.link = link
+
+    def send_nowait(self, output: SlotOutput, /) -> None:
+        if self.link.gone:
+            raise trio.ClosedResourceError("the session process's link is gone")
+        self.link.pending.append(output)
+
+
+@final
+class SessionLink:
+    """One session process's link: the slots it holds and its tick's outputs."""
+
+    def __init__(self, link: Link, driver: EngineDriver) -> None:
+        self.link = link
+        self.driver = driver
+        self.handles: dict[tuple[int, int], SlotHandle] = {}
+        self.pending: list[SlotOutput] = []
+        self.rejected: dict[tuple[int, int], int] = {}
+        self.gone = False
+        self._forward = _Forward(self)
+
+    def flush(self) -> None:
+        """Send this tick's outputs (one message), with the frames refused since the last."""
+        if not self.pending:
+            return
+        outputs, self.pending = self.pending, []
+        rejected = self.rejected
+        entries = [
+            (out, rejected.pop((out.handle.slot, out.handle.generation), 0)) for out in outputs
+        ]
+        self.link.post_framed(encode_outputs(entries))
+
+    def status(self) -> None:
+        driver = self.driver
+        statistics = driver.statistics()
+        engine = dataclasses.replace(
+            statistics.engine, slot_underruns=dict(statistics.engine.slot_underruns)
+        )  # a mapping proxy does not pickle
+        self.link.post(
+            EngineStatus(driver.capacity(), dataclasses.replace(statistics, engine=engine))
+        )
+
+    def handle(self, message: Any) -> None:
+        driver = self.driver
+        match message:
+            case Commands():
+                for command in message:
+                    handle = self.handles.get((command.slot, command.generation))
+                    if handle is None:
+                        continue  # closed by the session process a moment ago
+                    with contextlib.suppress(SlotReleased):
+                        self._apply(handle, command)
+            case OpenSlot(request, owner, prompt):
+                try:
+                    handle = driver.attach(owner, self._forward, prompt=prompt)
+                except PromptUnsupported as exc:
+                    self.link.post(SlotOpened(request, -1, 0, driver.capacity(), str(exc)))
+                    return
+                if handle is None:
+                    self.link.post(SlotOpened(request, -1, 0, driver.capacity()))
+                    return
+                self.handles[(handle.slot, handle.generation)] = handle
+                self.link.post(
+                    SlotOpened(request, handle.slot, handle.generation, driver.capacity())
+                )
+            case CloseSlot(slot, generation):
+                handle = self.handles.pop((slot, generation), None)
+                if handle is not None:
+                    driver.detach(handle)
+                self.rejected.pop((slot, generation), None)
+            case _:
+                raise TypeError(f"unexpected message on an engine link: {message!r}")
+
+    def _apply(self, handle: SlotHandle, command: PushPcm | PushVideo | Reset) -> None:
+        driver = self.driver
+        match command:
+            case PushPcm(_, _, pcm):
+                push = driver.push_input(handle, pcm)
+                if push.frames_rejected:
+                    key = (handle.slot, handle.generation)
+                    self.rejected[key] = self.rejected.get(key, 0) + push.frames_rejected
+            case PushVideo(_, _, frame_id, pts_ms, payload):
+                with contextlib.suppress(VideoInputUnsupported):
+                    driver.push_video(handle, frame_id, pts_ms, payload)
+            case Reset(_, _, epoch, clear_input):
+                driver.reset(handle, epoch, clear_input=clear_input)
+
+    def release_all(self) -> None:
+        """The link ended: every slot it held goes back to the pool."""
+        self.gone = True
+        for handle in self.handles.values():
+            self.driver.detach(handle)
+        self.handles.clear()
+
+
+@final
+class EngineServer:
+    """This process's engine and the session processes' links to it."""
+
+    def __init__(self, spec: ModelSpec, index: int) -> None:
+        self.spec = spec
+        self.index = index
+        self.driver: EngineDriver | None = None
+        self.started = trio.Event()
+        self.links: dict[SessionLink, trio.CancelScope] = {}
+        self.log = get_logger(component="engine", model=spec.name, engine=index)
+
+    async def engine_started(self, driver: EngineDriver) -> None:
+        """The ``EngineActor``'s hand-over: a restarted engine closes every link."""
+        previous, self.driver = self.driver, driver
+        driver.on_tick = self._flush
+        if previous is not None:
+            self.log.error("engine restarted; session processes reconnect", links=len(self.links))
+            for scope in self.links.values():
+                scope.cancel()
+        self.started.set()
+
+    def _flush(self) -> None:
+        for session_link in self.links:
+            session_link.flush()
+
+    async def serve(self, sock: trio.socket.SocketType) -> None:
+        driver = self.driver
+        assert driver is not None
+        link = Link(trio.SocketStream(sock), decode=decode)
+        session_link = SessionLink(link, driver)
+        with trio.CancelScope() as scope:
+            self.links[session_link] = scope
+            try:
+                await link.while_sending(self._serve, session_link)
+            finally:
+                del self.links[session_link]
+                session_link.release_all()
+        with trio.CancelScope(shield=True):
+            await link.stream.aclose()
+
+    async def _serve(self, session_link: SessionLink) -> None:
+        session_link.link.post(Hello(self.spec, self.index))
+        session_link.status()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._report, session_link)
+            async for message in session_link.link.messages():
+                session_link.handle(message)
+            nursery.cancel_scope.cancel()
+
+    @staticmethod
+    async def _report(session_link: SessionLink) -> None:
+        while True:
+            await trio.sleep(STATUS_PERIOD_S)
+            session_link.status()
+
+
+async def run_engine_process(
+    index: int, path: str, device: str, link_fd: int, config: Config
+) -> None:
+    control = Link(trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=link_fd))))
+    config = dataclasses.replace(
+        config, server=dataclasses.replace(config.server, model_device=device)
+    )
+    spec, factory = resolve_model(config)
+    server = EngineServer(spec, index)
+    log = server.log
+
+    async with open_actor_system(name=f"duplex-engine-{index}") as system:
+        log.info("building the engine", device=device)
+        engine_ref = await system.spawn(
+            EngineActor,
+            partial(build_engine, spec, factory, config.session),
+            server.engine_started,
+            trio.to_thread.run_sync,
+            name=f"engine-{spec.name}",
+        )
+        await server.started.wait()
+        freeze_startup_objects()
+        listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a socket left by this engine's previous process
+        await listener.bind(path)
+        listener.listen(128)
+
+        async def accept(nursery: trio.Nursery) -> None:
+            with listener:
+                while True:
+                    try:
+                        sock, _ = await listener.accept()
+                    except OSError as exc:
+                        log.error("accepting a session process's link failed", error=str(exc))
+                        await trio.sleep(ACCEPT_RETRY_S)
+                        continue
+                    nursery.start_soon(server.serve, sock)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(control.send_loop)
+            nursery.start_soon(accept, nursery)
+            control.post(Ready())
+            log.info("engine ready", device=device, max_slots=spec.max_slots)
+            async for message in control.messages():
+                if isinstance(message, Stop):
+                    break
+            nursery.cancel_scope.cancel()
+        with trio.CancelScope(shield=True):
+            await system.stop(engine_ref)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--path", required=True)
+    parser.add_argument("--device", required=True)
+    parser.add_argument("--link-fd", type=int, required=True)
+    parser.add_argument("--fingerprint", required=True)
+    parser.add_argument("--config", required=True)
+    args = parser.parse_args(argv)
+    for signum in (signal.SIGINT, signal.SIGTERM):  # to a process group: the server stops us
+        signal.signal(signum, signal.SIG_IGN)
+    if args.fingerprint != CODE_FINGERPRINT:
+        configure_logging("console", "error")
+        get_logger(component="engine", engine=args.index).error(
+            "duplex's code on disk changed since the server started; not starting"
+        )
+        return EXIT_STALE_CODE
+    config: Config = pickle.loads(base64.b64decode(args.config))
+    configure_logging(config.server.log_format, config.server.log_level)
+    trio.run(partial(run_engine_process, args.index, args.path, args.device, args.link_fd, config))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
