@@ -113,6 +113,15 @@ class EngineReplaced(ControlMessage):
 
 
 @final
+@dataclass(frozen=True, slots=True)
+class EngineLost(ControlMessage):
+    """The engine is gone (its process exited): fail what it was doing now, not when a new
+    one is up (minutes, for a 7B model); an `EngineReplaced` follows once one runs."""
+
+    reason: str
+
+
+@final
 @dataclass(frozen=True, slots=True, eq=False)
 class VadReplaced(ControlMessage):
     """The shared VAD crashed and restarted: move the session's stream onto ``driver``."""
@@ -256,6 +265,8 @@ class SessionActor(Actor[Any]):
         self.armed: float | None = None
         self.closed: int | None = None
         """The socket generation the current effects closed (for the session's end line)."""
+        self.engine_lost = False
+        """Told `EngineLost` and not yet moved onto a new engine."""
 
     async def on_start(self, ctx: ActorContext) -> None:
         self.resources.sink.bind(ctx.self)
@@ -313,6 +324,9 @@ class SessionActor(Actor[Any]):
             return
         self.resources = SessionResources(driver, handle, sink, vad=res.vad)
         sink.bind(ctx.self)
+        # told again even after `EngineLost`: the new slot takes the session's next epoch
+        # here, and input sent while no engine ran was dropped (and counted)
+        self.engine_lost = False
         await self._apply(ctx, ModelFailed(f"the engine restarted ({reason})"))
 
     async def _replace_vad(self, ctx: ActorContext, driver: VadDriver) -> None:
@@ -368,6 +382,10 @@ class SessionActor(Actor[Any]):
                 await self._apply(ctx, ConnectionDetached(generation))
             case EngineReplaced(driver, reason):
                 await self._replace_engine(ctx, driver, reason)
+            case EngineLost(reason):
+                if not self.engine_lost and not self.resources.released:
+                    self.engine_lost = True
+                    await self._apply(ctx, ModelFailed(f"the engine stopped ({reason})"))
             case VadReplaced(driver):
                 await self._replace_vad(ctx, driver)
             case LeaseTimer():

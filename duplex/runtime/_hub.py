@@ -52,6 +52,7 @@ from duplex.sessions import (
 
 from ._actor import (
     VAD_WINDOW_BUFFER,
+    EngineLost,
     EngineReplaced,
     EngineSink,
     Inspect,
@@ -118,6 +119,8 @@ class SessionHub:
         """Called after each admission attempt and each release (a shard tells its workers,
         which count a session they send as taken until then)."""
         self._sessions: dict[str, ActorRef[Any]] = {}
+        self._engine_indices: set[int] = set()
+        """Engines that have started at least once (a later start is a restart)."""
         self._placed: dict[str, int] = {}
         """The engine index each live session holds its slot on."""
         self._generations = itertools.count(1)
@@ -230,10 +233,10 @@ class SessionHub:
 
     async def engine_started(self, engine: SlotEngine, index: int = 0) -> None:
         """Engine ``index`` runs (again); after a crash, its live sessions move onto it."""
-        previous = self.engines.get(index)
         self.engines[index] = engine
         self.engine_starts += 1
-        if previous is None:
+        if index not in self._engine_indices:
+            self._engine_indices.add(index)
             return
         moved = [sid for sid, placed in self._placed.items() if placed == index]
         get_logger(component="engine", model=self.spec.name).info(
@@ -248,6 +251,18 @@ class SessionHub:
         """Engine ``index`` is gone until it starts again: no new session goes to it."""
         if self.engines.get(index) is engine:
             del self.engines[index]
+
+    async def engine_lost(self, index: int, reason: str) -> None:
+        """Engine ``index`` died (its process exited): its sessions are told now, not when
+        a new one is up (a 7B model takes minutes to load); they move on `engine_started`."""
+        lost = [sid for sid, placed in self._placed.items() if placed == index]
+        get_logger(component="engine", model=self.spec.name).error(
+            "engine lost", engine=index, reason=reason, sessions=len(lost)
+        )
+        for session_id in lost:
+            ref = self._sessions.get(session_id)
+            if ref is not None:
+                await ref.tell(EngineLost(reason))
 
     def _roomiest(self) -> tuple[int, SlotEngine, CapacityReport] | None:
         """The engine with the most room now (``None``: no engine runs)."""

@@ -69,6 +69,8 @@ class EngineHost(Protocol):
 
     def engine_stopped(self, index: int, engine: SlotEngine) -> None: ...
 
+    async def engine_lost(self, index: int, reason: str) -> None: ...
+
 
 def _closed_report() -> CapacityReport:
     """No slot: what admission reads from an engine that is not (or no longer) linked."""
@@ -277,4 +279,6 @@ class EngineConnection:
         finally:
             engine.disconnect()
             self.host.engine_stopped(self.index, engine)
-            self.log.warning("engine link ended", sessions=engine.slots)
+        # not reached when this process stops (cancelled): only an engine that went away
+        self.log.error("engine link ended", sessions=engine.slots)
+        await self.host.engine_lost(self.index, "the engine process exited")

@@ -221,7 +221,10 @@ class Commands:
     body: bytes
 
     def __iter__(self) -> Iterator[Command]:
-        return _commands(self.body)
+        try:
+            yield from _commands(self.body)
+        except (struct.error, UnicodeDecodeError, ValueError) as exc:
+            raise LinkBroken(f"an undecodable command batch: {exc!r}") from exc
 
 
 def encode_outputs(outputs: list[tuple[SlotOutput, int]]) -> bytes:
@@ -313,7 +316,10 @@ class Outputs:
     def entries(
         self, handles: Mapping[tuple[int, int], SlotHandle]
     ) -> list[tuple[SlotOutput, int]]:
-        return decode_outputs(self.body, handles)
+        try:
+            return decode_outputs(self.body, handles)
+        except (struct.error, UnicodeDecodeError, ValueError, pickle.UnpicklingError) as exc:
+            raise LinkBroken(f"an undecodable tick of outputs: {exc!r}") from exc
 
 
 def decode(body: bytes) -> object:

@@ -1,0 +1,154 @@
+"""Engine processes end to end: real engine, shard and worker processes, killed on purpose.
+
+With ``server.engine_process = "on"`` the server runs the engine in
+``python -m duplex.topology._engine_process``; this process and each session shard
+link to it. These tests find it among this process's children and kill it, or kill
+a shard, and check what every client is told.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from contextlib import AsyncExitStack
+from functools import partial
+
+import trio
+
+from duplex.sessions import shard_of
+
+from ..transport.test_e2e_duplex import open_session
+from ..transport.test_e2e_shards import (
+    SHARDED,
+    close_code,
+    health_over_http,
+    shard_pids,
+)
+from ..transport.test_e2e_workers import (
+    BASE,
+    OPEN_TIMEOUT_S,
+    child_pids,
+    client,
+    echo,
+    heard,
+    metrics_over_http,
+)
+from ..transport.wsclient import Client, Server, running_server, tone
+
+ENGINE = b"duplex.topology._engine_process"
+ON = {"server.engine_process": "on"}
+
+
+def engine_pids() -> list[int]:
+    return child_pids(ENGINE)
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """One sample of ``/metrics`` text (labels in any order), or ``None``."""
+    for line in text.splitlines():
+        found = re.fullmatch(rf"{name}(?:\{{(.*)\}})? (\S+)", line)
+        if found is None:
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1) or ""))
+        if have == labels:
+            return float(found.group(2))
+    return None
+
+
+async def engine_live_slots(server: Server) -> float | None:
+    text = await metrics_over_http(server)
+    return sample(text, "duplex_engine_live_slots", model="loopback", shard="0")
+
+
+async def test_sessions_of_two_shards_share_one_engine_process_and_hear_only_themselves() -> None:
+    async with running_server(**SHARDED, **ON) as server, AsyncExitStack() as stack:
+        assert len(engine_pids()) == 1 and len(shard_pids()) == 1
+        clients: list[Client] = []
+        ids = []
+        for _ in range(4):
+            clients.append(c := await stack.enter_async_context(client(server)))
+            ids.append((await open_session(c))["session"]["id"])
+        assert sorted(shard_of(i) for i in ids) == [0, 0, 1, 1], ids
+        said = [tone(6, amplitude=0.05 + 0.07 * n, start=3 * n) for n in range(4)]
+        async with trio.open_nursery() as nursery:
+            for c, spoken in zip(clients, said, strict=True):
+                nursery.start_soon(partial(echo, c, spoken, timeout=40))
+        assert [heard(c.events) for c in clients] == said
+        # one engine: its figures are exported once (by shard 0), counting every shard's slots
+        assert await engine_live_slots(server) == 4
+        text = await metrics_over_http(server)
+        assert sample(text, "duplex_engine_live_slots", model="loopback", shard="1") is None
+        status, health = await health_over_http(server)
+        assert status == 200 and health["status"] == "ok"
+        assert [s["sessions"]["live"] for s in health["shards"]] == [2, 2]
+
+        # a session process killed: its sessions go, and so do their engine slots
+        (shard,) = shard_pids()
+        os.kill(shard, signal.SIGKILL)
+        lost = [c for c, i in zip(clients, ids, strict=True) if shard_of(i) == 1]
+        for c in lost:
+            assert await close_code(c) == 1011
+        with trio.fail_after(10):
+            while await engine_live_slots(server) != 2:
+                await trio.sleep(0.1)
+        kept = [c for c, i in zip(clients, ids, strict=True) if shard_of(i) == 0]
+        for n, c in enumerate(kept):
+            await echo(c, tone(4, amplitude=0.3 + 0.1 * n))  # untouched
+
+
+async def test_a_killed_engine_process_is_replaced_and_its_sessions_are_told_and_moved() -> None:
+    async with running_server(**BASE, **ON) as server, AsyncExitStack() as stack:
+        (pid,) = engine_pids()
+        speaking = await stack.enter_async_context(client(server))
+        idle = await stack.enter_async_context(client(server))
+        for c in (speaking, idle):
+            await open_session(c)
+        await speaking.stream(tone(30), realtime=False)  # a long answer: killed in its middle
+        await speaking.until("response.audio.delta", timeout=20)
+        os.kill(pid, signal.SIGKILL)
+        for c in (speaking, idle):
+            error = await c.until("error", timeout=OPEN_TIMEOUT_S)
+            assert error["error"]["code"] == "engine_error"
+        done = speaking.of("response.done")
+        assert [d["response"]["status"] for d in done] == ["failed"]
+        # told again when the new engine process takes them (what they sent meanwhile is lost)
+        for c in (speaking, idle):
+            error = await c.until("error", timeout=OPEN_TIMEOUT_S)
+            assert error["error"]["code"] == "engine_error"
+            assert "restarted" in error["error"]["message"]
+        # both sessions carry on, on the new engine process
+        for n, c in enumerate((speaking, idle)):
+            c.events.clear()
+            await echo(c, tone(4, amplitude=0.2 + 0.1 * n), timeout=30)
+        (new_pid,) = engine_pids()
+        assert new_pid != pid
+        status, health = await health_over_http(server)
+        assert status == 200 and health["engine_starts"] == 2
+        assert health["sessions"]["live"] == 2
+        text = await metrics_over_http(server)
+        assert sample(text, "duplex_engine_process_restarts_total") == 1
+        assert sample(text, "duplex_engine_live_slots", model="loopback") == 2
+
+
+async def test_a_new_session_is_refused_while_the_engine_restarts_and_admitted_after() -> None:
+    async with running_server(**BASE, **ON) as server:
+        (pid,) = engine_pids()
+        os.kill(pid, signal.SIGKILL)
+        with trio.fail_after(10):  # the link ends at once: the engine is out of admission
+            while True:
+                status, health = await health_over_http(server)
+                if status == 503:
+                    break
+                await trio.sleep(0.02)
+        assert health["status"] == "starting"
+        async with client(server) as c:
+            await c.send({"type": "session.create", "event_id": "x", "session": {}})
+            answer = await c.recv(OPEN_TIMEOUT_S)
+            assert answer["type"] == "error" and answer["error"]["code"] == "resource_exhausted"
+        with trio.fail_after(OPEN_TIMEOUT_S):  # and it is back
+            while (await health_over_http(server))[0] != 200:
+                await trio.sleep(0.1)
+        async with client(server) as c:
+            await open_session(c)
+            await echo(c, tone(3, amplitude=0.4))
