@@ -13,7 +13,7 @@ them into OpenAI server_vad events; the `VadActor` supervises the driver.
 """
 
 from ._actor import EngineActor
-from ._delivery import SlotDelivery, SlotEngine
+from ._delivery import STALL_PERIODS, SlotDelivery, SlotEngine
 from ._driver import ENGINE_METRICS, DriverStatistics, EngineDriver, Offload
 from ._engine import (
     Engine,
@@ -66,6 +66,7 @@ from ._vad_driver import VAD_METRICS, VadDriver, VadDriverStatistics
 __all__ = [
     "ENGINE_METRICS",
     "LOOPBACK_SPEC",
+    "STALL_PERIODS",
     "VAD_METRICS",
     "VAD_SAMPLE_RATE",
     "VAD_WINDOW_MS",

@@ -21,7 +21,7 @@ from ._ticker import Fanout, Subscriber
 if TYPE_CHECKING:
     from ._driver import DriverStatistics
 
-__all__ = ["SlotDelivery", "SlotEngine"]
+__all__ = ["STALL_PERIODS", "SlotDelivery", "SlotEngine"]
 
 
 class SlotEngine(Protocol):
@@ -53,6 +53,15 @@ class SlotEngine(Protocol):
     def statistics(self) -> DriverStatistics | None:
         """The engine's counters (``None``: none known yet)."""
         ...
+
+    def stalled(self, now: float) -> bool:
+        """Slots are live and no tick has ended for `STALL_PERIODS` frame periods."""
+        ...
+
+
+STALL_PERIODS = 25
+"""A tick this many frame periods late (2 s at 80 ms) is a stalled engine, not a slow one:
+``/health`` says ``degraded`` and ``duplex_engine_stalled`` is 1 until a tick ends."""
 
 
 @final

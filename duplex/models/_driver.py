@@ -21,7 +21,7 @@ from typing import Protocol, TypeVar, final
 
 import trio
 
-from ._delivery import SlotDelivery
+from ._delivery import STALL_PERIODS, SlotDelivery
 from ._engine import Engine, EngineStatistics, InputPush, SlotHandle, SlotOutput
 from ._interface import ModelSpec, PcmFrame, SlotPrompt
 from ._scheduler import CapacityReport
@@ -125,6 +125,7 @@ class EngineDriver:
             offload = inline if engine.spec.steps_inline else trio.to_thread.run_sync
         self._offload = offload
         self._phases = engine.spec.tick_phases
+        self._stepping_since: float | None = None
         self.on_tick: Callable[[], None] | None = None
         """Called after each step's outputs are handed out: the engine process sends each
         session process its tick's outputs as one message then."""
@@ -193,6 +194,11 @@ class EngineDriver:
         one the steps are recorded on)."""
         return self._engine.capacity(trio.current_time())
 
+    def stalled(self, now: float) -> bool:
+        """A step has run for `STALL_PERIODS` frame periods and has not returned."""
+        since = self._stepping_since
+        return since is not None and now - since > STALL_PERIODS * self.spec.frame_period_s
+
     def statistics(self) -> DriverStatistics:
         """Snapshot of the loop and delivery counters."""
         engine = self._engine.statistics(trio.current_time())
@@ -209,7 +215,11 @@ class EngineDriver:
         # the phase follows the grid position (idle ticks included), so a group's
         # offset within the frame never moves
         phase = (self._ticker.ticks - 1) % self._phases if self._phases > 1 else None
-        outputs = await self._offload(partial(self._engine.step, scheduled, phase))
+        self._stepping_since = trio.current_time()
+        try:
+            outputs = await self._offload(partial(self._engine.step, scheduled, phase))
+        finally:
+            self._stepping_since = None
         for handle, output in outputs.items():
             self._delivery.deliver(handle, output)
         if self.on_tick is not None:

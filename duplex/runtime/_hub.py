@@ -139,6 +139,12 @@ class SessionHub:
             "Sessions admission allows now (as /health)",
             self._capacity_sample,
         )
+        registry.add_collector(
+            "duplex_engine_stalled",
+            "gauge",
+            "1 while an engine has live slots and no tick for 25 frame periods",
+            self._stalled_samples,
+        )
         for name, kind, help_text in ENGINE_METRICS:
             registry.add_collector(name, kind, help_text, self._engine_sampler(name))
         for name, kind, help_text in VAD_METRICS:
@@ -263,6 +269,30 @@ class SessionHub:
             ref = self._sessions.get(session_id)
             if ref is not None:
                 await ref.tell(EngineLost(reason))
+
+    def engine_health(self) -> list[dict[str, Any]]:
+        """Each engine this process has had: ``ok``, ``stalled`` (a tick far past its
+        deadline, see ``SlotEngine.stalled``) or ``unavailable`` (restarting)."""
+        now = trio.current_time()
+        health = []
+        for index in sorted(self._engine_indices):
+            engine = self.engines.get(index)
+            status = "unavailable"
+            if engine is not None:
+                status = "stalled" if engine.stalled(now) else "ok"
+            health.append({"engine": index, "status": status})
+        return health
+
+    def _stalled_samples(self) -> list[Sample]:
+        now = trio.current_time()
+        return [
+            Sample(
+                "duplex_engine_stalled",
+                {"model": self.spec.name, "engine": str(index)},
+                float(engine.stalled(now)),
+            )
+            for index, engine in sorted(self.engines.items())
+        ]
 
     def _roomiest(self) -> tuple[int, SlotEngine, CapacityReport] | None:
         """The engine with the most room now (``None``: no engine runs)."""

@@ -29,6 +29,7 @@ import trio
 from duplex.exceptions import PromptUnsupported
 from duplex.logs import get_logger
 from duplex.models import (
+    STALL_PERIODS,
     CapacityLimit,
     CapacityReport,
     DriverStatistics,
@@ -57,9 +58,6 @@ from ._engine_link import (
 from ._link import Link
 
 CONNECT_RETRY_S = 0.1
-STALL_PERIODS = 25
-"""An engine with live slots that sent no tick for this many frame periods (2 s at 80 ms)
-is stalled: reported in ``/health`` and metrics."""
 
 
 class EngineHost(Protocol):
@@ -127,6 +125,8 @@ class RemoteEngine:
         handle = SlotHandle(answer.slot, owner, answer.generation)
         if not self.connected:
             return None
+        if not self._handles:  # idle until now: the tick clock starts again with this slot
+            self.last_tick_at = trio.current_time()
         self._handles[(handle.slot, handle.generation)] = handle
         self._delivery.add(handle, subscriber)
         return handle
@@ -175,6 +175,8 @@ class RemoteEngine:
 
     def stalled(self, now: float) -> bool:
         """Live slots, yet no tick for ``STALL_PERIODS`` frame periods."""
+        if not self.connected:
+            return False
         quiet = now - self.last_tick_at
         return bool(self._handles) and quiet > STALL_PERIODS * self.spec.frame_period_s
 

@@ -198,8 +198,13 @@ class HubBackend:
         """This process's own health."""
         hub = self.hub
         stats = hub.admission.statistics()
+        engines = hub.engine_health()
+        status = "ok" if hub.ready else "starting"
+        if hub.ready and any(engine["status"] != "ok" for engine in engines):
+            status = "degraded"  # an engine is stalled or gone: the others still admit
         return {
-            "status": "ok" if hub.ready else "starting",
+            "status": status,
+            "engines": engines,
             "engine_starts": hub.engine_starts,
             "vad_starts": hub.vad_starts,
             "version": __version__,

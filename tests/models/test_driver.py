@@ -11,6 +11,7 @@ import trio.testing
 
 from duplex.exceptions import RunnerContractError
 from duplex.models import (
+    STALL_PERIODS,
     CapacityLimit,
     Engine,
     EngineDriver,
@@ -22,7 +23,7 @@ from duplex.models import (
     StepPlan,
 )
 
-from .models_support import FRAME, SPEC, FakeTimer, loopback_engine, tone
+from .models_support import FRAME, SPEC, FakeTimer, WrappedLoopback, loopback_engine, tone
 from .test_engine import _Broken, _SlowRunner
 
 PERIOD = SPEC.frame_period_s
@@ -313,4 +314,42 @@ async def test_step_time_evidence_expires_while_the_engine_is_idle(
         assert driver.attach("d", send.clone()) is not None
         assert driver.attach("e", send.clone()) is not None
         assert driver.attach("f", send.clone()) is None
+        nursery.cancel_scope.cancel()
+
+
+class _Stuck(WrappedLoopback):
+    """A step blocks while ``hold`` is set, as a hung kernel would."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        self.hold = threading.Event()
+        self.released = threading.Event()
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        if self.hold.is_set():
+            self.released.wait(timeout=30)
+        return self.inner.execute(plan)
+
+
+async def test_a_step_that_does_not_return_is_stalled_until_it_does(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    runner = _Stuck(SPEC)
+    driver = EngineDriver(Engine(runner), offload=trio.to_thread.run_sync)
+    send, recv = _channel(64)
+    handle = driver.attach("a", send)
+    assert handle is not None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await recv.receive()
+        assert not driver.stalled(trio.current_time())
+        runner.hold.set()
+        await trio.sleep(STALL_PERIODS * PERIOD / 2)  # late, not yet stalled
+        assert not driver.stalled(trio.current_time())
+        await trio.sleep(STALL_PERIODS * PERIOD)  # the clock jumps while the thread waits
+        assert driver.stalled(trio.current_time())
+        runner.hold.clear()
+        runner.released.set()
+        await recv.receive()
+        assert not driver.stalled(trio.current_time())
         nursery.cancel_scope.cancel()

@@ -152,3 +152,28 @@ async def test_a_new_session_is_refused_while_the_engine_restarts_and_admitted_a
         async with client(server) as c:
             await open_session(c)
             await echo(c, tone(3, amplitude=0.4))
+
+
+async def test_a_stopped_engine_process_is_reported_stalled_and_recovers() -> None:
+    async with running_server(**BASE, **ON) as server, client(server) as c:
+        (pid,) = engine_pids()
+        await open_session(c)
+        await echo(c, tone(3))
+        os.kill(pid, signal.SIGSTOP)  # no tick ends, yet the process lives
+        try:
+            with trio.fail_after(10):
+                while True:
+                    status, health = await health_over_http(server)
+                    if health["status"] == "degraded":
+                        break
+                    await trio.sleep(0.2)
+            assert status == 200 and health["engines"] == [{"engine": 0, "status": "stalled"}]
+            text = await metrics_over_http(server)
+            assert sample(text, "duplex_engine_stalled", model="loopback", engine="0") == 1
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        with trio.fail_after(10):
+            while (await health_over_http(server))[1]["status"] != "ok":
+                await trio.sleep(0.1)
+        c.events.clear()
+        await echo(c, tone(3, amplitude=0.2), timeout=30)
