@@ -8,11 +8,15 @@ a shard, and check what every client is told.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from contextlib import AsyncExitStack
 from functools import partial
+from pathlib import Path
 
 import trio
 
@@ -36,6 +40,7 @@ from ..transport.test_e2e_workers import (
 )
 from ..transport.wsclient import Client, Server, running_server, tone
 
+ROOT = Path(__file__).resolve().parent.parent.parent
 ENGINE = b"duplex.topology._engine_process"
 ON = {"server.engine_process": "on"}
 
@@ -177,3 +182,21 @@ async def test_a_stopped_engine_process_is_reported_stalled_and_recovers() -> No
                 await trio.sleep(0.1)
         c.events.clear()
         await echo(c, tone(3, amplitude=0.2), timeout=30)
+
+
+def test_the_served_bench_runs_the_topology_end_to_end(tmp_path: Path) -> None:
+    """``bench/served.py`` on the CPU: a test of the layout it serves, not a timing."""
+    out = tmp_path / "served.json"
+    subprocess.run(
+        [
+            sys.executable, str(ROOT / "bench" / "served.py"), "--counts", "2",
+            "--seconds", "1", "--warmup", "0.5", "--client-procs", "2", "--out", str(out),
+            "--", "--engine-process", "on",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )  # fmt: skip
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["sessions"] == row["admitted"] == 2
+    assert row["frames_ratio"] > 0 and row["delay_p99_ms"] is not None

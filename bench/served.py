@@ -1,0 +1,394 @@
+"""What clients get from ``duplex serve`` with many real-time sessions, over real WebSockets.
+
+    .venv/bin/python bench/served.py --counts 1,32,64,128 [--seconds 8] [--warmup 2]
+        [--client-procs 4] [--url http://HOST:PORT] [--engine-bench] [--out FILE.json]
+        [-- duplex serve ARGS, e.g. --model moshi-7b --random-weights --kv-cache-dtype fp8
+            --model-device cuda]
+
+Unless ``--url`` names a running server, it starts ``duplex serve`` with the given
+arguments (``session.overlap_policy = model``: every frame the model speaks is sent)
+once, waits for ``/health``, and for each N in ``--counts``: N ``/v1/duplex``
+sessions (spread over ``--client-procs`` load-generator processes, so the client's
+own event loop is not what is measured) open with staggered starts (spread over
+one frame period), each streams a 440 Hz tone as 80 ms PCM16 frames on an
+absolute real-time schedule for ``--warmup`` + ``--seconds`` seconds, and reads
+every event. Only frames received after the warm-up count.
+
+Per session, its audio deltas arrive in runs (a response: consecutive engine ticks
+while the model speaks). Within a run, output j should arrive ``j * 80 ms`` after
+the run's start, set by its best-aligned output (the least ``arrival_j - j * 80 ms``);
+its **delay** is how much later than that it arrived (0 for a server that keeps its
+cadence; a server falling behind shows a growing delay). Outputs count when they
+arrive inside the measure window.
+A **missed tick** is a gap of 1.5 periods or more between two outputs of a run
+(``round(gap / 80 ms) - 1`` ticks). ``frames_ratio``: frames received / frames the
+measure window should have held (1.0 while the model speaks throughout, as the
+loopback and Moshi with random weights do).
+
+Also per N: server CPU (user + system seconds of the server process and every
+process under it, over the measure window, per wall second), the GPU's used
+memory (``nvidia-smi``), and from ``/metrics`` the engine's step-time p99, late
+ticks, underruns and dropped outputs over the window. With ``--engine-bench``
+(one H200), ``bench/duplex_engine.py --phases ours-fp8-staggered`` runs first,
+at the same batch sizes, and each N's served step p99 is given as a ratio to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import trio
+from websockets.exceptions import ConnectionClosed
+from websockets.trio.client import connect
+
+FRAME = 1920  # 80 ms at 24 kHz
+PERIOD = 0.08
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tone(k: int) -> str:
+    n = np.arange(k * FRAME, (k + 1) * FRAME)
+    pcm = (0.3 * np.sin(2 * np.pi * 440 * n / 24000) * 32767).astype("<i2").tobytes()
+    audio = base64.b64encode(pcm).decode()
+    return json.dumps({"type": "input_audio_buffer.append", "audio": audio, "sample_rate": 24000})
+
+
+async def _session(url: str, offset: float, warmup: float, seconds: float) -> dict[str, Any]:
+    """One session; what it measured (times relative to its first frame sent)."""
+    await trio.sleep(offset)
+    async with connect(url, max_queue=None, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.create"}))
+        with trio.fail_after(60):
+            first = json.loads(await ws.recv())
+        if first["type"] != "session.created":
+            return {"admitted": False, "error": first.get("error", first)}
+        arrivals: list[tuple[float, str]] = []  # (receipt, response id)
+        start = trio.current_time()
+        frames = round((warmup + seconds) / PERIOD)
+
+        async def read() -> None:
+            try:
+                while True:
+                    event = json.loads(await ws.recv())
+                    if event["type"] == "response.audio.delta":
+                        arrivals.append((trio.current_time() - start, event["response_id"]))
+            except ConnectionClosed:
+                return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            for k in range(frames):
+                await trio.sleep_until(start + k * PERIOD)
+                await ws.send(_tone(k))
+            await trio.sleep(0.5)  # outputs of the last frames
+            nursery.cancel_scope.cancel()
+        await ws.send(json.dumps({"type": "session.close"}))
+    return {"admitted": True, "arrivals": arrivals}
+
+
+def _measure(result: dict[str, Any], warmup: float, seconds: float) -> dict[str, Any]:
+    """Delays and missed ticks of one session's runs, counted after the warm-up."""
+    runs: dict[str, list[float]] = {}
+    for at, response in result["arrivals"]:
+        runs.setdefault(response, []).append(at)
+    delays: list[float] = []
+    missed = received = 0
+    first_output = None
+    end = warmup + seconds
+    for times in runs.values():
+        if first_output is None:
+            first_output = times[0]
+        # the run's cadence is set by its best-aligned output: delay is lateness against it
+        base = min(at - j * PERIOD for j, at in enumerate(times))
+        for j, at in enumerate(times):
+            if not warmup <= at < end:
+                continue
+            received += 1
+            delays.append(at - (base + j * PERIOD))
+            if j:
+                gap = at - times[j - 1]
+                if gap >= 1.5 * PERIOD:
+                    missed += round(gap / PERIOD) - 1
+    return {
+        "delays": delays,
+        "missed": missed,
+        "received": received,
+        "expected": round(seconds / PERIOD),
+        "first_output_s": first_output,
+    }
+
+
+async def _load(url: str, count: int, first: int, total: int, args: argparse.Namespace) -> list:
+    """Sessions ``first .. first + count`` of ``total``, staggered over one period."""
+    results: list[dict[str, Any]] = []
+
+    async def one(index: int) -> None:
+        result = await _session(url, index * PERIOD / total, args.warmup, args.seconds)
+        if result["admitted"]:
+            result = {"admitted": True, **_measure(result, args.warmup, args.seconds)}
+        results.append(result)
+
+    async with trio.open_nursery() as nursery:
+        for index in range(first, first + count):
+            nursery.start_soon(one, index)
+    return results
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and every live process under it."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent = int(fields[1])
+        children.setdefault(parent, []).append(int(entry))
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += times.get(current, 0.0)
+        todo += children.get(current, [])
+    return total
+
+
+def _gpu_memory_mib() -> list[int] | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return [int(line) for line in out.split()] or None
+
+
+async def _metrics(http: str) -> dict[str, float]:
+    async with httpx.AsyncClient(timeout=10) as client:
+        text = (await client.get(http + "/metrics")).text
+    wanted = (
+        "duplex_engine_step_p99_seconds",
+        "duplex_engine_late_ticks_total",
+        "duplex_engine_underruns_total",
+        "duplex_engine_outputs_dropped_total",
+        "duplex_engine_ticks_total",
+    )
+    values: dict[str, float] = {}
+    for name in wanted:
+        found = re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)
+        if found:
+            values[name] = sum(float(v) for v in found)
+    return values
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)) * 1000, 1) if values else None
+
+
+async def _wait_ready(http: str, timeout_s: float, server: subprocess.Popen | None) -> float:
+    start = time.monotonic()
+    async with httpx.AsyncClient(timeout=5) as client:
+        while time.monotonic() - start < timeout_s:
+            if server is not None and server.poll() is not None:
+                raise SystemExit(f"duplex serve exited with {server.returncode}")
+            try:
+                response = await client.get(http + "/health")
+                if response.status_code == 200 and not response.json()["sessions"]["live"]:
+                    return time.monotonic() - start
+            except httpx.TransportError:
+                pass
+            await trio.sleep(0.5)
+    raise SystemExit(f"/health not ok and idle after {timeout_s} s")
+
+
+async def _one_count(
+    args: argparse.Namespace, http: str, n: int, server_pid: int | None
+) -> dict[str, Any]:
+    url = http.replace("http://", "ws://") + "/v1/duplex"
+    procs = min(args.client_procs, n)
+    shares = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
+    before = await _metrics(http)
+    cpu_before = _tree_cpu_s(server_pid) if server_pid else None
+    wall_before = time.monotonic()
+    commands = []
+    first = 0
+    for share in shares:
+        commands.append(
+            [
+                sys.executable,
+                __file__,
+                "--load",
+                url,
+                "--load-range",
+                f"{first},{share},{n}",
+                "--seconds",
+                str(args.seconds),
+                "--warmup",
+                str(args.warmup),
+            ]
+        )
+        first += share
+    loaders = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True) for c in commands]
+    gpu_peak: list[int] | None = None
+    while any(p.poll() is None for p in loaders):
+        memory = _gpu_memory_mib()
+        if memory is not None:
+            gpu_peak = (
+                memory
+                if gpu_peak is None
+                else [max(a, b) for a, b in zip(gpu_peak, memory, strict=True)]
+            )
+        await trio.sleep(0.5)
+    results: list[dict[str, Any]] = []
+    for loader in loaders:
+        out, _ = loader.communicate()
+        results += json.loads(out)
+    wall = time.monotonic() - wall_before
+    cpu = (_tree_cpu_s(server_pid) - cpu_before) / wall if server_pid and cpu_before else None
+    after = await _metrics(http)
+    admitted = [r for r in results if r["admitted"]]
+    delays = [d for r in admitted for d in r["delays"]]
+    received = sum(r["received"] for r in admitted)
+    expected = sum(r["expected"] for r in admitted)
+    row = {
+        "sessions": n,
+        "admitted": len(admitted),
+        "refused": [r["error"] for r in results if not r["admitted"]][:3],
+        "delay_p50_ms": _pct(delays, 50),
+        "delay_p99_ms": _pct(delays, 99),
+        "delay_max_ms": _pct(delays, 100),
+        "missed_ticks": sum(r["missed"] for r in admitted),
+        "frames_ratio": round(received / expected, 3) if expected else None,
+        "first_output_p50_ms": _pct([r["first_output_s"] for r in admitted if r["received"]], 50),
+        "server_cpu_cores": round(cpu, 2) if cpu is not None else None,
+        "gpu_memory_mib": gpu_peak,
+        "step_p99_ms": round(after.get("duplex_engine_step_p99_seconds", 0) * 1000, 1),
+        "late_ticks": after.get("duplex_engine_late_ticks_total", 0)
+        - before.get("duplex_engine_late_ticks_total", 0),
+        "underruns": after.get("duplex_engine_underruns_total", 0)
+        - before.get("duplex_engine_underruns_total", 0),
+        "outputs_dropped": after.get("duplex_engine_outputs_dropped_total", 0)
+        - before.get("duplex_engine_outputs_dropped_total", 0),
+    }
+    print(json.dumps(row), file=sys.stderr)
+    return row
+
+
+def _engine_bench(args: argparse.Namespace) -> dict[int, float]:
+    """``bench/duplex_engine.py``'s ``ours-fp8-staggered`` step p99 (ms) per batch size."""
+    out = Path(args.engine_out)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "duplex_engine.py"),
+            "--phases",
+            "ours-fp8-staggered",
+            "--batches",
+            ",".join(map(str, args.counts)),
+            "--out",
+            str(out),
+        ],
+        check=True,
+    )
+    report = json.loads(out.with_suffix(".json").read_text())
+    p99 = {}
+    for row in report.get("ours-fp8-staggered", []):
+        if "p99_ms" in row:
+            p99[int(row["batch"])] = float(row["p99_ms"])
+    return p99
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    server = None
+    http = args.url
+    engine = _engine_bench(args) if args.engine_bench else {}
+    if http is None:
+        port = _free_port()
+        http = f"http://127.0.0.1:{port}"
+        env = {
+            **os.environ,
+            "DUPLEX_SESSION__OVERLAP_POLICY": "model",
+            "DUPLEX_REALTIME_VAD": "energy",  # no silero: /v1/duplex sessions use none
+        }
+        command = [
+            str(Path(sys.executable).parent / "duplex"), "serve", "--port", str(port),
+            "--log-level", "warning", *args.serve_args,
+        ]  # fmt: skip
+        server = subprocess.Popen(command, env=env, start_new_session=True)
+    report: dict[str, Any] = {"serve_args": args.serve_args, "rows": []}
+    try:
+        report["ready_after_s"] = round(await _wait_ready(http, args.start_timeout_s, server), 1)
+        for n in args.counts:
+            row = await _one_count(args, http, n, server.pid if server else None)
+            if n in engine:
+                row["engine_only_step_p99_ms"] = engine[n]
+                row["served_over_engine_step"] = round(row["step_p99_ms"] / engine[n], 2)
+            report["rows"].append(row)
+            await _wait_ready(http, 60, server)
+    finally:
+        if server is not None and server.poll() is None:
+            os.killpg(server.pid, signal.SIGINT)
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+    return report
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--counts", default="1,32,64,128")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per N")
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--client-procs", type=int, default=4)
+    parser.add_argument("--url", help="a running server (http://HOST:PORT); else one is started")
+    parser.add_argument("--start-timeout-s", type=float, default=900.0)
+    parser.add_argument("--engine-bench", action="store_true")
+    parser.add_argument("--engine-out", default="out/served_engine")
+    parser.add_argument("--out", help="also write the JSON report here")
+    parser.add_argument("--load", help=argparse.SUPPRESS)
+    parser.add_argument("--load-range", help=argparse.SUPPRESS)
+    parser.add_argument("serve_args", nargs="*", help="after --: duplex serve arguments")
+    args = parser.parse_args()
+    if args.load:  # a load-generator child: its sessions' measurements as JSON on stdout
+        first, count, total = map(int, args.load_range.split(","))
+        print(json.dumps(trio.run(_load, args.load, count, first, total, args)))
+        return 0
+    args.counts = [int(n) for n in args.counts.split(",")]
+    report = trio.run(bench, args)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
