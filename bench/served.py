@@ -312,11 +312,8 @@ def _engine_bench(args: argparse.Namespace) -> dict[int, float]:
         check=True,
     )
     report = json.loads(out.with_suffix(".json").read_text())
-    p99 = {}
-    for row in report.get("ours-fp8-staggered", []):
-        if "p99_ms" in row:
-            p99[int(row["batch"])] = float(row["p99_ms"])
-    return p99
+    per_batch = report["phases"]["ours-fp8-staggered"].get("per_batch", {})
+    return {int(b): float(row["p99_ms"]) for b, row in per_batch.items() if "p99_ms" in row}
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -332,7 +329,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "DUPLEX_REALTIME_VAD": "energy",  # no silero: /v1/duplex sessions use none
         }
         command = [
-            str(Path(sys.executable).parent / "duplex"), "serve", "--port", str(port),
+            sys.executable, "-m", "duplex.cli", "serve", "--port", str(port),
             "--log-level", "warning", *args.serve_args,
         ]  # fmt: skip
         server = subprocess.Popen(command, env=env, start_new_session=True)
