@@ -217,6 +217,36 @@ class RemoteEngine:
             answered.set()
 
 
+async def engine_spec(path: str) -> ModelSpec:
+    """What the engine process at ``path`` serves (its greeting), before any hub exists:
+    the engine process owns the model, so a session process never builds or sizes it.
+
+    Raises:
+        RuntimeError: the engine process closed the link before greeting.
+    """
+    link = Link(await _connect(path), decode=decode)
+    try:
+        hello = await anext(link.messages(), None)
+    finally:
+        await link.stream.aclose()
+    if not isinstance(hello, Hello):
+        raise RuntimeError(f"the engine process at {path} did not say what it serves")
+    return hello.spec
+
+
+async def _connect(path: str) -> trio.SocketStream:
+    """A stream to ``path``, retried while nothing listens there yet (starting, restarting)."""
+    while True:
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            await sock.connect(path)
+        except OSError:
+            sock.close()
+            await trio.sleep(CONNECT_RETRY_S)
+            continue
+        return trio.SocketStream(sock)
+
+
 @final
 class EngineConnection:
     """Keeps this session process linked to engine ``index`` at ``path``, across restarts."""
@@ -231,21 +261,10 @@ class EngineConnection:
         self.ready = trio.Event()
         self.log = get_logger(component="engine-link", engine=index)
 
-    async def _connect(self) -> trio.SocketStream:
-        while True:
-            sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                await sock.connect(self.path)
-            except OSError:  # not listening yet (starting, or restarting)
-                sock.close()
-                await trio.sleep(CONNECT_RETRY_S)
-                continue
-            return trio.SocketStream(sock)
-
     async def run(self) -> None:
         """Forever: connect, serve, reconnect (``ready`` is set once the first engine is in use)."""
         while True:
-            link = Link(await self._connect(), decode=decode)
+            link = Link(await _connect(self.path), decode=decode)
             try:
                 await link.while_sending(self._serve, link)
             finally:

@@ -50,7 +50,7 @@ from duplex.transport import (
 )
 
 from . import _link
-from ._engine_client import EngineConnection
+from ._engine_client import EngineConnection, engine_spec
 from ._engines import EngineProcesses
 from ._shards import ShardProcesses
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
@@ -78,12 +78,17 @@ def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
         random_weights=server.random_weights,
     )
     spec, factory = get_model(server.model, options)
+    check_model_rate(config, spec)
+    return spec, factory
+
+
+def check_model_rate(config: Config, spec: ModelSpec) -> None:
+    """Raises ConfigError: the session's model rate is not the model's."""
     if config.session.model_sample_rate != spec.sample_rate:
         raise ConfigError(
             f"session.model_sample_rate: {config.session.model_sample_rate} does not match "
             f"model {spec.name!r}, which runs at {spec.sample_rate} Hz"
         )
-    return spec, factory
 
 
 def check_cuda_device(device: str) -> None:
@@ -210,15 +215,21 @@ async def open_backend(
     ``engine_paths``: the sockets of the engine processes, one per device; empty: the
     engine runs here.
     """
-    spec, factory = resolve_model(config)
     session_cfg = config.session
     server = config.server
+    if engine_paths:  # the engine processes own the model: its spec comes from them
+        specs = [await engine_spec(path) for path in engine_paths]
+        spec = specs[0]
+        check_model_rate(config, spec)
+        factory = None
+    else:
+        spec, factory = resolve_model(config)
     max_sessions = server.max_sessions
     if shard is not None:
         max_sessions = shard_max_sessions(max_sessions, server.session_shards, shard)
     hub_spec = spec
     if engine_paths:  # the hub's slot pool is every engine's
-        hub_spec = dataclasses.replace(spec, max_slots=spec.max_slots * len(engine_paths))
+        hub_spec = dataclasses.replace(spec, max_slots=sum(s.max_slots for s in specs))
     hub = SessionHub(
         system,
         hub_spec,
@@ -243,6 +254,7 @@ async def open_backend(
                 for connection in connections:
                     await connection.ready.wait()
             else:
+                assert factory is not None
                 engine_ref = await system.spawn(
                     EngineActor,
                     partial(build_engine, spec, factory, session_cfg),
