@@ -50,6 +50,7 @@ from ._server_events import (
     SessionExpired,
     SessionReplaced,
     SessionResumed,
+    SessionReady,
     SessionResyncRequired,
     SessionUpdated,
     TranscriptDelta,
@@ -365,6 +366,8 @@ class ModelFrame:
     that produced this frame; the machine drops frames of other epochs.
     ``consumed_input_samples`` counts model-rate input samples taken since the
     previous frame (it drains the input ledger whatever the epoch).
+    ``holds_input``: the slot is still replaying its prompt, so its next tick takes
+    no input; the first frame without it makes the session ready (`SessionReady`).
     """
 
     epoch: int
@@ -375,6 +378,7 @@ class ModelFrame:
     consumed_input_samples: int = 0
     consumed_video_frame_ids: tuple[str, ...] = ()
     latest_video_pts_ms: int | None = None
+    holds_input: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.pcm, bytes | bytearray):
@@ -502,6 +506,7 @@ __all__ = [
     "SessionReplaced",
     "SessionResume",
     "SessionResumed",
+    "SessionReady",
     "SessionResyncRequired",
     "SessionUpdate",
     "SessionUpdated",
