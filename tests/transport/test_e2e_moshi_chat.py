@@ -38,10 +38,9 @@ async def _talk(server: Server, hz: float, results: dict[float, ChatClient]) -> 
 async def test_concurrent_conversations_each_hear_only_their_own_audio() -> None:
     results: dict[float, ChatClient] = {}
     tones = (300.0, 700.0, 1500.0)
-    async with running_server(**LOOPBACK) as server:
-        async with trio.open_nursery() as nursery:
-            for hz in tones:
-                nursery.start_soon(_talk, server, hz, results)
+    async with running_server(**LOOPBACK) as server, trio.open_nursery() as nursery:
+        for hz in tones:
+            nursery.start_soon(_talk, server, hz, results)
     for hz, c in results.items():
         assert not c.errors
         assert set(c.kinds) <= {0, 1, 2}  # only kinds the web client decodes
