@@ -221,20 +221,22 @@ async def test_raw_pcm_open_audio_text_close_done() -> None:
 
 
 async def test_raw_pcm_bad_frames_are_refused_and_the_session_goes_on() -> None:
-    async with running_server(**LOOPBACK) as server:
-        async with connect(chat_url(server, "/v1/audio/duplex"), max_queue=None) as ws:
-            await ws.send(tone_f32(1, 440.0).tobytes())  # opens a session without a prompt
-            assert json.loads(await ws.recv()) == {"type": "ready"}
-            await ws.send(b"\x00\x00\x80")  # not whole float32 samples
-            await ws.send(json.dumps({"type": "nonsense"}))
-            codes = []
-            with trio.fail_after(5):
-                while len(codes) < 2:
-                    message = await ws.recv()
-                    if isinstance(message, str):
-                        codes.append(json.loads(message)["error"]["code"])
-            assert codes == ["bad_audio", "unknown_event"]
-            await ws.send(json.dumps({"type": "close"}))
-            with trio.fail_after(5):
-                while not (isinstance(m := await ws.recv(), str) and "done" in m):
-                    pass
+    async with (
+        running_server(**LOOPBACK) as server,
+        connect(chat_url(server, "/v1/audio/duplex"), max_queue=None) as ws,
+    ):
+        await ws.send(tone_f32(1, 440.0).tobytes())  # opens a session without a prompt
+        assert json.loads(await ws.recv()) == {"type": "ready"}
+        await ws.send(b"\x00\x00\x80")  # not whole float32 samples
+        await ws.send(json.dumps({"type": "nonsense"}))
+        codes = []
+        with trio.fail_after(5):
+            while len(codes) < 2:
+                message = await ws.recv()
+                if isinstance(message, str):
+                    codes.append(json.loads(message)["error"]["code"])
+        assert codes == ["bad_audio", "unknown_event"]
+        await ws.send(json.dumps({"type": "close"}))
+        with trio.fail_after(5):
+            while not (isinstance(m := await ws.recv(), str) and "done" in m):
+                pass
