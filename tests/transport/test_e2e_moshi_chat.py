@@ -240,3 +240,23 @@ async def test_raw_pcm_bad_frames_are_refused_and_the_session_goes_on() -> None:
         with trio.fail_after(5):
             while not (isinstance(m := await ws.recv(), str) and "done" in m):
                 pass
+
+
+async def test_chat_through_connection_workers() -> None:
+    """The projection runs in the worker; its events cross the link like any other."""
+    layout = {**LOOPBACK, "server.connection_workers": 2}
+    async with running_server(**layout) as server:
+        async with chat(server) as c:
+            await c.until(0, timeout=30.0)
+            for frame in range(10):
+                await c.send_pcm(tone_f32(1, 440.0, start=frame))
+                await trio.sleep(0.08)
+            while not c.text or c.samples < 12 * FRAME:
+                await c.recv()
+            assert not c.errors and set(c.kinds) <= {0, 1, 2}
+        async with chat(server, "text_prompt=hi") as c:
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    await c.recv()
+            assert c.kinds == [5]
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
