@@ -505,6 +505,19 @@ def build_app(
         events = WebSocketEvents(websocket, projection)
         await backend.connect(events, autostart=False, peer=peer, endpoint="/v1/duplex")
 
+    def refuse_query(endpoint: str, peer: str | None, exc: ProtocolError) -> None:
+        unlogged = bad_queries.note("bad_query", trio.current_time())
+        if unlogged is not None:
+            get_logger(component="http").warning(
+                "connection refused",
+                endpoint=endpoint,
+                peer=peer,
+                code=1008,
+                reason="bad_query",
+                param=exc.param,
+                unlogged_since_last=unlogged,
+            )
+
     async def realtime_socket(websocket: WebSocket) -> None:
         """OpenAI Realtime: the session opens on connect, as OpenAI's does.
 
@@ -531,19 +544,6 @@ def build_app(
         )
         events = WebSocketEvents(websocket, projection)
         await backend.connect(events, autostart=not resume_only, peer=peer, endpoint="/v1/realtime")
-
-    def refuse_query(endpoint: str, peer: str | None, exc: ProtocolError) -> None:
-        unlogged = bad_queries.note("bad_query", trio.current_time())
-        if unlogged is not None:
-            get_logger(component="http").warning(
-                "connection refused",
-                endpoint=endpoint,
-                peer=peer,
-                code=1008,
-                reason="bad_query",
-                param=exc.param,
-                unlogged_since_last=unlogged,
-            )
 
     async def serve_stream(
         socket: FramedSocket, *, autostart: bool, peer: str | None, endpoint: str
