@@ -77,6 +77,10 @@ class ProtocolError(DuplexError):
         self.param = param
         self.event_type: str | None = None
         """The refused frame's ``type``, when readable (set by the wire parser; for logs)."""
+        self.close: tuple[int, str] | None = None
+        """Set by a wire projection that cannot go on after this error (Moshi's ``/api/chat``
+        has no way to resynchronise an Ogg stream): the connection sends the error, then
+        closes with this WebSocket code and reason."""
 
 
 def _code(name: str, code: str, error_type: str = "invalid_request_error") -> type[ProtocolError]:

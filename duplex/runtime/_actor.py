@@ -517,6 +517,7 @@ def _model_frame(output: SlotOutput) -> ModelFrame:
         consumed_input_samples=output.input_samples,
         consumed_video_frame_ids=tuple(frame.video_frame_ids),
         latest_video_pts_ms=frame.latest_video_pts_ms,
+        holds_input=frame.holds_input,
     )
 
 

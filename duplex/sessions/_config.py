@@ -170,6 +170,10 @@ class SessionConfig:
     It is fixed when the session opens: a ``session.update`` may repeat it but not
     change it, since the replay already shaped the model's state.
 
+    ``announce_ready``: send `SessionReady` once the engine slot takes input (its
+    prompt replayed). Set by a wire protocol whose handshake waits for it (Moshi's
+    ``/api/chat``); no JSON protocol exposes it.
+
     Raises:
         ConfigError: a value breaks its rule; the message names the key.
     """
@@ -208,6 +212,7 @@ class SessionConfig:
     input_audio_codec: str = "pcm16"
     output_audio_codec: str = "pcm16"
     prompt: SessionPrompt | None = None
+    announce_ready: bool = False
 
     def __post_init__(self) -> None:
         _choice("overlap_policy", self.overlap_policy, OVERLAP_POLICIES)
@@ -343,6 +348,8 @@ class SessionOptions:
     No wire protocol exposes it."""
     prompt: SessionPrompt | None = None
     """The session's prompt (``session.create`` only; see `SessionConfig`)."""
+    announce_ready: bool | None = None
+    """Send ``SessionReady`` (see `SessionConfig`); set by a projection, no wire exposes it."""
 
     def __post_init__(self) -> None:
         checks: tuple[tuple[str, tuple[Any, ...] | None], ...] = (
@@ -365,7 +372,12 @@ class SessionOptions:
                 rule.read(value, f"session.{key}")
         if self.prompt is not None and not isinstance(self.prompt, SessionPrompt):
             raise BadEvent("session.prompt must be an object", param="session.prompt")
-        for key in ("false_interruption_enabled", "vad_create_response", "vad_interrupt_response"):
+        for key in (
+            "false_interruption_enabled",
+            "vad_create_response",
+            "vad_interrupt_response",
+            "announce_ready",
+        ):
             value = getattr(self, key)
             if value is not None and not isinstance(value, bool):
                 raise BadEvent(f"session.{key} must be a boolean", param=f"session.{key}")

@@ -48,6 +48,7 @@ from ._server_events import (
     SessionClosed,
     SessionCreated,
     SessionExpired,
+    SessionReady,
     SessionReplaced,
     SessionResumed,
     SessionResyncRequired,
@@ -365,6 +366,8 @@ class ModelFrame:
     that produced this frame; the machine drops frames of other epochs.
     ``consumed_input_samples`` counts model-rate input samples taken since the
     previous frame (it drains the input ledger whatever the epoch).
+    ``holds_input``: the slot is still replaying its prompt, so its next tick takes
+    no input; the first frame without it makes the session ready (`SessionReady`).
     """
 
     epoch: int
@@ -375,6 +378,7 @@ class ModelFrame:
     consumed_input_samples: int = 0
     consumed_video_frame_ids: tuple[str, ...] = ()
     latest_video_pts_ms: int | None = None
+    holds_input: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.pcm, bytes | bytearray):
@@ -499,6 +503,7 @@ __all__ = [
     "SessionCreate",
     "SessionCreated",
     "SessionExpired",
+    "SessionReady",
     "SessionReplaced",
     "SessionResume",
     "SessionResumed",

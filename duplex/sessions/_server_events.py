@@ -87,6 +87,17 @@ class SessionResyncRequired:
 
 @final
 @dataclass(frozen=True, slots=True)
+class SessionReady:
+    """``session.ready``: connection-scoped, sent once, and only to a session opened with
+    ``announce_ready``: its engine slot has run its first tick that takes input (a
+    prompt, if any, is replayed), so audio sent from now on is heard without waiting
+    behind the replay. Moshi's ``/api/chat`` handshake waits for it."""
+
+    session_id: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class SessionClosed:
     """``session.closed``."""
 
@@ -308,6 +319,7 @@ ServerEvent = (
     | SessionReplaced
     | SessionExpired
     | SessionResyncRequired
+    | SessionReady
     | SessionClosed
     | InputAudioCommitted
     | InputAudioCleared

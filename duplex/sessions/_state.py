@@ -78,6 +78,7 @@ from ._events import (
     SessionCreate,
     SessionCreated,
     SessionExpired,
+    SessionReady,
     SessionReplaced,
     SessionResume,
     SessionResumed,
@@ -189,6 +190,7 @@ SESSION_TABLE: dict[SessionState, dict[type, Rule]] = {
     SessionState.AWAITING: {
         **_NO_SOCKET,
         **{t: Ignore("not_started") for t in _MODEL_EVENTS},
+        ModelFrame: Handle("_on_early_frame"),  # it may already say the slot is ready
         ConnectionAttached: Handle("_on_first_attach"),
         ConnectionDetached: Ignore("not_started"),
         Tick: Handle("_on_tick"),
@@ -279,6 +281,8 @@ class SessionMachine:
         self._last_activity = 0.0
         self._heard_client = False
         self._detached_at: float | None = None
+        self._ready = False
+        """The engine slot has taken input (its prompt, if any, replayed)."""
 
     # ----------------------------------------------------------- read-only view
 
@@ -486,6 +490,8 @@ class SessionMachine:
             self._session_id, self._config, self._caps, token, event.generation, self.epoch
         )
         self._direct(out, created, event.generation)
+        if self._ready and self._config.announce_ready:
+            self._direct(out, SessionReady(self._session_id), event.generation)
 
     def _on_resume_attach(self, event: ConnectionAttached, out: list[Effect]) -> None:
         resume = event.resume
@@ -607,7 +613,21 @@ class SessionMachine:
         self._turns.advance_epoch(out, "engine_failed", clear_input=True)
         self._inputs.ledger.clear()
 
+    def _note_ready(self, event: ModelFrame, out: list[Effect]) -> None:
+        """The first frame whose slot takes input next: tell the socket once, if asked to."""
+        if self._ready or event.holds_input:
+            return
+        self._ready = True
+        if self._config.announce_ready and self._generation is not None:
+            self._direct(out, SessionReady(self._session_id), self._generation)
+
+    def _on_early_frame(self, event: ModelFrame, out: list[Effect]) -> None:
+        """A frame before the first socket attached: only its readiness counts."""
+        self._counts["ignored_events"] += 1
+        self._note_ready(event, out)
+
     def _on_model_frame(self, event: ModelFrame, out: list[Effect]) -> None:
+        self._note_ready(event, out)
         if event.consumed_input_samples:
             self._inputs.ledger.consume(event.consumed_input_samples * 2)
         if event.consumed_video_frame_ids:

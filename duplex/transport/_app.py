@@ -55,8 +55,11 @@ from ._access import (
 )
 from ._connection import ConnectionActor, ShutDown
 from ._duplex_wire import NativeProjection
+from ._moshi_wire import ChatQuery, MoshiProjection, error_frame
+from ._pcm_wire import PcmProjection
 from ._realtime_wire import RealtimeProjection, duplex_flag, schema_from_headers
 from ._sockets import EventSocket, WebSocketEvents
+from ._stream_socket import FramedSocket
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JSON_CONTENT_TYPE = "application/json"
@@ -507,6 +510,19 @@ def build_app(
         events = WebSocketEvents(websocket, projection)
         await backend.connect(events, autostart=False, peer=peer, endpoint="/v1/duplex")
 
+    def refuse_query(endpoint: str, peer: str | None, exc: ProtocolError) -> None:
+        unlogged = bad_queries.note("bad_query", trio.current_time())
+        if unlogged is not None:
+            get_logger(component="http").warning(
+                "connection refused",
+                endpoint=endpoint,
+                peer=peer,
+                code=1008,
+                reason="bad_query",
+                param=exc.param,
+                unlogged_since_last=unlogged,
+            )
+
     async def realtime_socket(websocket: WebSocket) -> None:
         """OpenAI Realtime: the session opens on connect, as OpenAI's does.
 
@@ -519,17 +535,7 @@ def build_app(
             duplex = duplex_flag(params.get("duplex"))
             resume_only = duplex_flag(params.get("resume"))
         except ProtocolError as exc:
-            unlogged = bad_queries.note("bad_query", trio.current_time())
-            if unlogged is not None:
-                get_logger(component="http").warning(
-                    "connection refused",
-                    endpoint="/v1/realtime",
-                    peer=peer,
-                    code=1008,
-                    reason="bad_query",
-                    param=exc.param,
-                    unlogged_since_last=unlogged,
-                )
+            refuse_query("/v1/realtime", peer, exc)
             (text,) = NativeProjection().frames(ErrorEvent.from_exception(exc), None)
             await websocket.send_text(text)
             await websocket.close(1008, "bad_query")
@@ -544,6 +550,35 @@ def build_app(
         events = WebSocketEvents(websocket, projection)
         await backend.connect(events, autostart=not resume_only, peer=peer, endpoint="/v1/realtime")
 
+    async def serve_stream(
+        socket: FramedSocket, *, autostart: bool, peer: str | None, endpoint: str
+    ) -> None:
+        """Run the connection, with the task that keeps its output stream flowing."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(socket.keep_flowing)
+            await backend.connect(socket, autostart=autostart, peer=peer, endpoint=endpoint)
+            nursery.cancel_scope.cancel()
+
+    async def chat_socket(websocket: WebSocket) -> None:
+        """Moshi's and PersonaPlex's ``/api/chat``: the session opens on connect with the
+        query's prompt; ``0x00`` goes out when its slot takes input."""
+        peer = await accept(websocket)
+        try:
+            query = ChatQuery.parse(websocket.query_params)
+        except ProtocolError as exc:
+            refuse_query("/api/chat", peer, exc)
+            await websocket.send_bytes(error_frame(ErrorEvent.from_exception(exc)))
+            await websocket.close(1008, "bad_query")
+            return
+        socket = FramedSocket(websocket, MoshiProjection(query, max_size=max_frame_bytes))
+        await serve_stream(socket, autostart=True, peer=peer, endpoint="/api/chat")
+
+    async def pcm_socket(websocket: WebSocket) -> None:
+        """vllm-omni's raw ``/v1/audio/duplex``: JSON ``open``/``close``, float32 PCM."""
+        peer = await accept(websocket)
+        socket = FramedSocket(websocket, PcmProjection(max_size=max_frame_bytes))
+        await serve_stream(socket, autostart=False, peer=peer, endpoint="/v1/audio/duplex")
+
     app = Starlette(
         routes=[
             Route("/health", health),
@@ -552,8 +587,12 @@ def build_app(
             Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
             WebSocketRoute("/v1/duplex", duplex_socket),
             WebSocketRoute("/v1/realtime", realtime_socket),
+            WebSocketRoute("/api/chat", chat_socket),
+            WebSocketRoute("/v1/audio/duplex", pcm_socket),
             Route("/v1/duplex", upgrade_required),  # a plain GET: 426, not 404
             Route("/v1/realtime", upgrade_required),
+            Route("/api/chat", upgrade_required),
+            Route("/v1/audio/duplex", upgrade_required),
         ]
     )
     app.add_middleware(Guard, policy=policy, backend=backend, refused=refused)

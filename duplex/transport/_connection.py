@@ -10,7 +10,12 @@ Two halves, so neither can wait on the other:
   tells it (``Outbound``) and closes the socket on ``CloseSocket``.
 
 Bad input never reaches the session: the reader answers it with one typed
-``error`` (connection-scoped, no ``server_event_seq``) and keeps reading.
+``error`` (connection-scoped, no ``server_event_seq``) and keeps reading, unless
+the error carries a ``close`` (a wire protocol that cannot go on after it):
+then the socket is closed after the error. A session opened on connect
+(``autostart``) that is refused closes the socket too: 1013 when the server is
+full, else 1008 with the error's code (its options came with the connection, so
+trying again on the same socket cannot succeed).
 The session lives on when this actor ends (``Detach`` starts its grace period).
 
 Logs: ``connection opened`` (endpoint, peer) and ``connection closed`` (code,
@@ -120,7 +125,7 @@ class ConnectionActor(Actor[Any]):
         if self.first_event_timeout_s > 0:
             ctx.start_timer(_FIRST_EVENT, self.first_event_timeout_s, _FirstEventDue())
         if self.autostart:  # OpenAI clients expect session.created before they speak
-            await self._open(ctx, self.socket.initial_options, None)
+            await self._open(ctx, self.socket.initial_options, None, on_connect=True)
         ctx.start_soon(self._read, ctx)
 
     async def on_stop(self, ctx: ActorContext) -> None:
@@ -194,7 +199,7 @@ class ConnectionActor(Actor[Any]):
                     break
                 if isinstance(received, errors.ProtocolError):
                     self._log_bad_event(ctx, received)
-                    await self._refuse(ctx, received, close=None)
+                    await self._refuse(ctx, received, close=received.close)
                 else:
                     await self._dispatch(ctx, received)
                     if self.session is not None and not self.heard:
@@ -238,15 +243,25 @@ class ConnectionActor(Actor[Any]):
             await self.session.tell(FromClient(self.generation, event))
 
     async def _open(
-        self, ctx: ActorContext, options: SessionOptions | None, event_id: str | None
+        self,
+        ctx: ActorContext,
+        options: SessionOptions | None,
+        event_id: str | None,
+        *,
+        on_connect: bool = False,
     ) -> bool:
-        """Admit a new session and attach this socket; refuse with a typed error if not."""
+        """Admit a new session and attach this socket; refuse with a typed error if not
+        (and close: when full, or when the options came with the connection)."""
         try:
             opened = await self.hub.open(options)
         except errors.ProtocolError as exc:
             exc.event_id = exc.event_id or event_id
-            full = isinstance(exc, errors.ResourceExhausted)
-            await self._refuse(ctx, exc, close=(1013, "resource_exhausted") if full else None)
+            close = None
+            if isinstance(exc, errors.ResourceExhausted):
+                close = (1013, "resource_exhausted")
+            elif on_connect:
+                close = (1008, exc.code)
+            await self._refuse(ctx, exc, close=close)
             return False
         self.session, self.session_id = opened.ref, opened.session_id
         await opened.ref.tell(Attach(self.generation, ctx.self))

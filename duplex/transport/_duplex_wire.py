@@ -73,6 +73,7 @@ from duplex.sessions import (
     SessionExpired,
     SessionOptions,
     SessionPrompt,
+    SessionReady,
     SessionReplaced,
     SessionResume,
     SessionResumed,
@@ -368,6 +369,8 @@ def _body(event: ServerEvent) -> tuple[str, dict[str, Any]]:
                 "session_id": event.session_id,
                 "attachment_generation": event.attachment_generation,
             }
+        case SessionReady():
+            return "session.ready", {"session_id": event.session_id}
         case SessionExpired() | SessionClosed():
             name = "session.expired" if isinstance(event, SessionExpired) else "session.closed"
             return name, {"session_id": event.session_id, "reason": event.reason}
@@ -526,6 +529,7 @@ SERVER_EVENT_NAMES: tuple[str, ...] = (
     "session.replaced",
     "session.expired",
     "session.resync_required",
+    "session.ready",
     "session.closed",
     "input_audio_buffer.committed",
     "input_audio_buffer.cleared",

@@ -63,6 +63,7 @@ DUPLEX_SERVER_EVENTS: tuple[str, ...] = (
     "session.resumed",
     "session.replaced",
     "session.resync_required",
+    "session.ready",
     "session.expired",
     "session.closed",
     "input_video.consumed",

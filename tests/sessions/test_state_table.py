@@ -96,7 +96,7 @@ EXPECTED_SESSION: dict[type, tuple[object, object, object, object]] = {
     ItemRetrieve:       (NO_SOCKET,  H("_on_item"),               NO_SOCKET,  GONE),
     ItemDelete:         (NO_SOCKET,  H("_on_item"),               NO_SOCKET,  GONE),
     ItemTruncate:       (NO_SOCKET,  H("_on_item"),               NO_SOCKET,  GONE),
-    ModelFrame:         (NOT_STARTED, H("_on_model_frame"),  H("_on_model_frame"),  OVER),
+    ModelFrame:         (H("_on_early_frame"), H("_on_model_frame"), H("_on_model_frame"), OVER),
     SpeechStarted:      (NOT_STARTED, H("_on_speech"),       H("_on_speech"),       OVER),
     SpeechStopped:      (NOT_STARTED, H("_on_speech"),       H("_on_speech"),       OVER),
     ModelFailed:        (NOT_STARTED, H("_on_model_failed"), H("_on_model_failed"), OVER),
@@ -295,6 +295,10 @@ HANDLED: dict[str, tuple[Case, tuple[str, ...]]] = {
         ("SessionCreated", "state=active"),
     ),
     "awaiting-tick": ((AWAITING, LISTENING, (), Tick()), ()),  # no timers yet; not ignored
+    "awaiting-frame": (  # only readiness is noted (told at attach, if announce_ready)
+        (AWAITING, LISTENING, (), SAMPLES[ModelFrame]),
+        ("ignored_events+1",),
+    ),
     "update": ((ACTIVE, LISTENING, (), UPDATE), ("SessionUpdated", "events_journaled+1")),
     "append": ((ACTIVE, LISTENING, (), SAMPLES[AudioAppend]), ("ModelAppendAudio", "input_ms+10")),
     "commit": (

@@ -161,6 +161,7 @@ def session_story(config: ds.SessionConfig | None = None) -> list:
         ds.SessionResumed("duplex-abc", "tok2", 2, 1, 3, 17, config),
         ds.SessionReplaced("duplex-abc", 3),
         ds.SessionResyncRequired("duplex-abc", "journal_gap", 17),
+        ds.SessionReady("duplex-abc"),
         ds.SessionExpired("duplex-abc", "idle_ttl_expired"),
         ds.SessionClosed("duplex-abc", "client_close"),
         ds.VideoConsumed(("f1",), 40),
