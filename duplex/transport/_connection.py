@@ -36,6 +36,7 @@ from duplex.sessions import (
     SessionCreate,
     SessionOptions,
     SessionResume,
+    SessionUpdate,
 )
 
 from ._access import ResumeGuard
@@ -232,21 +233,32 @@ class ConnectionActor(Actor[Any]):
             await session.tell(Attach(self.generation, ctx.self, event))
             return
         options = event.options if isinstance(event, SessionCreate) else self.socket.initial_options
-        opened = await self._open(ctx, options, getattr(event, "event_id", None))
+        opened = await self._open(
+            ctx, options, getattr(event, "event_id", None), update=isinstance(event, SessionUpdate)
+        )
         if opened and not isinstance(event, SessionCreate):  # any other first event autostarts
             assert self.session is not None
             await self.session.tell(FromClient(self.generation, event))
 
     async def _open(
-        self, ctx: ActorContext, options: SessionOptions | None, event_id: str | None
+        self,
+        ctx: ActorContext,
+        options: SessionOptions | None,
+        event_id: str | None,
+        *,
+        update: bool = False,
     ) -> bool:
-        """Admit a new session and attach this socket; refuse with a typed error if not."""
+        """Admit a new session and attach this socket; refuse with a typed error if not.
+
+        ``update``: the event that opens it is a ``session.update``; a refusal is its answer.
+        """
         try:
             opened = await self.hub.open(options)
         except errors.ProtocolError as exc:
             exc.event_id = exc.event_id or event_id
             full = isinstance(exc, errors.ResourceExhausted)
-            await self._refuse(ctx, exc, close=(1013, "resource_exhausted") if full else None)
+            close = (1013, "resource_exhausted") if full else None
+            await self._refuse(ctx, exc, close=close, update_refused=update)
             return False
         self.session, self.session_id = opened.ref, opened.session_id
         await opened.ref.tell(Attach(self.generation, ctx.self))
@@ -274,9 +286,15 @@ class ConnectionActor(Actor[Any]):
             self.resume_guard.fail(self.peer, session_id, trio.current_time())
 
     async def _refuse(
-        self, ctx: ActorContext, exc: errors.ProtocolError, *, close: tuple[int, str] | None
+        self,
+        ctx: ActorContext,
+        exc: errors.ProtocolError,
+        *,
+        close: tuple[int, str] | None,
+        update_refused: bool = False,
     ) -> None:
-        await ctx.self.tell(Outbound(ErrorEvent.from_exception(exc), None))
+        error = ErrorEvent.from_exception(exc, update_refused=update_refused)
+        await ctx.self.tell(Outbound(error, None))
         if close is not None:
             await ctx.self.tell(CloseSocket(*close))
 

@@ -612,3 +612,8 @@ class NativeProjection:
     def initial_options(self) -> SessionOptions | None:
         """Sessions opened by a first event other than ``session.create`` use the defaults."""
         return None
+
+    @property
+    def paused(self) -> bool:
+        """Never: a native append names its own format, so no frame waits on the session."""
+        return False
