@@ -35,7 +35,7 @@ from duplex.models import (
     get_model,
 )
 from duplex.runtime import SessionHub
-from duplex.sessions import Capabilities
+from duplex.sessions import Capabilities, VadMode
 
 from . import _link
 from ._access import AccessSettings, ResumeGuard, digest
@@ -114,7 +114,8 @@ up at 8 windows a tick (8x real time). 4 s is 256 KiB a stream, 64 MiB if all 25
 
 def uses_silero(config: Config) -> bool:
     """Some session may run on the shared silero VAD (Realtime turn-based or ``session.vad``)."""
-    return config.server.realtime_vad == "silero" or config.session.vad == "silero"
+    silero = VadMode.SILERO
+    return config.server.realtime_vad == silero.value or config.session.vad is silero
 
 
 def limit_torch_threads() -> None:
