@@ -296,10 +296,19 @@ class SessionActor(Actor[Any]):
             await trio.sleep_forever()
         finally:
             if not self.resources.released:  # a crash or a shutdown, not a session end
-                self._log_closed(ctx, "actor_stopped")
-                self._release()
-                for connection in self.connections.values():
-                    self._notify_lost(connection)
+                self._end_lost(ctx, "actor_stopped")
+
+    def _end_lost(self, ctx: ActorContext, reason: str) -> None:
+        """End a session the machine did not end (a crash, a restart with no room): log it,
+        free its slot and VAD stream, tell the hub and every socket (1011), and stop.
+
+        The one end path besides the machine's own ``ReleaseResources``; idempotent
+        (`_release` frees once, and a stopping actor ignores another stop)."""
+        self._log_closed(ctx, reason)
+        self._release()
+        for connection in self.connections.values():
+            self._notify_lost(connection)
+        ctx.stop()
 
     async def _replace_engine(self, ctx: ActorContext, driver: SlotEngine, reason: str) -> None:
         res = self.resources
@@ -311,16 +320,9 @@ class SessionActor(Actor[Any]):
             handle = await driver.open_slot(self.machine.session_id, sink, prompt=prompt)
         except PromptUnsupported:
             handle = None
-        if handle is None:
+        if handle is None:  # the old slot is already detached; `_release` detaches it again
             ctx.log.error("no slot on the restarted engine; ending the session")
-            self._log_closed(ctx, "engine_restart_no_slot")
-            self.resources.released = True
-            if res.vad is not None:
-                res.vad.link.close()
-            self.owner.released(self.machine.session_id)
-            for connection in self.connections.values():
-                self._notify_lost(connection)
-            ctx.stop()
+            self._end_lost(ctx, "engine_restart_no_slot")
             return
         self.resources = SessionResources(driver, handle, sink, vad=res.vad)
         sink.bind(ctx.self)
@@ -339,12 +341,7 @@ class SessionActor(Actor[Any]):
         handle = driver.attach(self.machine.session_id, send)
         if handle is None:  # the new pool is as large as the old one: never expected
             ctx.log.error("no stream on the restarted VAD; ending the session")
-            self._log_closed(ctx, "vad_restart_no_stream")
-            self.resources.vad = None
-            self._release()
-            for connection in self.connections.values():
-                self._notify_lost(connection)
-            ctx.stop()
+            self._end_lost(ctx, "vad_restart_no_stream")
             return
         ended = vad.link.replace(driver, handle)
         self.resources.vad = VadResources(vad.link, recv)

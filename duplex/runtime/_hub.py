@@ -47,6 +47,7 @@ from duplex.sessions import (
     SessionConfig,
     SessionMachine,
     SessionOptions,
+    VadMode,
     new_session_id,
 )
 
@@ -320,7 +321,7 @@ class SessionHub:
         Raises:
             ResourceExhausted: the VAD is not running, or its stream pool is full.
         """
-        if config.vad != "silero":
+        if config.vad is not VadMode.SILERO:
             return None
         vad = self.vad
         if vad is None:

@@ -48,6 +48,7 @@ from duplex.sessions import (
     SpeechStarted,
     SpeechStopped,
     StreamingResampler,
+    VadMode,
 )
 
 __all__ = ["VadLink", "VadLinkStatistics", "VadStreams"]
@@ -126,7 +127,7 @@ class VadLink:
     @property
     def enabled(self) -> bool:
         """Turn detection is on with this VAD: audio is pushed and windows are read."""
-        return self.config.vad == "silero" and self.config.vad_enabled
+        return self.config.vad is VadMode.SILERO and self.config.vad_enabled
 
     def statistics(self) -> VadLinkStatistics:
         """Snapshot of the counters."""

@@ -36,20 +36,72 @@ __all__ = [
     "TURN_POLICIES",
     "VAD_MODES",
     "Capabilities",
+    "OverlapPolicy",
+    "PlaybackCommitPolicy",
     "SessionConfig",
     "SessionOptions",
     "SessionPrompt",
+    "TurnDetection",
+    "VadMode",
 ]
 
 MODEL_SAMPLE_RATE = 24_000
 SUPPORTED_SAMPLE_RATES: tuple[int, ...] = (8_000, 16_000, 24_000, 48_000)
-OVERLAP_POLICIES: tuple[str, ...] = ("model", "barge_in_on_speech", "ignore")
-PLAYBACK_COMMIT_POLICIES: tuple[str, ...] = ("ack_only", "commit_all_on_done")
 AUDIO_INPUT_FORMATS: tuple[str, ...] = ("pcm16", "float32")
 AUDIO_CODECS: tuple[str, ...] = ("pcm16", "g711_ulaw", "g711_alaw")
 """Wire audio encodings a session may negotiate (``input_audio_codec``, ``output_audio_codec``)."""
-VAD_MODES: tuple[str, ...] = ("energy", "external", "silero")
-SESSION_VAD_MODES: tuple[str, ...] = ("energy", "silero")
+
+# The modes below are string-valued enums: `SessionConfig` turns each option's wire name
+# into its member once, when it is built; a member equals, prints and serialises as that
+# name, so the wire keeps its strings. `SessionOptions` (what a client sends) keeps the
+# names, checked against the same values.
+
+
+class OverlapPolicy(enum.StrEnum):
+    """What a duplex session does when the user speaks over a response (``overlap_policy``)."""
+
+    MODEL = "model"
+    """The model decides: its frames say whether it keeps talking."""
+    BARGE_IN_ON_SPEECH = "barge_in_on_speech"
+    """Speech longer than ``barge_in_ms`` interrupts; shorter is a backchannel."""
+    IGNORE = "ignore"
+    """Never interrupt."""
+
+
+class PlaybackCommitPolicy(enum.StrEnum):
+    """Which assistant audio enters the history (``playback_commit_policy``)."""
+
+    ACK_ONLY = "ack_only"
+    """Only what the client acknowledged as played (``playback.ack``)."""
+    COMMIT_ALL_ON_DONE = "commit_all_on_done"
+    """All of a finished response (clients that never acknowledge)."""
+
+
+class VadMode(enum.StrEnum):
+    """Which VAD backs ``server_vad`` (``vad``; fixed for a session's life)."""
+
+    ENERGY = "energy"
+    """The built-in `EnergyVad`, inside the session core."""
+    EXTERNAL = "external"
+    """A VAD outside the machine sends `SpeechStarted`/`SpeechStopped` (tests)."""
+    SILERO = "silero"
+    """The server's shared batched silero VAD, through the session actor's VAD link (to the
+    machine, as ``EXTERNAL``)."""
+
+
+class TurnDetection(enum.StrEnum):
+    """Whether the session detects turns (Realtime ``turn_detection.type``)."""
+
+    NONE = "none"
+    """No VAD, no speech events; commits are the client's."""
+    SERVER_VAD = "server_vad"
+    """The session's VAD (`VadMode`) finds speech and, as configured, ends turns."""
+
+
+OVERLAP_POLICIES: tuple[str, ...] = tuple(policy.value for policy in OverlapPolicy)
+PLAYBACK_COMMIT_POLICIES: tuple[str, ...] = tuple(policy.value for policy in PlaybackCommitPolicy)
+VAD_MODES: tuple[str, ...] = tuple(mode.value for mode in VadMode)
+SESSION_VAD_MODES: tuple[str, ...] = (VadMode.ENERGY.value, VadMode.SILERO.value)
 """The VADs a session may be opened with (``SessionOptions.vad``); ``external`` is for tests."""
 
 
@@ -66,9 +118,18 @@ class TurnPolicy(enum.StrEnum):
 
 
 TURN_POLICIES: tuple[str, ...] = tuple(policy.value for policy in TurnPolicy)
-TURN_DETECTION_TYPES: tuple[str, ...] = ("none", "server_vad")
+TURN_DETECTION_TYPES: tuple[str, ...] = tuple(kind.value for kind in TurnDetection)
 
 _MIB = 1024 * 1024
+
+_MODES: dict[str, type[enum.StrEnum]] = {
+    "overlap_policy": OverlapPolicy,
+    "playback_commit_policy": PlaybackCommitPolicy,
+    "vad": VadMode,
+    "turn_policy": TurnPolicy,
+    "turn_detection": TurnDetection,
+}
+"""`SessionConfig`'s mode fields and their enums."""
 
 OPTION_RANGES: dict[str, Range] = {
     "short_ack_ms": POSITIVE_MS,
@@ -178,12 +239,12 @@ class SessionConfig:
         ConfigError: a value breaks its rule; the message names the key.
     """
 
-    overlap_policy: str = "barge_in_on_speech"
+    overlap_policy: OverlapPolicy = OverlapPolicy.BARGE_IN_ON_SPEECH
     short_ack_ms: int = 700
     barge_in_ms: int = 1000
     false_interruption_enabled: bool = True
     false_interruption_timeout_s: float = 2.0
-    playback_commit_policy: str = "commit_all_on_done"
+    playback_commit_policy: PlaybackCommitPolicy = PlaybackCommitPolicy.COMMIT_ALL_ON_DONE
     max_pending_input_bytes: int = 16 * _MIB
     max_pending_turns: int = 4
     journal_ttl_s: float = 60.0
@@ -193,12 +254,12 @@ class SessionConfig:
     input_sample_rate: int = MODEL_SAMPLE_RATE
     output_sample_rate: int = MODEL_SAMPLE_RATE
     model_sample_rate: int = MODEL_SAMPLE_RATE
-    vad: str = "energy"
+    vad: VadMode = VadMode.ENERGY
     vad_threshold_rms: float = 0.003
     vad_hangover_ms: int = 300
     vad_min_speech_ms: int = 60
     turn_policy: TurnPolicy = TurnPolicy.DUPLEX
-    turn_detection: str = "server_vad"
+    turn_detection: TurnDetection = TurnDetection.SERVER_VAD
     vad_threshold: float = 0.5
     vad_prefix_padding_ms: int = 0
     vad_create_response: bool = False
@@ -215,16 +276,13 @@ class SessionConfig:
     announce_ready: bool = False
 
     def __post_init__(self) -> None:
-        _choice("overlap_policy", self.overlap_policy, OVERLAP_POLICIES)
+        for key, mode in _MODES.items():  # the wire names become members, once, here
+            _choice(key, getattr(self, key), tuple(m.value for m in mode))
+            object.__setattr__(self, key, mode(getattr(self, key)))
         _choice("input_audio_codec", self.input_audio_codec, AUDIO_CODECS)
         _choice("output_audio_codec", self.output_audio_codec, AUDIO_CODECS)
         if self.input_audio_codec != "pcm16" and self.input_sample_rate != 8_000:
             raise _config_error("input_sample_rate", "must be 8000 for G.711 input")
-        _choice("playback_commit_policy", self.playback_commit_policy, PLAYBACK_COMMIT_POLICIES)
-        _choice("vad", self.vad, VAD_MODES)
-        _choice("turn_policy", self.turn_policy, TURN_POLICIES)
-        object.__setattr__(self, "turn_policy", TurnPolicy(self.turn_policy))
-        _choice("turn_detection", self.turn_detection, TURN_DETECTION_TYPES)
         for key, rule in OPTION_RANGES.items():
             _ranged(key, getattr(self, key), rule)
         if self.turn_policy == TurnPolicy.DUPLEX and not self.vad_interrupt_response:
@@ -271,7 +329,7 @@ class SessionConfig:
     @property
     def vad_enabled(self) -> bool:
         """Turn detection is on (``server_vad``)."""
-        return self.turn_detection != "none"
+        return self.turn_detection is not TurnDetection.NONE
 
     def updated(self, options: SessionOptions) -> SessionConfig:
         """A copy with the options that are set; raises ``ConfigError`` if the result is bad."""
@@ -294,8 +352,8 @@ class SessionConfig:
         """
         vad = options.vad
         if vad is not None and vad != self.vad:  # the VAD stream is held from the start
-            raise BadEvent(
-                f"session.vad is {self.vad!r} for the whole session", param="session.vad"
+            raise BadEvent(  # the wire name, not the member's repr
+                f"session.vad is {self.vad.value!r} for the whole session", param="session.vad"
             )
         if options.prompt is not None and options.prompt != self.prompt:
             raise BadEvent(  # the replay ran when the slot went live

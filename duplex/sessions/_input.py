@@ -19,7 +19,7 @@ import numpy as np
 
 from duplex.exceptions import InputAudioBufferEmpty, InputBackpressure
 
-from ._config import SessionConfig, TurnPolicy
+from ._config import SessionConfig, TurnPolicy, VadMode
 from ._events import AudioAppend, Pcm, SpeechStarted, SpeechStopped
 from ._ledger import InputLedger
 from ._resample import StreamingResampler
@@ -100,7 +100,7 @@ class InputPath:
         """Start the built-in VAD afresh (or drop it: ``vad="external"`` or no turn detection)."""
         cfg = self.config
         self._vad = None
-        if cfg.vad == "energy" and cfg.vad_enabled:
+        if cfg.vad is VadMode.ENERGY and cfg.vad_enabled:
             self._vad = EnergyVad(
                 cfg.model_sample_rate,
                 threshold_rms=cfg.energy_threshold_rms,

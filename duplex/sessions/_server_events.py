@@ -305,11 +305,20 @@ class ErrorEvent:
     message: str
     event_id: str | None = None
     param: str | None = None
+    update_refused: bool = False
+    """The refused event was a ``session.update``: this error is the session's answer to it,
+    as ``session.updated`` is to an update it took. Never on the wire: a projection that
+    waits for the answer (the Realtime one, after a change of input codec) reads it."""
 
     @classmethod
-    def from_exception(cls, exc: ProtocolError, event_id: str | None = None) -> ErrorEvent:
+    def from_exception(
+        cls, exc: ProtocolError, event_id: str | None = None, *, update_refused: bool = False
+    ) -> ErrorEvent:
         """The wire form of a refused event; ``event_id`` fills a missing one."""
-        return cls(exc.code, exc.error_type, exc.message, exc.event_id or event_id, exc.param)
+        return cls(
+            exc.code, exc.error_type, exc.message, exc.event_id or event_id, exc.param,
+            update_refused,
+        )  # fmt: skip
 
 
 ServerEvent = (

@@ -422,7 +422,9 @@ class SessionMachine:
 
     def _error(self, out: list[Effect], exc: errors.ProtocolError, event: object) -> None:
         self._counts["errors"] += 1
-        err = ErrorEvent.from_exception(exc, getattr(event, "event_id", None))
+        err = ErrorEvent.from_exception(
+            exc, getattr(event, "event_id", None), update_refused=isinstance(event, SessionUpdate)
+        )
         if self._state is SessionState.ACTIVE:
             self._emit(out, err)
         elif self._sender is not None:

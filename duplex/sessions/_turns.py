@@ -29,7 +29,13 @@ from duplex.exceptions import (
     ResponseNotActive,
 )
 
-from ._config import Capabilities, SessionConfig, TurnPolicy
+from ._config import (
+    Capabilities,
+    OverlapPolicy,
+    PlaybackCommitPolicy,
+    SessionConfig,
+    TurnPolicy,
+)
 from ._effects import Effect, ModelReset
 from ._events import (
     AudioDelta,
@@ -211,7 +217,7 @@ class TurnTaking:
             self.fire_pause_timer(out, now=now)
             return True
         overlap = max(0.0, at_ms - start)
-        if self.config.overlap_policy == "barge_in_on_speech":
+        if self.config.overlap_policy is OverlapPolicy.BARGE_IN_ON_SPEECH:
             if overlap >= self.config.barge_in_ms:
                 self.barge_in(out, "speech_over_barge_in_ms", overlap)
             elif overlap < self.config.short_ack_ms:
@@ -229,7 +235,7 @@ class TurnTaking:
             start is None
             or not self.speech_active
             or self._response is None
-            or self.config.overlap_policy != "barge_in_on_speech"
+            or self.config.overlap_policy is not OverlapPolicy.BARGE_IN_ON_SPEECH
         ):
             return
         overlap = self.speech_ms - start
@@ -263,9 +269,9 @@ class TurnTaking:
     def _start_overlap(self, out: list[Effect], at_ms: float, *, now: float) -> None:
         self._overlap_start = at_ms
         policy = self.config.overlap_policy
-        if policy == "ignore":
+        if policy is OverlapPolicy.IGNORE:
             self._decide(out, "drop", "overlap_policy_ignore", 0.0)
-        elif policy == "model":
+        elif policy is OverlapPolicy.MODEL:
             self._decide(out, "listen", "model_decides", 0.0)
         elif self.config.false_interruption_enabled and self.turn is TurnState.RESPONDING:
             self.counts["pauses"] += 1
@@ -275,8 +281,8 @@ class TurnTaking:
         self.check_overlap(out)
 
     def _decide(self, out: list[Effect], action: str, reason: str, overlap_ms: float) -> None:
-        decision = OverlapDecision(
-            self.config.overlap_policy, action, reason, round(overlap_ms, 1), self.response_id
+        decision = OverlapDecision(  # the event carries the wire name, a plain string
+            self.config.overlap_policy.value, action, reason, round(overlap_ms, 1), self.response_id
         )
         self._emit(out, decision)
 
@@ -314,7 +320,7 @@ class TurnTaking:
             ledger.sent_ms,
         )
         self._emit(out, done)
-        if self.config.playback_commit_policy == "commit_all_on_done" and (
+        if self.config.playback_commit_policy is PlaybackCommitPolicy.COMMIT_ALL_ON_DONE and (
             ledger.sent_ms > 0 or ledger.transcript
         ):
             ledger.committed_ms = ledger.sent_ms
@@ -433,7 +439,10 @@ class TurnTaking:
         if event.item_id is not None and event.item_id != ledger.item_id:
             raise PlaybackItemNotFound("item_id does not match the response", param="item_id")
         played = min(max(ledger.played_ms, float(event.played_ms)), ledger.sent_ms)
-        if self.config.playback_commit_policy == "ack_only" and played > ledger.committed_ms:
+        if (
+            self.config.playback_commit_policy is PlaybackCommitPolicy.ACK_ONLY
+            and played > ledger.committed_ms
+        ):
             if self.history.has_user_after(ledger.order):
                 raise PlaybackAckTooLate(
                     "a newer user turn is already in the history", param="played_ms"

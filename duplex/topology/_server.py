@@ -38,7 +38,7 @@ from duplex.models import (
     get_model,
 )
 from duplex.runtime import SessionHub
-from duplex.sessions import Capabilities, SessionConfig
+from duplex.sessions import Capabilities, SessionConfig, VadMode
 from duplex.transport import (
     AccessSettings,
     HubBackend,
@@ -131,7 +131,8 @@ up at 8 windows a tick (8x real time). 4 s is 256 KiB a stream, 64 MiB if all 25
 
 def uses_silero(config: Config) -> bool:
     """Some session may run on the shared silero VAD (Realtime turn-based or ``session.vad``)."""
-    return config.server.realtime_vad == "silero" or config.session.vad == "silero"
+    silero = VadMode.SILERO
+    return config.server.realtime_vad == silero.value or config.session.vad is silero
 
 
 def limit_torch_threads() -> None:

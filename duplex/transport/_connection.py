@@ -41,6 +41,7 @@ from duplex.sessions import (
     SessionCreate,
     SessionOptions,
     SessionResume,
+    SessionUpdate,
 )
 
 from ._access import ResumeGuard
@@ -237,7 +238,9 @@ class ConnectionActor(Actor[Any]):
             await session.tell(Attach(self.generation, ctx.self, event))
             return
         options = event.options if isinstance(event, SessionCreate) else self.socket.initial_options
-        opened = await self._open(ctx, options, getattr(event, "event_id", None))
+        opened = await self._open(
+            ctx, options, getattr(event, "event_id", None), update=isinstance(event, SessionUpdate)
+        )
         if opened and not isinstance(event, SessionCreate):  # any other first event autostarts
             assert self.session is not None
             await self.session.tell(FromClient(self.generation, event))
@@ -249,9 +252,13 @@ class ConnectionActor(Actor[Any]):
         event_id: str | None,
         *,
         on_connect: bool = False,
+        update: bool = False,
     ) -> bool:
         """Admit a new session and attach this socket; refuse with a typed error if not
-        (and close: when full, or when the options came with the connection)."""
+        (and close: when full, or when the options came with the connection).
+
+        ``update``: the event that opens it is a ``session.update``; a refusal is its answer.
+        """
         try:
             opened = await self.hub.open(options)
         except errors.ProtocolError as exc:
@@ -261,7 +268,7 @@ class ConnectionActor(Actor[Any]):
                 close = (1013, "resource_exhausted")
             elif on_connect:
                 close = (1008, exc.code)
-            await self._refuse(ctx, exc, close=close)
+            await self._refuse(ctx, exc, close=close, update_refused=update)
             return False
         self.session, self.session_id = opened.ref, opened.session_id
         await opened.ref.tell(Attach(self.generation, ctx.self))
@@ -289,9 +296,15 @@ class ConnectionActor(Actor[Any]):
             self.resume_guard.fail(self.peer, session_id, trio.current_time())
 
     async def _refuse(
-        self, ctx: ActorContext, exc: errors.ProtocolError, *, close: tuple[int, str] | None
+        self,
+        ctx: ActorContext,
+        exc: errors.ProtocolError,
+        *,
+        close: tuple[int, str] | None,
+        update_refused: bool = False,
     ) -> None:
-        await ctx.self.tell(Outbound(ErrorEvent.from_exception(exc), None))
+        error = ErrorEvent.from_exception(exc, update_refused=update_refused)
+        await ctx.self.tell(Outbound(error, None))
         if close is not None:
             await ctx.self.tell(CloseSocket(*close))
 

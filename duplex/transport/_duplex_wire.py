@@ -328,13 +328,13 @@ def client_event(envelope: Envelope) -> ClientEvent:
 
 def _config(config: SessionConfig) -> dict[str, Any]:
     return {
-        "overlap_policy": config.overlap_policy,
+        "overlap_policy": config.overlap_policy.value,  # the wire name, a plain str
         "overlap_short_ack_ms": config.short_ack_ms,
         "overlap_barge_in_ms": config.barge_in_ms,
         "overlap_silence_rms": config.vad_threshold_rms,
         "false_interruption_enabled": config.false_interruption_enabled,
         "false_interruption_timeout_s": config.false_interruption_timeout_s,
-        "playback_commit_policy": config.playback_commit_policy,
+        "playback_commit_policy": config.playback_commit_policy.value,
         "input_sample_rate": config.input_sample_rate,
         "output_audio_format": "pcm16",
         "output_sample_rate": config.output_sample_rate,
@@ -616,3 +616,8 @@ class NativeProjection:
     def initial_options(self) -> SessionOptions | None:
         """Sessions opened by a first event other than ``session.create`` use the defaults."""
         return None
+
+    @property
+    def paused(self) -> bool:
+        """Never: a native append names its own format, so no frame waits on the session."""
+        return False

@@ -272,12 +272,12 @@ class RealtimeEncoder:
             session["max_response_output_tokens"] = "inf"
         if self.duplex:
             session.update(
-                overlap_policy=config.overlap_policy,
+                overlap_policy=config.overlap_policy.value,  # the wire name, a plain str
                 overlap_short_ack_ms=config.short_ack_ms,
                 overlap_barge_in_ms=config.barge_in_ms,
                 false_interruption_enabled=config.false_interruption_enabled,
                 false_interruption_timeout_s=config.false_interruption_timeout_s,
-                playback_commit_policy=config.playback_commit_policy,
+                playback_commit_policy=config.playback_commit_policy.value,
                 idle_timeout_s=config.idle_ttl_s,
                 disconnect_grace_s=config.disconnect_grace_s,
             )

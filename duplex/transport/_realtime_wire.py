@@ -12,10 +12,13 @@ epochs, transcripts, history and the audio formats come from the server events:
 the G.711/PCM formats a ``session.update`` negotiates are session config
 (``input_audio_codec``, ``output_audio_codec``), and the projection adopts them
 from ``session.created|updated|resumed``, so a resumed socket keeps them.
-Between an update and the session's answer, appends decode in the new input
-format only if the session will accept the update (`SessionConfig.apply_update`
-on the config last seen). An error's ``param`` names the field as a Realtime
-client spells it (``wire_param``), also when the session refused the value.
+The projection never works out a config itself. A ``session.update`` that names
+another input format *pauses* it (`paused`, h11's ``PAUSED``): the socket reads no
+further frame until the session answers, with ``session.updated`` or an error
+refusing the update (``ErrorEvent.update_refused``), so the appends sent right
+after it decode in whatever format the session then says it has. An error's
+``param`` names the field as a Realtime client spells it (``wire_param``), also
+when the session refused the value.
 
 Inbound, a frame is read up to ``type`` and ``event_id`` by ``_envelope``, as on
 the native route, and both spellings of the session fields are accepted
@@ -37,6 +40,7 @@ The duplex extensions (``playback.ack``, ``turn.signal``,
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, final
@@ -343,8 +347,9 @@ class RealtimeProjection:
         )
         self._initial = formats or WireFormats()
         self._config: SessionConfig | None = None  # the session's, as of the last event sent
-        self._pending: list[SessionOptions] = []  # updates sent, not answered yet
-        self._decode = self._initial  # formats after the updates the session will accept
+        self._unanswered: deque[bool] = deque()
+        """This socket's ``session.update`` s the session has not answered yet, oldest first;
+        ``True``: it names another input format, so the projection is paused until its answer."""
         self._replayed_through = 0  # events up to this seq are a resume's replay
         self._encoder = RealtimeEncoder(
             schema=schema, duplex=duplex, model=model, random_bytes=random_bytes
@@ -362,65 +367,47 @@ class RealtimeProjection:
 
     @property
     def formats(self) -> WireFormats:
-        """The formats the next client frame decodes in: the session's, with the
-        ``session.update`` s it has not answered yet but will accept."""
-        return self._decode
-
-    def _sent_formats(self) -> WireFormats:
-        """The formats server events encode in: the session's, as of the last event sent."""
+        """The formats the session said it has (``session.created|updated|resumed``; the
+        constructor's until then): client frames decode in them, server events encode in them."""
         return self._initial if self._config is None else WireFormats.of(self._config)
 
-    def _predict(self) -> None:
-        """Replay the unanswered updates on the session's config, as the session will.
-
-        An update the session will refuse is dropped (it changes nothing and
-        gets no ``session.updated``). Before any session event, the updates'
-        formats are taken as they are.
-        """
-        if self._config is None:
-            formats = self._initial
-            for options in self._pending:
-                formats = WireFormats(
-                    options.input_audio_codec or formats.input,
-                    options.output_audio_codec or formats.output,
-                )
-            self._decode = formats
-            return
-        config, kept = self._config, []
-        for options in self._pending:
-            try:
-                config = config.apply_update(options)
-            except ProtocolError:
-                continue
-            kept.append(options)
-        self._pending = kept
-        self._decode = WireFormats.of(config)
+    @property
+    def paused(self) -> bool:
+        """A ``session.update`` naming another input format is unanswered: read no frame
+        until `frames` has carried the session's answer (the format of the next append
+        is the session's to say)."""
+        return any(self._unanswered)
 
     def _follow(self, event: ServerEvent, seq: int | None) -> None:
-        """Adopt the session's config from the events that carry it."""
+        """Adopt the session's config from the events that carry it, and count its answers
+        to this socket's updates (a resume's replay answers the previous socket's)."""
+        if seq is not None and seq <= self._replayed_through:
+            return  # replayed: older than session.resumed's config
         match event:
-            case SessionCreated() | SessionResumed():
+            case SessionCreated():
                 self._config = event.config
-                if isinstance(event, SessionResumed):
-                    self._replayed_through = event.last_server_event_seq
+            case SessionResumed():
+                self._config = event.config
+                self._replayed_through = event.last_server_event_seq
             case SessionUpdated():
-                if seq is not None and seq <= self._replayed_through:
-                    return  # replayed: older than session.resumed's config
                 self._config = event.config
-                if self._pending:
-                    self._pending.pop(0)  # the session's answer to the oldest update
-            case _:
-                return
-        self._predict()
+                self._answered()
+            case ErrorEvent(update_refused=True):
+                self._answered()
+
+    def _answered(self) -> None:
+        """The session answered the oldest unanswered update (it answers them in order)."""
+        if self._unanswered:
+            self._unanswered.popleft()
 
     # ------------------------------------------------------------------ inbound
 
     def parse(self, data: str | bytes) -> ClientEvent:
         """Parse one WebSocket message.
 
-        A ``session.update`` the session will accept switches the input format
-        at once, so appends sent right after it decode in the new format; one
-        it will refuse switches nothing. Encoding follows ``session.updated``.
+        Appends decode in `formats`, the session's. A ``session.update`` naming
+        another input format pauses the projection (`paused`) until the session
+        answers it, so the appends after it decode in the format the session took.
 
         Args:
             data: a text frame; ``bytes`` (a binary frame) is refused.
@@ -430,7 +417,10 @@ class RealtimeProjection:
 
         Raises:
             ProtocolError: a subclass per wire code, ``event_id`` set when readable.
+            RuntimeError: called while `paused` (the caller waits for the answer).
         """
+        if self.paused:
+            raise RuntimeError("paused: wait for the session's answer to session.update")
         envelope = read_envelope(data, max_size=self.max_size)
         try:
             return self._parse(envelope)
@@ -456,11 +446,11 @@ class RealtimeProjection:
         match kind:
             case "session.update":
                 options = parse_session(obj.get("session"), duplex=self.duplex, model=self.model)
-                self._pending.append(options)
-                self._predict()
+                codec = options.input_audio_codec
+                self._unanswered.append(codec is not None and codec != self.formats.input)
                 return SessionUpdate(options, event_id)
             case "input_audio_buffer.append":
-                return _decode_append(obj, self._decode.input, event_id)
+                return _decode_append(obj, self.formats.input, event_id)
             case "input_audio_buffer.commit":
                 return AudioCommit(event_id)
             case "input_audio_buffer.clear":
@@ -468,7 +458,7 @@ class RealtimeProjection:
             case "output_audio_buffer.clear":
                 return ResponseCancel(None, event_id)
             case "conversation.item.create":
-                return _item_create(obj, self._decode.input, event_id)
+                return _item_create(obj, self.formats.input, event_id)
             case "conversation.item.retrieve":
                 return ItemRetrieve(_string(obj, "item_id"), event_id)
             case "conversation.item.delete":
@@ -503,12 +493,12 @@ class RealtimeProjection:
         self._follow(event, seq)
         if isinstance(event, ErrorEvent):
             event = replace(event, param=wire_param(event.param, self.schema))
-        return self._encoder.encode(event, seq, self._sent_formats())
+        return self._encoder.encode(event, seq, self.formats)
 
     def frames(self, event: ServerEvent, seq: int | None) -> list[str]:
         """`encode` as the JSON text frames to send (audio deltas from a template)."""
         if isinstance(event, AudioDelta):  # follows no config; its text equals `dumps`'s
-            return self._encoder.audio_delta_text(event, seq, self._sent_formats())
+            return self._encoder.audio_delta_text(event, seq, self.formats)
         return [dumps(wire) for wire in self.encode(event, seq)]
 
 

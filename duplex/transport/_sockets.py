@@ -44,6 +44,12 @@ class Projection(Protocol):
         """Options for a session this protocol opens without a ``session.create``."""
         ...
 
+    @property
+    def paused(self) -> bool:
+        """How the next frame parses waits on the session's answer to an earlier one: `parse`
+        nothing until `frames` has carried it (h11's ``PAUSED``)."""
+        ...
+
 
 Received = ClientEvent | ProtocolError | None
 """One inbound frame: its event, the typed error it earned, or ``None`` when the peer left."""
@@ -81,12 +87,19 @@ class EventSocket(Protocol):
 
 
 class WebSocketEvents:
-    """A WebSocket of this process, through its projection."""
+    """A WebSocket of this process, through its projection.
+
+    While the projection is `Projection.paused`, `receive` holds the frame it read
+    (one, so a peer that leaves is still seen) until `send` has carried the session's
+    answer or the socket closes.
+    """
 
     def __init__(self, websocket: WebSocket, projection: Projection) -> None:
         self.ws = websocket
         self.projection = projection
         self._peer_close: tuple[int | None, str] | None = None
+        self._closed = False
+        self._unpaused: trio.Event | None = None
 
     @property
     def open(self) -> bool:
@@ -110,19 +123,34 @@ class WebSocketEvents:
             self._peer_close = (message.get("code", 1005), message.get("reason") or "")
             return None
         text, data = message.get("text"), message.get("bytes")
+        while self.projection.paused:
+            if self._closed:
+                return None
+            self._unpaused = trio.Event()
+            await self._unpaused.wait()
         try:
             return self.projection.parse(text if text is not None else (data or b""))
         except ProtocolError as exc:
             return exc
 
     async def send(self, event: ServerEvent, seq: int | None) -> None:
+        texts = self.projection.frames(event, seq)
+        self._wake()
         try:
-            for text in self.projection.frames(event, seq):
+            for text in texts:
                 await self.ws.send_text(text)
         except (OSError, RuntimeError, trio.BrokenResourceError) as exc:
             raise SocketGone from exc
 
+    def _wake(self) -> None:
+        """Let a `receive` held by a paused projection look again."""
+        if self._unpaused is not None:
+            self._unpaused.set()
+            self._unpaused = None
+
     async def close(self, code: int, reason: str) -> None:
+        self._closed = True
+        self._wake()
         if self.open:
             # already gone is fine: there is nothing left to close
             with contextlib.suppress(OSError, RuntimeError, trio.BrokenResourceError):

@@ -1,7 +1,18 @@
+import json
+
 import pytest
 
 from duplex.exceptions import BadEvent, ConfigError
-from duplex.sessions import Capabilities, SessionConfig, SessionOptions
+from duplex.sessions import (
+    Capabilities,
+    OverlapPolicy,
+    PlaybackCommitPolicy,
+    SessionConfig,
+    SessionOptions,
+    TurnDetection,
+    TurnPolicy,
+    VadMode,
+)
 
 
 def test_defaults_follow_the_issue():
@@ -103,3 +114,54 @@ def test_wire_audio_codecs_are_session_options():
     with pytest.raises(BadEvent) as info:
         SessionConfig().apply_update(SessionOptions(barge_in_ms=500))
     assert info.value.param == "session.barge_in_ms"
+
+
+MODES = {
+    "overlap_policy": OverlapPolicy,
+    "playback_commit_policy": PlaybackCommitPolicy,
+    "vad": VadMode,
+    "turn_policy": TurnPolicy,
+    "turn_detection": TurnDetection,
+}
+
+
+@pytest.mark.parametrize("key", list(MODES))
+def test_modes_are_members_from_the_wire_name_on(key):
+    """Parsed once, where the config is built: from a name, from options, from a copy."""
+    mode = MODES[key]
+    assert type(getattr(SessionConfig(), key)) is mode  # the default too
+    for member in mode:
+        if key == "turn_policy" and member is TurnPolicy.DUPLEX:
+            config = SessionConfig(turn_policy=member.value)
+        else:
+            config = SessionConfig(**{key: member.value, "turn_policy": "turn_based"})
+        assert getattr(config, key) is member
+        assert getattr(config.updated(SessionOptions(barge_in_ms=900)), key) is member
+    with pytest.raises(ConfigError, match=key):
+        SessionConfig(**{key: "nonsense"})
+
+
+def test_options_give_the_config_members():
+    options = SessionOptions(
+        overlap_policy="model",
+        playback_commit_policy="ack_only",
+        turn_policy="turn_based",
+        turn_detection="none",
+        vad="silero",
+    )
+    config = SessionConfig().updated(options)
+    assert config.overlap_policy is OverlapPolicy.MODEL
+    assert config.playback_commit_policy is PlaybackCommitPolicy.ACK_ONLY
+    assert config.turn_policy is TurnPolicy.TURN_BASED
+    assert config.turn_detection is TurnDetection.NONE and not config.vad_enabled
+    assert config.vad is VadMode.SILERO
+
+
+def test_a_mode_says_its_wire_name_to_a_client():
+    """A member equals, formats and serialises as its wire name; a refusal quotes the name,
+    never the member's repr."""
+    assert json.dumps({"v": VadMode.SILERO}) == '{"v": "silero"}'
+    assert f"{OverlapPolicy.MODEL}" == "model" and OverlapPolicy.MODEL == "model"
+    with pytest.raises(BadEvent) as info:
+        SessionConfig(vad="silero").apply_update(SessionOptions(vad="energy"))
+    assert info.value.message == "session.vad is 'silero' for the whole session"

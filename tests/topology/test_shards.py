@@ -16,11 +16,21 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
+from duplex.actors import open_actor_system
+from duplex.config import load_config
 from duplex.metrics import Family, MetricsRegistry, Sample, merge_labelled, render
 from duplex.sessions import SessionCreate, SessionResume, new_session_id, shard_of
 from duplex.topology._frontend import LinkBackend, Relay
-from duplex.topology._link import CloseRemoteSocket, Connected, FromSocket, Link, Load
-from duplex.topology._server import shard_max_sessions
+from duplex.topology._link import (
+    WINDOW,
+    CloseRemoteSocket,
+    Connected,
+    Consumed,
+    FromSocket,
+    Link,
+    Load,
+)
+from duplex.topology._server import open_backend, shard_max_sessions
 
 # -- session ids ---------------------------------------------------------------
 
@@ -374,3 +384,71 @@ async def test_with_one_shard_a_socket_is_not_held() -> None:
         (connected,) = await shards.until(0, 1)
         assert connected == Connected(0, False, None, 0.0)
         n.cancel_scope.cancel()
+
+
+async def test_a_worker_relays_at_most_a_window_of_frames_the_shard_has_not_taken(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The client sends far more than a window and the shard takes nothing: once every
+    task is blocked, exactly ``WINDOW`` frames crossed and the rest wait in the socket;
+    each ``Consumed`` lets exactly that many more cross."""
+    async with shards_over_links(1) as shards, trio.open_nursery() as n:
+        socket = HeldSocket()
+        frames = [SessionCreate(event_id=f"e{i}") for i in range(3 * WINDOW)]
+        for frame in frames:
+            socket.put.send_nowait(frame)
+        n.start_soon(lambda: shards.backend.connect(socket, autostart=True))
+        await trio.testing.wait_all_tasks_blocked()
+        crossed = [m.received for m in shards.received[0] if isinstance(m, FromSocket)]
+        assert crossed == frames[:WINDOW]  # in order, and no further: the worker waits
+        shards.backend.route(Consumed(0, WINDOW // 2))
+        await trio.testing.wait_all_tasks_blocked()
+        crossed = [m.received for m in shards.received[0] if isinstance(m, FromSocket)]
+        assert crossed == frames[: WINDOW + WINDOW // 2]
+        n.cancel_scope.cancel()
+
+
+class SilentSocket:
+    """A client socket that never speaks; records what the server sends and its close."""
+
+    def __init__(self) -> None:
+        self.open = True
+        self.initial_options = None
+        self.peer_close = None
+        self.sent: list[Any] = []
+        self.closed_with: tuple[int, str] | None = None
+        self.closed = trio.Event()
+
+    async def receive(self) -> Any:
+        await trio.sleep_forever()
+
+    async def send(self, event: Any, seq: int | None) -> None:
+        self.sent.append(event)
+
+    async def close(self, code: int, reason: str) -> None:
+        self.open, self.closed_with = False, (code, reason)
+        self.closed.set()
+
+
+@pytest.mark.parametrize("waited", [0.0, 0.75, 1.0, 5.0])
+async def test_a_shard_times_out_what_the_worker_left_of_the_first_event_timeout(
+    waited: float, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The worker held the socket ``waited`` s for its first event (``Connected.waited_s``):
+    the session process times it out after the rest of the timeout, not a whole one again
+    (and at once, never "no timeout", when nothing is left)."""
+    timeout = 1.0
+    overrides = {"server.first_event_timeout_s": timeout, "server.realtime_vad": "energy"}
+    config = load_config(env={}, overrides=overrides)
+    async with (
+        open_actor_system() as system,
+        open_backend(config, system, MetricsRegistry()) as backend,
+    ):
+        socket = SilentSocket()
+        began = trio.current_time()
+        await backend.connect(socket, autostart=False, waited_s=waited)
+        await socket.closed.wait()
+        took = trio.current_time() - began
+    assert socket.closed_with == (1008, "first_event_timeout")
+    assert [event.code for event in socket.sent] == ["first_event_timeout"]
+    assert took == pytest.approx(max(timeout - waited, 1e-3))

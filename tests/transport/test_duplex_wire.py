@@ -43,6 +43,7 @@ from duplex.transport import (
 )
 from duplex.transport._duplex_wire import NativeProjection, audio_delta_text
 from duplex.transport._json_text import dumps
+from duplex.transport._realtime_wire import RealtimeProjection
 
 
 def _b64(data: bytes) -> str:
@@ -322,3 +323,14 @@ def test_pcm16_round_trips_exactly_through_a_model_frame() -> None:
     text = json.dumps({"type": "input_audio_buffer.append", "audio": _b64(every)})
     append = parse_client_event(text)
     assert ModelFrame(0, append.pcm).pcm == every
+
+
+def test_session_modes_go_on_the_wire_as_plain_strings():
+    """The config holds enum members; both wires write their names, as plain ``str``."""
+    config = SessionConfig(overlap_policy="model", playback_commit_policy="ack_only")
+    created = SessionCreated("duplex-abc", config, Capabilities(), "tok", 1, 0)
+    native = encode_server_event(created, None)["session"]
+    realtime = RealtimeProjection(duplex=True).encode(created, None)[0]["session"]
+    for session in (native, realtime):
+        for key, name in (("overlap_policy", "model"), ("playback_commit_policy", "ack_only")):
+            assert type(session[key]) is str and session[key] == name

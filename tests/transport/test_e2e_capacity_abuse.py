@@ -13,6 +13,9 @@ import trio
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.trio.client import ClientConnection, connect
 
+from duplex.sessions import SessionState
+
+from .test_e2e_duplex import wait_detached
 from .wsclient import ENERGY_VAD, Server, client, running_server
 
 
@@ -78,8 +81,10 @@ async def test_a_used_session_still_waits_for_its_resume() -> None:
             created = await c.recv()
             await c.send({"type": "session.update", "session": {}})
             await c.until("session.updated")
-        await trio.sleep(0.3)
-        assert await _live(server) == 1  # detached, inside its grace
+        # once it has seen its socket go, it waits (a session that ended would be gone)
+        machine = await wait_detached(server, created["session"]["id"])
+        assert machine.state is SessionState.DETACHED
+        assert await _live(server) == 1  # inside its grace
         async with client(server) as again:
             await again.send(
                 {

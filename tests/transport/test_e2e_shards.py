@@ -166,7 +166,6 @@ async def test_a_resume_through_another_worker_lands_on_the_owning_shard() -> No
             # dropped mid-response; the resume can only reach the other worker
             os.kill(second, signal.SIGCONT)
             await stop_process(first)
-            await trio.sleep(0.5)
             async with client(server) as c2:
                 await c2.send(resume(created, last))
                 resumed = await c2.recv(OPEN_TIMEOUT_S)
@@ -278,17 +277,17 @@ async def test_a_socket_held_for_its_first_event_is_closed_1001_at_shutdown() ->
 
 async def test_the_first_event_timeout_counts_the_time_a_worker_held_the_socket() -> None:
     """A worker holds a ``/v1/duplex`` socket until its first event (to choose a shard);
-    the timeout runs from the accept, not again from the shard's turn."""
+    the timeout runs from the accept, not again from the shard's turn. How long each side
+    waits is checked on a mock clock (``test_shards.py``: the worker hands on what it
+    waited, the shard times out the rest); here, that a silent socket is refused and closed
+    through the real processes."""
     timeout = 1.0
     settings = {"server.first_event_timeout_s": timeout}
     async with running_server(**SHARDED, **settings) as server:
         async with client(server) as idle:
-            began = trio.current_time()
             err = await idle.recv(timeout=5.0)
-            took = trio.current_time() - began
             assert (err["type"], err["error"]["code"]) == ("error", "first_event_timeout")
             assert await close_code(idle) == 1008
-        assert 0.9 * timeout <= took < 1.8 * timeout, took  # not twice the timeout
         async with client(server) as prompt:  # a session opened in time is never timed out
             await trio.sleep(0.6 * timeout)
             created = await open_session(prompt)

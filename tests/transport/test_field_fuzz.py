@@ -378,7 +378,7 @@ def _check(protocol: Protocol, text: str) -> Harness | None:
     """The property, for one message; the session it ran, if the message parsed.
 
     The message arrives as it would: on a live session whose codec has seen its
-    ``session.created`` (a Realtime ``session.update`` is predicted against that config).
+    ``session.created`` (whose config a Realtime projection decodes appends in).
     A ``session.create`` opens a session with its options instead, as the hub does.
     """
     harness = _harness(protocol.codec())

@@ -325,28 +325,72 @@ def test_a_refused_update_switches_nothing_and_names_the_wire_field():
     assert append.sample_rate == 24000 and append.pcm.size == 1  # still PCM16
 
 
-def test_an_update_applies_to_input_at_once_and_to_output_when_the_session_says():
-    """The projection decodes in a new format right after an update the session will take,
-    and encodes in it from ``session.updated`` on (the session's config is the truth)."""
+def test_an_update_of_the_input_format_waits_for_the_sessions_answer():
+    """A ``session.update`` naming another input format pauses the projection until the
+    session answers it; the answer, not the projection, decides how the next append decodes
+    (accepted: μ-law at once; refused: still PCM16). Output follows ``session.updated``."""
     proj = RealtimeProjection(duplex=True)
-    config = ds.SessionConfig()
-    proj.encode(ds.SessionCreated("duplex-abc", config, ds.Capabilities(), "tok", 1, 0), None)
+    machine = ds.SessionMachine()
+
+    def run(event) -> list[dict]:
+        wire = []
+        for effect in machine.handle(event, 0.0):
+            if isinstance(effect, ds.Send):
+                wire += proj.encode(effect.event, effect.seq)
+        return wire
+
+    run(ds.ConnectionAttached(1))
     refused = {"input_audio_format": "g711_alaw", "overlap_short_ack_ms": 5000}
     update = proj.parse(_frame("session.update", session=refused))
-    assert proj.formats == WireFormats()  # the session will refuse it: nothing switches
-    with pytest.raises(ProtocolError):
-        config.apply_update(update.options)
-    update = proj.parse(
-        _frame(
-            "session.update",
-            session={"input_audio_format": "g711_ulaw", "output_audio_format": "g711_alaw"},
-        )
-    )
-    assert proj.formats.input == "g711_ulaw"  # appends sent right after it decode in μ-law
-    frame, _ = _ulaw_frame()
-    assert proj.parse(frame).sample_rate == 8000
+    assert proj.paused
+    # an error that answers something else (an engine failure) does not unpause it
+    proj.encode(ds.ErrorEvent.from_exception(ProtocolError("engine restarted")), None)
+    assert proj.paused
+    (error,) = run(update)
+    assert error["type"] == "error" and not proj.paused
+    assert proj.formats == WireFormats()
+    assert proj.parse(_frame("input_audio_buffer.append", audio="AAA=")).sample_rate == 24000
+
+    both = {"input_audio_format": "g711_ulaw", "output_audio_format": "g711_alaw"}
+    update = proj.parse(_frame("session.update", session=both))
+    assert proj.paused
     delta = ds.AudioDelta("r", "i", 0, TONE[:480].tobytes(), 24000, 0.0)
     assert proj.encode(delta, 5)[0]["format"] == "pcm16"  # sent before the session switched
-    proj.encode(ds.SessionUpdated("duplex-abc", config.apply_update(update.options)), 6)
+    assert proj.paused
+    (updated,) = run(update)
+    assert updated["type"] == "session.updated" and not proj.paused
+    frame, pcm = _ulaw_frame()
+    append = proj.parse(frame)
+    assert append.sample_rate == 8000 and append.pcm.tolist() == pcm.tolist()
     assert proj.encode(delta, 7)[0]["format"] == "g711_alaw"
     assert proj.formats == WireFormats("g711_ulaw", "g711_alaw")
+
+
+def test_an_update_that_keeps_the_input_format_does_not_pause():
+    proj = RealtimeProjection(duplex=True)
+    for session in ({"output_audio_format": "g711_ulaw"}, {"input_audio_format": "pcm16"}):
+        proj.parse(_frame("session.update", session=session))
+        assert not proj.paused
+    # answers in order: the two updates above, then one that pauses
+    update = proj.parse(_frame("session.update", session={"input_audio_format": "g711_ulaw"}))
+    config = ds.SessionConfig()
+    for n in range(2):
+        proj.encode(ds.SessionUpdated("duplex-abc", config), n + 1)
+        assert proj.paused
+    proj.encode(ds.SessionUpdated("duplex-abc", config.apply_update(update.options)), 3)
+    assert not proj.paused and proj.formats.input == "g711_ulaw"
+
+
+def test_a_replayed_answer_does_not_unpause():
+    """After ``session.resumed``, the journal's replay answers the previous socket's
+    updates, not this one's."""
+    proj = RealtimeProjection(duplex=True)
+    config = ds.SessionConfig()
+    proj.encode(ds.SessionResumed("duplex-abc", "tok", 2, 0, 1, 4, config), None)
+    update = proj.parse(_frame("session.update", session={"input_audio_format": "g711_ulaw"}))
+    proj.encode(ds.SessionUpdated("duplex-abc", config), 4)  # replayed
+    err = ds.ErrorEvent.from_exception(ProtocolError("x"), update_refused=True)
+    proj.encode(err, 3)  # replayed
+    assert proj.paused and proj.formats.input == "pcm16"
+    proj.encode(ds.SessionUpdated("duplex-abc", config.apply_update(update.options)), 5)
+    assert not proj.paused and proj.formats.input == "g711_ulaw"

@@ -193,9 +193,16 @@ def _projection(schema: str, duplex: bool, output: str) -> RealtimeProjection:
         if schema == "ga"
         else {"output_audio_format": output}
     )
-    proj.parse(json.dumps({"type": "session.update", "session": update}))
+    event = proj.parse(json.dumps({"type": "session.update", "session": update}))
+    answer(proj, event)
     assert proj.formats.output == output
     return proj
+
+
+def answer(proj: RealtimeProjection, update: ds.SessionUpdate, seq: int | None = None) -> None:
+    """Carry the session's answer to ``update`` (from the default config) through ``proj``."""
+    config = ds.SessionConfig().apply_update(update.options)
+    proj.frames(ds.SessionUpdated("duplex-abc", config), seq)
 
 
 @pytest.mark.parametrize("output", ["pcm16", "g711_ulaw", "g711_alaw"])
@@ -353,6 +360,11 @@ def test_frames_the_sdk_sends(schema):
     update = proj.parse(frames[0])
     assert isinstance(update, ds.SessionUpdate) and update.event_id == "evt_update"
     assert update.options.input_sample_rate == 8000
+    assert proj.paused  # another input format: the session's answer decides the next append
+    with pytest.raises(RuntimeError):
+        proj.parse(frames[1])
+    answer(proj, update)
+    assert not proj.paused
     assert proj.formats == WireFormats(input="g711_ulaw", output="g711_alaw")
     append = proj.parse(frames[1])
     assert isinstance(append, ds.AudioAppend) and append.sample_rate == 8000

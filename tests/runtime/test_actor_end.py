@@ -1,0 +1,148 @@
+"""The session actor's one end path for a session its machine did not end.
+
+A crash, a restarted engine with no slot for the session, and a restarted VAD with
+no stream for it all end the same way (`SessionActor._end_lost`): the session's
+slot and VAD stream are freed, the hub is told once, every attached socket gets an
+``internal_error`` and a 1011 close, and the actor stops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import trio
+
+from duplex import sessions as ds
+from duplex.actors import (
+    Actor,
+    ActorContext,
+    ActorRef,
+    ActorSystem,
+    Restart,
+    open_actor_system,
+)
+from duplex.models import EngineDriver, ModelSpec, SileroVad, VadDriver, VadWindow
+from duplex.models._driver import inline
+from duplex.runtime._actor import (
+    VAD_WINDOW_BUFFER,
+    Attach,
+    CloseSocket,
+    EngineReplaced,
+    EngineSink,
+    FromClient,
+    Outbound,
+    SessionActor,
+    SessionResources,
+    VadReplaced,
+    VadResources,
+)
+from duplex.runtime._vad_link import VadLink
+
+from ..models.models_support import loopback_engine
+
+SPEC = ModelSpec(name="loopback", max_slots=1)
+
+
+class Socket(Actor[Any]):
+    """Stands for a connection actor: records what the session tells it."""
+
+    def __init__(self, told: list[object]) -> None:
+        self.told = told
+
+    async def receive(self, ctx: ActorContext, message: Any) -> Any:
+        self.told.append(message)
+        return None
+
+
+@dataclass
+class Hub:
+    """Stands for the hub: the sessions it was told are released."""
+
+    released_ids: list[str] = field(default_factory=list)
+
+    def released(self, session_id: str) -> None:
+        self.released_ids.append(session_id)
+
+
+@dataclass
+class Running:
+    ref: ActorRef[Any]
+    told: list[object]
+    hub: Hub
+    driver: EngineDriver
+    vad: VadDriver
+    session_id: str
+
+
+async def start(system: ActorSystem) -> Running:
+    """A silero session on a one-slot loopback engine and a one-stream VAD, one socket."""
+    driver = EngineDriver(loopback_engine(spec=SPEC), offload=inline)
+    vad_driver = VadDriver(SileroVad(max_streams=1), offload=inline)
+    machine = ds.SessionMachine(ds.SessionConfig(vad="silero"))
+    sid = machine.session_id
+    sink = EngineSink(8)
+    handle = driver.attach(sid, sink)
+    send, recv = trio.open_memory_channel[VadWindow](VAD_WINDOW_BUFFER)
+    vad_handle = vad_driver.attach(sid, send)
+    assert handle is not None and vad_handle is not None
+    vad = VadResources(VadLink(vad_driver, vad_handle, machine.config), recv)
+    hub = Hub()
+    resources = SessionResources(driver, handle, sink, vad=vad)
+    ref = await system.spawn(  # as the hub spawns it
+        SessionActor,
+        machine,
+        resources,
+        hub,
+        name=sid,
+        restart=Restart.TEMPORARY,
+        lanes=SessionActor.lanes_for(machine.config),
+    )
+    told: list[object] = []
+    socket = await system.spawn(Socket, told)
+    await ref.tell(Attach(1, socket))
+    return Running(ref, told, hub, driver, vad_driver, sid)
+
+
+def full_engine() -> EngineDriver:
+    driver = EngineDriver(loopback_engine(spec=SPEC), offload=inline)
+    assert driver.attach("someone else", EngineSink(8)) is not None
+    return driver  # no slot left for the session
+
+
+def full_vad() -> VadDriver:
+    vad = VadDriver(SileroVad(max_streams=1), offload=inline)
+    send, _ = trio.open_memory_channel[VadWindow](1)
+    assert vad.attach("someone else", send) is not None
+    return vad
+
+
+ENDS = {
+    "actor_stopped": lambda: FromClient(1, object()),  # no table row: the actor crashes
+    "engine_restart_no_slot": lambda: EngineReplaced(full_engine(), "engine crashed"),
+    "vad_restart_no_stream": lambda: VadReplaced(full_vad()),
+}
+
+
+@pytest.mark.parametrize("reason", list(ENDS))
+async def test_every_lost_session_ends_the_same_way(
+    reason: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_actor_system() as system:
+        s = await start(system)
+        with trio.fail_after(5):
+            while not any(isinstance(m, Outbound) for m in s.told):  # session.created
+                await trio.sleep(0.01)
+        await s.ref.tell(ENDS[reason]())
+        with trio.fail_after(5):
+            await s.ref.wait_stopped()
+            while not any(isinstance(m, CloseSocket) for m in s.told):
+                await trio.sleep(0.01)
+    assert s.hub.released_ids == [s.session_id]  # told once
+    assert s.driver.statistics().engine.live_slots == 0  # its slot was given back
+    assert s.vad.statistics().vad.streams == 0  # and its VAD stream
+    *_, error, close = s.told
+    assert isinstance(error, Outbound) and error.seq is None
+    assert isinstance(error.event, ds.ErrorEvent) and error.event.code == "internal_error"
+    assert close == CloseSocket(1011, "internal_error")
