@@ -161,8 +161,9 @@ class ServerConfig:
                 "model_device: must be cpu, cuda or cuda:N, or several of them comma-separated: "
                 f"{self.model_device!r}"
             )
-        if len(set(devices)) != len(devices):
-            raise ConfigError(f"model_device: a device is named twice: {self.model_device!r}")
+        gpus = [device for device in devices if device != "cpu"]
+        if len(set(gpus)) != len(gpus):  # several CPU engines may share the cores; a GPU not
+            raise ConfigError(f"model_device: a GPU is named twice: {self.model_device!r}")
         if len(devices) > 1 and self.engine_process == "off":
             raise ConfigError(
                 f"engine_process: off, but model_device names {len(devices)} devices: each "

@@ -200,3 +200,49 @@ def test_the_served_bench_runs_the_topology_end_to_end(tmp_path: Path) -> None:
     (row,) = json.loads(out.read_text())["rows"]
     assert row["sessions"] == row["admitted"] == 2
     assert row["frames_ratio"] > 0 and row["delay_p99_ms"] is not None
+
+
+async def test_two_engine_processes_share_the_sessions_and_a_lost_one_costs_only_its_own() -> None:
+    devices = {"server.model_device": "cpu,cpu"}
+    async with running_server(**BASE, **ON, **devices) as server, AsyncExitStack() as stack:
+        assert len(engine_pids()) == 2
+        clients = []
+        for _ in range(4):
+            clients.append(c := await stack.enter_async_context(client(server)))
+            await open_session(c)
+        with trio.fail_after(5):  # the engines' figures come with their status, 4 a second
+            while True:
+                text = await metrics_over_http(server)
+                per_engine = [
+                    sample(text, "duplex_engine_live_slots", model="loopback", engine=str(i))
+                    for i in (0, 1)
+                ]
+                if sum(v or 0 for v in per_engine) == 4:
+                    break
+                await trio.sleep(0.1)
+        assert per_engine == [2, 2]  # each new session went to the engine with most room
+        for n, c in enumerate(clients):
+            await echo(c, tone(3, amplitude=0.1 + 0.1 * n))
+        # kill the engine process that hosts slots of two of them: only those two are told
+        victim = max(engine_pids())
+        os.kill(victim, signal.SIGKILL)
+        with trio.fail_after(5):  # out of admission at once; back after its restart
+            while (health := (await health_over_http(server))[1])["status"] != "degraded":
+                await trio.sleep(0.02)
+        assert sorted(e["status"] for e in health["engines"]) == ["ok", "unavailable"]
+        told: list[str] = []
+
+        async def listen(c: Client) -> None:
+            with trio.move_on_after(3):
+                told.append((await c.until("error", timeout=3))["error"]["code"])
+
+        async with trio.open_nursery() as nursery:
+            for c in clients:
+                nursery.start_soon(listen, c)
+        assert told == ["engine_error"] * 2  # only the two sessions on the lost engine
+        with trio.fail_after(OPEN_TIMEOUT_S):
+            while (await health_over_http(server))[1]["status"] != "ok":
+                await trio.sleep(0.1)
+        for n, c in enumerate(clients):
+            c.events.clear()
+            await echo(c, tone(3, amplitude=0.5 + 0.05 * n), timeout=30)
