@@ -44,7 +44,7 @@ async def test_engine_crash_mid_response_restarts_engine_and_sessions_continue()
     async with running_server(**overrides) as server, client(server) as c:
         await c.send({"type": "session.create"})
         await c.until("session.created")
-        await c.stream(tone(8))
+        await c.stream(tone(30), realtime=False)  # a long answer: the fault lands inside it
         await c.until("response.audio.delta")
         with capture_logs() as logs:
             FAULT.set()
