@@ -8,16 +8,18 @@ its own engine) are spread over this process and shard processes (``_shards.py``
 from __future__ import annotations
 
 import gc
+import importlib
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.utils import repr_socket_addr
 
-from duplex.actors import ActorSystem, open_actor_system, run_until_signal, unwrap
+from duplex.actors import ActorRef, ActorSystem, open_actor_system, run_until_signal, unwrap
 from duplex.config import Config, api_keys_of, is_loopback
 from duplex.exceptions import ConfigError
 from duplex.logs import configure_logging, get_logger
@@ -26,6 +28,7 @@ from duplex.models import (
     Engine,
     EngineActor,
     EngineDriver,
+    EngineRecorder,
     ModelOptions,
     ModelSpec,
     RunnerFactory,
@@ -34,6 +37,7 @@ from duplex.models import (
     VadDriver,
     get_model,
 )
+from duplex.progress import Startup
 from duplex.runtime import SessionHub
 from duplex.sessions import Capabilities
 
@@ -182,13 +186,50 @@ def shard_max_sessions(max_sessions: int, shards: int, index: int) -> int:
     return max_sessions // shards + (1 if index < max_sessions % shards else 0)
 
 
+SERVER_DEAD_LETTERS = 0
+"""Dead letters a server's actor system keeps for inspection: none. Each kept message keeps
+alive all it references, and an engine output sent to a session that just closed references
+the whole session (its sink, its actor, its machine with journal and history): with the
+default 1000, closed sessions piled up in memory under churn (docs/reliability.md). They
+are still counted (``duplex_dead_letters_total``) and logged at debug."""
+
+STARTUP_LOG_INTERVAL_S = 5.0
+"""While the engine or the VAD is still starting, one ``still starting`` line this often."""
+
+
+async def log_startup_progress(
+    startup: Startup, interval_s: float = STARTUP_LOG_INTERVAL_S
+) -> None:
+    """One ``still starting`` line (what it waits for, seconds so far) each ``interval_s``
+    until the startup is done."""
+    log = get_logger(component="server")
+    while True:
+        await trio.sleep(interval_s)
+        if startup.done:
+            return
+        log.info(
+            "still starting",
+            waiting_for=startup.waiting_for(),
+            elapsed_s=round(startup.elapsed(), 1),
+        )
+
+
 @asynccontextmanager
 async def open_backend(
-    config: Config, system: ActorSystem, registry: MetricsRegistry, *, shard: int | None = None
+    config: Config,
+    system: ActorSystem,
+    registry: MetricsRegistry,
+    *,
+    shard: int | None = None,
+    startup: Startup | None = None,
 ) -> AsyncIterator[HubBackend]:
     """This process's sessions: hub, engine and shared VAD, stopped on the way out.
 
     ``shard``: the process's index when the server runs several session shards.
+    The backend is yielded at once, while the engine (and the VAD) start in the
+    background as ``startup`` steps: its ``/health`` says ``starting`` with what it
+    waits for, sessions are refused (``starting``) meanwhile, and ``backend.ready``
+    is set once both run. A failed start ends the block with its error.
     """
     spec, factory = resolve_model(config)
     session_cfg = config.session
@@ -206,44 +247,71 @@ async def open_backend(
         registry=registry,
         shard=shard,
     )
+    recorder = EngineRecorder(spec.name, spec.max_slots, registry)
+    startup = startup if startup is not None else Startup()
 
     def build_engine() -> EngineDriver:
         engine = Engine(
             factory(spec),
             max_input_frames=session_cfg.max_pending_input_bytes // frame_bytes + 2,
             max_video_frames=session_cfg.video_lane_size,
+            recorder=recorder,
         )
-        return EngineDriver(engine)
+        return EngineDriver(engine, recorder=recorder)
 
-    engine_ref = await system.spawn(
-        EngineActor,
-        build_engine,
-        hub.engine_started,
-        trio.to_thread.run_sync,
-        name=f"engine-{spec.name}",
+    guard = ResumeGuard(burst=server.auth_failure_burst, window_s=server.auth_failure_window_s)
+    backend = HubBackend(
+        hub,
+        registry,
+        first_event_timeout_s=server.first_event_timeout_s,
+        resume_guard=guard,
+        startup=startup,
     )
-    vad_ref = None
+    refs: list[ActorRef[Any]] = []
     frozen = False
-    try:
+    log = get_logger(component="server")
+
+    async def start() -> None:
+        nonlocal frozen
+        with startup.step("engine", f"building model {spec.name}"):
+            refs.append(
+                await system.spawn(
+                    EngineActor,
+                    build_engine,
+                    hub.engine_started,
+                    trio.to_thread.run_sync,
+                    name=f"engine-{spec.name}",
+                )
+            )
+        log.info("engine started", model=spec.name, took_s=round(startup.finished["engine"], 2))
         if uses_silero(config):
+            with startup.step("vad", "importing torch for the silero VAD"):
+                # seconds on a small machine: off the event loop, so /health answers meanwhile
+                await trio.to_thread.run_sync(importlib.import_module, "torch")
             limit_torch_threads()
             streams = server.vad_streams
 
             def build_vad() -> VadDriver:
                 return VadDriver(SileroVad(max_streams=streams, max_pending_ms=VAD_MAX_PENDING_MS))
 
-            vad_ref = await system.spawn(VadActor, build_vad, hub.vad_started, name="vad-silero")
+            with startup.step("vad", "loading the silero VAD"):
+                refs.append(
+                    await system.spawn(VadActor, build_vad, hub.vad_started, name="vad-silero")
+                )
         freeze_startup_objects()
         frozen = True
-        guard = ResumeGuard(burst=server.auth_failure_burst, window_s=server.auth_failure_window_s)
-        yield HubBackend(
-            hub, registry, first_event_timeout_s=server.first_event_timeout_s, resume_guard=guard
-        )
+        backend.ready.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(start)
+            nursery.start_soon(log_startup_progress, startup)
+            yield backend
+            nursery.cancel_scope.cancel()  # a stop before the start finished
     finally:
         with trio.CancelScope(shield=True):
-            if vad_ref is not None:
-                await system.stop(vad_ref)
-            await system.stop(engine_ref)
+            for ref in reversed(refs):  # the VAD, then the engine
+                await system.stop(ref)
         if frozen:
             unfreeze_startup_objects()
 
@@ -255,7 +323,12 @@ async def serve_duplex(
     registry: MetricsRegistry = REGISTRY,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run engine and HTTP server until ``system.request_shutdown()``; reports the binds."""
+    """Run engine and HTTP server until ``system.request_shutdown()``; reports the binds once
+    sessions can be admitted.
+
+    The port is bound first: ``/health`` answers ``starting`` (with what it waits for)
+    while the engine and the VAD start; the ``started`` line follows when they run.
+    """
     log = get_logger(component="server")
     server = config.server
     sharded = server.session_shards > 1
@@ -279,6 +352,7 @@ async def serve_duplex(
                 urls = await nursery.start(
                     _serve_here, config, system, backend, hyper, registry, access
                 )
+            await backend.ready.wait()
             # after the bind: a port already taken ends the server with one clear line
             log.info(
                 "started",
@@ -289,6 +363,7 @@ async def serve_duplex(
                 vad="silero" if uses_silero(config) else None,
                 connection_workers=server.connection_workers,
                 session_shards=server.session_shards,
+                startup_s=round(backend.startup.elapsed(), 2) if backend.startup else None,
             )
             task_status.started(urls)
     log.info("stopped")
@@ -385,7 +460,10 @@ def run_server(config: Config) -> int:
     configure_logging(config.server.log_format, config.server.log_level)
 
     async def main() -> None:
-        async with open_actor_system(name="duplex") as system, trio.open_nursery() as nursery:
+        async with (
+            open_actor_system(name="duplex", dead_letter_capacity=SERVER_DEAD_LETTERS) as system,
+            trio.open_nursery() as nursery,
+        ):
             nursery.start_soon(serve_duplex, config, system)
             await run_until_signal(system)
             nursery.cancel_scope.deadline = trio.current_time() + config.server.shutdown_grace_s + 1
