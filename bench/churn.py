@@ -226,7 +226,9 @@ def main() -> int:
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
-    result["command"] = " ".join(["bench/churn.py", *sys.argv[1:]])
+    # folder names only: result files carry no machine's paths
+    argv = [Path(a).name if os.path.isabs(a) else a for a in sys.argv[1:]]
+    result["command"] = " ".join(["bench/churn.py", *argv])
     if args.out is not None:
         args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     return 0
