@@ -86,6 +86,7 @@ async def run(sessions: int, seconds: float) -> dict[str, Any]:
         open_backend(config, system, registry) as backend,
         trio.open_nursery() as nursery,
     ):
+        await backend.ready.wait()
         for socket in sockets:
             nursery.start_soon(lambda s=socket: backend.connect(s, autostart=False))
             socket.feed.send_nowait(SessionCreate())

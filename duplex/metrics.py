@@ -104,8 +104,39 @@ class Gauge(_Scalar):
 
 
 @final
+class HistogramCell:
+    """One label set's bucket counts and sum: what a hot path holds.
+
+    An observation is a bisect, one list increment and one addition: no label
+    lookup, no dictionary, no new object beyond the numbers themselves. Bucket
+    ``i`` counts values ``<= buckets[i]`` (and above ``buckets[i - 1]``); the last
+    counts the rest (``+Inf``). A scrape reads the counts without a lock; an
+    observation made meanwhile lands in this scrape or the next, and ``_count`` is
+    always the ``+Inf`` bucket.
+    """
+
+    __slots__ = ("buckets", "counts", "sum")
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+@final
 class Histogram(_Metric):
-    """Cumulative buckets, sum and count, as Prometheus expects."""
+    """Cumulative buckets, sum and count, as Prometheus expects.
+
+    Hot paths take a `HistogramCell` per label set once (`labels`) and observe into it.
+    """
 
     kind = "histogram"
 
@@ -117,33 +148,38 @@ class Histogram(_Metric):
         buckets: Sequence[float] = DEFAULT_BUCKETS,
     ):
         super().__init__(name, help, labelnames)
-        if list(buckets) != sorted(buckets) or not buckets:
-            raise ValueError(f"{name}: buckets must be a non-empty ascending sequence")
-        self.buckets = tuple(buckets)
-        self._counts: dict[LabelValues, list[int]] = {}
-        self._sums: dict[LabelValues, float] = {}
+        if list(buckets) != sorted(set(buckets)) or not buckets:
+            raise ValueError(f"{name}: buckets must be a non-empty strictly ascending sequence")
+        if not all(math.isfinite(b) for b in buckets):
+            raise ValueError(f"{name}: buckets are finite (+Inf is always added)")
+        self.buckets = tuple(float(b) for b in buckets)
+        self._cells: dict[LabelValues, HistogramCell] = {}
+
+    def labels(self, **labels: str) -> HistogramCell:
+        """The cell of one label set (made on first use; exported from then on, even empty)."""
+        key = self._key(labels)
+        cell = self._cells.get(key)
+        if cell is None:
+            cell = self._cells[key] = HistogramCell(self.buckets)
+        return cell
 
     def observe(self, value: float, **labels: str) -> None:
-        key = self._key(labels)
-        counts = self._counts.get(key)
-        if counts is None:
-            counts = self._counts[key] = [0] * (len(self.buckets) + 1)
-            self._sums[key] = 0.0
-        counts[bisect.bisect_left(self.buckets, value)] += 1
-        self._sums[key] += value
+        self.labels(**labels).observe(value)
 
     def count(self, **labels: str) -> int:
-        return sum(self._counts.get(self._key(labels), ()))
+        cell = self._cells.get(self._key(labels))
+        return 0 if cell is None else cell.count
 
     def samples(self) -> Iterable[Sample]:
-        for key, counts in sorted(self._counts.items()):
+        for key, cell in sorted(self._cells.items()):
             base = dict(zip(self.labelnames, key, strict=True))
+            counts, total = list(cell.counts), cell.sum  # one consistent read of the counts
             running = 0
             for bound, c in zip((*self.buckets, math.inf), counts, strict=True):
                 running += c
                 le = "+Inf" if bound == math.inf else repr(bound)
                 yield Sample(f"{self.name}_bucket", {**base, "le": le}, running)
-            yield Sample(f"{self.name}_sum", base, self._sums[key])
+            yield Sample(f"{self.name}_sum", base, total)
             yield Sample(f"{self.name}_count", base, running)
 
 

@@ -43,3 +43,34 @@ def test_registry_rules() -> None:
         c.inc(kind="x")
     with pytest.raises(ValueError, match="already registered"):
         reg.add_collector("n_total", "gauge", "n", list)
+
+
+def test_histogram_exposition_read_back_by_the_prometheus_parser() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    reg = MetricsRegistry()
+    h = reg.histogram("lat_seconds", "a\nhelp", ["model", "endpoint"], buckets=(0.01, 0.1, 1.0))
+    cell = h.labels(model='m"1', endpoint="/v1/duplex")
+    for v in (0.01, 0.05, 0.1, 0.5, 7.0):  # a value on a bound counts in that bucket (le)
+        cell.observe(v)
+    h.labels(model="idle", endpoint="/v1/realtime")  # made, never observed: exported at 0
+    (family,) = list(text_string_to_metric_families(reg.render()))
+    assert (family.name, family.type) == ("lat_seconds", "histogram")
+    assert family.documentation == "a\nhelp"
+    got = {(s.name, s.labels["model"], s.labels.get("le")): s.value for s in family.samples}
+    assert [got["lat_seconds_bucket", 'm"1', le] for le in ("0.01", "0.1", "1.0", "+Inf")] == [
+        1, 3, 4, 5,
+    ]  # fmt: skip
+    assert got["lat_seconds_count", 'm"1', None] == 5
+    assert got["lat_seconds_sum", 'm"1', None] == pytest.approx(7.66)
+    assert got["lat_seconds_bucket", "idle", "+Inf"] == 0 == got["lat_seconds_count", "idle", None]
+
+
+def test_histogram_buckets_must_be_finite_and_strictly_ascending() -> None:
+    reg = MetricsRegistry()
+    for bad in ((), (1.0, 0.5), (0.1, 0.1), (0.1, float("inf"))):
+        with pytest.raises(ValueError, match="buckets"):
+            reg.histogram("h", "h", buckets=bad)
+    cell = reg.histogram("ok", "ok", buckets=(1.0,)).labels()
+    cell.observe(2.0)
+    assert cell.counts == [0, 1] and cell.count == 1

@@ -184,7 +184,9 @@ async def open_actor_system(
 
     Leaving the block stops every actor in reverse start order (children
     first). A root supervisor that exceeds its restart intensity raises out
-    of the block.
+    of the block. ``dead_letter_capacity``: how many undelivered messages
+    ``dead_letters`` keeps for inspection (tests); each keeps alive everything it
+    references, so a long-running server keeps none (every one is still counted).
     """
     system = ActorSystem(
         name=name,

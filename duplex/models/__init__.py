@@ -37,6 +37,7 @@ from ._interface import (
 )
 from ._loopback import LOOPBACK_SPEC, LoopbackRunner
 from ._options import ModelOptions, default_cache_dir
+from ._recorder import ENGINE_HISTOGRAMS, EngineRecorder
 from ._registry import get_model, model_names, register_model
 from ._scheduler import CapacityLimit, CapacityReport, Scheduler, SchedulerStatistics, SlotState
 from ._segmenter import (
@@ -64,6 +65,7 @@ from ._vad_actor import VadActor
 from ._vad_driver import VAD_METRICS, VadDriver, VadDriverStatistics
 
 __all__ = [
+    "ENGINE_HISTOGRAMS",
     "ENGINE_METRICS",
     "LOOPBACK_SPEC",
     "STALL_PERIODS",
@@ -77,6 +79,7 @@ __all__ = [
     "Engine",
     "EngineActor",
     "EngineDriver",
+    "EngineRecorder",
     "EngineStatistics",
     "Fanout",
     "FrameOutput",

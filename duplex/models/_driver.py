@@ -24,6 +24,7 @@ import trio
 from ._delivery import STALL_PERIODS, SlotDelivery
 from ._engine import Engine, EngineStatistics, InputPush, SlotHandle, SlotOutput
 from ._interface import ModelSpec, PcmFrame, SlotPrompt
+from ._recorder import EngineRecorder
 from ._scheduler import CapacityReport
 from ._ticker import Fanout, Subscriber, Ticker, loop_counters
 
@@ -117,10 +118,19 @@ class EngineDriver:
         offload: how a step leaves the trio thread; ``None``: `inline` for a spec
             that ``steps_inline``, else ``trio.to_thread.run_sync``. Tests may pass
             `inline` so ``MockClock`` autojump cannot fire mid-step.
+        recorder: where each tick's lateness goes (the engine records its steps in the
+            same one); ``None``: not recorded.
     """
 
-    def __init__(self, engine: Engine, *, offload: Offload | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        offload: Offload | None = None,
+        recorder: EngineRecorder | None = None,
+    ) -> None:
         self._engine = engine
+        self._recorder = recorder
         if offload is None:
             offload = inline if engine.spec.steps_inline else trio.to_thread.run_sync
         self._offload = offload
@@ -215,6 +225,8 @@ class EngineDriver:
         # the phase follows the grid position (idle ticks included), so a group's
         # offset within the frame never moves
         phase = (self._ticker.ticks - 1) % self._phases if self._phases > 1 else None
+        if self._recorder is not None:
+            self._recorder.tick(trio.current_time() - scheduled)
         self._stepping_since = trio.current_time()
         try:
             outputs = await self._offload(partial(self._engine.step, scheduled, phase))

@@ -76,6 +76,7 @@ from ._interface import (
     StepPlan,
     VideoFrame,
 )
+from ._recorder import EngineRecorder
 from ._scheduler import CapacityReport, Scheduler, SchedulerStatistics
 
 __all__ = [
@@ -257,6 +258,8 @@ class Engine:
         silence_rms: a queued frame under this RMS (full scale 1.0) may be skipped
             to repay lag; the default is -50 dBFS.
         timer: monotonic seconds used only to measure step compute time.
+        recorder: where each step's time goes, by batch size (warm-up steps left out);
+            ``None``: not recorded.
     """
 
     def __init__(
@@ -269,6 +272,7 @@ class Engine:
         max_lag_frames: int = 6,
         silence_rms: float = 10 ** (-50 / 20),
         timer: Callable[[], float] = time.perf_counter,
+        recorder: EngineRecorder | None = None,
     ) -> None:
         if max_input_frames <= 0 or max_video_frames <= 0:
             raise ValueError("max_input_frames and max_video_frames must be positive")
@@ -284,6 +288,7 @@ class Engine:
         self._max_lag = max_lag_frames
         self._silence_energy = silence_rms * silence_rms * self._spec.frame_samples
         self._timer = timer
+        self._recorder = recorder
         self._lock = threading.Lock()
         self._stepping = threading.Lock()
         self._slots: dict[int, _Slot] = {}
@@ -657,4 +662,6 @@ class Engine:
                 self._warmups += 1
             elif plan is not None:
                 self._scheduler.record_step(len(plan.inputs), duration, now)
+                if self._recorder is not None:
+                    self._recorder.step(len(plan.inputs), duration)
                 self._overruns += duration > self._spec.frame_period_s / self._spec.tick_phases

@@ -21,8 +21,9 @@ class VadActor(Actor[Any]):
     """Builds a VAD driver on every (re)start, runs its tick loop, hands it to ``on_vad``.
 
     ``build`` runs on the actor's own task: the first build loads the weights
-    (server startup, before the port is bound); a rebuild after a crash reuses
-    the loaded torch and takes milliseconds.
+    (server startup, after the port is bound and torch is imported: ``/health`` says
+    ``starting`` meanwhile); a rebuild after a crash reuses the loaded torch and takes
+    milliseconds.
     """
 
     def __init__(

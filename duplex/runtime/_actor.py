@@ -30,6 +30,7 @@ from duplex.actors import Actor, ActorContext, ActorRef, ControlMessage, LaneSpe
 from duplex.exceptions import InternalError, MailboxFull, PromptUnsupported
 from duplex.models import SlotEngine, SlotHandle, SlotOutput, SlotPrompt, VadDriver, VadWindow
 from duplex.sessions import (
+    AudioDelta,
     ClientEvent,
     CloseConnection,
     ConnectionAttached,
@@ -56,6 +57,7 @@ from duplex.sessions import (
     VideoAppend,
 )
 
+from ._input_times import InputTimes
 from ._vad_link import VadLink
 
 # -- messages to the session actor ----------------------------------------
@@ -141,8 +143,12 @@ class Inspect(ControlMessage):
 @final
 @dataclass(frozen=True, slots=True)
 class Outbound:
+    """One event for the socket; ``input_at``: when the input behind this audio was pushed to
+    the engine (an `AudioDelta` from a model frame), so the writer can time the frame."""
+
     event: ServerEvent
     seq: int | None
+    input_at: float | None = None
 
 
 @final
@@ -267,6 +273,9 @@ class SessionActor(Actor[Any]):
         """The socket generation the current effects closed (for the session's end line)."""
         self.engine_lost = False
         """Told `EngineLost` and not yet moved onto a new engine."""
+        self.input_times = InputTimes()
+        self.input_at: float | None = None
+        """When the input of the model frame being applied was pushed (`Outbound.input_at`)."""
 
     async def on_start(self, ctx: ActorContext) -> None:
         self.resources.sink.bind(ctx.self)
@@ -325,6 +334,7 @@ class SessionActor(Actor[Any]):
             self._end_lost(ctx, "engine_restart_no_slot")
             return
         self.resources = SessionResources(driver, handle, sink, vad=res.vad)
+        self.input_times.clear()  # the old engine's queue is gone
         sink.bind(ctx.self)
         # told again even after `EngineLost`: the new slot takes the session's next epoch
         # here, and input sent while no engine ran was dropped (and counted)
@@ -365,7 +375,11 @@ class SessionActor(Actor[Any]):
             case FromEngine(output, sink):
                 sink.handled()
                 if sink is self.resources.sink and not sink.closed:  # else: an old engine's
-                    await self._apply(ctx, _model_frame(output))
+                    self.input_at = self.input_times.consume(output.input_samples)
+                    try:
+                        await self._apply(ctx, _model_frame(output))
+                    finally:
+                        self.input_at = None
             case FromVad(window):
                 vad = self.resources.vad
                 if vad is not None:
@@ -416,7 +430,8 @@ class SessionActor(Actor[Any]):
                     self._log_sent(ctx, event, generation)
                 connection = self.connections.get(generation)
                 if connection is not None:
-                    await connection.tell_eager(Outbound(event, seq))
+                    input_at = self.input_at if isinstance(event, AudioDelta) else None
+                    await connection.tell_eager(Outbound(event, seq, input_at))
             case CloseConnection(generation, code, reason):
                 self.closed = generation
                 connection = self.connections.pop(generation, None)
@@ -427,6 +442,10 @@ class SessionActor(Actor[Any]):
                 if res.vad is not None:
                     self._push_vad(ctx, res.vad, pcm, start_ms)
                 push = res.driver.push_input(res.handle, pcm)
+                self.input_times.push(
+                    len(pcm) - push.frames_rejected * res.driver.spec.frame_samples,
+                    trio.current_time(),
+                )
                 if push.overflowed:  # the machine's input ledger bounds this; never expected
                     ctx.log.error("engine input queue overflow", rejected=push.frames_rejected)
                     await self._apply(ctx, ModelFailed("engine input queue overflow"))
@@ -434,6 +453,8 @@ class SessionActor(Actor[Any]):
                 res.driver.push_video(res.handle, frame.frame_id, frame.pts_ms, frame.frame)
             case ModelReset(epoch, _, clear_input):
                 res.driver.reset(res.handle, epoch, clear_input=clear_input)
+                if clear_input:
+                    self.input_times.clear()
                 if clear_input and res.vad is not None:  # the machine forgot the speech too
                     res.vad.link.restart()
             case ModelSignal():

@@ -46,6 +46,7 @@ from duplex.models import (
     SlotHandle,
     SlotOutput,
 )
+from duplex.progress import Startup
 
 from ._engine_link import (
     STATUS_PERIOD_S,
@@ -62,7 +63,13 @@ from ._engine_link import (
     encode_outputs,
 )
 from ._link import CODE_FINGERPRINT, EXIT_STALE_CODE, Link, Ready, Stop
-from ._server import build_engine, freeze_startup_objects, resolve_model
+from ._server import (
+    SERVER_DEAD_LETTERS,
+    build_engine,
+    freeze_startup_objects,
+    log_startup_progress,
+    resolve_model,
+)
 
 ACCEPT_RETRY_S = 0.1
 
@@ -237,16 +244,23 @@ async def run_engine_process(
     server = EngineServer(spec, index)
     log = server.log
 
-    async with open_actor_system(name=f"duplex-engine-{index}") as system:
+    startup = Startup()
+    async with open_actor_system(
+        name=f"duplex-engine-{index}", dead_letter_capacity=SERVER_DEAD_LETTERS
+    ) as system:
         log.info("building the engine", device=device)
-        engine_ref = await system.spawn(
-            EngineActor,
-            partial(build_engine, spec, factory, config.session),
-            server.engine_started,
-            trio.to_thread.run_sync,
-            name=f"engine-{spec.name}",
-        )
-        await server.started.wait()
+        async with trio.open_nursery() as progress:  # "still starting" lines meanwhile
+            progress.start_soon(log_startup_progress, startup)
+            with startup.step("engine", f"building model {spec.name} on {device}"):
+                engine_ref = await system.spawn(
+                    EngineActor,
+                    partial(build_engine, spec, factory, config.session),
+                    server.engine_started,
+                    trio.to_thread.run_sync,
+                    name=f"engine-{spec.name}",
+                )
+                await server.started.wait()
+            progress.cancel_scope.cancel()
         freeze_startup_objects()
         listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with contextlib.suppress(FileNotFoundError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -29,6 +30,7 @@ from duplex.models import (
     Engine,
     EngineActor,
     EngineDriver,
+    EngineRecorder,
     ModelOptions,
     ModelSpec,
     RunnerFactory,
@@ -37,6 +39,7 @@ from duplex.models import (
     VadDriver,
     get_model,
 )
+from duplex.progress import Startup
 from duplex.runtime import SessionHub
 from duplex.sessions import Capabilities, SessionConfig, VadMode
 from duplex.transport import (
@@ -200,6 +203,34 @@ def shard_max_sessions(max_sessions: int, shards: int, index: int) -> int:
     return max_sessions // shards + (1 if index < max_sessions % shards else 0)
 
 
+SERVER_DEAD_LETTERS = 0
+"""Dead letters a server's actor system keeps for inspection: none. Each kept message keeps
+alive all it references, and an engine output sent to a session that just closed references
+the whole session (its sink, its actor, its machine with journal and history): with the
+default 1000, closed sessions piled up in memory under churn (docs/reliability.md). They
+are still counted (``duplex_dead_letters_total``) and logged at debug."""
+
+STARTUP_LOG_INTERVAL_S = 5.0
+"""While the engine or the VAD is still starting, one ``still starting`` line this often."""
+
+
+async def log_startup_progress(
+    startup: Startup, interval_s: float = STARTUP_LOG_INTERVAL_S
+) -> None:
+    """One ``still starting`` line (what it waits for, seconds so far) each ``interval_s``
+    until the startup is done."""
+    log = get_logger(component="server")
+    while True:
+        await trio.sleep(interval_s)
+        if startup.done:
+            return
+        log.info(
+            "still starting",
+            waiting_for=startup.waiting_for(),
+            elapsed_s=round(startup.elapsed(), 1),
+        )
+
+
 @asynccontextmanager
 async def open_backend(
     config: Config,
@@ -208,13 +239,19 @@ async def open_backend(
     *,
     shard: int | None = None,
     engine_paths: Sequence[str] = (),
+    startup: Startup | None = None,
 ) -> AsyncIterator[HubBackend]:
     """This process's sessions: hub, engine (or links to engine processes) and shared VAD,
     stopped on the way out.
 
     ``shard``: the process's index when the server runs several session shards.
-    ``engine_paths``: the sockets of the engine processes, one per device; empty: the
-    engine runs here.
+    ``engine_paths``: the sockets of the engine processes, one per device (already
+    listening: their greeting gives the model's spec); empty: the engine runs here.
+    The backend is yielded at once, while the engine (or the links to the engine
+    processes) and the VAD start in the background as ``startup`` steps: its ``/health``
+    says ``starting`` with what it waits for, sessions are refused (``starting``)
+    meanwhile, and ``backend.ready`` is set once all run. A failed start ends the block
+    with its error.
     """
     session_cfg = config.session
     server = config.server
@@ -241,11 +278,23 @@ async def open_backend(
         shard=shard,
     )
     hub.export_engine_metrics = not engine_paths or not shard  # one engine, exported once
-    vad_ref = None
+    startup = startup if startup is not None else Startup()
+    guard = ResumeGuard(burst=server.auth_failure_burst, window_s=server.auth_failure_window_s)
+    backend = HubBackend(
+        hub,
+        registry,
+        first_event_timeout_s=server.first_event_timeout_s,
+        resume_guard=guard,
+        startup=startup,
+    )
+    refs: list[ActorRef[Any]] = []
     frozen = False
-    async with trio.open_nursery() as nursery:
-        try:
-            if engine_paths:
+    log = get_logger(component="server")
+
+    async def start(nursery: trio.Nursery) -> None:
+        nonlocal frozen
+        if engine_paths:
+            with startup.step("engine", f"linking to {len(engine_paths)} engine process(es)"):
                 connections = [
                     EngineConnection(spec, index, path, hub)
                     for index, path in enumerate(engine_paths)
@@ -254,64 +303,67 @@ async def open_backend(
                     nursery.start_soon(connection.run)
                 for connection in connections:
                     await connection.ready.wait()
-            else:
-                assert factory is not None
-                engine_ref = await system.spawn(
-                    EngineActor,
-                    partial(build_engine, spec, factory, session_cfg),
-                    hub.engine_started,
-                    trio.to_thread.run_sync,
-                    name=f"engine-{spec.name}",
+        else:
+            assert factory is not None
+            recorder = EngineRecorder(spec.name, spec.max_slots, registry)
+            with startup.step("engine", f"building model {spec.name}"):
+                refs.append(
+                    await system.spawn(
+                        EngineActor,
+                        partial(build_engine, spec, factory, session_cfg, recorder),
+                        hub.engine_started,
+                        trio.to_thread.run_sync,
+                        name=f"engine-{spec.name}",
+                    )
                 )
-                nursery.start_soon(_stop_on_exit, system, engine_ref)
-            if uses_silero(config):
-                limit_torch_threads()
-                streams = server.vad_streams
+            took = round(startup.finished["engine"], 2)
+            log.info("engine started", model=spec.name, took_s=took)
+        if uses_silero(config):
+            with startup.step("vad", "importing torch for the silero VAD"):
+                # seconds on a small machine: off the event loop, so /health answers meanwhile
+                await trio.to_thread.run_sync(importlib.import_module, "torch")
+            limit_torch_threads()
+            streams = server.vad_streams
 
-                def build_vad() -> VadDriver:
-                    vad = SileroVad(max_streams=streams, max_pending_ms=VAD_MAX_PENDING_MS)
-                    return VadDriver(vad)
+            def build_vad() -> VadDriver:
+                return VadDriver(SileroVad(max_streams=streams, max_pending_ms=VAD_MAX_PENDING_MS))
 
-                vad_ref = await system.spawn(
-                    VadActor, build_vad, hub.vad_started, name="vad-silero"
+            with startup.step("vad", "loading the silero VAD"):
+                refs.append(
+                    await system.spawn(VadActor, build_vad, hub.vad_started, name="vad-silero")
                 )
-            freeze_startup_objects()
-            frozen = True
-            guard = ResumeGuard(
-                burst=server.auth_failure_burst, window_s=server.auth_failure_window_s
-            )
-            yield HubBackend(
-                hub,
-                registry,
-                first_event_timeout_s=server.first_event_timeout_s,
-                resume_guard=guard,
-            )
-        finally:
-            with trio.CancelScope(shield=True):
-                if vad_ref is not None:
-                    await system.stop(vad_ref)
-            nursery.cancel_scope.cancel()
-            if frozen:
-                unfreeze_startup_objects()
+        freeze_startup_objects()
+        frozen = True
+        backend.ready.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(start, nursery)
+            nursery.start_soon(log_startup_progress, startup)
+            yield backend
+            nursery.cancel_scope.cancel()  # a stop before the start finished, and the links
+    finally:
+        with trio.CancelScope(shield=True):
+            for ref in reversed(refs):  # the VAD, then the engine
+                await system.stop(ref)
+        if frozen:
+            unfreeze_startup_objects()
 
 
-def build_engine(spec: ModelSpec, factory: RunnerFactory, session: SessionConfig) -> EngineDriver:
+def build_engine(
+    spec: ModelSpec,
+    factory: RunnerFactory,
+    session: SessionConfig,
+    recorder: EngineRecorder | None = None,
+) -> EngineDriver:
     """A fresh engine and its driver (loads the model: seconds for a 7B checkpoint)."""
     engine = Engine(
         factory(spec),
         max_input_frames=session.max_pending_input_bytes // (spec.frame_samples * 2) + 2,
         max_video_frames=session.video_lane_size,
+        recorder=recorder,
     )
-    return EngineDriver(engine)
-
-
-async def _stop_on_exit(system: ActorSystem, ref: ActorRef[Any]) -> None:
-    """Stops ``ref`` when cancelled (the backend closing), after the sessions' last use."""
-    try:
-        await trio.sleep_forever()
-    finally:
-        with trio.CancelScope(shield=True):
-            await system.stop(ref)
+    return EngineDriver(engine, recorder=recorder)
 
 
 async def serve_duplex(
@@ -321,7 +373,13 @@ async def serve_duplex(
     registry: MetricsRegistry = REGISTRY,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run engine and HTTP server until ``system.request_shutdown()``; reports the binds."""
+    """Run engine and HTTP server until ``system.request_shutdown()``; reports the binds once
+    sessions can be admitted.
+
+    Engine processes, when they run, are built and listening first. Then the port is
+    bound: ``/health`` answers ``starting`` (with what it waits for) while an in-process
+    engine and the VAD start; the ``started`` line follows when they run.
+    """
     access = access_settings(config)
     async with EngineProcesses(config, registry) as engines, trio.open_nursery() as nursery:
         if engines.devices:  # built and listening before any session process links to them
@@ -369,6 +427,7 @@ async def _serve_sessions(
                 urls = await nursery.start(
                     _serve_here, config, system, backend, hyper, registry, access
                 )
+            await backend.ready.wait()
             # after the bind: a port already taken ends the server with one clear line
             log.info(
                 "started",
@@ -380,6 +439,7 @@ async def _serve_sessions(
                 connection_workers=server.connection_workers,
                 session_shards=server.session_shards,
                 engine_processes=len(engine_paths),
+                startup_s=round(backend.startup.elapsed(), 2) if backend.startup else None,
             )
             task_status.started(urls)
 
@@ -477,7 +537,10 @@ def run_server(config: Config) -> int:
     configure_logging(config.server.log_format, config.server.log_level)
 
     async def main() -> None:
-        async with open_actor_system(name="duplex") as system, trio.open_nursery() as nursery:
+        async with (
+            open_actor_system(name="duplex", dead_letter_capacity=SERVER_DEAD_LETTERS) as system,
+            trio.open_nursery() as nursery,
+        ):
             nursery.start_soon(serve_duplex, config, system)
             await run_until_signal(system)
             nursery.cancel_scope.deadline = trio.current_time() + config.server.shutdown_grace_s + 1

@@ -34,7 +34,7 @@ from duplex.logs import configure_logging, get_logger
 from duplex.metrics import REGISTRY
 
 from ._link import CODE_FINGERPRINT, EXIT_STALE_CODE, Link, Ready, ShardAnswer, ShardQuery, Stop
-from ._server import open_backend
+from ._server import SERVER_DEAD_LETTERS, open_backend
 from ._workers import LinkServer
 
 ACCEPT_RETRY_S = 0.1
@@ -47,9 +47,12 @@ async def run_shard(
     control_socket = trio.socket.from_stdlib_socket(socket.socket(fileno=link_fd))
     control = Link(trio.SocketStream(control_socket))
     async with (
-        open_actor_system(name=f"duplex-shard-{index}") as system,
+        open_actor_system(
+            name=f"duplex-shard-{index}", dead_letter_capacity=SERVER_DEAD_LETTERS
+        ) as system,
         open_backend(config, system, REGISTRY, shard=index, engine_paths=engine_paths) as backend,
     ):
+        await backend.ready.wait()  # the server sends this shard sessions once it says Ready
         links = LinkServer(backend, REGISTRY)
         listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with contextlib.suppress(FileNotFoundError):

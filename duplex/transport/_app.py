@@ -37,6 +37,7 @@ from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.exceptions import ProtocolError
 from duplex.logs import get_logger
 from duplex.metrics import Counter, MetricsRegistry, Sample, merge_labelled, render
+from duplex.progress import Startup
 from duplex.runtime import SessionHub
 from duplex.sessions import ErrorEvent, RefusalLog
 
@@ -55,6 +56,7 @@ from ._access import (
 )
 from ._connection import ConnectionActor, ShutDown
 from ._duplex_wire import NativeProjection
+from ._latency import LatencyMetrics
 from ._moshi_wire import ChatQuery, MoshiProjection, error_frame
 from ._pcm_wire import PcmProjection
 from ._realtime_wire import RealtimeProjection, duplex_flag, schema_from_headers
@@ -176,15 +178,21 @@ class HubBackend:
         *,
         first_event_timeout_s: float = 0.0,
         resume_guard: ResumeGuard | None = None,
+        startup: Startup | None = None,
     ) -> None:
         """``first_event_timeout_s`` closes sockets that open no session in time (0: never);
-        ``resume_guard`` limits failed ``session.resume`` per peer and session id."""
+        ``resume_guard`` limits failed ``session.resume`` per peer and session id;
+        ``startup``: what the engine and VAD still wait for (``/health`` names it)."""
         self.hub = hub
+        self.startup = startup
+        self.ready = trio.Event()
+        """Set by whoever starts the engine and the VAD, once both run."""
         self.registry = registry
         self.connections = Connections(hub.system)
         self.first_event_timeout_s = first_event_timeout_s
         self.resume_guard = resume_guard
         self.secrets = ClientSecrets()
+        self.latency = LatencyMetrics(registry, hub.spec.name)
         if resume_guard is not None:
             limiter = resume_guard.limiter
             name = "duplex_resume_rate_limited_total"
@@ -201,13 +209,18 @@ class HubBackend:
         """This process's own health."""
         hub = self.hub
         stats = hub.admission.statistics()
+        waiting = self.startup.waiting_for() if self.startup is not None else {}
+        if not hub.ready and not waiting:
+            waiting = {"engine": "not running"}
         engines = hub.engine_health()
-        status = "ok" if hub.ready else "starting"
-        if hub.ready and any(engine["status"] != "ok" for engine in engines):
+        status = "ok" if not waiting else "starting"
+        if status == "ok" and any(engine["status"] != "ok" for engine in engines):
             status = "degraded"  # an engine is stalled or gone: the others still admit
+        health: dict[str, Any] = {"status": status, "engines": engines}
+        if waiting:
+            health["waiting_for"] = waiting
         return {
-            "status": status,
-            "engines": engines,
+            **health,
             "engine_starts": hub.engine_starts,
             "vad_starts": hub.vad_starts,
             "version": __version__,
@@ -225,7 +238,7 @@ class HubBackend:
             return HttpAnswer(200 if redeemed else 401, JSON_CONTENT_TYPE, b"{}")
         if route == "health":
             health = self.health_of()
-            return HttpAnswer.json(health, 200 if hub.ready else 503)
+            return HttpAnswer.json(health, 200 if health["status"] == "ok" else 503)
         if route == "models":
             card: dict[str, Any] = {
                 "id": hub.spec.name,
@@ -301,6 +314,7 @@ class HubBackend:
             self.resume_guard,
             peer,
             endpoint,
+            self.latency.connection(endpoint),
             name=f"connection-{generation}",
             restart=Restart.TEMPORARY,
         )

@@ -45,6 +45,7 @@ from duplex.sessions import (
 )
 
 from ._access import ResumeGuard
+from ._latency import ConnectionLatency
 from ._sockets import EventSocket, SocketGone
 
 DETACH_TIMEOUT_S = 5.0
@@ -96,9 +97,10 @@ class ConnectionActor(Actor[Any]):
         resume_guard: ResumeGuard | None = None,
         peer: str | None = None,
         endpoint: str | None = None,
+        latency: ConnectionLatency | None = None,
     ):
         """``resume_guard`` limits failed resumes by ``peer`` (its IP address) and session id;
-        ``endpoint``: the route's path, for logs."""
+        ``endpoint``: the route's path, for logs; ``latency``: times what the writer sends."""
         self.socket = socket
         self.hub = hub
         self.generation = generation
@@ -117,6 +119,7 @@ class ConnectionActor(Actor[Any]):
         """The session this socket opened or asked to resume (for logs)."""
         self.closed_with: tuple[int, str] | None = None
         self.bad_events = 0
+        self.latency = latency
 
     async def on_start(self, ctx: ActorContext) -> None:
         ctx.log.info(
@@ -152,8 +155,8 @@ class ConnectionActor(Actor[Any]):
 
     async def receive(self, ctx: ActorContext, message: Any) -> Any:
         match message:
-            case Outbound(event, seq):
-                await self._write(ctx, event, seq)
+            case Outbound(event, seq, input_at):
+                await self._write(ctx, event, seq, input_at)
             case CloseSocket(code, reason):
                 await self._close(ctx, code, reason)
             case ShutDown():
@@ -172,13 +175,18 @@ class ConnectionActor(Actor[Any]):
 
     # -- the writer ----------------------------------------------------------
 
-    async def _write(self, ctx: ActorContext, event: ServerEvent, seq: int | None) -> None:
+    async def _write(
+        self, ctx: ActorContext, event: ServerEvent, seq: int | None, input_at: float | None
+    ) -> None:
         if not self.socket.open:
             return
         try:
             await self.socket.send(event, seq)
         except SocketGone:
             ctx.stop()  # the peer is gone; the reader tells the session
+            return
+        if self.latency is not None:
+            self.latency.written(event, input_at, trio.current_time())
 
     async def _close(self, ctx: ActorContext, code: int, reason: str) -> None:
         if self.resuming is not None and reason in ("unknown_session", "session_resume_expired"):

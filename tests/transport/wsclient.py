@@ -18,6 +18,7 @@ from duplex.actors import ActorSystem, open_actor_system
 from duplex.config import load_config
 from duplex.metrics import MetricsRegistry
 from duplex.topology import serve_duplex
+from duplex.topology._server import SERVER_DEAD_LETTERS
 
 FRAME = 1920  # 80 ms at 24 kHz
 ENERGY_VAD = {"server.realtime_vad": "energy"}
@@ -34,13 +35,19 @@ class Server:
 
 
 @asynccontextmanager
-async def running_server(**overrides: Any) -> AsyncIterator[Server]:
-    """``duplex`` on 127.0.0.1 with a free port; ``overrides`` are ``section.key`` values."""
+async def running_server(
+    *, dead_letters: int = SERVER_DEAD_LETTERS, **overrides: Any
+) -> AsyncIterator[Server]:
+    """``duplex`` on 127.0.0.1 with a free port; ``overrides`` are ``section.key`` values;
+    ``dead_letters``: how many the actor system keeps (by default as ``duplex serve``)."""
     registry = MetricsRegistry()
     config = load_config(
         env={}, overrides={"server.port": 0, "server.shutdown_grace_s": 0.5, **overrides}
     )
-    async with open_actor_system(registry=registry) as system, trio.open_nursery() as nursery:
+    async with (
+        open_actor_system(registry=registry, dead_letter_capacity=dead_letters) as system,
+        trio.open_nursery() as nursery,
+    ):
         binds = await nursery.start(partial(serve_duplex, config, system, registry=registry))
         http = binds[0]
         yield Server(http.replace("http://", "ws://") + "/v1/duplex", http, system, registry)

@@ -39,6 +39,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from duplex.exceptions import ConfigError
+from duplex.progress import note
 
 from ._config import MOSHI_PRESETS, MoshiConfig, moshi_preset
 from ._lm import MoshiLM
@@ -298,6 +299,7 @@ def tiny_checkpoint(cache_dir: Path, seed: int) -> MoshiCheckpoint:
     folder = cache_dir / f"tiny-{seed}"
     if _valid_build(folder, seed):
         return check_checkpoint(folder, "tiny")
+    note(f"building the tiny checkpoint into {folder}")
     cache_dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".tiny-{seed}-", dir=cache_dir))
     try:

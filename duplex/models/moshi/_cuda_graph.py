@@ -30,6 +30,8 @@ from typing import final
 import numpy as np
 import torch
 
+from duplex.progress import note
+
 from ._graph_capture import bucket_sizes, capture_graph, smallest_bucket
 from ._step import LMStep
 
@@ -81,7 +83,8 @@ class CudaGraphStep:
     def prepare(self, top_k_caps: tuple[int, int]) -> None:
         """Make (and on CUDA capture) every bucket for ``top_k_caps`` now, so no later
         step pays for a capture; no row is active, so no slot changes."""
-        for size in self._sizes:
+        for i, size in enumerate(self._sizes, 1):
+            note(f"capturing the LM step's CUDA graphs: bucket {size} ({i} of {len(self._sizes)})")
             self._bucket(size, top_k_caps)
 
     def bucket_for(self, prefix: int) -> int:

@@ -37,6 +37,8 @@ from typing import final
 import numpy as np
 import torch
 
+from duplex.progress import note
+
 from ._graph_capture import bucket_sizes, capture_graph, smallest_bucket
 from ._mimi import KVRingView, MimiModel
 from ._seanet import ConvState, StatefulConv
@@ -200,7 +202,8 @@ class MimiStreams:
     def prepare(self, decode_widths: Sequence[int]) -> None:
         """Make (and on CUDA capture) every encode bucket, and every decode bucket for
         each code count in ``decode_widths``, now; only the scratch slot is stepped."""
-        for size in self._sizes:
+        for i, size in enumerate(self._sizes, 1):
+            note(f"capturing Mimi's CUDA graphs: bucket {size} ({i} of {len(self._sizes)})")
             self._bucket("encode", size, self.frame_size)
             for width in decode_widths:
                 self._bucket("decode", size, width)

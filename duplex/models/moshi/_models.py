@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 from duplex.exceptions import ConfigError
+from duplex.progress import note
 
 from .._interface import ModelRunner, ModelSpec, RunnerFactory
 from .._options import ModelOptions
@@ -183,7 +184,9 @@ def _factory(load: Callable[[torch.dtype], LoadedMoshi], options: ModelOptions) 
 
     def build(spec: ModelSpec) -> ModelRunner:
         cuda = options.device.startswith("cuda")
+        note(f"loading model {spec.name} on {options.device}")
         loaded = load(torch.bfloat16 if cuda else torch.float32)
+        note(f"model {spec.name} loaded; making its runner")
         fp8 = options.kv_cache_dtype == "fp8"
         kv_dtype = torch.float8_e4m3fn if fp8 else None
         runner = MoshiEngineRunner(loaded, spec, seed=options.seed, kv_dtype=kv_dtype)

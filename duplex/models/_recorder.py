@@ -1,0 +1,80 @@
+"""`EngineRecorder`: the latency histograms an engine's tick loop feeds.
+
+The driver tells it each tick's lateness and the engine each step's compute
+time and batch size. Both calls land in `HistogramCell` s taken once, when the
+recorder is made: one bisect and one increment per tick, nothing per slot, no
+label lookup on the step's thread. The recorder outlives the drivers (the
+server makes one and hands it to every engine it builds, restarts included), so
+the histograms keep counting across an engine restart.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+from duplex.metrics import HistogramCell, MetricsRegistry
+
+__all__ = ["ENGINE_HISTOGRAMS", "STEP_BUCKETS", "TICK_LATENESS_BUCKETS", "EngineRecorder"]
+
+TICK_LATENESS_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28,
+)  # fmt: skip
+"""Seconds a tick started after its place on the grid (one frame is 0.08)."""
+
+STEP_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.1,
+    0.15, 0.2, 0.5, 1.0,
+)  # fmt: skip
+"""Seconds of one batched step's compute; 0.08 is the frame period."""
+
+ENGINE_HISTOGRAMS: tuple[tuple[str, str], ...] = (
+    (
+        "duplex_engine_tick_lateness_seconds",
+        "How long after its scheduled time each engine tick started (catching up included)",
+    ),
+    (
+        "duplex_engine_step_seconds",
+        "Compute time of one batched engine step, by batch-size bucket (warm-up steps left out)",
+    ),
+)
+"""The engine's histograms (name, help); labels: ``model``, and ``batch`` for step time."""
+
+
+def batch_bucket(batch: int) -> int:
+    """The label a batch of ``batch`` slots is counted under: the smallest power of two at
+    least that large (the batch buckets CUDA graphs are captured for)."""
+    return 1 << (batch - 1).bit_length()
+
+
+@final
+class EngineRecorder:
+    """Histogram cells for one model's tick lateness and step time.
+
+    Args:
+        model: the ``model`` label.
+        max_slots: the largest batch a step can have (its bucket is the last cell).
+        registry: where the histograms are exported; ``None``: a private one (tests,
+            benchmarks that read the cells directly).
+    """
+
+    def __init__(self, model: str, max_slots: int, registry: MetricsRegistry | None = None):
+        if max_slots < 1:
+            raise ValueError(f"max_slots must be >= 1, got {max_slots}")
+        registry = registry if registry is not None else MetricsRegistry()
+        (late_name, late_help), (step_name, step_help) = ENGINE_HISTOGRAMS
+        lateness = registry.histogram(late_name, late_help, ["model"], TICK_LATENESS_BUCKETS)
+        self.lateness: HistogramCell = lateness.labels(model=model)
+        steps = registry.histogram(step_name, step_help, ["model", "batch"], STEP_BUCKETS)
+        self.steps: list[HistogramCell] = [
+            steps.labels(model=model, batch=str(1 << i))
+            for i in range((max_slots - 1).bit_length() + 1)
+        ]
+        """Cell ``i`` counts steps of 2**(i-1) + 1 .. 2**i slots (cell 0: one slot)."""
+
+    def tick(self, lateness_s: float) -> None:
+        """A tick started ``lateness_s`` after its scheduled time (trio thread)."""
+        self.lateness.observe(lateness_s)
+
+    def step(self, batch: int, seconds: float) -> None:
+        """A step of ``batch`` slots computed for ``seconds`` (the step's thread)."""
+        self.steps[(batch - 1).bit_length()].observe(seconds)
