@@ -1,7 +1,8 @@
 """What clients get from ``duplex serve`` with many real-time sessions, over real WebSockets.
 
     .venv/bin/python bench/served.py --counts 1,32,64,128 [--seconds 8] [--warmup 2]
-        [--client-procs 4] [--url http://HOST:PORT] [--engine-bench] [--out FILE.json]
+        [--client-procs 4] [--client-nice N] [--url http://HOST:PORT] [--engine-bench]
+        [--out FILE.json]
         [-- duplex serve ARGS, e.g. --model moshi-7b --random-weights --kv-cache-dtype fp8
             --model-device cuda]
 
@@ -249,6 +250,8 @@ async def _one_count(
             ]
         )
         first += share
+    if args.client_nice:  # the load generators yield the host's cores to the server
+        commands = [["nice", "-n", str(args.client_nice), *c] for c in commands]
     loaders = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True) for c in commands]
     gpu_peak: list[int] | None = None
     while any(p.poll() is None for p in loaders):
@@ -365,6 +368,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per N")
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--client-procs", type=int, default=4)
+    parser.add_argument(
+        "--client-nice", type=int, default=0, help="niceness of the load generators (0-19)"
+    )
     parser.add_argument("--url", help="a running server (http://HOST:PORT); else one is started")
     parser.add_argument("--start-timeout-s", type=float, default=900.0)
     parser.add_argument("--engine-bench", action="store_true")
