@@ -72,9 +72,10 @@ async def test_silero_finds_the_turn_and_the_session_answers() -> None:
     assert committed["item_id"] == started["item_id"] == stopped["item_id"]
     assert done["response"]["status"] == "completed"
     assert [e["type"] for e in events].count("input_audio_buffer.speech_started") == 1
-    # from the end of speech: 500 ms of silence to hear, then the 80 ms chunk that
-    # completes it, a 32 ms window, a 32 ms tick, a step and the actor hops
-    assert 0.35 <= latency <= 0.9, latency
+    # never before the 500 ms of silence it waits for could have been heard (less the 80 ms
+    # chunk that completes it and a window); how soon after is a figure for bench/vad.py,
+    # not a test (a loaded machine runs late)
+    assert latency >= 0.35, latency
     print(f"speech end -> speech_stopped: {latency * 1000:.0f} ms (silence_duration 500 ms)")
 
 
