@@ -238,7 +238,7 @@ class HubBackend:
             return HttpAnswer(200 if redeemed else 401, JSON_CONTENT_TYPE, b"{}")
         if route == "health":
             health = self.health_of()
-            return HttpAnswer.json(health, 200 if health["status"] == "ok" else 503)
+            return HttpAnswer.json(health, 503 if health["status"] == "starting" else 200)
         if route == "models":
             card: dict[str, Any] = {
                 "id": hub.spec.name,
