@@ -28,11 +28,15 @@ from duplex.models import (
     EngineDriver,
     ModelOptions,
     ModelSpec,
+    PolicyActor,
+    PolicyEngine,
+    PolicyOptions,
     RunnerFactory,
     SileroVad,
     VadActor,
     VadDriver,
     get_model,
+    load_policy,
 )
 from duplex.runtime import SessionHub
 from duplex.sessions import Capabilities
@@ -41,6 +45,8 @@ from . import _link
 from ._access import AccessSettings, ResumeGuard, digest
 from ._app import HubBackend, build_app, hypercorn_config
 from ._http import serve_http
+from ._openpi import RobotService
+from ._openpi_wire import MAX_PAYLOAD_BYTES
 from ._shards import ShardProcesses
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
 
@@ -248,6 +254,58 @@ async def open_backend(
             unfreeze_startup_objects()
 
 
+def serves_robots(config: Config) -> bool:
+    """The robot endpoint runs a policy here: one is configured, and sockets are served in
+    this process (connection workers do not relay robot sockets yet)."""
+    return config.server.policy != "none" and not config.server.connection_workers
+
+
+@asynccontextmanager
+async def open_robots(
+    config: Config, system: ActorSystem, registry: MetricsRegistry, backend: HubBackend
+) -> AsyncIterator[RobotService | None]:
+    """The robot policy engine and its service, stopped on the way out; ``None``: no policy
+    is served here (``server.policy = "none"``, or connection workers)."""
+    server = config.server
+    if not serves_robots(config):
+        if server.policy != "none":
+            get_logger(component="server").warning(
+                "robot policy endpoint not served: it needs connection_workers = 0",
+                policy=server.policy,
+            )
+        yield None
+        return
+    options = PolicyOptions(
+        device=server.model_device,
+        seed=server.model_seed,
+        action_horizon=server.policy_action_horizon,
+        action_dim=server.policy_action_dim,
+    )
+    robots = RobotService(
+        system,
+        backend.connections,
+        registry,
+        idle_timeout_s=server.policy_idle_timeout_s,
+        max_payload_bytes=MAX_PAYLOAD_BYTES,
+    )
+
+    def build() -> PolicyEngine:
+        return PolicyEngine(
+            load_policy(server.policy, options),
+            max_batch=server.policy_max_batch,
+            max_wait_s=server.policy_batch_wait_ms / 1000.0,
+        )
+
+    ref = await system.spawn(
+        PolicyActor, build, robots.set_engine, trio.to_thread.run_sync, name="policy"
+    )
+    try:
+        yield robots
+    finally:
+        with trio.CancelScope(shield=True):
+            await system.stop(ref)
+
+
 async def serve_duplex(
     config: Config,
     system: ActorSystem,
@@ -260,7 +318,10 @@ async def serve_duplex(
     server = config.server
     sharded = server.session_shards > 1
     access = access_settings(config)
-    async with open_backend(config, system, registry, shard=0 if sharded else None) as backend:
+    async with (
+        open_backend(config, system, registry, shard=0 if sharded else None) as backend,
+        open_robots(config, system, registry, backend) as robots,
+    ):
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
         hyper = hypercorn_config(
@@ -269,6 +330,7 @@ async def serve_duplex(
             graceful_timeout_s=server.shutdown_grace_s / 2,
             tls_certfile=server.tls_certfile,
             tls_keyfile=server.tls_keyfile,
+            robot_payload_bytes=MAX_PAYLOAD_BYTES if robots is not None else 0,
         )
         async with trio.open_nursery() as nursery:
             if server.connection_workers:
@@ -277,7 +339,7 @@ async def serve_duplex(
                 )
             else:
                 urls = await nursery.start(
-                    _serve_here, config, system, backend, hyper, registry, access
+                    _serve_here, config, system, backend, hyper, registry, access, robots
                 )
             # after the bind: a port already taken ends the server with one clear line
             log.info(
@@ -289,6 +351,7 @@ async def serve_duplex(
                 vad="silero" if uses_silero(config) else None,
                 connection_workers=server.connection_workers,
                 session_shards=server.session_shards,
+                policy=server.policy if robots is not None else None,
             )
             task_status.started(urls)
     log.info("stopped")
@@ -301,6 +364,7 @@ async def _serve_here(
     hyper: HypercornConfig,
     registry: MetricsRegistry,
     access: AccessSettings,
+    robots: RobotService | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -313,6 +377,7 @@ async def _serve_here(
         access=access,
         client_secret_ttl_s=server.client_secret_ttl_s,
         registry=registry,
+        robots=robots,
     )
 
     async def shutdown_trigger() -> None:
