@@ -41,7 +41,15 @@ from ._interface import (
 )
 from ._loopback import LOOPBACK_SPEC, LoopbackRunner
 from ._options import ModelOptions, default_cache_dir
-from ._policy import OneAtATime, Policy, PolicyOptions, PolicyRequest, PolicyResult, load_policy
+from ._policy import (
+    OneAtATime,
+    Policy,
+    PolicyOptions,
+    PolicyRequest,
+    PolicyResult,
+    load_policy,
+    policy_factory,
+)
 from ._policy_actor import PolicyActor
 from ._policy_batcher import BatcherStatistics, PolicyBatcher
 from ._policy_driver import POLICY_METRICS, PolicyEngine, PolicyEngineStatistics, PolicyReply
@@ -137,6 +145,7 @@ __all__ = [
     "get_model",
     "load_policy",
     "model_names",
+    "policy_factory",
     "register_model",
     "silero_weights_path",
 ]

@@ -16,7 +16,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, final, runtime_checkable
+from typing import Any, Protocol, TypeAlias, final, runtime_checkable
+
+import numpy as np
 
 from duplex.exceptions import ConfigError
 
@@ -27,6 +29,7 @@ __all__ = [
     "PolicyRequest",
     "PolicyResult",
     "load_policy",
+    "policy_factory",
 ]
 
 
@@ -49,7 +52,7 @@ class PolicyRequest:
     client: int = 0
 
 
-PolicyResult = Any
+PolicyResult: TypeAlias = Mapping[str, Any] | np.ndarray | Exception
 """What a policy returns for one request: a map of arrays (``{"actions": ...}``), an
 ndarray, or an ``Exception`` instance when that request alone failed."""
 
@@ -125,6 +128,23 @@ def load_policy(name: str, options: PolicyOptions) -> Policy:
         from ._policy_reference import ReferencePolicy
 
         return ReferencePolicy(options)
+    policy = policy_factory(name)(options)
+    if not isinstance(policy, Policy):
+        raise ConfigError(
+            f"server.policy: {name} returned a {type(policy).__name__}, which has no "
+            "metadata and infer_batch (wrap a single-observation policy in "
+            "duplex.models.OneAtATime)",
+            key="policy",
+        )
+    return policy
+
+
+def policy_factory(name: str) -> Callable[[PolicyOptions], Any]:
+    """The callable ``module:factory`` names, imported but not called (checked at startup).
+
+    Raises:
+        ConfigError: not ``module:factory``, no such module, or no such callable.
+    """
     module_name, sep, attribute = name.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigError(
@@ -141,12 +161,4 @@ def load_policy(name: str, options: PolicyOptions) -> Policy:
         raise ConfigError(
             f"server.policy: {module_name!r} has no callable {attribute!r}", key="policy"
         )
-    policy = factory(options)
-    if not isinstance(policy, Policy):
-        raise ConfigError(
-            f"server.policy: {name} returned a {type(policy).__name__}, which has no "
-            "metadata and infer_batch (wrap a single-observation policy in "
-            "duplex.models.OneAtATime)",
-            key="policy",
-        )
-    return policy
+    return factory

@@ -37,6 +37,7 @@ from duplex.models import (
     VadDriver,
     get_model,
     load_policy,
+    policy_factory,
 )
 from duplex.runtime import SessionHub
 from duplex.sessions import Capabilities
@@ -78,6 +79,17 @@ def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
             f"model {spec.name!r}, which runs at {spec.sample_rate} Hz"
         )
     return spec, factory
+
+
+def resolve_policy(config: Config) -> None:
+    """Check ``server.policy`` before serving: a ``module:factory`` imports and is callable.
+
+    Raises:
+        ConfigError: it does not (one line naming what).
+    """
+    name = config.server.policy
+    if name not in ("reference", "none"):
+        policy_factory(name)
 
 
 def check_cuda_device(device: str) -> None:
