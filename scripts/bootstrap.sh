@@ -24,5 +24,6 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 # OpenPI's own client (tests/transport/test_e2e_openpi.py drives our robot endpoint with it):
 # it pins numpy<2, which the project cannot share, so it gets a virtual environment of its own
 [ -x .venv-openpi/bin/python ] || "$PYTHON" -m venv .venv-openpi
-.venv-openpi/bin/python -m pip install -q 'openpi-client==0.1.2'
+# (0.1.2 imports typing_extensions without declaring it)
+.venv-openpi/bin/python -m pip install -q 'openpi-client==0.1.2' 'typing-extensions>=4'
 touch .venv/.installed
