@@ -29,6 +29,8 @@ stay on hypercorn and own the boundary:
   and the TCP connection ends after a short linger; hypercorn dropped the
   connection without a close frame, or sent 1009 and then held the connection
   open without telling the app.
+
+Client frames are unmasked with numpy (`_wsmask.py`), not wsproto's own masker.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ from duplex.actors import unwrap
 from duplex.logs import get_logger
 from duplex.metrics import REGISTRY, MetricsRegistry
 from duplex.sessions import RefusalLog
+
+from . import _wsmask
+
+_wsmask.install()
 
 CLOSE_LINGER_S = 1.0
 """After a close frame the server sent for a bad frame, how long bytes still arriving are
