@@ -49,7 +49,7 @@ from websockets.trio.client import connect
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from duplex.models import PolicyOptions, PolicyRequest, ReferencePolicy  # noqa: E402
+from duplex.models import PolicyOptions, PolicyRequest, load_policy  # noqa: E402
 from duplex.transport._openpi_wire import pack, unpack  # noqa: E402
 
 PATH = "/v1/realtime/robot/openpi"
@@ -60,11 +60,12 @@ UPSTREAM_SERVER = """
 import sys
 import torch
 from openpi_server import WebsocketPolicyServer
-from duplex.models import PolicyOptions, PolicyRequest, ReferencePolicy
+from duplex.models import PolicyOptions, PolicyRequest, load_policy
 
 torch.set_num_threads(1)  # as duplex serve does beside its VAD
 port, horizon, dim, device = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-reference = ReferencePolicy(PolicyOptions(action_horizon=horizon, action_dim=dim, device=device))
+options = PolicyOptions(action_horizon=horizon, action_dim=dim, device=device)
+reference = load_policy(sys.argv[5], options)
 
 
 class OneAtATime:
@@ -131,7 +132,7 @@ async def server(target: str, args: argparse.Namespace) -> AsyncIterator[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_")}
     if target == "duplex":
         command = [sys.executable, "-m", "duplex.cli", "serve", "--port", str(port)]
-        command += ["--policy", "reference", "--log-level", "warning"]
+        command += ["--policy", args.policy, "--log-level", "warning"]
         command += ["--policy-max-batch", str(args.max_batch)]
         command += ["--policy-batch-wait-ms", str(args.wait_ms)]
         env |= {
@@ -139,12 +140,13 @@ async def server(target: str, args: argparse.Namespace) -> AsyncIterator[str]:
             "DUPLEX_POLICY_ACTION_HORIZON": str(args.horizon),
             "DUPLEX_POLICY_ACTION_DIM": str(args.dim),
             "DUPLEX_MODEL_DEVICE": args.device,
+            "DUPLEX_REALTIME_VAD": "energy",  # no silero: the server runs the policy only
         }
         url = f"ws://127.0.0.1:{port}{PATH}"
     else:
         ensure_upstream(args.upstream)
         command = [sys.executable, "-c", UPSTREAM_SERVER, str(port), str(args.horizon)]
-        command += [str(args.dim), args.device]
+        command += [str(args.dim), args.device, args.policy]
         env["PYTHONPATH"] = f"{args.upstream}{os.pathsep}{ROOT}"
         url = f"ws://127.0.0.1:{port}"
     process = await trio.lowlevel.open_process(command, env=env, stdout=subprocess.DEVNULL)
@@ -177,6 +179,7 @@ async def robot(
     out: dict[str, Any],
 ) -> None:
     steps: list[tuple[float, bool]] = []  # (round trip, on time), measured steps only
+    server: list[tuple[float, float]] = []  # server_timing (infer_ms, prev_total_ms)
     async with connect(url, compression=None, max_size=None) as ws:
         unpack(await ws.recv())
         k = 0
@@ -193,8 +196,11 @@ async def robot(
                 raise RuntimeError(f"unexpected reply: {reply!r}"[:200])
             if due >= warm_until:
                 steps.append((done - sent, done <= due + PERIOD_S))
+                timing = reply.get("server_timing", {})
+                server.append((timing.get("infer_ms", 0.0), timing.get("prev_total_ms", 0.0)))
             k = max(k + 1, math.ceil((done - start - phase) / PERIOD_S))  # late: next tick
     out["steps"] = steps
+    out["server"] = server
     out["due"] = int((stop - max(warm_until, start + phase)) / PERIOD_S)
 
 
@@ -223,6 +229,8 @@ async def run_load(url: str, clients: int, args: argparse.Namespace) -> dict[str
         on_time = sum(ok for _, ok in r["steps"])
         held += on_time >= 0.99 * r["due"]
     answered = len(rtts)
+    infer_ms = [i for r in results for i, _ in r["server"]]
+    total_ms = [t for r in results for _, t in r["server"] if t]
     return {
         "clients": clients,
         "held": held,
@@ -230,6 +238,8 @@ async def run_load(url: str, clients: int, args: argparse.Namespace) -> dict[str
         "rtt_p50_ms": percentile(rtts, 0.50),
         "rtt_p99_ms": percentile(rtts, 0.99),
         "rtt_max_ms": max(rtts) if rtts else float("nan"),
+        "server_infer_p50_ms": percentile(infer_ms, 0.50),
+        "server_prev_total_p50_ms": percentile(total_ms, 0.50),
     }
 
 
@@ -237,9 +247,8 @@ def in_process(args: argparse.Namespace) -> dict[str, float]:
     import torch
 
     torch.set_num_threads(1)
-    policy = ReferencePolicy(
-        PolicyOptions(action_horizon=args.horizon, action_dim=args.dim, device=args.device)
-    )
+    options = PolicyOptions(action_horizon=args.horizon, action_dim=args.dim, device=args.device)
+    policy = load_policy(args.policy, options)
     obs = unpack(pack(observation()))
     times = []
     for i in range(args.inprocess_calls + 20):
@@ -271,12 +280,16 @@ async def main(args: argparse.Namespace) -> None:
                 print(json.dumps(result))
     base = report["in_process"]["p50_ms"]
     print()
-    print("| target | robots | held at 10 Hz | answers/s | p50 ms | p99 ms | p50 / in-process |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| target | robots | held at 10 Hz | answers/s | p50 ms | p99 ms | p50 / in-process "
+        "| server infer p50 ms | server prev_total p50 ms |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in report["runs"]:
         print(
             f"| {r['target']} | {r['clients']} | {r['held']} | {r['answers_per_s']:.0f} | "
-            f"{r['rtt_p50_ms']:.1f} | {r['rtt_p99_ms']:.1f} | {r['rtt_p50_ms'] / base:.1f} |"
+            f"{r['rtt_p50_ms']:.1f} | {r['rtt_p99_ms']:.1f} | {r['rtt_p50_ms'] / base:.1f} | "
+            f"{r['server_infer_p50_ms']:.1f} | {r['server_prev_total_p50_ms']:.1f} |"
         )
     report["machine"]["load_after"] = os.getloadavg()
     if args.json:
@@ -292,6 +305,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--horizon", type=int, default=10)
     parser.add_argument("--dim", type=int, default=8)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--policy",
+        default="reference",
+        help="reference, or module:factory (bench.openpi_vit:factory)",
+    )
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--wait-ms", type=float, default=2.0)
     parser.add_argument("--inprocess-calls", type=int, default=300)

@@ -287,6 +287,8 @@ async def open_robots(
             )
         yield None
         return
+    if server.model_device == "cpu":
+        limit_torch_threads()  # a policy on the CPU shares the cores with the event loop
     options = PolicyOptions(
         device=server.model_device,
         seed=server.model_seed,
