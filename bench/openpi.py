@@ -15,7 +15,9 @@ Targets, each a server process on loopback serving the same seeded `ReferencePol
   needed by the code); the script installs them there on first use.
 
 And the policy called in-process, one observation per call (no socket): the serving
-overhead is a target's round trip over that.
+overhead is a target's round trip over that. The server process's CPU time per answer
+(every thread, warm-up included, over the answers of the measured seconds scaled to the
+whole run) is read from ``/proc``.
 
 Each robot is one websockets connection, compression off (as openpi-client), that
 sends the same observation (two 224 x 224 x 3 uint8 cameras, an 8-value state and a
@@ -125,9 +127,15 @@ def ensure_upstream(folder: Path) -> None:
     )
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, every thread) the process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @asynccontextmanager
-async def server(target: str, args: argparse.Namespace) -> AsyncIterator[str]:
-    """Start ``target`` on a free port; yields its robot URL once it answers."""
+async def server(target: str, args: argparse.Namespace) -> AsyncIterator[tuple[str, int]]:
+    """Start ``target`` on a free port; yields its robot URL, once it answers, and its pid."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_")}
     if target == "duplex":
@@ -159,7 +167,7 @@ async def server(target: str, args: argparse.Namespace) -> AsyncIterator[str]:
                     break
                 except OSError:
                     await trio.sleep(0.2)
-        yield url
+        yield url, process.pid
     finally:
         process.send_signal(signal.SIGINT)
         with trio.move_on_after(15):
@@ -273,23 +281,28 @@ async def main(args: argparse.Namespace) -> None:
     }
     print("in-process policy call:", report["in_process"])
     for target in args.targets:
-        async with server(target, args) as url:
+        async with server(target, args) as (url, pid):
             for clients in args.clients:
+                before = cpu_seconds(pid)
                 result = {"target": target, **await run_load(url, clients, args)}
+                run_s = args.seconds + args.warmup + 0.5
+                answers = result["answers_per_s"] * run_s
+                result["server_cpu_ms_per_answer"] = (cpu_seconds(pid) - before) * 1000 / answers
                 report["runs"].append(result)
                 print(json.dumps(result))
     base = report["in_process"]["p50_ms"]
     print()
     print(
         "| target | robots | held at 10 Hz | answers/s | p50 ms | p99 ms | p50 / in-process "
-        "| server infer p50 ms | server prev_total p50 ms |"
+        "| server infer p50 ms | server prev_total p50 ms | server CPU ms / answer |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in report["runs"]:
         print(
             f"| {r['target']} | {r['clients']} | {r['held']} | {r['answers_per_s']:.0f} | "
             f"{r['rtt_p50_ms']:.1f} | {r['rtt_p99_ms']:.1f} | {r['rtt_p50_ms'] / base:.1f} | "
-            f"{r['server_infer_p50_ms']:.1f} | {r['server_prev_total_p50_ms']:.1f} |"
+            f"{r['server_infer_p50_ms']:.1f} | {r['server_prev_total_p50_ms']:.1f} | "
+            f"{r['server_cpu_ms_per_answer']:.2f} |"
         )
     report["machine"]["load_after"] = os.getloadavg()
     if args.json:
