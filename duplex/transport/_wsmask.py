@@ -2,10 +2,10 @@
 
 Every frame a client sends is XOR-masked with a 4-byte key (RFC 6455, 5.3), and
 hypercorn unmasks it through ``wsproto.frame_protocol.XorMaskerSimple``, which
-works in four strided ``bytearray.translate`` passes: about 1.1 ms for a 300 KB
-frame (one robot observation with two 224 x 224 cameras) on CPU-2, on the event
-loop. `NumpyXorMasker` XORs the bulk as 32-bit words in place, about 0.03 ms for
-the same frame, and keeps wsproto's contract exactly: it returns a new bytearray
+works in four strided ``bytearray.translate`` passes on the event loop: for a
+robot's 300 KB observation that is over 20 times the work of `NumpyXorMasker`,
+which XORs the bulk as 32-bit words in place (docs/benchmarks.md, "Robot policy
+serving"). It keeps wsproto's contract exactly: it returns a new bytearray
 and rotates its key by ``len(data) % 4`` so the next chunk of the same frame
 continues where this one stopped. `install` swaps it in by the module attribute
 wsproto's frame decoder looks the class up by (idempotent).

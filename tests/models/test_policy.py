@@ -265,12 +265,34 @@ async def test_a_policy_returning_too_few_results_fails_the_batch(
 
 
 async def test_a_full_queue_refuses_and_then_takes_again(clock: trio.testing.MockClock) -> None:
-    engine = PolicyEngine(Recording(), max_batch=2, max_wait_s=1.0, max_queue=2, offload=inline)
-    replies = await run_engine(engine, [request(i) for i in range(3)])
-    assert isinstance(replies[2], PolicyOverloaded)
+    """One request runs (a 1 s call), one waits in a queue of one: the third is refused."""
+
+    async def slow(fn: Any) -> Any:
+        await trio.sleep(1.0)
+        return fn()
+
+    engine = PolicyEngine(Recording(), max_batch=1, max_wait_s=0.0, max_queue=1, offload=slow)
+    replies: list[Any] = []
+
+    async def robot(i: int) -> None:
+        try:
+            replies.append(await engine.infer(request(i)))
+        except PolicyOverloaded as exc:
+            replies.append(exc)
+
+    async with trio.open_nursery() as loop:
+        await loop.start(engine.run)
+        async with trio.open_nursery() as robots:
+            robots.start_soon(robot, 0)
+            await trio.sleep(0.1)  # taken: its call runs
+            robots.start_soon(robot, 1)
+            await trio.sleep(0.1)  # queued
+            with pytest.raises(PolicyOverloaded):
+                await engine.infer(request(2))
+        assert [r.result["actions"][0] for r in replies] == [0, 1]
+        assert (await engine.infer(request(3))).result["actions"][0] == 3  # recovered
+        loop.cancel_scope.cancel()
     assert engine.statistics().batcher.refused == 1
-    again = await run_engine(engine, [request(5)])
-    assert again[0].result["actions"][0] == 5
 
 
 async def test_a_robot_that_leaves_while_queued_is_withdrawn(
