@@ -55,12 +55,14 @@ from ._access import (
 )
 from ._connection import ConnectionActor, ShutDown
 from ._duplex_wire import NativeProjection
+from ._http import PathLimitedConfig
 from ._openpi import RobotService, WebSocketFrames
 from ._openpi_wire import NOT_AVAILABLE
 from ._realtime_wire import RealtimeProjection, duplex_flag, schema_from_headers
 from ._sockets import EventSocket, WebSocketEvents
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+ROBOT_PATH = "/v1/realtime/robot/openpi"
 JSON_CONTENT_TYPE = "application/json"
 
 HttpRoute = Literal["health", "models", "metrics", "client_secrets", "redeem"]
@@ -319,15 +321,18 @@ def hypercorn_config(
     """hypercorn's settings for every process that serves the app (the server, each worker).
 
     With ``tls_certfile`` and ``tls_keyfile`` the port speaks TLS only (HTTPS, WSS).
-    ``robot_payload_bytes``: the robot endpoint's own frame limit, when it is served.
+    ``robot_payload_bytes``: the robot endpoint's own frame limit, when it is served; up to
+    twice it reaches that endpoint (which refuses what is over it), on that path only.
     """
-    hyper = HypercornConfig()
+    hyper = PathLimitedConfig()
     hyper.bind = [bind]
     if tls_certfile:
         hyper.certfile = tls_certfile
         hyper.keyfile = tls_keyfile
     # up to 2x reaches the projection (event_too_large); beyond that, hypercorn closes 1009
-    hyper.websocket_max_message_size = 2 * max(max_frame_bytes, robot_payload_bytes)
+    hyper.websocket_max_message_size = 2 * max_frame_bytes
+    if robot_payload_bytes:
+        hyper.websocket_message_limits[ROBOT_PATH] = 2 * robot_payload_bytes
     hyper.graceful_timeout = graceful_timeout_s
     hyper.accesslog = None
     hyper.errorlog = None
@@ -570,10 +575,10 @@ def build_app(
             Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
             WebSocketRoute("/v1/duplex", duplex_socket),
             WebSocketRoute("/v1/realtime", realtime_socket),
-            WebSocketRoute("/v1/realtime/robot/openpi", robot_socket),
+            WebSocketRoute(ROBOT_PATH, robot_socket),
             Route("/v1/duplex", upgrade_required),  # a plain GET: 426, not 404
             Route("/v1/realtime", upgrade_required),
-            Route("/v1/realtime/robot/openpi", upgrade_required),
+            Route(ROBOT_PATH, upgrade_required),
         ]
     )
     app.add_middleware(Guard, policy=policy, backend=backend, refused=refused)
