@@ -95,6 +95,21 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="open WebSockets one client address may hold (default 0: no cap)",
     )
+    serve.add_argument(
+        "--policy",
+        metavar="NAME",
+        help="robot policy of /v1/realtime/robot/openpi: reference (default), none, or "
+        "module:factory",
+    )
+    serve.add_argument(
+        "--policy-max-batch", type=int, metavar="N", help="robot requests per policy call"
+    )
+    serve.add_argument(
+        "--policy-batch-wait-ms",
+        type=float,
+        metavar="MS",
+        help="how long a robot request waits for others (default 2)",
+    )
     serve.add_argument("--tls-certfile", metavar="PEM", help="certificate chain: serve HTTPS/WSS")
     serve.add_argument("--tls-keyfile", metavar="PEM", help="private key of --tls-certfile")
     serve.add_argument("--log-format", choices=["console", "json"])
@@ -114,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from duplex.config import api_keys_of, load_config
-    from duplex.topology import resolve_model, run_server
+    from duplex.topology import resolve_model, resolve_policy, run_server
 
     overrides: dict[str, Any] = {
         f"server.{key}": value
@@ -139,12 +154,16 @@ def _serve(args: argparse.Namespace) -> int:
             ("tls_certfile", args.tls_certfile),
             ("tls_keyfile", args.tls_keyfile),
             ("max_connections_per_peer", args.max_connections_per_peer),
+            ("policy", args.policy),
+            ("policy_max_batch", args.policy_max_batch),
+            ("policy_batch_wait_ms", args.policy_batch_wait_ms),
         )
         if value is not None
     }
     try:
         config = load_config(args.config, overrides=overrides)
         resolve_model(config)
+        resolve_policy(config)
         api_keys_of(config.server)
     except (ConfigError, UnknownModel) as exc:
         print(f"duplex: configuration error: {exc}", file=sys.stderr)

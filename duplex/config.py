@@ -58,6 +58,7 @@ def is_loopback(host: str) -> bool:
 
 MAX_CONNECTION_WORKERS = 64
 MAX_SESSION_SHARDS = 64
+MAX_POLICY_BATCH = 4096
 
 
 @final
@@ -144,6 +145,23 @@ class ServerConfig:
     """...and the time a refused one takes to be whole again (one failure is forgiven
     every ``auth_failure_window_s / auth_failure_burst`` seconds)."""
 
+    policy: str = "reference"
+    """The robot policy behind ``/v1/realtime/robot/openpi``: ``reference`` (the built-in
+    seeded model), ``none`` (the endpoint answers ``Robot policy not available``), or
+    ``module:factory``, a callable taking ``duplex.models.PolicyOptions`` and returning a
+    ``duplex.models.Policy`` (docs/operations.md, "Robot policies")."""
+    policy_max_batch: int = 64
+    """The most robot requests one policy call takes."""
+    policy_batch_wait_ms: float = 2.0
+    """How long a robot request waits for others before its batch runs."""
+    policy_action_horizon: int = 10
+    """Steps per action chunk (passed to the policy factory; the reference policy's shape)."""
+    policy_action_dim: int = 8
+    """Values per action step (passed to the policy factory)."""
+    policy_idle_timeout_s: float = 30.0
+    """A robot socket that sends no frame this long is closed (1000 ``idle_timeout``);
+    0 disables."""
+
     max_connections_per_peer: int = 0
     """Open WebSockets one peer address may hold (each can hold a session and a model
     slot); more are refused 429 ``too_many_connections``. 0: no cap. Counted per
@@ -190,7 +208,31 @@ class ServerConfig:
             raise ConfigError("shutdown_grace_s: must be >= 0")
         if not self.first_event_timeout_s >= 0:
             raise ConfigError("first_event_timeout_s: must be >= 0")
+        self._check_policy()
         self._check_exposure()
+
+    def _check_policy(self) -> None:
+        name = self.policy
+        module, sep, factory = name.partition(":")
+        if name not in ("reference", "none") and not (sep and module and factory):
+            raise ConfigError(f"policy: must be reference, none or module:factory, got {name!r}")
+        if not 1 <= self.policy_max_batch <= MAX_POLICY_BATCH:
+            raise ConfigError(
+                f"policy_max_batch: must be 1..{MAX_POLICY_BATCH}, got {self.policy_max_batch}"
+            )
+        if not 0 <= self.policy_batch_wait_ms <= 1000:
+            raise ConfigError(
+                f"policy_batch_wait_ms: must be 0..1000, got {self.policy_batch_wait_ms}"
+            )
+        shape = (
+            ("policy_action_horizon", self.policy_action_horizon),
+            ("policy_action_dim", self.policy_action_dim),
+        )
+        for key, value in shape:
+            if not 1 <= value <= 4096:
+                raise ConfigError(f"{key}: must be 1..4096, got {value}")
+        if not self.policy_idle_timeout_s >= 0:
+            raise ConfigError("policy_idle_timeout_s: must be >= 0")
 
     def _check_exposure(self) -> None:
         for key in self.api_keys:

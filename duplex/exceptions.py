@@ -13,7 +13,10 @@
     │   ├── UnknownModel (LookupError)      no model registered under that name
     │   ├── SlotReleased                    a slot handle used after its release
     │   ├── PromptUnsupported (ValueError)  a slot prompt the model cannot take
-    │   └── RunnerContractError             a runner's output broke the ModelRunner contract
+    │   ├── RunnerContractError             a runner's output broke the ModelRunner contract
+    │   └── PolicyError                     robot policy inference (``models/_policy*.py``)
+    │       ├── PolicyFailed                the policy raised or broke its contract for a request
+    │       └── PolicyOverloaded            the policy engine's queue is full
     └── ProtocolError                       a client event the session refuses
         └── one subclass per wire error code (``code`` / ``error_type`` class attributes)
 
@@ -117,6 +120,7 @@ UnsupportedTurnDetection = _code("UnsupportedTurnDetection", "unsupported_turn_d
 ItemNotFound = _code("ItemNotFound", "item_not_found")
 AudioEndOutOfRange = _code("AudioEndOutOfRange", "audio_end_ms_out_of_range")
 FirstEventTimeout = _code("FirstEventTimeout", "first_event_timeout")
+InvalidPayload = _code("InvalidPayload", "invalid_payload")
 RateLimited = _code("RateLimited", "rate_limited", "rate_limit_error")
 
 ERROR_CLASSES: dict[str, type[ProtocolError]] = {
@@ -128,7 +132,7 @@ ERROR_CLASSES: dict[str, type[ProtocolError]] = {
         UnknownSession, SessionResumeExpired, SessionClosed, IllegalState, InputBackpressure,
         ResourceExhausted, InternalError, EngineError, UnsupportedEvent, UnsupportedParameter,
         UnsupportedTurnDetection, ItemNotFound, AudioEndOutOfRange, FirstEventTimeout,
-        RateLimited,
+        InvalidPayload, RateLimited,
     )
 }  # fmt: skip
 
@@ -158,3 +162,16 @@ class PromptUnsupported(ModelError, ValueError):
 
 class RunnerContractError(ModelError):
     """A model runner returned output that does not match its plan (slots, shapes, dtypes)."""
+
+
+class PolicyError(ModelError):
+    """Robot policy inference; a robot's connection answers it with an error frame."""
+
+
+class PolicyFailed(PolicyError):
+    """The policy raised, or returned no result for a request; the robot is told
+    ``Internal inference error`` (never the cause) and may send its next observation."""
+
+
+class PolicyOverloaded(PolicyError):
+    """The policy engine's queue is full; the request was not run."""

@@ -21,4 +21,9 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
+# OpenPI's own client (tests/transport/test_e2e_openpi.py drives our robot endpoint with it):
+# it pins numpy<2, which the project cannot share, so it gets a virtual environment of its own
+[ -x .venv-openpi/bin/python ] || "$PYTHON" -m venv .venv-openpi
+# (0.1.2 imports typing_extensions without declaring it)
+.venv-openpi/bin/python -m pip install -q 'openpi-client==0.1.2' 'typing-extensions>=4'
 touch .venv/.installed

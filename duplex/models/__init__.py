@@ -10,6 +10,11 @@ Voice activity: `SileroVad` scores 32 ms windows of every session's 16 kHz
 input in one batched silero-vad forward per step; the `VadDriver` steps it on
 trio's clock and delivers `VadWindow`s; a per-session `SpeechSegmenter` turns
 them into OpenAI server_vad events; the `VadActor` supervises the driver.
+
+Robot policies: a `Policy` answers a batch of `PolicyRequest`s in one call
+(`ReferencePolicy` is the built-in seeded model; `load_policy` reads ``--policy``);
+the `PolicyEngine` batches concurrent robots' ``infer`` calls into those calls
+(a `PolicyBatcher` decides when, on numbers); the `PolicyActor` supervises it.
 """
 
 from ._actor import EngineActor
@@ -37,6 +42,19 @@ from ._interface import (
 )
 from ._loopback import LOOPBACK_SPEC, LoopbackRunner
 from ._options import ModelOptions, default_cache_dir
+from ._policy import (
+    OneAtATime,
+    Policy,
+    PolicyOptions,
+    PolicyRequest,
+    PolicyResult,
+    load_policy,
+    policy_factory,
+)
+from ._policy_actor import PolicyActor
+from ._policy_batcher import BatcherStatistics, PolicyBatcher
+from ._policy_driver import POLICY_METRICS, PolicyEngine, PolicyEngineStatistics, PolicyReply
+from ._policy_reference import ReferencePolicy
 from ._recorder import ENGINE_HISTOGRAMS, EngineRecorder
 from ._registry import get_model, model_names, register_model
 from ._scheduler import CapacityLimit, CapacityReport, Scheduler, SchedulerStatistics, SlotState
@@ -68,11 +86,13 @@ __all__ = [
     "ENGINE_HISTOGRAMS",
     "ENGINE_METRICS",
     "LOOPBACK_SPEC",
+    "POLICY_METRICS",
     "STALL_PERIODS",
     "VAD_METRICS",
     "VAD_SAMPLE_RATE",
     "VAD_WINDOW_MS",
     "VAD_WINDOW_SAMPLES",
+    "BatcherStatistics",
     "CapacityLimit",
     "CapacityReport",
     "DriverStatistics",
@@ -90,7 +110,18 @@ __all__ = [
     "ModelRunner",
     "ModelSpec",
     "Offload",
+    "OneAtATime",
     "PcmFrame",
+    "Policy",
+    "PolicyActor",
+    "PolicyBatcher",
+    "PolicyEngine",
+    "PolicyEngineStatistics",
+    "PolicyOptions",
+    "PolicyReply",
+    "PolicyRequest",
+    "PolicyResult",
+    "ReferencePolicy",
     "RunnerFactory",
     "Scheduler",
     "SchedulerStatistics",
@@ -122,7 +153,9 @@ __all__ = [
     "VideoFrame",
     "default_cache_dir",
     "get_model",
+    "load_policy",
     "model_names",
+    "policy_factory",
     "register_model",
     "silero_weights_path",
 ]

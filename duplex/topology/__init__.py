@@ -7,6 +7,6 @@ session shards (``_shard``/``_shards``) and its engine processes
 package only decides where they run.
 """
 
-from ._server import resolve_model, run_server, serve_duplex
+from ._server import resolve_model, resolve_policy, run_server, serve_duplex
 
-__all__ = ["resolve_model", "run_server", "serve_duplex"]
+__all__ = ["resolve_model", "resolve_policy", "run_server", "serve_duplex"]

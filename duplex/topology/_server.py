@@ -33,19 +33,26 @@ from duplex.models import (
     EngineRecorder,
     ModelOptions,
     ModelSpec,
+    PolicyActor,
+    PolicyEngine,
+    PolicyOptions,
     RunnerFactory,
     SileroVad,
     VadActor,
     VadDriver,
     get_model,
+    load_policy,
+    policy_factory,
 )
 from duplex.progress import Startup
 from duplex.runtime import SessionHub
 from duplex.sessions import Capabilities, SessionConfig, VadMode
 from duplex.transport import (
+    MAX_PAYLOAD_BYTES,
     AccessSettings,
     HubBackend,
     ResumeGuard,
+    RobotService,
     build_app,
     digest,
     hypercorn_config,
@@ -92,6 +99,17 @@ def check_model_rate(config: Config, spec: ModelSpec) -> None:
             f"session.model_sample_rate: {config.session.model_sample_rate} does not match "
             f"model {spec.name!r}, which runs at {spec.sample_rate} Hz"
         )
+
+
+def resolve_policy(config: Config) -> None:
+    """Check ``server.policy`` before serving: a ``module:factory`` imports and is callable.
+
+    Raises:
+        ConfigError: it does not (one line naming what).
+    """
+    name = config.server.policy
+    if name not in ("reference", "none"):
+        policy_factory(name)
 
 
 def check_cuda_device(device: str) -> None:
@@ -366,6 +384,60 @@ def build_engine(
     return EngineDriver(engine, recorder=recorder)
 
 
+def serves_robots(config: Config) -> bool:
+    """The robot endpoint runs a policy here: one is configured, and sockets are served in
+    this process (connection workers do not relay robot sockets yet)."""
+    return config.server.policy != "none" and not config.server.connection_workers
+
+
+@asynccontextmanager
+async def open_robots(
+    config: Config, system: ActorSystem, registry: MetricsRegistry, backend: HubBackend
+) -> AsyncIterator[RobotService | None]:
+    """The robot policy engine and its service, stopped on the way out; ``None``: no policy
+    is served here (``server.policy = "none"``, or connection workers)."""
+    server = config.server
+    if not serves_robots(config):
+        if server.policy != "none":
+            get_logger(component="server").warning(
+                "robot policy endpoint not served: it needs connection_workers = 0",
+                policy=server.policy,
+            )
+        yield None
+        return
+    if server.model_device == "cpu":
+        limit_torch_threads()  # a policy on the CPU shares the cores with the event loop
+    options = PolicyOptions(
+        device=server.model_device,
+        seed=server.model_seed,
+        action_horizon=server.policy_action_horizon,
+        action_dim=server.policy_action_dim,
+    )
+    robots = RobotService(
+        system,
+        backend.connections,
+        registry,
+        idle_timeout_s=server.policy_idle_timeout_s,
+        max_payload_bytes=MAX_PAYLOAD_BYTES,
+    )
+
+    def build() -> PolicyEngine:
+        return PolicyEngine(
+            load_policy(server.policy, options),
+            max_batch=server.policy_max_batch,
+            max_wait_s=server.policy_batch_wait_ms / 1000.0,
+        )
+
+    ref = await system.spawn(
+        PolicyActor, build, robots.set_engine, trio.to_thread.run_sync, name="policy"
+    )
+    try:
+        yield robots
+    finally:
+        with trio.CancelScope(shield=True):
+            await system.stop(ref)
+
+
 async def serve_duplex(
     config: Config,
     system: ActorSystem,
@@ -406,9 +478,12 @@ async def _serve_sessions(
     log = get_logger(component="server")
     server = config.server
     sharded = server.session_shards > 1
-    async with open_backend(
-        config, system, registry, shard=0 if sharded else None, engine_paths=engine_paths
-    ) as backend:
+    async with (
+        open_backend(
+            config, system, registry, shard=0 if sharded else None, engine_paths=engine_paths
+        ) as backend,
+        open_robots(config, system, registry, backend) as robots,
+    ):
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
         hyper = hypercorn_config(
@@ -417,6 +492,7 @@ async def _serve_sessions(
             graceful_timeout_s=server.shutdown_grace_s / 2,
             tls_certfile=server.tls_certfile,
             tls_keyfile=server.tls_keyfile,
+            robot_payload_bytes=MAX_PAYLOAD_BYTES if robots is not None else 0,
         )
         async with trio.open_nursery() as nursery:
             if server.connection_workers:
@@ -425,7 +501,7 @@ async def _serve_sessions(
                 )
             else:
                 urls = await nursery.start(
-                    _serve_here, config, system, backend, hyper, registry, access
+                    _serve_here, config, system, backend, hyper, registry, access, robots
                 )
             await backend.ready.wait()
             # after the bind: a port already taken ends the server with one clear line
@@ -440,6 +516,7 @@ async def _serve_sessions(
                 session_shards=server.session_shards,
                 engine_processes=len(engine_paths),
                 startup_s=round(backend.startup.elapsed(), 2) if backend.startup else None,
+                policy=server.policy if robots is not None else None,
             )
             task_status.started(urls)
 
@@ -451,6 +528,7 @@ async def _serve_here(
     hyper: HypercornConfig,
     registry: MetricsRegistry,
     access: AccessSettings,
+    robots: RobotService | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -463,6 +541,7 @@ async def _serve_here(
         access=access,
         client_secret_ttl_s=server.client_secret_ttl_s,
         registry=registry,
+        robots=robots,
     )
 
     async def shutdown_trigger() -> None:

@@ -14,11 +14,14 @@ from ._duplex_wire import (
     parse_client_event,
 )
 from ._http import serve_http
+from ._openpi import RobotService
+from ._openpi_wire import MAX_PAYLOAD_BYTES
 from ._sockets import EventSocket, Received, SocketGone
 
 __all__ = [
     "CLIENT_EVENT_NAMES",
     "DEFAULT_MAX_EVENT_BYTES",
+    "MAX_PAYLOAD_BYTES",
     "SERVER_EVENT_NAMES",
     "AccessSettings",
     "EventSocket",
@@ -27,6 +30,7 @@ __all__ = [
     "HubBackend",
     "Received",
     "ResumeGuard",
+    "RobotService",
     "SocketGone",
     "build_app",
     "digest",

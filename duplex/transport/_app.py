@@ -28,7 +28,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
@@ -56,14 +56,18 @@ from ._access import (
 )
 from ._connection import ConnectionActor, ShutDown
 from ._duplex_wire import NativeProjection
+from ._http import PathLimitedConfig
 from ._latency import LatencyMetrics
 from ._moshi_wire import ChatQuery, MoshiProjection, error_frame
+from ._openpi import RobotService, WebSocketFrames
+from ._openpi_wire import NOT_AVAILABLE
 from ._pcm_wire import PcmProjection
 from ._realtime_wire import RealtimeProjection, duplex_flag, schema_from_headers
 from ._sockets import EventSocket, WebSocketEvents
 from ._stream_socket import FramedSocket
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+ROBOT_PATH = "/v1/realtime/robot/openpi"
 JSON_CONTENT_TYPE = "application/json"
 
 HttpRoute = Literal["health", "models", "metrics", "client_secrets", "redeem"]
@@ -334,18 +338,23 @@ def hypercorn_config(
     graceful_timeout_s: float,
     tls_certfile: str = "",
     tls_keyfile: str = "",
+    robot_payload_bytes: int = 0,
 ) -> HypercornConfig:
     """hypercorn's settings for every process that serves the app (the server, each worker).
 
     With ``tls_certfile`` and ``tls_keyfile`` the port speaks TLS only (HTTPS, WSS).
+    ``robot_payload_bytes``: the robot endpoint's own frame limit, when it is served; up to
+    twice it reaches that endpoint (which refuses what is over it), on that path only.
     """
-    hyper = HypercornConfig()
+    hyper = PathLimitedConfig()
     hyper.bind = [bind]
     if tls_certfile:
         hyper.certfile = tls_certfile
         hyper.keyfile = tls_keyfile
     # up to 2x reaches the projection (event_too_large); beyond that, hypercorn closes 1009
     hyper.websocket_max_message_size = 2 * max_frame_bytes
+    if robot_payload_bytes:
+        hyper.websocket_message_limits[ROBOT_PATH] = 2 * robot_payload_bytes
     hyper.graceful_timeout = graceful_timeout_s
     hyper.accesslog = None
     hyper.errorlog = None
@@ -454,6 +463,7 @@ def build_app(
     access: AccessSettings | None = None,
     client_secret_ttl_s: int = 600,
     registry: MetricsRegistry | None = None,
+    robots: RobotService | None = None,
 ) -> Starlette:
     """The routes, over ``backend``, behind ``Guard``.
 
@@ -462,6 +472,7 @@ def build_app(
     ``access``: who may connect (``None``: anyone on loopback, same-origin browsers).
     ``client_secret_ttl_s``: a client secret's lifetime when its request names none.
     ``registry``: where refusals are counted (``None`` in a worker, whose metrics no one reads).
+    ``robots``: the robot policy endpoint's service (``None``: ``Robot policy not available``).
     """
     policy = AccessPolicy(access or AccessSettings())
     refused = None
@@ -593,9 +604,26 @@ def build_app(
         socket = FramedSocket(websocket, PcmProjection(max_size=max_frame_bytes))
         await serve_stream(socket, autostart=False, peer=peer, endpoint="/v1/audio/duplex")
 
+    async def healthz(request: Request) -> Response:
+        """OpenPI's ``GET /healthz``: 200 ``OK`` while the server runs."""
+        return PlainTextResponse("OK\n")
+
+    async def robot_socket(websocket: WebSocket) -> None:
+        """OpenPI's robot policy protocol (``_openpi.py``); without a policy, vLLM-Omni's
+        ``Robot policy not available`` text frame and a close."""
+        await websocket.accept()
+        peer = websocket.client.host if websocket.client else None
+        if robots is None or robots.engine is None:
+            unavailable = {"type": "error", "error": NOT_AVAILABLE, "code": "unsupported"}
+            await websocket.send_text(json.dumps(unavailable))
+            await websocket.close(1000, "policy_unavailable")
+            return
+        await robots.connect(WebSocketFrames(websocket), peer=peer)
+
     app = Starlette(
         routes=[
             Route("/health", health),
+            Route("/healthz", healthz),
             Route("/v1/models", models),
             Route("/metrics", metrics),
             Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
@@ -603,10 +631,12 @@ def build_app(
             WebSocketRoute("/v1/realtime", realtime_socket),
             WebSocketRoute("/api/chat", chat_socket),
             WebSocketRoute("/v1/audio/duplex", pcm_socket),
+            WebSocketRoute(ROBOT_PATH, robot_socket),
             Route("/v1/duplex", upgrade_required),  # a plain GET: 426, not 404
             Route("/v1/realtime", upgrade_required),
             Route("/api/chat", upgrade_required),
             Route("/v1/audio/duplex", upgrade_required),
+            Route(ROBOT_PATH, upgrade_required),
         ]
     )
     app.add_middleware(Guard, policy=policy, backend=backend, refused=refused)

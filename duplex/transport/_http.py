@@ -29,6 +29,8 @@ stay on hypercorn and own the boundary:
   and the TCP connection ends after a short linger; hypercorn dropped the
   connection without a close frame, or sent 1009 and then held the connection
   open without telling the app.
+
+Client frames are unmasked with numpy (`_wsmask.py`), not wsproto's own masker.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import trio
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.protocol.events import Data, Event, Request, StreamClosed
-from hypercorn.protocol.ws_stream import FrameTooLargeError, WSStream
+from hypercorn.protocol.ws_stream import FrameTooLargeError, WebsocketBuffer, WSStream
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.utils import repr_socket_addr
@@ -57,6 +59,10 @@ from duplex.logs import get_logger
 from duplex.metrics import REGISTRY, MetricsRegistry
 from duplex.sessions import RefusalLog
 
+from . import _wsmask
+
+_wsmask.install()
+
 CLOSE_LINGER_S = 1.0
 """After a close frame the server sent for a bad frame, how long bytes still arriving are
 read and dropped before the TCP connection is closed. Closing at once, with unread
@@ -68,6 +74,19 @@ ERROR_LOG_INTERVAL_S = 10.0
 counted in the line that follows."""
 
 
+class PathLimitedConfig(HypercornConfig):
+    """hypercorn's config, with a WebSocket message limit of its own for some paths.
+
+    ``websocket_message_limits`` maps a path to the largest message read on it; every
+    other path keeps ``websocket_max_message_size``. The robot endpoint reads 64 MiB
+    observations without every other route buffering that much.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.websocket_message_limits: dict[str, int] = {}
+
+
 class _WebSocketStream(WSStream):
     """hypercorn's WebSocket stream, with no extensions and a close frame for every bad frame."""
 
@@ -77,6 +96,11 @@ class _WebSocketStream(WSStream):
         if isinstance(event, Request):
             headers = [(k, v) for k, v in event.headers if k.lower() != b"sec-websocket-extensions"]
             event = dataclasses.replace(event, headers=headers)
+            if isinstance(self.config, PathLimitedConfig):
+                path = event.raw_path.partition(b"?")[0].decode("latin-1")
+                limit = self.config.websocket_message_limits.get(path)
+                if limit is not None:
+                    self.buffer = WebsocketBuffer(limit)
         elif isinstance(event, Data) and self._lingering:
             return  # after our close frame: read and dropped until the linger ends
         await super().handle(event)
