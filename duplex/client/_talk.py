@@ -99,7 +99,7 @@ class _Talk:
             self.transcripts.setdefault(data["response_id"], []).append(data["delta"])
         elif kind == "conversation.item.input_audio_transcription.completed":
             self.say("you", data.get("transcript", ""))
-        elif kind == "overlap.decision" and data.get("action") == "cancel":
+        elif kind == "overlap.decision" and data.get("action") == "barge_in":
             self.playout.stop(now)
         elif kind == "response.done":
             response = data["response"]
