@@ -4,6 +4,14 @@
 // the session reconnects with ?resume=1, sends session.resume with the last seq it saw, and
 // the server's journal replays what was missed. Client events sent while the socket is down
 // wait in a bounded queue (the oldest audio is dropped first, and counted).
+// One session event may be several wire events of which only the last carries the seq
+// (response.done and its companions): a drop inside such a group replays all of it, so the
+// members already delivered are skipped when they come again.
+
+const CONNECTION_SCOPED = new Set([
+  "session.created", "conversation.created", "session.resumed", "session.replaced",
+  "session.resync_required", "error",
+]);
 
 export class DuplexSession {
   constructor({ url, apiKey = "", onEvent, onStatus, maxQueued = 25 }) {
@@ -17,6 +25,8 @@ export class DuplexSession {
     this.lastSeq = 0;
     this.ackedSeq = 0;
     this.queue = [];
+    this.pending = []; // unsequenced members of the group in progress
+    this.skip = []; // those of them a resume's replay sends again
     this.stats = { reconnects: 0, duplicates: 0, dropped: 0, sent: 0, received: 0, resumed: 0 };
     this.ws = null;
     this.closed = false;
@@ -83,6 +93,7 @@ export class DuplexSession {
     } else if (event.type === "session.resumed") {
       this.resumeToken = event.resume_token;
       this.stats.resumed++;
+      this.skip = [...this.pending];
       this.stats.reconnects++;
       this.attempt = 0;
       this.onStatus("connected");
@@ -95,10 +106,20 @@ export class DuplexSession {
         return;
       }
       this.lastSeq = seq;
+      this.pending = [];
+      this.skip = [];
       if (this.lastSeq - this.ackedSeq >= 64) {
         this.ackedSeq = this.lastSeq;
         this.send({ type: "session.event_ack", server_event_seq: this.lastSeq });
       }
+    } else if (!CONNECTION_SCOPED.has(event.type)) {
+      if (this.skip.length && this.skip[0] === event.type) {
+        this.skip.shift();
+        this.stats.duplicates++;
+        return;
+      }
+      this.skip = [];
+      this.pending.push(event.type);
     }
     this.onEvent(event);
   }

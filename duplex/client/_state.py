@@ -55,12 +55,28 @@ class ResumeRefused(Exception):
     """The server would not resume the session (expired, replaced token, rate limited)."""
 
 
+CONNECTION_SCOPED = frozenset(
+    {
+        "session.created",
+        "conversation.created",
+        "session.resumed",
+        "session.replaced",
+        "session.resync_required",
+        "error",
+    }
+)
+"""Events with no seq that belong to no journaled group: never replayed."""
+
+
 @final
 class SessionCursor:
     """The session id, the current resume token and the last journaled event seen.
 
     Replayed events keep their ``server_event_seq``: one at or below the cursor
-    is a duplicate and is not delivered twice.
+    is a duplicate and is not delivered twice. One session event may be several
+    wire events of which only the last carries the seq (``response.done`` and
+    its companions); a drop inside such a group replays the whole group, so
+    the members already delivered (``pending``) are skipped when they come again.
     """
 
     def __init__(self) -> None:
@@ -71,6 +87,8 @@ class SessionCursor:
         self.resumes = 0
         self.duplicates = 0
         self.resync_required = False
+        self._pending: list[str] = []  # unsequenced members of the group in progress
+        self._skip: list[str] = []  # those of them a resume's replay sends again
 
     def receive(self, event: ServerEvent) -> bool:
         """Note ``event``; ``False`` for a replayed duplicate the caller should drop."""
@@ -80,13 +98,24 @@ class SessionCursor:
         elif event.type == "session.resumed":
             self.resume_token = event.data["resume_token"]
             self.resumes += 1
+            self._skip = list(self._pending)
         elif event.type == "session.resync_required":
             self.resync_required = True
+            self._skip = []
         if event.seq is not None:
             if event.seq <= self.last_seq:
                 self.duplicates += 1
                 return False
             self.last_seq = event.seq
+            self._pending.clear()
+            self._skip.clear()
+        elif event.type not in CONNECTION_SCOPED:
+            if self._skip and self._skip[0] == event.type:
+                self._skip.pop(0)
+                self.duplicates += 1
+                return False
+            self._skip.clear()
+            self._pending.append(event.type)
         return True
 
     @property

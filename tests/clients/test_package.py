@@ -1,0 +1,23 @@
+"""The browser client ships with the package: every file of clients/web is package data
+(through the ``duplex/web`` link), and the app serves each one."""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+
+from duplex.transport._app import WEB_TYPES, web_files
+
+from .served import ROOT
+
+
+def test_every_web_file_is_package_data_and_served() -> None:
+    web = sorted(p.name for p in (ROOT / "clients" / "web").iterdir())
+    assert "index.html" in web and "worklets.js" in web
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["duplex"]
+    for name in web:
+        assert any(fnmatch.fnmatch(f"web/{name}", p) for p in patterns), name
+        assert name[name.rindex(".") :] in WEB_TYPES
+    assert (ROOT / "duplex" / "web").resolve() == (ROOT / "clients" / "web").resolve()
+    assert sorted(web_files()) == web
