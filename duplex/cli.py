@@ -1,4 +1,4 @@
-"""``duplex`` command line: ``duplex serve`` runs the server."""
+"""``duplex`` command line: ``duplex serve`` runs the server; ``duplex talk`` talks to one."""
 
 from __future__ import annotations
 
@@ -115,6 +115,25 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-format", choices=["console", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(command_parser=serve)
+    talk = commands.add_parser(
+        "talk",
+        help="hold a conversation with a server, from a WAV file, and print the transcript",
+        description="Talk to a duplex server over WS /v1/realtime?duplex=1: stream a WAV file "
+        "(or the microphone) at real time, play the replies into a WAV, ack what played, "
+        "resume after a dropped connection.",
+    )
+    talk.add_argument(
+        "--url", default="ws://127.0.0.1:8000", help="the server (default ws://127.0.0.1:8000)"
+    )
+    talk.add_argument("--wav", metavar="FILE", help="what to say: a 16-bit PCM WAV file")
+    talk.add_argument("--out", metavar="FILE", help="write the agent's audio here (a WAV)")
+    talk.add_argument(
+        "--api-key-env",
+        default="DUPLEX_API_KEY",
+        metavar="NAME",
+        help="environment variable holding the API key, if the server needs one",
+    )
+    talk.set_defaults(command_parser=talk)
     return parser
 
 
@@ -124,6 +143,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "serve":
         return _serve(args)
+    if args.command == "talk":
+        import os
+
+        from duplex.client._talk import run_talk
+
+        return run_talk(args.url, args.wav, args.out, os.environ.get(args.api_key_env) or None)
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 

@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 ldconfig -p 2>/dev/null | grep -q 'libopus\.so\.0' || need_apt+=(libopus0)
+# the browser client's test (tests/clients/test_browser.py) drives Debian's chromium
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
 if ((${#need_apt[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "bootstrap: installing system packages: ${need_apt[*]}"

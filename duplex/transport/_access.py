@@ -13,10 +13,12 @@ the edge only applies it. In order, a request must pass:
    ``Origin`` means a non-browser client, which is allowed. 403.
 3. **Failure limit**: a peer whose wrong credentials used up its budget is
    refused until the budget refills, right key or not. 429.
-4. **Credentials**, when keys are configured: ``Authorization: Bearer <key>``,
-   or on a WebSocket the ``openai-insecure-api-key.<key>`` subprotocol that
-   browsers send. A key is an API key, or (WebSockets only) a single-use
-   client secret minted by ``POST /v1/realtime/client_secrets``. 401.
+4. **Credentials**, when keys are configured (not for the browser client's page and
+   files, which a browser loads without a key; its WebSocket then offers one):
+   ``Authorization: Bearer <key>``, or on a WebSocket the
+   ``openai-insecure-api-key.<key>`` subprotocol that browsers send. A key is
+   an API key, or (WebSockets only) a single-use client secret minted by
+   ``POST /v1/realtime/client_secrets``. 401.
 
 Keys are kept as SHA-256 digests and compared with ``hmac.compare_digest``, so
 neither a timing nor a memory dump gives a key away, and worker processes are
@@ -471,8 +473,11 @@ class AccessPolicy:
         peer: str | None,
         bound_port: int | None,
         now: float,
+        public: bool = False,
     ) -> Decision:
-        """One request's fate. ``headers`` are lowercase names; ``now`` is the limiter's clock.
+        """One request's fate. ``headers`` are lowercase names; ``now`` is the limiter's clock;
+        ``public``: a request that needs no credentials (the browser client's page), which
+        the Host and Origin checks still guard.
 
         A wrong credential counts as one failure of ``peer``; a client secret is
         only recognised here (``Allowed.secret``): the edge redeems it.
@@ -482,7 +487,7 @@ class AccessPolicy:
             return MISDIRECTED_HOST
         if not self.origin_allowed(headers.get("origin"), host):
             return FORBIDDEN_ORIGIN
-        if not self.auth_required:
+        if not self.auth_required or public:
             return Allowed(Principal.OPEN)
         peer_key = f"peer:{peer}"
         if self.failures.blocked(peer_key, now):

@@ -22,6 +22,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any, Literal, Protocol
 
 import trio
@@ -76,6 +77,41 @@ HttpRoute = Literal["health", "models", "metrics", "client_secrets", "redeem"]
 
 MAX_CLIENT_SECRET_BODY = 64 * 1024
 """Largest ``POST /v1/realtime/client_secrets`` body read (a session config is small)."""
+
+WEB_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+}
+"""The browser client's files (``clients/web``, shipped as ``duplex/web``), by extension."""
+WEB_HEADERS = {
+    "Cache-Control": "no-cache",
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+    "connect-src 'self' ws: wss:; media-src 'self' blob:; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'",
+}
+WEB_PATHS = frozenset({"/", "/index.html"})
+"""Paths besides ``/web/*`` that answer with the browser client."""
+
+
+def web_files() -> dict[str, bytes]:
+    """The browser client's files by name, read once: only these names are ever served."""
+    folder = resources.files("duplex") / "web"
+    if not folder.is_dir():
+        return {}
+    return {
+        entry.name: entry.read_bytes()
+        for entry in folder.iterdir()
+        if entry.is_file() and any(entry.name.endswith(ext) for ext in WEB_TYPES)
+    }
+
+
+def is_web_path(path: str) -> bool:
+    """The page and its assets: public (no key; Host and Origin still checked), since a
+    browser cannot send a key when it loads a page; the key goes with the WebSocket."""
+    return path in WEB_PATHS or path.startswith("/web/")
+
 
 wall_time: Callable[[], float] = time.time
 """The clock of client-secret expiry (a Unix time the client is told); tests replace it."""
@@ -403,6 +439,7 @@ class Guard:
             peer=peer,
             bound_port=server[1] if server else None,
             now=now,
+            public=kind == "http" and is_web_path(str(scope.get("path", ""))),
         )
         if isinstance(decision, Allowed) and decision.secret is not None:
             redeemed = await self.backend.http("redeem", decision.secret.encode())
@@ -508,6 +545,19 @@ def build_app(
         ttl_s, session = parsed
         body = json.dumps({"ttl_s": ttl_s, "session": session}).encode()
         return (await backend.http("client_secrets", body)).response()
+
+    files = web_files()
+
+    async def web(request: Request) -> Response:
+        """The browser client (``clients/web``): ``/`` is its page, ``/web/<name>`` its files."""
+        path = request.url.path
+        name = "index.html" if path in WEB_PATHS else path.removeprefix("/web/")
+        body = files.get(name)
+        if body is None:
+            error = {"message": f"no such file: {path[:200]}", "type": "invalid_request_error"}
+            return HttpAnswer.json({"error": {**error, "code": "not_found"}}, 404).response()
+        media_type = WEB_TYPES[name[name.rindex(".") :]]
+        return Response(body, media_type=media_type, headers=WEB_HEADERS)
 
     bad_queries = RefusalLog()  # a log line for the first, then one every 10 s
 
@@ -622,6 +672,9 @@ def build_app(
 
     app = Starlette(
         routes=[
+            Route("/", web),
+            Route("/index.html", web),
+            Route("/web/{name:path}", web),
             Route("/health", health),
             Route("/healthz", healthz),
             Route("/v1/models", models),
