@@ -138,13 +138,15 @@ async def server(target: str, args: argparse.Namespace) -> AsyncIterator[tuple[s
     """Start ``target`` on a free port; yields its robot URL, once it answers, and its pid."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_")}
+    inherited = os.environ.get("PYTHONPATH", "")  # carried dependencies (a GPU host)
+    tail = f"{os.pathsep}{inherited}" if inherited else ""
     if target == "duplex":
         command = [sys.executable, "-m", "duplex.cli", "serve", "--port", str(port)]
         command += ["--policy", args.policy, "--log-level", "warning"]
         command += ["--policy-max-batch", str(args.max_batch)]
         command += ["--policy-batch-wait-ms", str(args.wait_ms)]
         env |= {
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": f"{ROOT}{tail}",
             "DUPLEX_POLICY_ACTION_HORIZON": str(args.horizon),
             "DUPLEX_POLICY_ACTION_DIM": str(args.dim),
             "DUPLEX_MODEL_DEVICE": args.device,
@@ -155,7 +157,7 @@ async def server(target: str, args: argparse.Namespace) -> AsyncIterator[tuple[s
         ensure_upstream(args.upstream)
         command = [sys.executable, "-c", UPSTREAM_SERVER, str(port), str(args.horizon)]
         command += [str(args.dim), args.device, args.policy]
-        env["PYTHONPATH"] = f"{args.upstream}{os.pathsep}{ROOT}"
+        env["PYTHONPATH"] = f"{args.upstream}{os.pathsep}{ROOT}{tail}"
         url = f"ws://127.0.0.1:{port}"
     process = await trio.lowlevel.open_process(command, env=env, stdout=subprocess.DEVNULL)
     try:
