@@ -25,6 +25,19 @@ from ._config import (
     TurnPolicy,
     VadMode,
 )
+from ._generation import (
+    INF,
+    MAX_OUTPUT_TOKENS,
+    TEMPERATURE_RANGE,
+    TOOL_CHOICES,
+    VOICES,
+    ConversationMode,
+    FunctionTool,
+    OutputModality,
+    ResponseOptions,
+    ResponseSettings,
+    Transcription,
+)
 from ._effects import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -95,6 +108,7 @@ from ._events import (
     SpeechStarted,
     SpeechStopped,
     Tick,
+    TextDelta,
     TranscriptDelta,
     TurnSignal,
     VideoAppend,
@@ -112,6 +126,17 @@ from ._state import SessionMachine, SessionState, TurnState
 from ._vad import EnergyVad
 
 __all__ = [
+    "INF",
+    "MAX_OUTPUT_TOKENS",
+    "TEMPERATURE_RANGE",
+    "TOOL_CHOICES",
+    "VOICES",
+    "ConversationMode",
+    "FunctionTool",
+    "OutputModality",
+    "ResponseOptions",
+    "ResponseSettings",
+    "Transcription",
     "AUDIO_CODECS",
     "CLIENT_EVENT_TYPES",
     "CLOSE_GOING_AWAY",
@@ -214,6 +239,7 @@ __all__ = [
     "SpeechStopped",
     "StreamingResampler",
     "Tick",
+    "TextDelta",
     "TranscriptDelta",
     "TurnDetection",
     "TurnPolicy",
