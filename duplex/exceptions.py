@@ -126,7 +126,7 @@ class InvalidParameters(ProtocolError):
     """Several fields of one event are refused: ``problems`` holds one error per field.
 
     A client fixing a ``session.update`` learns every bad field from one answer, not
-    one per round trip. ``param`` lists the fields, comma-separated, in the order sent;
+    one per round trip. ``param`` lists the fields, comma-separated, in the order found;
     the message repeats each problem's own.
     """
 
@@ -134,7 +134,7 @@ class InvalidParameters(ProtocolError):
 
     def __init__(self, problems: tuple[ProtocolError, ...], *, event_id: str | None = None):
         self.problems = problems
-        message = "; ".join(f"{p.param}: {p.message}" for p in problems)
+        message = "; ".join(p.message for p in problems)  # each names its own field
         params = ", ".join(str(p.param) for p in problems)
         super().__init__(f"{len(problems)} fields refused: {message}", event_id=event_id, param=params)
 
