@@ -121,7 +121,6 @@ FirstEventTimeout = _code("FirstEventTimeout", "first_event_timeout")
 RateLimited = _code("RateLimited", "rate_limited", "rate_limit_error")
 
 
-
 class InvalidParameters(ProtocolError):
     """Several fields of one event are refused: ``problems`` holds one error per field.
 
@@ -136,7 +135,9 @@ class InvalidParameters(ProtocolError):
         self.problems = problems
         message = "; ".join(p.message for p in problems)  # each names its own field
         params = ", ".join(str(p.param) for p in problems)
-        super().__init__(f"{len(problems)} fields refused: {message}", event_id=event_id, param=params)
+        super().__init__(
+            f"{len(problems)} fields refused: {message}", event_id=event_id, param=params
+        )
 
 
 def refuse_all(problems: list[ProtocolError]) -> None:

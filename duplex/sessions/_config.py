@@ -310,7 +310,7 @@ class SessionConfig:
     announce_ready: bool = False
     instructions: str = field(default="", repr=False)
     voice: str = "alloy"
-    input_transcription: Transcription = Transcription()
+    input_transcription: Transcription = field(default_factory=Transcription)
     output_modalities: OutputModality = OutputModality.AUDIO
     temperature: float = 0.8
     max_output_tokens: int | None = None

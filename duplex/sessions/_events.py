@@ -23,6 +23,7 @@ from ._checks import check as _check
 from ._checks import float_pcm as _float_pcm
 from ._checks import is_int as _is_int
 from ._config import SUPPORTED_SAMPLE_RATES, SessionOptions
+from ._generation import ResponseOptions
 from ._items import ITEM_ROLES
 from ._server_events import (
     OVERLAP_ACTIONS,
@@ -58,7 +59,6 @@ from ._server_events import (
     VideoConsumed,
     audio_ms,
 )
-from ._generation import ResponseOptions
 
 TURN_SIGNALS = ("barge_in",)
 _ITEM_KINDS: dict[str, str | None] = {  # item kind -> its role (None: any message role)
@@ -541,8 +541,8 @@ __all__ = [
     "SessionUpdated",
     "SpeechStarted",
     "SpeechStopped",
-    "Tick",
     "TextDelta",
+    "Tick",
     "TranscriptDelta",
     "TurnSignal",
     "VideoAppend",

@@ -99,7 +99,9 @@ class Transcription:
             and (not isinstance(getattr(self, key), str) or not getattr(self, key))
         ]
         if self.prompt is not None and not isinstance(self.prompt, str):
-            problems.append(_problem(BadEvent, "input_audio_transcription.prompt", "must be a string"))
+            problems.append(
+                _problem(BadEvent, "input_audio_transcription.prompt", "must be a string")
+            )
         refuse_all(problems)
 
     @property
@@ -156,7 +158,9 @@ def check_generation(values: dict[str, Any], prefix: str, problems: list[Protoco
     voice = values.get("voice")
     if voice is not None and voice not in VOICES:
         problems.append(
-            _problem(BadEvent, f"{prefix}voice", f"must be one of {', '.join(VOICES)}; got {voice!r}")
+            _problem(
+                BadEvent, f"{prefix}voice", f"must be one of {', '.join(VOICES)}; got {voice!r}"
+            )
         )
     modality = values.get("output_modalities")
     if modality is not None and modality not in tuple(OutputModality):
@@ -173,8 +177,14 @@ def check_generation(values: dict[str, Any], prefix: str, problems: list[Protoco
                 _problem(BadEvent, f"{prefix}temperature", f"must be a number in [{low}, {high}]")
             )
     tokens = values.get("max_output_tokens")
-    if tokens is not None and tokens != INF and (
-        isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_OUTPUT_TOKENS
+    if (
+        tokens is not None
+        and tokens != INF
+        and (
+            isinstance(tokens, bool)
+            or not isinstance(tokens, int)
+            or not 1 <= tokens <= MAX_OUTPUT_TOKENS
+        )
     ):
         problems.append(
             _problem(

@@ -205,7 +205,7 @@ class ResponseCreated:
     response_id: str
     item_id: str
     epoch: int
-    settings: ResponseSettings = ResponseSettings()
+    settings: ResponseSettings = field(default_factory=ResponseSettings)
     """How the response runs (modality, conversation, limits): its echo on the wire."""
 
 
@@ -257,7 +257,7 @@ class ResponseDone:
     reason: str
     transcript: str
     audio_ms: float
-    settings: ResponseSettings = ResponseSettings()
+    settings: ResponseSettings = field(default_factory=ResponseSettings)
     """As on ``response.created``; a text-only response's ``transcript`` is its text."""
 
     def __post_init__(self) -> None:

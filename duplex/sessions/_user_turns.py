@@ -32,7 +32,6 @@ from duplex import exceptions as errors
 from ._config import Capabilities, SessionConfig, TurnPolicy
 from ._conversation import Conversation
 from ._effects import Effect, ModelAppendAudio, ModelSignal
-from ._generation import ResponseOptions
 from ._events import (
     AudioAppend,
     InputAudioCleared,
@@ -48,6 +47,7 @@ from ._events import (
     SpeechStarted,
     SpeechStopped,
 )
+from ._generation import ResponseOptions
 from ._input import InputPath
 from ._responder import TurnResponder
 from ._turns import TurnTaking

@@ -45,8 +45,8 @@ __all__ = [
     "GA_FORMATS",
     "SERVER_VAD_DEFAULTS",
     "WireFormats",
-    "check_audio_modalities",
     "audio_format",
+    "check_audio_modalities",
     "collect",
     "modality",
     "parse_session",
@@ -145,7 +145,11 @@ class _Builder:
                 f"{param}.rate={fmt[1]}: output audio/pcm is 24000 Hz", param=f"{param}.rate"
             )
         self.formats[which] = fmt
-        names = ("input_audio_codec", "input_sample_rate") if which == "input" else ("output_audio_codec",)
+        names = (
+            ("input_audio_codec", "input_sample_rate")
+            if which == "input"
+            else ("output_audio_codec",)
+        )
         self.origin.update(dict.fromkeys(names, param))
 
     def set(self, key: str, value: object, param: str) -> None:
@@ -335,7 +339,11 @@ def parse_tools(value: object, param: str) -> tuple[FunctionTool, ...]:
             continue
         found: list[ProtocolError] = []
         made = collect(
-            found, FunctionTool.of, tool.get("name"), tool.get("description"), tool.get("parameters")
+            found,
+            FunctionTool.of,
+            tool.get("name"),
+            tool.get("description"),
+            tool.get("parameters"),
         )
         problems.extend(_at(found, at))
         if made is not None:
@@ -556,4 +564,3 @@ def wire_param(param: str | None, schema: str) -> str | None:
     if paths is None:
         return param
     return f"session.{paths[0] if schema == 'ga' else paths[1]}"
-

@@ -238,16 +238,12 @@ def _decode_audio(
     return pcm, formats.input_rate
 
 
-def _decode_append(
-    obj: dict[str, Any], formats: WireFormats, event_id: str | None
-) -> AudioAppend:
+def _decode_append(obj: dict[str, Any], formats: WireFormats, event_id: str | None) -> AudioAppend:
     pcm, rate = _decode_audio(obj, formats, "audio")
     return AudioAppend(pcm, rate, event_id)
 
 
-def _string(
-    obj: Mapping[str, Any], key: str, *, required: bool = True, prefix: str = ""
-) -> Any:
+def _string(obj: Mapping[str, Any], key: str, *, required: bool = True, prefix: str = "") -> Any:
     value = obj.get(key)
     if value is None and not required:
         return None
@@ -278,9 +274,7 @@ def _tool_item(
     return ItemCreate("tool", output, None, None, item_id, previous, event_id, kind, call_id)
 
 
-def _item_create(
-    obj: Mapping[str, Any], formats: WireFormats, event_id: str | None
-) -> ItemCreate:
+def _item_create(obj: Mapping[str, Any], formats: WireFormats, event_id: str | None) -> ItemCreate:
     """A ``message`` item with one content part (user text/audio, system or assistant
     text), or a tool item (``function_call``, ``function_call_output``)."""
     item = obj.get("item")

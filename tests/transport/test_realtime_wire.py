@@ -181,24 +181,42 @@ def session_story(config: ds.SessionConfig | None = None) -> list:
         ds.VideoConsumed(("f1",), 40),
         ds.SessionUpdated("duplex-abc", agent),
         ds.ItemAdded(
-            ds.HistoryItem("item_c", "assistant", 7, 0.0, '{"city":"Paris"}', "function_call",
-                           call_id="call_1", name="get_weather"),
+            ds.HistoryItem(
+                "item_c",
+                "assistant",
+                7,
+                0.0,
+                '{"city":"Paris"}',
+                "function_call",
+                call_id="call_1",
+                name="get_weather",
+            ),
             "item_a",
-        ),  # fmt: skip
+        ),
         ds.ItemAdded(
-            ds.HistoryItem("item_o", "tool", 8, 0.0, '{"temp":21}', "function_call_output",
-                           call_id="call_1"),
+            ds.HistoryItem(
+                "item_o", "tool", 8, 0.0, '{"temp":21}', "function_call_output", call_id="call_1"
+            ),
             "item_c",
-        ),  # fmt: skip
+        ),
         ds.ItemRetrieved(
             ds.HistoryItem("item_o", "tool", 8, 0.0, "{}", "function_call_output", call_id="c")
         ),
         ds.ResponseCreated("resp_t", "item_t1", 0, text_oob),
         ds.TextDelta("resp_t", "item_t1", 0, "It is 21"),
-        ds.ResponseDone("resp_t", "item_t1", 0, "completed", "end_of_turn", "It is 21", 0.0,
-                        text_oob),  # fmt: skip
-        ds.ResponseDone("resp_t", "item_t1", 0, "incomplete", "max_output_tokens", "It", 0.0,
-                        agent.response_settings()),  # fmt: skip
+        ds.ResponseDone(
+            "resp_t", "item_t1", 0, "completed", "end_of_turn", "It is 21", 0.0, text_oob
+        ),
+        ds.ResponseDone(
+            "resp_t",
+            "item_t1",
+            0,
+            "incomplete",
+            "max_output_tokens",
+            "It",
+            0.0,
+            agent.response_settings(),
+        ),
     ]
     for status, reason in (
         ("completed", "end_of_turn"),
