@@ -310,7 +310,7 @@ class SessionConfig:
     announce_ready: bool = False
     instructions: str = field(default="", repr=False)
     voice: str = "alloy"
-    input_transcription: Transcription = field(default_factory=Transcription)
+    input_transcription: Transcription | None = None
     output_modalities: OutputModality = OutputModality.AUDIO
     temperature: float = 0.8
     max_output_tokens: int | None = None
@@ -322,7 +322,9 @@ class SessionConfig:
         check_generation({k: getattr(self, k) for k in _GENERATION}, "", problems)
         if problems:
             raise _config_error(str(problems[0].param), problems[0].message)
-        if not isinstance(self.input_transcription, Transcription):
+        if self.input_transcription is not None and not isinstance(
+            self.input_transcription, Transcription
+        ):
             raise _config_error("input_transcription", "must be a Transcription")
         for key, mode in _MODES.items():  # the wire names become members, once, here
             _choice(key, getattr(self, key), tuple(m.value for m in mode))
@@ -388,6 +390,9 @@ class SessionConfig:
         }
         if changes.get("max_output_tokens") == INF:
             changes["max_output_tokens"] = None
+        transcription = changes.get("input_transcription")
+        if isinstance(transcription, Transcription) and not transcription.enabled:
+            changes["input_transcription"] = None  # off
         return dataclasses.replace(self, **changes)
 
     def response_settings(self, options: ResponseOptions | None = None) -> ResponseSettings:

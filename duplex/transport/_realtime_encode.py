@@ -97,7 +97,7 @@ def _beta_modalities(modality: str) -> list[str]:
 def _transcription(config: SessionConfig) -> dict[str, Any] | None:
     """The input transcription setting as sent (``None``: off)."""
     setting = config.input_transcription
-    if not setting.enabled:
+    if setting is None or not setting.enabled:
         return None
     echo: dict[str, Any] = {"model": setting.model}
     if setting.language is not None:
