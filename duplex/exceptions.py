@@ -18,7 +18,8 @@
     │       ├── PolicyFailed                the policy raised or broke its contract for a request
     │       └── PolicyOverloaded            the policy engine's queue is full
     └── ProtocolError                       a client event the session refuses
-        └── one subclass per wire error code (``code`` / ``error_type`` class attributes)
+        ├── one subclass per wire error code (``code`` / ``error_type`` class attributes)
+        └── InvalidParameters               several fields refused at once (``problems``)
 
 Wire errors become ``{"type": "error", "error": {type, code, message, event_id, param}}``;
 ``error_type`` is the Realtime error family the code belongs to.
@@ -123,6 +124,34 @@ FirstEventTimeout = _code("FirstEventTimeout", "first_event_timeout")
 InvalidPayload = _code("InvalidPayload", "invalid_payload")
 RateLimited = _code("RateLimited", "rate_limited", "rate_limit_error")
 
+
+class InvalidParameters(ProtocolError):
+    """Several fields of one event are refused: ``problems`` holds one error per field.
+
+    A client fixing a ``session.update`` learns every bad field from one answer, not
+    one per round trip. ``param`` lists the fields, comma-separated, in the order found;
+    the message repeats each problem's own.
+    """
+
+    code: ClassVar[str] = "invalid_parameters"
+
+    def __init__(self, problems: tuple[ProtocolError, ...], *, event_id: str | None = None):
+        self.problems = problems
+        message = "; ".join(p.message for p in problems)  # each names its own field
+        params = ", ".join(str(p.param) for p in problems)
+        super().__init__(
+            f"{len(problems)} fields refused: {message}", event_id=event_id, param=params
+        )
+
+
+def refuse_all(problems: list[ProtocolError]) -> None:
+    """Raise the one problem, or all of them as `InvalidParameters`; nothing if none."""
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise InvalidParameters(tuple(problems))
+
+
 ERROR_CLASSES: dict[str, type[ProtocolError]] = {
     cls.code: cls
     for cls in (
@@ -132,7 +161,7 @@ ERROR_CLASSES: dict[str, type[ProtocolError]] = {
         UnknownSession, SessionResumeExpired, SessionClosed, IllegalState, InputBackpressure,
         ResourceExhausted, InternalError, EngineError, UnsupportedEvent, UnsupportedParameter,
         UnsupportedTurnDetection, ItemNotFound, AudioEndOutOfRange, FirstEventTimeout,
-        InvalidPayload, RateLimited,
+        InvalidPayload, RateLimited, InvalidParameters,
     )
 }  # fmt: skip
 

@@ -12,7 +12,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, final
 
-from duplex.exceptions import BadEvent, ConfigError
+from duplex.exceptions import (
+    BadEvent,
+    ConfigError,
+    InvalidParameters,
+    ProtocolError,
+    refuse_all,
+)
 
 from ._checks import (
     DURATION_MS,
@@ -21,6 +27,15 @@ from ._checks import (
     POSITIVE,
     POSITIVE_MS,
     Range,
+)
+from ._generation import (
+    INF,
+    FunctionTool,
+    OutputModality,
+    ResponseOptions,
+    ResponseSettings,
+    Transcription,
+    check_generation,
 )
 
 __all__ = [
@@ -122,12 +137,24 @@ TURN_DETECTION_TYPES: tuple[str, ...] = tuple(kind.value for kind in TurnDetecti
 
 _MIB = 1024 * 1024
 
+_GENERATION = (
+    "instructions",
+    "voice",
+    "output_modalities",
+    "temperature",
+    "max_output_tokens",
+    "tools",
+    "tool_choice",
+)
+"""The generation fields `check_generation` checks (in `SessionConfig` and `SessionOptions`)."""
+
 _MODES: dict[str, type[enum.StrEnum]] = {
     "overlap_policy": OverlapPolicy,
     "playback_commit_policy": PlaybackCommitPolicy,
     "vad": VadMode,
     "turn_policy": TurnPolicy,
     "turn_detection": TurnDetection,
+    "output_modalities": OutputModality,
 }
 """`SessionConfig`'s mode fields and their enums."""
 
@@ -231,6 +258,13 @@ class SessionConfig:
     It is fixed when the session opens: a ``session.update`` may repeat it but not
     change it, since the replay already shaped the model's state.
 
+    Generation (``_generation``): ``instructions`` (the system prompt of a model that
+    takes one), ``voice`` (an OpenAI voice name, `VOICES`), ``input_transcription``,
+    ``output_modalities`` (audio with a transcript, or text only), ``temperature``,
+    ``max_output_tokens`` (``None``: no limit; each model frame with text counts as one
+    token), ``tools`` and ``tool_choice``. A response runs with `response_settings`: these
+    values with its ``response.create``'s overrides.
+
     ``announce_ready``: send `SessionReady` once the engine slot takes input (its
     prompt replayed). Set by a wire protocol whose handshake waits for it (Moshi's
     ``/api/chat``); no JSON protocol exposes it.
@@ -274,8 +308,24 @@ class SessionConfig:
     output_audio_codec: str = "pcm16"
     prompt: SessionPrompt | None = None
     announce_ready: bool = False
+    instructions: str = field(default="", repr=False)
+    voice: str = "alloy"
+    input_transcription: Transcription | None = None
+    output_modalities: OutputModality = OutputModality.AUDIO
+    temperature: float = 0.8
+    max_output_tokens: int | None = None
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: str = "auto"
 
     def __post_init__(self) -> None:
+        problems: list[ProtocolError] = []
+        check_generation({k: getattr(self, k) for k in _GENERATION}, "", problems)
+        if problems:
+            raise _config_error(str(problems[0].param), problems[0].message)
+        if self.input_transcription is not None and not isinstance(
+            self.input_transcription, Transcription
+        ):
+            raise _config_error("input_transcription", "must be a Transcription")
         for key, mode in _MODES.items():  # the wire names become members, once, here
             _choice(key, getattr(self, key), tuple(m.value for m in mode))
             object.__setattr__(self, key, mode(getattr(self, key)))
@@ -338,7 +388,34 @@ class SessionConfig:
             for f in dataclasses.fields(options)
             if getattr(options, f.name) is not None
         }
+        if changes.get("max_output_tokens") == INF:
+            changes["max_output_tokens"] = None
+        transcription = changes.get("input_transcription")
+        if isinstance(transcription, Transcription) and not transcription.enabled:
+            changes["input_transcription"] = None  # off
         return dataclasses.replace(self, **changes)
+
+    def response_settings(self, options: ResponseOptions | None = None) -> ResponseSettings:
+        """How a response runs: this config's generation values, ``options`` overriding."""
+        over = options or ResponseOptions()
+
+        def pick(key: str) -> Any:
+            value = getattr(over, key)
+            return getattr(self, key) if value is None else value
+
+        tokens = pick("max_output_tokens")
+        tools = pick("tools")
+        return ResponseSettings(
+            output_modalities=OutputModality(pick("output_modalities")),
+            conversation=over.conversation,
+            voice=pick("voice"),
+            temperature=float(pick("temperature")),
+            max_output_tokens=None if tokens == INF else tokens,
+            instructions=pick("instructions"),
+            tool_choice=pick("tool_choice"),
+            tool_names=tuple(tool.name for tool in tools),
+            metadata=over.metadata,
+        )
 
     def apply_update(self, options: SessionOptions) -> SessionConfig:
         """The config a ``session.update`` with ``options`` makes (what the session adopts).
@@ -408,8 +485,41 @@ class SessionOptions:
     """The session's prompt (``session.create`` only; see `SessionConfig`)."""
     announce_ready: bool | None = None
     """Send ``SessionReady`` (see `SessionConfig`); set by a projection, no wire exposes it."""
+    instructions: str | None = field(default=None, repr=False)
+    voice: str | None = None
+    input_transcription: Transcription | None = None
+    """``Transcription()`` (no model) turns transcription off; ``None`` leaves it."""
+    output_modalities: str | None = None
+    temperature: float | None = None
+    max_output_tokens: int | str | None = None
+    """An integer, or ``"inf"`` (no limit)."""
+    tools: tuple[FunctionTool, ...] | None = None
+    tool_choice: str | None = None
 
     def __post_init__(self) -> None:
+        """Check every field, then raise once naming every bad one (`refuse_all`)."""
+        problems: list[ProtocolError] = []
+        for check in (self._check_modes, self._check_ranges, self._check_types):
+            try:
+                check()
+            except InvalidParameters as exc:
+                problems.extend(exc.problems)
+            except ProtocolError as exc:
+                problems.append(exc)
+        if self.input_transcription is not None and not isinstance(
+            self.input_transcription, Transcription
+        ):
+            problems.append(
+                BadEvent(
+                    "session.input_transcription must be an object",
+                    param="session.input_transcription",
+                )
+            )
+        check_generation({k: getattr(self, k) for k in _GENERATION}, "session.", problems)
+        refuse_all(problems)
+
+    def _check_modes(self) -> None:
+        problems: list[ProtocolError] = []
         checks: tuple[tuple[str, tuple[Any, ...] | None], ...] = (
             ("overlap_policy", OVERLAP_POLICIES),
             ("playback_commit_policy", PLAYBACK_COMMIT_POLICIES),
@@ -423,13 +533,26 @@ class SessionOptions:
         for key, choices in checks:
             value = getattr(self, key)
             if value is not None and choices is not None and value not in choices:
-                raise BadEvent(f"session.{key} must be one of {choices}", param=f"session.{key}")
+                problems.append(
+                    BadEvent(f"session.{key} must be one of {choices}", param=f"session.{key}")
+                )
+        refuse_all(problems)
+
+    def _check_ranges(self) -> None:
+        problems: list[ProtocolError] = []
         for key, rule in OPTION_RANGES.items():
             value = getattr(self, key)
             if value is not None:
-                rule.read(value, f"session.{key}")
+                try:
+                    rule.read(value, f"session.{key}")
+                except ProtocolError as exc:
+                    problems.append(exc)
+        refuse_all(problems)
+
+    def _check_types(self) -> None:
+        problems: list[ProtocolError] = []
         if self.prompt is not None and not isinstance(self.prompt, SessionPrompt):
-            raise BadEvent("session.prompt must be an object", param="session.prompt")
+            problems.append(BadEvent("session.prompt must be an object", param="session.prompt"))
         for key in (
             "false_interruption_enabled",
             "vad_create_response",
@@ -438,7 +561,10 @@ class SessionOptions:
         ):
             value = getattr(self, key)
             if value is not None and not isinstance(value, bool):
-                raise BadEvent(f"session.{key} must be a boolean", param=f"session.{key}")
+                problems.append(
+                    BadEvent(f"session.{key} must be a boolean", param=f"session.{key}")
+                )
+        refuse_all(problems)
 
 
 @final

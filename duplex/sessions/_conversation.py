@@ -91,6 +91,17 @@ class Conversation:
             rate = event.sample_rate or input_rate
             pcm = StreamingResampler(rate, self._rate).process(event.pcm)
             item = HistoryItem(item_id, "user", order, pcm.size * 1000.0 / self._rate)
+        elif event.kind != "message":
+            item = HistoryItem(
+                item_id,
+                event.role,
+                order,
+                0.0,
+                event.text or "",
+                event.kind,
+                call_id=event.call_id or "",
+                name=event.name or "",
+            )
         else:
             item = HistoryItem(item_id, event.role, order, 0.0, event.text or "", "text")
         self.history.insert(item)
@@ -121,11 +132,29 @@ class Conversation:
         self._audio.pop(item_id, None)
 
     def latest_user_source(self) -> ResponderSource | None:
-        """What the turn responder answers: the newest user item (audio or text), if any."""
-        for item in reversed(self.history.items):
-            if item.role != "user":
+        """What the turn responder answers: the newest user or tool item, if any."""
+        return self.latest_source()
+
+    def latest_source(self, only: tuple[str, ...] | None = None) -> ResponderSource | None:
+        """The newest user item (audio or text) or tool result (a ``function_call_output``:
+        the responder continues from it), among the items named in ``only`` if given.
+
+        Raises:
+            ItemNotFound: ``only`` names an item that is not in the conversation.
+        """
+        items = self.history.items
+        if only is not None:
+            by_id = {item.item_id: item for item in items}
+            missing = [item_id for item_id in only if item_id not in by_id]
+            if missing:
+                raise ItemNotFound(
+                    f"response.input names no item {missing[0]!r}", param="response.input"
+                )
+            items = tuple(by_id[item_id] for item_id in only)
+        for item in reversed(items):
+            if item.role not in ("user", "tool"):
                 continue
-            if item.content == "text":
+            if item.content != "audio":
                 return ResponderSource(item.item_id, None, 0.0, item.text)
             pcm, start_ms = self._audio.get(item.item_id, (np.zeros(0, np.float32), 0.0))
             return ResponderSource(item.item_id, pcm, start_ms)

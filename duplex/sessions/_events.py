@@ -23,6 +23,7 @@ from ._checks import check as _check
 from ._checks import float_pcm as _float_pcm
 from ._checks import is_int as _is_int
 from ._config import SUPPORTED_SAMPLE_RATES, SessionOptions
+from ._generation import ResponseOptions
 from ._items import ITEM_ROLES
 from ._server_events import (
     OVERLAP_ACTIONS,
@@ -53,12 +54,18 @@ from ._server_events import (
     SessionResumed,
     SessionResyncRequired,
     SessionUpdated,
+    TextDelta,
     TranscriptDelta,
     VideoConsumed,
     audio_ms,
 )
 
 TURN_SIGNALS = ("barge_in",)
+_ITEM_KINDS: dict[str, str | None] = {  # item kind -> its role (None: any message role)
+    "message": None,
+    "function_call": "assistant",
+    "function_call_output": "tool",
+}
 VIDEO_FORMATS = ("jpeg", "png", "rgb")
 
 _E = TypeVar("_E")
@@ -165,9 +172,11 @@ class PlaybackAck:
 @final
 @dataclass(frozen=True, slots=True)
 class ResponseCreate:
-    """``response.create``: ask the model to answer the committed input."""
+    """``response.create``: ask the model to answer the committed input; ``options``
+    override the session's generation config for this response (``None``: none)."""
 
     event_id: str | None = None
+    options: ResponseOptions | None = None
 
 
 @final
@@ -270,9 +279,29 @@ class ItemCreate:
     item_id: str | None = None
     previous_item_id: str | None = None
     event_id: str | None = None
+    kind: str = "message"
+    """``message``, ``function_call`` (role ``assistant``, ``text`` the arguments) or
+    ``function_call_output`` (role ``tool``, ``text`` the output)."""
+    call_id: str | None = None
+    name: str | None = None
 
     def __post_init__(self) -> None:
         _check(self.role in ITEM_ROLES, f"item.role must be one of {ITEM_ROLES}", "item.role")
+        _check(self.kind in _ITEM_KINDS, f"item.type must be one of {_ITEM_KINDS}", "item.type")
+        role = _ITEM_KINDS[self.kind]
+        _check(role is None or self.role == role, f"a {self.kind} item has role {role}", "item")
+        _check(
+            (self.kind == "message") == (self.call_id is None),
+            "call_id belongs to function_call and function_call_output items",
+            "item.call_id",
+        )
+        _check(
+            (self.kind == "function_call") == (self.name is not None),
+            "name belongs to function_call items",
+            "item.name",
+        )
+        _check(self.kind == "message" or self.text is not None, "a tool item holds text", "item")
+        _check(self.role != "tool" or self.kind != "message", "tool items are tool results", "item")
         if self.pcm is not None:
             object.__setattr__(self, "pcm", _float_pcm(self.pcm, "item.content"))
         _check(
@@ -512,6 +541,7 @@ __all__ = [
     "SessionUpdated",
     "SpeechStarted",
     "SpeechStopped",
+    "TextDelta",
     "Tick",
     "TranscriptDelta",
     "TurnSignal",

@@ -12,8 +12,8 @@ from typing import final
 
 __all__ = ["ITEM_CONTENT_TYPES", "ITEM_ROLES", "HistoryItem"]
 
-ITEM_ROLES: tuple[str, ...] = ("user", "assistant", "system")
-ITEM_CONTENT_TYPES: tuple[str, ...] = ("audio", "text")
+ITEM_ROLES: tuple[str, ...] = ("user", "assistant", "system", "tool")
+ITEM_CONTENT_TYPES: tuple[str, ...] = ("audio", "text", "function_call", "function_call_output")
 
 
 @final
@@ -22,7 +22,10 @@ class HistoryItem:
     """One conversation item as the model's context should see it.
 
     ``content`` says whether the item is audio (``audio_ms`` long, ``text`` its
-    transcript, if any) or text (``text``). ``order`` places it in the conversation.
+    transcript, if any) or text (``text``), or a tool round trip: a ``function_call``
+    (role ``assistant``; ``name``, ``call_id``, ``text`` its arguments) or a
+    ``function_call_output`` (role ``tool``; ``call_id``, ``text`` its output).
+    ``order`` places it in the conversation.
     """
 
     item_id: str
@@ -32,3 +35,5 @@ class HistoryItem:
     text: str = ""
     content: str = "audio"
     status: str = "completed"
+    call_id: str = ""
+    name: str = ""

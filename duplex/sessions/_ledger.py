@@ -45,6 +45,12 @@ class PlaybackLedger:
     done: bool = False
     status: str = "in_progress"
     deleted: bool = False
+    text_only: bool = False
+    """A text-only response: no audio; its item is text."""
+    out_of_band: bool = False
+    """``conversation: "none"``: the item never joins the history."""
+    text_frames: int = 0
+    """Frames that carried text (the output tokens ``max_output_tokens`` counts)."""
     _text: list[tuple[float, str]] = field(default_factory=list, repr=False)
 
     def record(self, audio_ms: float, text: str) -> float:
@@ -54,6 +60,7 @@ class PlaybackLedger:
         self.sent_ms += audio_ms
         if text:
             self._text.append((start, text))
+            self.text_frames += 1
         return start
 
     @property
@@ -94,7 +101,7 @@ class History:
 
         ``insert=False`` only updates an item already there. A deleted item is left out.
         """
-        if ledger.deleted:
+        if ledger.deleted or ledger.out_of_band:
             return
         item = HistoryItem(
             ledger.item_id,
@@ -102,6 +109,7 @@ class History:
             ledger.order,
             ledger.committed_ms,
             ledger.committed_transcript(),
+            "text" if ledger.text_only else "audio",
             status=ledger.status,
         )
         for index, existing in enumerate(self._items):

@@ -14,6 +14,7 @@ from duplex.exceptions import ProtocolError
 
 from ._checks import check as _check
 from ._config import Capabilities, SessionConfig
+from ._generation import ResponseSettings
 from ._items import HistoryItem
 
 RESPONSE_STATUSES = ("completed", "cancelled", "incomplete", "failed")
@@ -204,6 +205,8 @@ class ResponseCreated:
     response_id: str
     item_id: str
     epoch: int
+    settings: ResponseSettings = field(default_factory=ResponseSettings)
+    """How the response runs (modality, conversation, limits): its echo on the wire."""
 
 
 @final
@@ -233,6 +236,17 @@ class TranscriptDelta:
 
 @final
 @dataclass(frozen=True, slots=True)
+class TextDelta:
+    """``response.output_text.delta``: text of a text-only response (no audio comes)."""
+
+    response_id: str
+    item_id: str
+    epoch: int
+    delta: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class ResponseDone:
     """``response.done``: exactly one per response; ``transcript`` == concat of its deltas."""
 
@@ -243,6 +257,8 @@ class ResponseDone:
     reason: str
     transcript: str
     audio_ms: float
+    settings: ResponseSettings = field(default_factory=ResponseSettings)
+    """As on ``response.created``; a text-only response's ``transcript`` is its text."""
 
     def __post_init__(self) -> None:
         _check(self.status in RESPONSE_STATUSES, "unknown response status", "status")
@@ -342,6 +358,7 @@ ServerEvent = (
     | ResponseCreated
     | AudioDelta
     | TranscriptDelta
+    | TextDelta
     | ResponseDone
     | ResponseListen
     | OverlapDecision

@@ -598,7 +598,7 @@ class SessionMachine:
     def _on_response_create(self, event: ResponseCreate, out: list[Effect]) -> None:
         if self._config.turn_policy == TurnPolicy.DUPLEX and self._inputs.samples == 0:
             raise errors.InputAudioBufferEmpty("response.create needs input audio first")
-        self._user.request_response(out, now=self._now)
+        self._user.request_response(out, event.options, now=self._now)
 
     def _on_item(self, event: ItemEvent, out: list[Effect]) -> None:
         self._user.item(out, event)

@@ -9,6 +9,9 @@ Invariants kept here:
 
 - ``response.created`` once per response, before its deltas; exactly one
   ``response.done``, whose transcript is the concatenation of its deltas.
+- A text-only response (``ResponseSettings.text_only``) sends `TextDelta` s and no audio;
+  one past ``max_output_tokens`` text frames ends ``incomplete`` (a new epoch fences
+  the rest); an out-of-band one (``conversation: "none"``) never joins the history.
 - Model output of another epoch is never sent (the frame is dropped and
   counted); held frames of a cancelled response are dropped and counted.
 """
@@ -51,9 +54,11 @@ from ._events import (
     ResponseDone,
     ResponseListen,
     ServerEvent,
+    TextDelta,
     TranscriptDelta,
     audio_ms,
 )
+from ._generation import ResponseSettings
 from ._ledger import History, PlaybackLedger
 
 __all__ = ["STILL_SPEAKING_MS", "TURN_COUNTERS", "TurnState", "TurnTaking"]
@@ -89,6 +94,7 @@ class _Response:
     item_id: str
     epoch: int
     ledger: PlaybackLedger
+    settings: ResponseSettings
 
 
 class TurnTaking:
@@ -127,6 +133,7 @@ class TurnTaking:
         self._overlap_start: float | None = None
         self._paused_at: float | None = None
         self._held: list[ModelFrame] = []
+        self._requested: ResponseSettings | None = None  # for the next response the model opens
 
     @property
     def response_id(self) -> str | None:
@@ -318,9 +325,11 @@ class TurnTaking:
             reason,
             ledger.transcript,
             ledger.sent_ms,
+            resp.settings,
         )
         self._emit(out, done)
-        if self.config.playback_commit_policy is PlaybackCommitPolicy.COMMIT_ALL_ON_DONE and (
+        commit_all = self.config.playback_commit_policy is PlaybackCommitPolicy.COMMIT_ALL_ON_DONE
+        if (commit_all or ledger.text_only) and (  # text is not played: nothing to ack
             ledger.sent_ms > 0 or ledger.transcript
         ):
             ledger.committed_ms = ledger.sent_ms
@@ -337,8 +346,14 @@ class TurnTaking:
             self._resume_output(out, "hold_overflow", now=now)
         self._route(out, frame, now=now)
 
-    def open_response(self, out: list[Effect], *, now: float) -> str:
+    def request(self, settings: ResponseSettings) -> None:
+        """A ``response.create`` to the model (duplex): the next response it opens runs
+        with ``settings``."""
+        self._requested = settings
+
+    def open_response(self, out: list[Effect], settings: ResponseSettings, *, now: float) -> str:
         """Open a response now (the turn responder's request); returns its id."""
+        self._requested = settings
         self._open(out, now=now)
         assert self._response is not None
         return self._response.response_id
@@ -352,15 +367,17 @@ class TurnTaking:
         return self.speech_active and self.input_ms - self.speech_ms <= STILL_SPEAKING_MS
 
     def _open(self, out: list[Effect], *, now: float) -> None:
+        settings, self._requested = self._requested or self.config.response_settings(), None
         response_id = self._new_id("resp")
         ledger = PlaybackLedger(response_id, f"item_{response_id}", self.next_order())
+        ledger.text_only, ledger.out_of_band = settings.text_only, not settings.in_conversation
         self._ledgers[response_id] = ledger
         while len(self._ledgers) > self.config.max_tracked_responses:
             del self._ledgers[next(iter(self._ledgers))]
-        self._response = _Response(response_id, ledger.item_id, self.epoch, ledger)
+        self._response = _Response(response_id, ledger.item_id, self.epoch, ledger, settings)
         self.turn = TurnState.RESPONDING
         self.counts["responses_created"] += 1
-        self._emit(out, ResponseCreated(response_id, ledger.item_id, self.epoch))
+        self._emit(out, ResponseCreated(response_id, ledger.item_id, self.epoch, settings))
         if self.user_speaking_now() and not self.turn_based:
             self._start_overlap(out, self.input_ms, now=now)
 
@@ -383,13 +400,22 @@ class TurnTaking:
             self.counts["stale_frames_dropped"] += 1
             return
         rate = self.config.model_sample_rate
-        start = resp.ledger.record(audio_ms(frame.pcm, rate), frame.text)
         rid, item, epoch = resp.response_id, resp.item_id, resp.epoch
-        if frame.pcm:
-            self._emit(out, AudioDelta(rid, item, epoch, frame.pcm, rate, start))
-        if frame.text:
-            self._emit(out, TranscriptDelta(rid, item, epoch, frame.text, start))
-        if frame.end_of_turn:
+        if resp.settings.text_only:  # the frame's audio is not sent: only its text
+            resp.ledger.record(0.0, frame.text)
+            if frame.text:
+                self._emit(out, TextDelta(rid, item, epoch, frame.text))
+        else:
+            start = resp.ledger.record(audio_ms(frame.pcm, rate), frame.text)
+            if frame.pcm:
+                self._emit(out, AudioDelta(rid, item, epoch, frame.pcm, rate, start))
+            if frame.text:
+                self._emit(out, TranscriptDelta(rid, item, epoch, frame.text, start))
+        limit = resp.settings.max_output_tokens
+        if limit is not None and resp.ledger.text_frames >= limit and not frame.end_of_turn:
+            self.finish(out, "incomplete", "max_output_tokens")  # the rest is fenced off
+            self.advance_epoch(out, "max_output_tokens", clear_input=False)
+        elif frame.end_of_turn:
             self._yield(out, "end_of_turn")
 
     def _yield(self, out: list[Effect], reason: str) -> None:

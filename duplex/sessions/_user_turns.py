@@ -47,6 +47,7 @@ from ._events import (
     SpeechStarted,
     SpeechStopped,
 )
+from ._generation import ResponseOptions
 from ._input import InputPath
 from ._responder import TurnResponder
 from ._turns import TurnTaking
@@ -235,24 +236,33 @@ class UserTurns:
 
     # ----------------------------------------------------------------- responses
 
-    def request_response(self, out: list[Effect], *, now: float) -> None:
-        """Duplex: hint the model. Turn-based: the responder answers the newest user item.
+    def request_response(
+        self, out: list[Effect], options: ResponseOptions | None = None, *, now: float
+    ) -> None:
+        """Duplex: hint the model. Turn-based: the responder answers the newest user or
+        tool item (of ``options.input`` when given, else of the conversation).
 
         Raises:
             ResponseAlreadyActive: turn-based and a response is open.
-            InputAudioBufferEmpty: turn-based and there is no user item to answer.
+            InputAudioBufferEmpty: turn-based and there is no user or tool item to answer.
+            ItemNotFound: ``options.input`` names no item.
         """
+        settings = self.config.response_settings(options)
         source = None
         if self.turn_based:
             if self.turns.response_id is not None:
                 raise errors.ResponseAlreadyActive("a response is already active")
-            source = self.conversation.latest_user_source()
+            only = options.input if options is not None else None
+            source = self.conversation.latest_source(only)
             if source is None:
-                raise errors.InputAudioBufferEmpty("response.create needs a user item first")
+                raise errors.InputAudioBufferEmpty(
+                    "response.create needs a user or tool item first"
+                )
         out.append(ModelSignal(self.turns.epoch, "response_create", self.turn_id))
         if source is None:
+            self.turns.request(settings)
             return
-        response_id = self.turns.open_response(out, now=now)
+        response_id = self.turns.open_response(out, settings, now=now)
         self.inputs.ledger.answered()
         self.responder.start(source, self.turns.epoch, response_id, now)
         self.play(out, now=now)

@@ -80,6 +80,7 @@ from duplex.sessions import (
     SessionResyncRequired,
     SessionUpdate,
     SessionUpdated,
+    TextDelta,
     TranscriptDelta,
     TurnSignal,
     VideoAppend,
@@ -437,6 +438,11 @@ def _body(event: ServerEvent) -> tuple[str, dict[str, Any]]:
                 "delta": event.delta,
                 "audio_start_ms": event.audio_start_ms,
             }
+        case TextDelta():  # a text-only response (not settable on this protocol yet)
+            return "response.text.delta", {
+                **_delta_ids(event.response_id, event.item_id, event.epoch),
+                "delta": event.delta,
+            }
         case ResponseDone():
             return "response.done", {
                 "response": {
@@ -543,6 +549,7 @@ SERVER_EVENT_NAMES: tuple[str, ...] = (
     "response.created",
     "response.audio.delta",
     "response.audio_transcript.delta",
+    "response.text.delta",
     "response.done",
     "response.listen",
     "overlap.decision",

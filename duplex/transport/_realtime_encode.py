@@ -5,7 +5,9 @@ it with the parser). One session event may stand for several wire events: a
 `ResponseCreated` is ``response.created`` + ``response.output_item.added`` +
 ``conversation.item.added`` (GA; beta ``conversation.item.created``) +
 ``response.content_part.added``, and a `ResponseDone` closes them all in
-reverse. The only state is the output resampler (24 kHz model audio to 8 kHz
+reverse. A text-only response (its `ResponseSettings`) has a text part and
+``response.output_text.delta|done`` instead of audio; an out-of-band one announces no
+conversation item. The only state is the output resampler (24 kHz model audio to 8 kHz
 G.711), reset at each response; ids, epochs and transcripts come from the events.
 
 ``rate_limits.updated`` follows every ``response.done`` with an empty list: this
@@ -39,11 +41,13 @@ from duplex.sessions import (
     ItemTruncated,
     ResponseCreated,
     ResponseDone,
+    ResponseSettings,
     ServerEvent,
     SessionConfig,
     SessionCreated,
     SessionUpdated,
     StreamingResampler,
+    TextDelta,
     TranscriptDelta,
 )
 
@@ -79,6 +83,28 @@ _CANCEL_REASONS = {  # session reason -> RealtimeResponseStatus.reason
 
 def _ms(value: float) -> int:
     return round(value)
+
+
+def _tokens(limit: int | None) -> int | str:
+    return "inf" if limit is None else limit
+
+
+def _beta_modalities(modality: str) -> list[str]:
+    """Beta spells audio responses ``["audio", "text"]`` (the transcript is text)."""
+    return ["audio", "text"] if modality == "audio" else ["text"]
+
+
+def _transcription(config: SessionConfig) -> dict[str, Any] | None:
+    """The input transcription setting as sent (``None``: off)."""
+    setting = config.input_transcription
+    if setting is None or not setting.enabled:
+        return None
+    echo: dict[str, Any] = {"model": setting.model}
+    if setting.language is not None:
+        echo["language"] = setting.language
+    if setting.prompt is not None:
+        echo["prompt"] = setting.prompt
+    return echo
 
 
 def _turn_detection(config: SessionConfig, *, ga: bool) -> dict[str, Any] | None:
@@ -223,6 +249,10 @@ class RealtimeEncoder:
                 return [
                     self._new(kind, **body, delta=event.delta, **(extra if self.duplex else {}))
                 ]
+            case TextDelta():
+                kind = self._name("response.output_text.delta", "response.text.delta")
+                body = self._part_ids(event.response_id, event.item_id)
+                return [self._new(kind, **body, delta=event.delta)]
             case ResponseDone():
                 return self._response_done(event)
             case ErrorEvent():
@@ -249,27 +279,44 @@ class RealtimeEncoder:
             session["id"] = session_id
             if self.model is not None:
                 session["model"] = self.model
-            session["output_modalities"] = ["audio"]
+            session["instructions"] = config.instructions
+            session["output_modalities"] = [config.output_modalities.value]
+            input_format = dict(GA_FORMATS[fin])
+            if fin == "pcm16":  # 16 kHz input is this server's extension of audio/pcm
+                input_format["rate"] = config.input_sample_rate
             session["audio"] = {
                 "input": {
-                    "format": GA_FORMATS[fin],
-                    "transcription": None,
+                    "format": input_format,
+                    "transcription": _transcription(config),
                     "noise_reduction": None,
                     "turn_detection": _turn_detection(config, ga=True),
                 },
-                "output": {"format": GA_FORMATS[fout], "speed": 1.0},
+                "output": {"format": GA_FORMATS[fout], "speed": 1.0, "voice": config.voice},
             }
-            session["max_output_tokens"] = "inf"
+            session["max_output_tokens"] = _tokens(config.max_output_tokens)
         else:
             session = {"id": session_id, "object": "realtime.session"}
-            session["modalities"] = ["audio", "text"]
+            session["instructions"] = config.instructions
+            session["modalities"] = _beta_modalities(config.output_modalities.value)
+            session["voice"] = config.voice
             session["input_audio_format"] = fin
             session["output_audio_format"] = fout
-            session["input_audio_transcription"] = None
+            session["input_audio_transcription"] = _transcription(config)
             session["input_audio_noise_reduction"] = None
             session["turn_detection"] = _turn_detection(config, ga=False)
             session["speed"] = 1.0
-            session["max_response_output_tokens"] = "inf"
+            session["temperature"] = config.temperature
+            session["max_response_output_tokens"] = _tokens(config.max_output_tokens)
+        session["tools"] = [
+            {
+                "type": "function",
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.parameters,
+            }
+            for tool in config.tools
+        ]
+        session["tool_choice"] = config.tool_choice
         if self.duplex:
             session.update(
                 overlap_policy=config.overlap_policy.value,  # the wire name, a plain str
@@ -315,7 +362,15 @@ class RealtimeEncoder:
         return [self._new(kind, item=item, **extra)]
 
     def _history_item(self, item: HistoryItem) -> dict[str, Any]:
-        """A history item as a Realtime ``message`` item (one content part)."""
+        """A history item as a Realtime ``message`` item (one content part), or a tool item."""
+        tool = {"id": item.item_id, "object": "realtime.item", "type": item.content}
+        if item.content == "function_call":
+            return {
+                **tool, "status": item.status, "call_id": item.call_id,
+                "name": item.name, "arguments": item.text,
+            }  # fmt: skip
+        if item.content == "function_call_output":
+            return {**tool, "status": item.status, "call_id": item.call_id, "output": item.text}
         part: dict[str, Any]
         if item.role == "assistant":
             if item.content == "audio":
@@ -358,9 +413,13 @@ class RealtimeEncoder:
             *self._item_events(item, done=True),
         ]
 
-    def _assistant(self, item_id: str, status: str, transcript: str | None) -> dict[str, Any]:
+    def _assistant(
+        self, item_id: str, status: str, transcript: str | None, *, text_only: bool = False
+    ) -> dict[str, Any]:
         content = []
-        if transcript is not None:
+        if transcript is not None and text_only:
+            content.append({"type": self._name("output_text", "text"), "text": transcript})
+        elif transcript is not None:
             content.append({"type": self._name("output_audio", "audio"), "transcript": transcript})
         return {
             "id": item_id,
@@ -371,16 +430,28 @@ class RealtimeEncoder:
             "content": content,
         }
 
-    def _response(self, response_id: str, status: str, **fields: Any) -> dict[str, Any]:
+    def _response(
+        self, response_id: str, status: str, settings: ResponseSettings, **fields: Any
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {"id": response_id, "object": "realtime.response", "status": status}
         if self.schema == "ga":
-            body["output_modalities"] = ["audio"]
-            body["audio"] = {"output": {"format": GA_FORMATS[self._formats.output]}}
+            body["output_modalities"] = [settings.output_modalities.value]
+            output = {"format": GA_FORMATS[self._formats.output], "voice": settings.voice}
+            body["audio"] = {"output": output}
         else:
-            body["modalities"] = ["audio", "text"]
+            body["modalities"] = _beta_modalities(settings.output_modalities.value)
             body["output_audio_format"] = self._formats.output
-        body["max_output_tokens"] = "inf"
+            body["voice"] = settings.voice
+            body["temperature"] = settings.temperature
+        body["max_output_tokens"] = _tokens(settings.max_output_tokens)
+        if not settings.in_conversation:
+            body["conversation_id"] = None  # out of band
         return {**body, **fields}
+
+    def _metadata(self, settings: ResponseSettings, extra: dict[str, str]) -> dict[str, str] | None:
+        """The client's metadata, plus the duplex fields when the extensions are on."""
+        merged = {**dict(settings.metadata or ()), **(extra if self.duplex else {})}
+        return merged if merged or settings.metadata is not None else None
 
     def _part_ids(self, response_id: str, item_id: str) -> dict[str, Any]:
         return {
@@ -394,12 +465,22 @@ class RealtimeEncoder:
 
     def _response_created(self, event: ResponseCreated) -> list[dict[str, Any]]:
         self._resampler = None  # a new response starts with fresh filter state
+        settings = event.settings
         item = self._assistant(event.item_id, "in_progress", None)
-        metadata = {"epoch": str(event.epoch)} if self.duplex else None
+        metadata = self._metadata(settings, {"epoch": str(event.epoch)})
         response = self._response(
-            event.response_id, "in_progress", output=[], status_details=None, metadata=metadata
+            event.response_id,
+            "in_progress",
+            settings,
+            output=[],
+            status_details=None,
+            metadata=metadata,
         )
-        part = {"type": "audio", "transcript": ""}
+        part = (
+            {"type": "text", "text": ""}
+            if settings.text_only
+            else {"type": "audio", "transcript": ""}
+        )
         return [
             self._new("response.created", response=response),
             self._new(
@@ -408,7 +489,7 @@ class RealtimeEncoder:
                 output_index=0,
                 item=item,
             ),
-            *self._item_events(item, done=False),
+            *(self._item_events(item, done=False) if settings.in_conversation else []),
             self._new(
                 "response.content_part.added",
                 **self._part_ids(event.response_id, event.item_id),
@@ -480,36 +561,43 @@ class RealtimeEncoder:
         ]
 
     def _response_done(self, event: ResponseDone) -> list[dict[str, Any]]:
-        rid, iid = event.response_id, event.item_id
+        rid, iid, settings = event.response_id, event.item_id, event.settings
         item_status = "completed" if event.status == "completed" else "incomplete"
-        item = self._assistant(iid, item_status, event.transcript)
+        item = self._assistant(iid, item_status, event.transcript, text_only=settings.text_only)
         details: dict[str, Any] = {"type": event.status}
         if event.status == "cancelled" and event.reason in _CANCEL_REASONS:
             details["reason"] = _CANCEL_REASONS[event.reason]
+        if event.status == "incomplete" and event.reason == "max_output_tokens":
+            details["reason"] = "max_output_tokens"
         if event.status == "failed":
             details["error"] = {"type": "server_error", "code": event.reason}
-        metadata = None
-        if self.duplex:
-            metadata = {
-                "epoch": str(event.epoch),
-                "reason": event.reason,
-                "audio_ms": str(event.audio_ms),
-            }
+        metadata = self._metadata(
+            settings,
+            {"epoch": str(event.epoch), "reason": event.reason, "audio_ms": str(event.audio_ms)},
+        )
         response = self._response(
-            rid, event.status, output=[item], status_details=details, metadata=metadata
+            rid, event.status, settings, output=[item], status_details=details, metadata=metadata
         )
         ids = self._part_ids(rid, iid)
-        part = {"type": "audio", "transcript": event.transcript}
-        audio_done = self._name("response.output_audio.done", "response.audio.done")
-        transcript_done = self._name(
-            "response.output_audio_transcript.done", "response.audio_transcript.done"
-        )
+        if settings.text_only:
+            part = {"type": "text", "text": event.transcript}
+            text_done = self._name("response.output_text.done", "response.text.done")
+            closing = [self._new(text_done, **ids, text=event.transcript)]
+        else:
+            part = {"type": "audio", "transcript": event.transcript}
+            audio_done = self._name("response.output_audio.done", "response.audio.done")
+            transcript_done = self._name(
+                "response.output_audio_transcript.done", "response.audio_transcript.done"
+            )
+            closing = [
+                self._new(audio_done, **ids),
+                self._new(transcript_done, **ids, transcript=event.transcript),
+            ]
         return [
-            self._new(audio_done, **ids),
-            self._new(transcript_done, **ids, transcript=event.transcript),
+            *closing,
             self._new("response.content_part.done", **ids, part=part),
             self._new("response.output_item.done", response_id=rid, output_index=0, item=item),
-            *self._item_events(item, done=True),
+            *(self._item_events(item, done=True) if settings.in_conversation else []),
             self._new("response.done", response=response),
             self._new("rate_limits.updated", rate_limits=[]),
         ]

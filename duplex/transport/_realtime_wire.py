@@ -55,6 +55,7 @@ from duplex.exceptions import (
     UnknownEvent,
     UnsupportedEvent,
     UnsupportedParameter,
+    refuse_all,
 )
 from duplex.pcm import pcm16_to_float
 from duplex.sessions import (
@@ -72,6 +73,7 @@ from duplex.sessions import (
     ItemTruncate,
     ResponseCancel,
     ResponseCreate,
+    ResponseOptions,
     ServerEvent,
     SessionConfig,
     SessionCreated,
@@ -91,8 +93,12 @@ from ._realtime_session import (
     FORMAT_SAMPLE_RATES,
     SERVER_VAD_DEFAULTS,
     WireFormats,
-    check_audio_modalities,
+    audio_format,
+    collect,
+    modality,
     parse_session,
+    parse_tools,
+    tool_choice,
     turn_detection_options,
     wire_param,
 )
@@ -149,6 +155,10 @@ _FIELDS: dict[str, frozenset[str]] = {
     "conversation.item.truncate": frozenset({"item_id", "content_index", "audio_end_ms"}),
 }
 _ITEM_KEYS = frozenset({"id", "type", "object", "status", "role", "content"})
+_TOOL_ITEM_KEYS = {  # tool item type -> its fields (GA and beta agree)
+    "function_call": frozenset({"id", "type", "object", "status", "call_id", "name", "arguments"}),
+    "function_call_output": frozenset({"id", "type", "object", "status", "call_id", "output"}),
+}
 _PART_KEYS = {  # content type -> the fields it is read from (nothing else is accepted)
     "input_text": frozenset({"type", "text"}),
     "output_text": frozenset({"type", "text"}),
@@ -207,7 +217,7 @@ def _check_keys(obj: Mapping[str, Any], allowed: frozenset[str], prefix: str = "
 
 
 def _decode_audio(
-    holder: dict[str, Any], fmt: str, param: str
+    holder: dict[str, Any], formats: WireFormats, param: str
 ) -> tuple[npt.NDArray[np.float32], int]:
     """Base64 audio in the connection's input format, as float PCM and its rate.
 
@@ -217,6 +227,7 @@ def _decode_audio(
     if not isinstance(holder.get("audio"), str):
         raise BadEvent(f"{param} must be a base64 string", param=param)
     raw = b64_decode(holder.pop("audio"), param, BadAudio)
+    fmt = formats.input
     if fmt == "pcm16":
         if len(raw) % 2:
             raise BadAudio(f"{param}: pcm16 audio must be a whole number of samples", param=param)
@@ -224,31 +235,60 @@ def _decode_audio(
     else:
         pcm = ulaw_to_float(raw) if fmt == "g711_ulaw" else alaw_to_float(raw)
     pcm.flags.writeable = False  # the session keeps it without copying
-    return pcm, FORMAT_SAMPLE_RATES[fmt]
+    return pcm, formats.input_rate
 
 
-def _decode_append(obj: dict[str, Any], fmt: str, event_id: str | None) -> AudioAppend:
-    pcm, rate = _decode_audio(obj, fmt, "audio")
+def _decode_append(obj: dict[str, Any], formats: WireFormats, event_id: str | None) -> AudioAppend:
+    pcm, rate = _decode_audio(obj, formats, "audio")
     return AudioAppend(pcm, rate, event_id)
 
 
-def _string(obj: Mapping[str, Any], key: str, *, required: bool = True) -> Any:
+def _string(obj: Mapping[str, Any], key: str, *, required: bool = True, prefix: str = "") -> Any:
     value = obj.get(key)
     if value is None and not required:
         return None
     if not isinstance(value, str) or not value:
-        raise BadEvent(f"{key} must be a non-empty string", param=key)
+        raise BadEvent(f"{prefix}{key} must be a non-empty string", param=f"{prefix}{key}")
     return value
 
 
-def _item_create(obj: Mapping[str, Any], fmt: str, event_id: str | None) -> ItemCreate:
-    """A ``message`` item with one content part: user text/audio, system or assistant text."""
+def _tool_item(
+    item: Mapping[str, Any], kind: str, previous: str | None, event_id: str | None
+) -> ItemCreate:
+    """A ``function_call`` (the model's call, replayed by the app) or a
+    ``function_call_output`` (the app's result, which a following response continues from)."""
+    _check_keys(item, _TOOL_ITEM_KEYS[kind], "item.")
+    call_id = _string(item, "call_id", prefix="item.")
+    item_id = _string(item, "id", required=False, prefix="item.")
+    if kind == "function_call":
+        arguments = item.get("arguments", "")
+        if not isinstance(arguments, str):
+            raise BadEvent("item.arguments must be a string", param="item.arguments")
+        name = _string(item, "name", prefix="item.")
+        return ItemCreate(
+            "assistant", arguments, None, None, item_id, previous, event_id, kind, call_id, name
+        )
+    output = item.get("output")
+    if not isinstance(output, str):
+        raise BadEvent("item.output must be a string", param="item.output")
+    return ItemCreate("tool", output, None, None, item_id, previous, event_id, kind, call_id)
+
+
+def _item_create(obj: Mapping[str, Any], formats: WireFormats, event_id: str | None) -> ItemCreate:
+    """A ``message`` item with one content part (user text/audio, system or assistant
+    text), or a tool item (``function_call``, ``function_call_output``)."""
     item = obj.get("item")
     if not isinstance(item, dict):
         raise BadEvent("item must be an object", param="item")
-    if item.get("type", "message") != "message":  # before the keys: tool items have others
+    kind = item.get("type", "message")
+    if not isinstance(kind, str):
+        raise BadEvent("item.type must be a string", param="item.type")
+    if kind in _TOOL_ITEM_KEYS:
+        return _tool_item(item, kind, _string(obj, "previous_item_id", required=False), event_id)
+    if kind != "message":
         raise UnsupportedParameter(
-            f"item.type={item.get('type')!r}: only message items are supported (no tools)",
+            f"item.type={kind!r}: message, function_call and function_call_output items "
+            "are supported",
             param="item.type",
         )
     _check_keys(item, _ITEM_KEYS, "item.")
@@ -279,7 +319,7 @@ def _item_create(obj: Mapping[str, Any], fmt: str, event_id: str | None) -> Item
     item_id = _string(item, "id", required=False)
     previous = _string(obj, "previous_item_id", required=False)
     if kind == "input_audio":
-        pcm, rate = _decode_audio(part, fmt, "item.content.0.audio")
+        pcm, rate = _decode_audio(part, formats, "item.content.0.audio")
         return ItemCreate(role, None, pcm, rate, item_id, previous, event_id)
     text = part.get("text")
     if not isinstance(text, str):
@@ -293,19 +333,96 @@ def _item_truncate(obj: Mapping[str, Any], event_id: str | None) -> ItemTruncate
     return ItemTruncate(_string(obj, "item_id"), int(content_index), int(audio_end_ms), event_id)
 
 
-def _response_options(obj: Mapping[str, Any]) -> None:
-    """``response.create`` may restate what a response already is, nothing more."""
+_RESPONSE_FIELDS: dict[str, tuple[str, Callable[[object, str], object] | None]] = {
+    # response.create field (either schema) -> (ResponseOptions field, reader)
+    "conversation": ("conversation", None),
+    "instructions": ("instructions", None),
+    "voice": ("voice", None),
+    "temperature": ("temperature", None),
+    "max_output_tokens": ("max_output_tokens", None),
+    "max_response_output_tokens": ("max_output_tokens", None),
+    "output_modalities": ("output_modalities", modality),
+    "modalities": ("output_modalities", modality),
+    "tools": ("tools", parse_tools),
+    "tool_choice": ("tool_choice", tool_choice),
+}
+
+
+def _metadata(value: object, param: str) -> tuple[tuple[str, str], ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadEvent(f"{param} must be an object", param=param)
+    return tuple(value.items())
+
+
+def _input(value: object, param: str) -> tuple[str, ...]:
+    """``input``: the items a response answers, as ``item_reference`` s by id."""
+    if not isinstance(value, list):
+        raise BadEvent(f"{param} must be a list", param=param)
+    ids: list[str] = []
+    for index, ref in enumerate(value):
+        at = f"{param}.{index}"
+        if not isinstance(ref, dict) or ref.get("type") != "item_reference":
+            raise UnsupportedParameter(
+                f"{at}: only item_reference inputs are supported (create items first)",
+                param=at,
+            )
+        _check_keys(ref, frozenset({"type", "id"}), f"{at}.")
+        ids.append(_string(ref, "id"))
+    return tuple(ids)
+
+
+def _response_audio(value: object, param: str, fields: dict[str, Any], output: str) -> None:
+    """GA ``response.audio.output``: ``voice``, and ``format`` restating the session's."""
+    audio = value if isinstance(value, dict) else None
+    if audio is None or set(audio) - {"output"} or not isinstance(audio.get("output"), dict):
+        raise BadEvent(f"{param} must be an object with an output object", param=param)
+    for key, item in audio["output"].items():
+        at = f"{param}.output.{key}"
+        if key == "voice":
+            fields["voice"] = item
+        elif key == "format":
+            fmt, _rate = audio_format(item, at)
+            if fmt != output:
+                raise UnsupportedParameter(
+                    f"{at}: a response speaks the session's output format", param=at
+                )
+        else:
+            raise BadEvent(f"unknown parameter '{at}'", param=at)
+
+
+def _response_options(obj: Mapping[str, Any], output: str) -> ResponseOptions | None:
+    """``response.create``'s overrides, every bad field named at once."""
     response = obj.get("response")
     if response is None:
-        return
+        return None
     if not isinstance(response, dict):
         raise BadEvent("response must be an object", param="response")
+    problems: list[ProtocolError] = []
+    fields: dict[str, Any] = {}
     for key, value in response.items():
         param = f"response.{key}"
-        if key in ("output_modalities", "modalities"):
-            check_audio_modalities(value, param)
-            continue
-        raise UnsupportedParameter(f"{param} is not supported yet", param=param)
+        if key in _RESPONSE_FIELDS:
+            name, reader = _RESPONSE_FIELDS[key]
+            read = value if reader is None else collect(problems, reader, value, param)
+            if reader is None or read is not None:
+                fields[name] = read
+        elif key == "metadata":
+            fields["metadata"] = collect(problems, _metadata, value, param)
+        elif key == "input":
+            fields["input"] = collect(problems, _input, value, param)
+        elif key == "audio":
+            collect(problems, _response_audio, value, param, fields, output)
+        elif key == "parallel_tool_calls" and isinstance(value, bool):
+            continue  # no tool is ever called: either holds
+        elif key in ("prompt", "reasoning", "parallel_tool_calls"):
+            problems.append(UnsupportedParameter(f"{param} is not supported", param=param))
+        else:
+            problems.append(BadEvent(f"unknown parameter '{param}'", param=param))
+    options = collect(problems, lambda: ResponseOptions(**fields))
+    refuse_all(problems)
+    return options
 
 
 @final
@@ -427,8 +544,7 @@ class RealtimeProjection:
         except ProtocolError as exc:
             exc.event_id = exc.event_id or envelope.event_id
             exc.event_type = exc.event_type or envelope.type
-            exc.param = wire_param(exc.param, self.schema)
-            raise
+            raise  # parse_session names fields as the client spelled them
 
     def _parse(self, envelope: Envelope) -> ClientEvent:
         kind, event_id, obj = envelope.type, envelope.event_id, envelope.body
@@ -446,11 +562,14 @@ class RealtimeProjection:
         match kind:
             case "session.update":
                 options = parse_session(obj.get("session"), duplex=self.duplex, model=self.model)
-                codec = options.input_audio_codec
-                self._unanswered.append(codec is not None and codec != self.formats.input)
+                codec, rate = options.input_audio_codec, options.input_sample_rate
+                self._unanswered.append(
+                    (codec is not None and codec != self.formats.input)
+                    or (rate is not None and rate != self.formats.input_rate)
+                )
                 return SessionUpdate(options, event_id)
             case "input_audio_buffer.append":
-                return _decode_append(obj, self.formats.input, event_id)
+                return _decode_append(obj, self.formats, event_id)
             case "input_audio_buffer.commit":
                 return AudioCommit(event_id)
             case "input_audio_buffer.clear":
@@ -458,7 +577,7 @@ class RealtimeProjection:
             case "output_audio_buffer.clear":
                 return ResponseCancel(None, event_id)
             case "conversation.item.create":
-                return _item_create(obj, self.formats.input, event_id)
+                return _item_create(obj, self.formats, event_id)
             case "conversation.item.retrieve":
                 return ItemRetrieve(_string(obj, "item_id"), event_id)
             case "conversation.item.delete":
@@ -466,8 +585,7 @@ class RealtimeProjection:
             case "conversation.item.truncate":
                 return _item_truncate(obj, event_id)
             case "response.create":
-                _response_options(obj)
-                return ResponseCreate(event_id)
+                return ResponseCreate(event_id, _response_options(obj, self.formats.output))
             case _:  # "response.cancel"
                 response_id = obj.get("response_id")
                 if response_id is not None and not isinstance(response_id, str):

@@ -26,6 +26,7 @@ from duplex.sessions import (
     ResponseCancel,
     ResponseCreate,
     ResponseDone,
+    ResponseSettings,
     SessionClose,
     SessionConfig,
     SessionCreate,
@@ -208,6 +209,7 @@ def _sample(cls):
         "status": "completed",
         "action": "drop",
         "item": HistoryItem("item_1", "user", 1, 80.0),
+        "settings": ResponseSettings(),
     }
     kwargs = {}
     for f in dataclasses.fields(cls):

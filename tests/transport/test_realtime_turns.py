@@ -178,8 +178,7 @@ def test_items_through_the_sdk():
 @pytest.mark.parametrize(
     ("item", "code", "param"),
     [
-        ({"type": "function_call", "role": "user", "content": []}, "unsupported_parameter",
-         "item.type"),
+        ({"type": "function_call", "role": "user", "content": []}, "bad_event", "item.role"),
         ({"type": "message", "role": "robot", "content": []}, "bad_event", "item.role"),
         ({"type": "message", "role": "user", "content": []}, "unsupported_parameter",
          "item.content"),
@@ -192,11 +191,15 @@ def test_items_through_the_sdk():
          "bad_event", "item.content.0.text"),
         ({"type": "message", "role": "user", "extra": 1, "content": []}, "bad_event",
          "item.extra"),
-        # a tool item is refused for its type, not for its tool fields
-        ({"type": "function_call_output", "call_id": "c1", "output": "{}"},
-         "unsupported_parameter", "item.type"),
-        ({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
-         "unsupported_parameter", "item.type"),
+        # tool items: their own fields, each checked
+        ({"type": "function_call_output", "output": "{}"}, "bad_event", "item.call_id"),
+        ({"type": "function_call_output", "call_id": "c1", "output": 3}, "bad_event",
+         "item.output"),
+        ({"type": "function_call_output", "call_id": "c1", "output": "{}", "role": "tool"},
+         "bad_event", "item.role"),
+        ({"type": "function_call", "call_id": "c1", "arguments": "{}"}, "bad_event",
+         "item.name"),
+        ({"type": "mcp_call", "id": "x"}, "unsupported_parameter", "item.type"),
         # content fields the part type does not use are refused, never dropped
         ({"type": "message", "role": "user",
           "content": [{"type": "input_audio", "audio": "AAAA", "transcript": "hi"}]},

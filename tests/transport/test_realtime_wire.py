@@ -129,6 +129,20 @@ def session_story(config: ds.SessionConfig | None = None) -> list:
         vad_threshold=1,
         vad_prefix_padding_ms=300,
     )
+    agent = ds.SessionConfig(
+        **codecs,
+        instructions="Be brief.",
+        voice="marin",
+        input_transcription=ds.Transcription("whisper-1", "en", "names"),
+        output_modalities="text",
+        temperature=0.7,
+        max_output_tokens=200,
+        tools=(ds.FunctionTool.of("get_weather", "Weather now", {"type": "object"}),),
+        tool_choice="auto",
+    )
+    text_oob = agent.response_settings(
+        ds.ResponseOptions(conversation="none", metadata=(("purpose", "title"),))
+    )
     story = [
         ds.SessionCreated("duplex-abc", config, caps, "tok", 1, 0),
         ds.SessionUpdated("duplex-abc", config),
@@ -165,6 +179,44 @@ def session_story(config: ds.SessionConfig | None = None) -> list:
         ds.SessionExpired("duplex-abc", "idle_ttl_expired"),
         ds.SessionClosed("duplex-abc", "client_close"),
         ds.VideoConsumed(("f1",), 40),
+        ds.SessionUpdated("duplex-abc", agent),
+        ds.ItemAdded(
+            ds.HistoryItem(
+                "item_c",
+                "assistant",
+                7,
+                0.0,
+                '{"city":"Paris"}',
+                "function_call",
+                call_id="call_1",
+                name="get_weather",
+            ),
+            "item_a",
+        ),
+        ds.ItemAdded(
+            ds.HistoryItem(
+                "item_o", "tool", 8, 0.0, '{"temp":21}', "function_call_output", call_id="call_1"
+            ),
+            "item_c",
+        ),
+        ds.ItemRetrieved(
+            ds.HistoryItem("item_o", "tool", 8, 0.0, "{}", "function_call_output", call_id="c")
+        ),
+        ds.ResponseCreated("resp_t", "item_t1", 0, text_oob),
+        ds.TextDelta("resp_t", "item_t1", 0, "It is 21"),
+        ds.ResponseDone(
+            "resp_t", "item_t1", 0, "completed", "end_of_turn", "It is 21", 0.0, text_oob
+        ),
+        ds.ResponseDone(
+            "resp_t",
+            "item_t1",
+            0,
+            "incomplete",
+            "max_output_tokens",
+            "It",
+            0.0,
+            agent.response_settings(),
+        ),
     ]
     for status, reason in (
         ("completed", "end_of_turn"),
@@ -419,18 +471,26 @@ def _update(session: object, **kw) -> tuple[str, str | None]:
          "session.turn_detection.eagerness"),
         ({"turn_detection": None, "audio": {"input": {"turn_detection": None}}}, "bad_event",
          "session.audio.input.turn_detection"),
-        ({"instructions": "be brief"}, "unsupported_parameter", "session.instructions"),
-        ({"audio": {"output": {"voice": "marin"}}}, "unsupported_parameter",
-         "session.audio.output.voice"),
-        ({"voice": "alloy"}, "unsupported_parameter", "session.voice"),
-        ({"output_modalities": ["text"]}, "unsupported_parameter", "session.output_modalities"),
+        ({"instructions": 5}, "bad_event", "session.instructions"),
+        ({"audio": {"output": {"voice": "robot"}}}, "bad_event", "session.audio.output.voice"),
+        ({"voice": "robot"}, "bad_event", "session.voice"),
+        ({"output_modalities": ["video"]}, "bad_event", "session.output_modalities"),
         ({"modalities": "audio"}, "bad_event", "session.modalities"),
-        ({"tools": [{"type": "function", "name": "f"}]}, "unsupported_parameter", "session.tools"),
+        ({"tools": [{"type": "mcp", "server_label": "x"}]}, "unsupported_parameter",
+         "session.tools.0.type"),
+        ({"tools": [{"type": "function", "name": "a b"}]}, "bad_event", "session.tools.0.name"),
         ({"tool_choice": "required"}, "unsupported_parameter", "session.tool_choice"),
-        ({"max_output_tokens": 100}, "unsupported_parameter", "session.max_output_tokens"),
+        ({"tool_choice": {"type": "function", "name": "f"}}, "unsupported_parameter",
+         "session.tool_choice"),
+        ({"max_output_tokens": 0}, "bad_event", "session.max_output_tokens"),
+        ({"max_response_output_tokens": 5000}, "bad_event",
+         "session.max_response_output_tokens"),
+        ({"temperature": 3}, "bad_event", "session.temperature"),
         ({"speed": 1.2}, "unsupported_parameter", "session.speed"),
-        ({"input_audio_transcription": {"model": "whisper-1"}}, "unsupported_parameter",
-         "session.input_audio_transcription"),
+        ({"input_audio_transcription": {"model": ""}}, "bad_event",
+         "session.input_audio_transcription.model"),
+        ({"input_audio_transcription": {"model": "whisper-1", "delay": "low"}}, "bad_event",
+         "session.input_audio_transcription.delay"),
         ({"audio": {"input": {"noise_reduction": {"type": "near_field"}}}}, "unsupported_parameter",
          "session.audio.input.noise_reduction"),
         ({"type": "transcription"}, "unsupported_parameter", "session.type"),
@@ -440,8 +500,10 @@ def _update(session: object, **kw) -> tuple[str, str | None]:
         ({"audio": {"input": {"surprise": 1}}}, "bad_event", "session.audio.input.surprise"),
         ({"audio": {"sideways": {}}}, "bad_event", "session.audio.sideways"),
         ({"input_audio_format": "opus"}, "unsupported_audio_format", "session.input_audio_format"),
-        ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
+        ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 44100}}}},
          "unsupported_audio_format", "session.audio.input.format.rate"),
+        ({"audio": {"output": {"format": {"type": "audio/pcm", "rate": 16000}}}},
+         "unsupported_audio_format", "session.audio.output.format.rate"),
         ({"audio": {"input": {"format": {"type": "audio/pcmu", "rate": 8000}}}},
          "unsupported_audio_format", "session.audio.input.format.rate"),
         ({"audio": {"input": {"format": {"rate": 24000}}}}, "bad_event",
@@ -509,8 +571,8 @@ def test_top_level_and_event_errors():
     )
     assert _error('{"type": "input_audio_buffer.append"}') == ("bad_event", "audio")
     assert _error('{"type": "response.cancel", "response_id": 5}') == ("bad_event", "response_id")
-    create = {"type": "response.create", "response": {"instructions": "x"}}
-    assert _error(json.dumps(create)) == ("unsupported_parameter", "response.instructions")
+    create = {"type": "response.create", "response": {"prompt": {"id": "p"}}}
+    assert _error(json.dumps(create)) == ("unsupported_parameter", "response.prompt")
     ok = {"type": "response.create", "response": {"output_modalities": ["audio"]}}
     assert isinstance(parse_realtime_event(json.dumps(ok)), ds.ResponseCreate)
     for kind in UNSUPPORTED_CLIENT_EVENTS:
