@@ -467,6 +467,9 @@ class RealtimeProjection:
         self._unanswered: deque[bool] = deque()
         """This socket's ``session.update`` s the session has not answered yet, oldest first;
         ``True``: it names another input format, so the projection is paused until its answer."""
+        self._pausing = 0
+        """How many of `_unanswered` pause (counted, so `paused` costs the same however many
+        updates a client sends ahead of their answers)."""
         self._replayed_through = 0  # events up to this seq are a resume's replay
         self._encoder = RealtimeEncoder(
             schema=schema, duplex=duplex, model=model, random_bytes=random_bytes
@@ -493,7 +496,7 @@ class RealtimeProjection:
         """A ``session.update`` naming another input format is unanswered: read no frame
         until `frames` has carried the session's answer (the format of the next append
         is the session's to say)."""
-        return any(self._unanswered)
+        return self._pausing > 0
 
     def _follow(self, event: ServerEvent, seq: int | None) -> None:
         """Adopt the session's config from the events that carry it, and count its answers
@@ -515,7 +518,7 @@ class RealtimeProjection:
     def _answered(self) -> None:
         """The session answered the oldest unanswered update (it answers them in order)."""
         if self._unanswered:
-            self._unanswered.popleft()
+            self._pausing -= self._unanswered.popleft()
 
     # ------------------------------------------------------------------ inbound
 
@@ -563,10 +566,11 @@ class RealtimeProjection:
             case "session.update":
                 options = parse_session(obj.get("session"), duplex=self.duplex, model=self.model)
                 codec, rate = options.input_audio_codec, options.input_sample_rate
-                self._unanswered.append(
-                    (codec is not None and codec != self.formats.input)
-                    or (rate is not None and rate != self.formats.input_rate)
+                pauses = (codec is not None and codec != self.formats.input) or (
+                    rate is not None and rate != self.formats.input_rate
                 )
+                self._unanswered.append(pauses)
+                self._pausing += pauses
                 return SessionUpdate(options, event_id)
             case "input_audio_buffer.append":
                 return _decode_append(obj, self.formats, event_id)
