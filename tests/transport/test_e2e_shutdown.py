@@ -8,6 +8,7 @@ import os
 import socket
 from functools import partial
 
+import pytest
 import trio
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect
