@@ -405,10 +405,11 @@ async def open_robots(
             )
         yield None
         return
-    if server.model_device == "cpu":
+    device = server.devices[0]  # the session process's own device (engines may have others)
+    if device == "cpu":
         limit_torch_threads()  # a policy on the CPU shares the cores with the event loop
     options = PolicyOptions(
-        device=server.model_device,
+        device=device,
         seed=server.model_seed,
         action_horizon=server.policy_action_horizon,
         action_dim=server.policy_action_dim,
