@@ -173,7 +173,13 @@ async def test_tiny_moshi_concurrent_chats(tmp_path: Path) -> None:
     async with running_server(**overrides) as server:
 
         async def one(hz: float) -> None:
-            async with chat(server) as c:
+            # the web client's parameters, different per chat: applied, never refused
+            query = (
+                f"text_temperature={hz / 2000}&text_topk={int(hz) // 100}&audio_temperature=0.8"
+                f"&audio_topk=250&pad_mult=0&text_seed={int(hz)}&audio_seed=7"
+                "&repetition_penalty_context=64&repetition_penalty=1.1"
+            )
+            async with chat(server, query) as c:
                 await c.until(0, timeout=60.0)
                 for frame in range(8):
                     await c.send_pcm(tone_f32(1, hz, start=frame))
