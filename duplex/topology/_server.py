@@ -285,6 +285,7 @@ async def open_backend(
                 registry,
                 first_event_timeout_s=server.first_event_timeout_s,
                 resume_guard=guard,
+                chat_wait_queue=server.chat_wait_queue,
             )
         finally:
             with trio.CancelScope(shield=True):
