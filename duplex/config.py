@@ -59,6 +59,8 @@ def is_loopback(host: str) -> bool:
 MAX_CONNECTION_WORKERS = 64
 MAX_SESSION_SHARDS = 64
 MAX_POLICY_BATCH = 4096
+MAX_CHAT_WAIT_QUEUE = 10_000
+"""Sockets a session process may hold waiting: each is a socket and a few tasks."""
 
 
 @final
@@ -89,6 +91,10 @@ class ServerConfig:
     """Folder for locally built models (``tiny``); empty: ``$XDG_CACHE_HOME/duplex/models``."""
     max_sessions: int = 0
     """Cap on concurrent sessions below the engine's own capacity; 0 means the engine decides."""
+    chat_wait_queue: int = 0
+    """``/api/chat`` sockets that may wait for a slot when the server is full, as Kyutai's
+    server holds them, each getting its handshake when a slot frees; one more is refused
+    with 1013. 0: every one is refused at once. Per session process (shard)."""
     max_frame_bytes: int = 16 * _MIB
     """Largest WebSocket message accepted; larger ones get ``event_too_large``."""
     realtime_vad: Literal["silero", "energy"] = "silero"
@@ -189,6 +195,11 @@ class ServerConfig:
             )
         if self.max_sessions < 0:
             raise ConfigError(f"max_sessions: must be >= 0, got {self.max_sessions}")
+        if not 0 <= self.chat_wait_queue <= MAX_CHAT_WAIT_QUEUE:
+            raise ConfigError(
+                f"chat_wait_queue: must be from 0 to {MAX_CHAT_WAIT_QUEUE}, "
+                f"got {self.chat_wait_queue}"
+            )
         if self.max_frame_bytes < 1024:
             raise ConfigError(f"max_frame_bytes: must be at least 1024, got {self.max_frame_bytes}")
         if not 0 <= self.connection_workers <= MAX_CONNECTION_WORKERS:

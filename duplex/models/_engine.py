@@ -20,8 +20,9 @@ is already waiting, a queued frame that is itself silence (RMS under
 ``silence_rms``) is skipped: the model's timeline gets back the silence it was
 given. Speech is never skipped; the lag is repaid in the user's next pause.
 
-Prompts: `acquire_slot` takes a `SlotPrompt` (refused with `PromptUnsupported`
-unless the spec ``supports_prompts``); the plan of the slot's first tick
+Prompts: `acquire_slot` takes a `SlotPrompt` (one with text or a voice is refused
+with `PromptUnsupported` unless the spec ``supports_prompts``; one with only a
+sampling goes to any model, and holds nothing); the plan of the slot's first tick
 carries it in ``new_prompts``. While the runner replays it, the slot's ticks
 are *held*: the engine pops no input (it stays queued, nothing is lost, no
 underrun or lag is counted) and the runner's silent outputs still go to the
@@ -211,6 +212,7 @@ class _Slot:
     reset_pending: bool = False
     holding: bool = False
     """The next tick replays the prompt: its input stays queued."""
+
     held: int = 0
     """Held ticks since the input was last cleared: the queue may exceed its bound by
     this many frames, the backlog a replay leaves (so input sent meanwhile is kept)."""
@@ -235,6 +237,11 @@ class _Slot:
         self.queue = deque()  # bounded by push_input: max_input_frames + held
         self.partial = np.zeros(self.frame_samples, dtype=np.float32)
         self.video = deque(maxlen=self.max_video_frames)
+
+    @property
+    def replays(self) -> bool:
+        """The slot has a prompt to replay (not only a sampling)."""
+        return self.prompt is not None and not self.prompt.empty
 
     def clear_input(self) -> None:
         self.queue.clear()
@@ -316,17 +323,19 @@ class Engine:
         ``None``: the last step's).
 
         The slot goes live at the next step with fresh runner state; a non-empty
-        ``prompt`` is replayed into it first (see the module docstring).
+        ``prompt`` is replayed into it first (see the module docstring). Its sampling
+        reaches the runner with it, on any model (a runner applies what it can).
 
         Raises:
             PromptUnsupported: ``prompt`` is not empty and the model takes no prompts.
         """
-        if prompt is not None and prompt.empty:
+        if prompt is not None and prompt.empty and prompt.sampling is None:
             prompt = None
-        if prompt is not None and not self._spec.supports_prompts:
+        replays = prompt is not None and not prompt.empty
+        if replays and not self._spec.supports_prompts:
             raise PromptUnsupported(f"model {self._spec.name!r} takes no prompt")
         check = getattr(self._runner, "check_prompt", None)
-        if prompt is not None and check is not None:
+        if replays and check is not None:
             check(prompt)  # reads only files: safe next to a running step
         with self._lock:
             slot = self._scheduler.allocate(now)
@@ -344,7 +353,7 @@ class Engine:
                 self._spec.frame_samples,
                 phase=sizes.index(min(sizes)),
                 prompt=prompt,
-                holding=prompt is not None,
+                holding=replays,
             )
             return handle
 
@@ -446,7 +455,7 @@ class Engine:
                 slot.clear_input()
             slot.epoch = epoch
             slot.reset_pending = True
-            slot.holding = slot.prompt is not None
+            slot.holding = slot.replays
 
     def has_work(self) -> bool:
         """A step would do something: a slot is live or a release awaits the runner."""
@@ -654,7 +663,7 @@ class Engine:
             for (handle, epoch, _), out in zip(tags, outputs, strict=True):
                 slot = self._live(handle)
                 if slot is not None and slot.epoch == epoch and not slot.reset_pending:
-                    slot.holding = slot.prompt is not None and out.holds_input
+                    slot.holding = slot.replays and out.holds_input
             for slot_id in released:
                 self._releasing.remove(slot_id)
                 self._scheduler.free(slot_id)

@@ -24,6 +24,7 @@ __all__ = [
     "ModelSpec",
     "PcmFrame",
     "RunnerFactory",
+    "SamplingRequest",
     "SlotInput",
     "SlotPrompt",
     "StepOutput",
@@ -118,32 +119,70 @@ class VideoFrame:
 
 @final
 @dataclass(frozen=True, slots=True)
+class SamplingRequest:
+    """How a session asks its slot to be sampled; ``None``: the model's own setting.
+
+    The session layer checked every value's range already (``SessionSampling``);
+    a runner applies what it can and ignores the rest (docs/protocol/moshi.md
+    lists what each model applies), so a value in range never fails a session.
+
+    Args:
+        text_temperature, audio_temperature: 0 is greedy.
+        text_top_k, audio_top_k: 0 keeps the whole vocabulary.
+        text_seed, audio_seed: sampling seeds: the same seeds and input give the
+            same output, wherever the session runs.
+        repetition_penalty, repetition_penalty_context, pad_mult: the Moshi web
+            client's other knobs.
+    """
+
+    text_temperature: float | None = None
+    text_top_k: int | None = None
+    audio_temperature: float | None = None
+    audio_top_k: int | None = None
+    text_seed: int | None = None
+    audio_seed: int | None = None
+    repetition_penalty: float | None = None
+    repetition_penalty_context: int | None = None
+    pad_mult: float | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class SlotPrompt:
     """What a session asks the model to be, fixed when its slot is taken.
 
-    A prompt-capable runner replays it into the slot before the slot goes live
-    (and again after every reset of the slot, since a reset wipes what the
-    replay built).
+    A prompt-capable runner replays its text and voice into the slot before the
+    slot goes live (and again after every reset of the slot, since a reset wipes
+    what the replay built). Its sampling applies on any runner that samples.
 
     Args:
         text: a system prompt (persona, task), in the model's own language.
         voice: the name of a voice prompt the runner resolves itself (e.g. a file
             in the checkpoint folder); never a path a client chooses.
+        sampling: the session's sampling (``None``: the model's own).
     """
 
     text: str | None = field(default=None, repr=False)
     voice: str | None = None
+    sampling: SamplingRequest | None = None
 
     def __post_init__(self) -> None:
         if self.text is not None and not isinstance(self.text, str):
             raise TypeError("SlotPrompt.text must be a string")
         if self.voice is not None and not isinstance(self.voice, str):
             raise TypeError("SlotPrompt.voice must be a string")
+        if self.sampling is not None and not isinstance(self.sampling, SamplingRequest):
+            raise TypeError("SlotPrompt.sampling must be a SamplingRequest")
 
     @property
     def empty(self) -> bool:
-        """Nothing to replay (no text, no voice)."""
+        """Nothing to replay (no text, no voice); the sampling may still be set."""
         return not (self.text and self.text.strip()) and not self.voice
+
+    @property
+    def replay(self) -> SlotPrompt:
+        """The part a runner replays (text and voice), without the sampling."""
+        return SlotPrompt(self.text, self.voice)
 
 
 @final
@@ -182,7 +221,8 @@ class StepPlan:
     ``new_slots`` went live since the last step, ``continuing_slots`` were live
     before, ``released_slots`` were dropped (their state is already reset).
     ``inputs`` holds one entry per live slot, ordered by slot id.
-    ``new_prompts`` holds the non-empty `SlotPrompt` of new slots that have one.
+    ``new_prompts`` holds the `SlotPrompt` of new slots that have one: something to
+    replay, a sampling, or both.
     """
 
     tick: int

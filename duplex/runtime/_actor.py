@@ -28,7 +28,15 @@ import trio
 
 from duplex.actors import Actor, ActorContext, ActorRef, ControlMessage, LaneSpec, Overflow
 from duplex.exceptions import InternalError, MailboxFull, PromptUnsupported
-from duplex.models import SlotEngine, SlotHandle, SlotOutput, SlotPrompt, VadDriver, VadWindow
+from duplex.models import (
+    SamplingRequest,
+    SlotEngine,
+    SlotHandle,
+    SlotOutput,
+    SlotPrompt,
+    VadDriver,
+    VadWindow,
+)
 from duplex.sessions import (
     AudioDelta,
     ClientEvent,
@@ -540,6 +548,13 @@ def _model_frame(output: SlotOutput) -> ModelFrame:
 
 
 def slot_prompt(config: SessionConfig) -> SlotPrompt | None:
-    """The engine's form of the session's prompt (``None`` when it has none)."""
-    prompt = config.prompt
-    return None if prompt is None else SlotPrompt(text=prompt.text, voice=prompt.voice)
+    """The engine's form of the session's prompt and sampling (``None`` when it has neither)."""
+    prompt, sampling = config.prompt, config.sampling
+    if prompt is None and sampling is None:
+        return None
+    request = None
+    if sampling is not None:
+        request = SamplingRequest(**{key: getattr(sampling, key) for key in sampling.given})
+    if prompt is None:
+        return SlotPrompt(sampling=request)
+    return SlotPrompt(text=prompt.text, voice=prompt.voice, sampling=request)

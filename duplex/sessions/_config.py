@@ -45,6 +45,7 @@ __all__ = [
     "OPTION_RANGES",
     "OVERLAP_POLICIES",
     "PLAYBACK_COMMIT_POLICIES",
+    "SAMPLING_RANGES",
     "SESSION_VAD_MODES",
     "SUPPORTED_SAMPLE_RATES",
     "TURN_DETECTION_TYPES",
@@ -56,6 +57,7 @@ __all__ = [
     "SessionConfig",
     "SessionOptions",
     "SessionPrompt",
+    "SessionSampling",
     "TurnDetection",
     "VadMode",
 ]
@@ -206,6 +208,59 @@ class SessionPrompt:
                 raise BadEvent(f"{param} must be a string", param=param)
 
 
+SAMPLING_RANGES: dict[str, Range] = {
+    "text_temperature": Range(0, 100, integer=False),
+    "text_top_k": Range(0, 1_000_000),
+    "audio_temperature": Range(0, 100, integer=False),
+    "audio_top_k": Range(0, 1_000_000),
+    "text_seed": Range(-(2**63), 2**64 - 1),
+    "audio_seed": Range(-(2**63), 2**64 - 1),
+    "repetition_penalty": Range(0, 100, integer=False, open_low=True),
+    "repetition_penalty_context": Range(0, 1_000_000),
+    "pad_mult": Range(-100, 100, integer=False),
+}
+"""The range of each `SessionSampling` field: temperatures 0 (greedy) to 100, top-k 0
+(keep all) to a million, seeds any 64-bit value (signed or not, as ``torch.manual_seed``
+takes), a repetition penalty above 0; so nothing a client sends overflows a tensor."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SessionSampling:
+    """How a session asks to be sampled (``session.sampling``); ``None``: the model's own.
+
+    Fixed when the session opens, like its prompt: the engine applies it when the
+    slot is taken. Each model applies what it can (docs/protocol/moshi.md has the
+    table); a value in range is never refused for a model that ignores it. The hub
+    hands it to the engine inside the ``SlotPrompt``.
+
+    Raises:
+        BadEvent: a value is of the wrong type or out of `SAMPLING_RANGES`; ``param``
+            is ``session.sampling.<field>``.
+    """
+
+    text_temperature: float | None = None
+    text_top_k: int | None = None
+    audio_temperature: float | None = None
+    audio_top_k: int | None = None
+    text_seed: int | None = None
+    audio_seed: int | None = None
+    repetition_penalty: float | None = None
+    repetition_penalty_context: int | None = None
+    pad_mult: float | None = None
+
+    def __post_init__(self) -> None:
+        for key, rule in SAMPLING_RANGES.items():
+            value = getattr(self, key)
+            if value is not None:
+                rule.read(value, f"session.sampling.{key}")
+
+    @property
+    def given(self) -> tuple[str, ...]:
+        """The fields that are set."""
+        return tuple(key for key in SAMPLING_RANGES if getattr(self, key) is not None)
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class SessionConfig:
@@ -264,6 +319,8 @@ class SessionConfig:
     ``max_output_tokens`` (``None``: no limit; each model frame with text counts as one
     token), ``tools`` and ``tool_choice``. A response runs with `response_settings`: these
     values with its ``response.create``'s overrides.
+    ``sampling``: the `SessionSampling` the engine applies to the session's slot; fixed
+    when the session opens, as ``prompt`` is.
 
     ``announce_ready``: send `SessionReady` once the engine slot takes input (its
     prompt replayed). Set by a wire protocol whose handshake waits for it (Moshi's
@@ -307,6 +364,7 @@ class SessionConfig:
     input_audio_codec: str = "pcm16"
     output_audio_codec: str = "pcm16"
     prompt: SessionPrompt | None = None
+    sampling: SessionSampling | None = None
     announce_ready: bool = False
     instructions: str = field(default="", repr=False)
     voice: str = "alloy"
@@ -436,6 +494,10 @@ class SessionConfig:
             raise BadEvent(  # the replay ran when the slot went live
                 "session.prompt is fixed when the session is created", param="session.prompt"
             )
+        if options.sampling is not None and options.sampling != self.sampling:
+            raise BadEvent(  # the engine applied it when the slot was taken
+                "session.sampling is fixed when the session is created", param="session.sampling"
+            )
         return self.accepting(options)
 
     def accepting(self, options: SessionOptions) -> SessionConfig:
@@ -483,6 +545,9 @@ class SessionOptions:
     No wire protocol exposes it."""
     prompt: SessionPrompt | None = None
     """The session's prompt (``session.create`` only; see `SessionConfig`)."""
+    sampling: SessionSampling | None = None
+    """The session's sampling (when it opens only; see `SessionConfig`). Set by the Moshi
+    projection from its query; no JSON protocol exposes it yet."""
     announce_ready: bool | None = None
     """Send ``SessionReady`` (see `SessionConfig`); set by a projection, no wire exposes it."""
     instructions: str | None = field(default=None, repr=False)
@@ -553,6 +618,10 @@ class SessionOptions:
         problems: list[ProtocolError] = []
         if self.prompt is not None and not isinstance(self.prompt, SessionPrompt):
             problems.append(BadEvent("session.prompt must be an object", param="session.prompt"))
+        if self.sampling is not None and not isinstance(self.sampling, SessionSampling):
+            problems.append(
+                BadEvent("session.sampling must be an object", param="session.sampling")
+            )
         for key in (
             "false_interruption_enabled",
             "vad_create_response",

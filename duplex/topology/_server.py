@@ -304,6 +304,7 @@ async def open_backend(
         first_event_timeout_s=server.first_event_timeout_s,
         resume_guard=guard,
         startup=startup,
+        chat_wait_queue=server.chat_wait_queue,
     )
     refs: list[ActorRef[Any]] = []
     frozen = False

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -66,6 +66,7 @@ from ._pcm_wire import PcmProjection
 from ._realtime_wire import RealtimeProjection, duplex_flag, schema_from_headers
 from ._sockets import EventSocket, WebSocketEvents
 from ._stream_socket import FramedSocket
+from ._wait_queue import WaitQueue
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 ROBOT_PATH = "/v1/realtime/robot/openpi"
@@ -203,6 +204,35 @@ class Shards(Protocol):
         ...
 
 
+WAITING_ENDPOINTS: Final = frozenset({"/api/chat"})
+"""Routes whose sockets may wait for a slot (``server.chat_wait_queue``): the Moshi
+clients show "waiting" until the handshake; JSON clients expect an answer at once."""
+
+
+_WAIT_QUEUE_METRICS: Final = (
+    ("duplex_chat_queue_waiting", "gauge", "/api/chat sockets waiting for a slot", "waiting"),
+    (
+        "duplex_chat_queue_admitted_total",
+        "counter",
+        "/api/chat sockets that waited for a slot and got one",
+        "admitted",
+    ),
+    (
+        "duplex_chat_queue_refused_total",
+        "counter",
+        "/api/chat sockets refused (1013) because the wait queue was full",
+        "refused",
+    ),
+    (
+        "duplex_chat_queue_left_total",
+        "counter",
+        "/api/chat sockets that left the wait queue before they got a slot",
+        "left",
+    ),
+)
+"""The wait queue's figures (`WaitQueueStatistics` fields), exported when it is on."""
+
+
 class HubBackend:
     """The sessions of this process: one hub (engine + sessions), its connections, its metrics.
 
@@ -219,10 +249,13 @@ class HubBackend:
         first_event_timeout_s: float = 0.0,
         resume_guard: ResumeGuard | None = None,
         startup: Startup | None = None,
+        chat_wait_queue: int = 0,
     ) -> None:
         """``first_event_timeout_s`` closes sockets that open no session in time (0: never);
         ``resume_guard`` limits failed ``session.resume`` per peer and session id;
-        ``startup``: what the engine and VAD still wait for (``/health`` names it)."""
+        ``startup``: what the engine and VAD still wait for (``/health`` names it);
+        ``chat_wait_queue``: ``/api/chat`` sockets that may wait for a slot when the
+        server is full (0: refused at once)."""
         self.hub = hub
         self.startup = startup
         self.ready = trio.Event()
@@ -243,7 +276,18 @@ class HubBackend:
                 lambda: [Sample(name, {}, float(limiter.statistics().refused))],
             )
 
+        self.wait_queue = WaitQueue(chat_wait_queue) if chat_wait_queue > 0 else None
+        if self.wait_queue is not None:
+            self._export_wait_queue(self.wait_queue)
         self.shards: Shards | None = None
+
+    def _export_wait_queue(self, queue: WaitQueue) -> None:
+        for name, kind, help_text, field in _WAIT_QUEUE_METRICS:
+
+            def collect(name: str = name, field: str = field) -> list[Sample]:
+                return [Sample(name, {}, float(getattr(queue.statistics(), field)))]
+
+            self.registry.add_collector(name, kind, help_text, collect)
 
     def health_of(self) -> dict[str, Any]:
         """This process's own health."""
@@ -355,6 +399,7 @@ class HubBackend:
             peer,
             endpoint,
             self.latency.connection(endpoint),
+            self.wait_queue if endpoint in WAITING_ENDPOINTS else None,
             name=f"connection-{generation}",
             restart=Restart.TEMPORARY,
         )

@@ -15,7 +15,10 @@ the error carries a ``close`` (a wire protocol that cannot go on after it):
 then the socket is closed after the error. A session opened on connect
 (``autostart``) that is refused closes the socket too: 1013 when the server is
 full, else 1008 with the error's code (its options came with the connection, so
-trying again on the same socket cannot succeed).
+trying again on the same socket cannot succeed). With a `WaitQueue` (``/api/chat``
+and ``server.chat_wait_queue``) a full server holds the socket in line instead,
+and the session opens when admission has room; a socket that finds others
+waiting lines up behind them, and one that finds the line full gets the 1013.
 The session lives on when this actor ends (``Detach`` starts its grace period).
 
 Logs: ``connection opened`` (endpoint, peer) and ``connection closed`` (code,
@@ -47,6 +50,7 @@ from duplex.sessions import (
 from ._access import ResumeGuard
 from ._latency import ConnectionLatency
 from ._sockets import EventSocket, SocketGone
+from ._wait_queue import WaitQueue, WaitQueueFull
 
 DETACH_TIMEOUT_S = 5.0
 """How long the reader waits to tell the session it left, on its way out."""
@@ -98,9 +102,12 @@ class ConnectionActor(Actor[Any]):
         peer: str | None = None,
         endpoint: str | None = None,
         latency: ConnectionLatency | None = None,
+        wait_queue: WaitQueue | None = None,
     ):
         """``resume_guard`` limits failed resumes by ``peer`` (its IP address) and session id;
-        ``endpoint``: the route's path, for logs; ``latency``: times what the writer sends."""
+        ``endpoint``: the route's path, for logs; ``latency``: times what the writer sends;
+        ``wait_queue``: where a session opened on connect waits for room instead of being
+        refused."""
         self.socket = socket
         self.hub = hub
         self.generation = generation
@@ -120,6 +127,11 @@ class ConnectionActor(Actor[Any]):
         self.closed_with: tuple[int, str] | None = None
         self.bad_events = 0
         self.latency = latency
+        self.wait_queue = wait_queue
+        self.waiting = False
+        """In the wait queue: no session yet, and none to open from a client event."""
+        self.reading = True
+        """The reader runs: the peer has not left (a waiter that gets room after checks it)."""
 
     async def on_start(self, ctx: ActorContext) -> None:
         ctx.log.info(
@@ -215,12 +227,15 @@ class ConnectionActor(Actor[Any]):
                         self.heard = True
                         ctx.cancel_timer(_FIRST_EVENT)
         finally:
+            self.reading = False
             await self._detach()
             ctx.stop()
 
     async def _dispatch(self, ctx: ActorContext, event: Any) -> None:
         if self.session is not None:
             await self.session.tell_eager(FromClient(self.generation, event))
+            return
+        if self.waiting:  # the session it waits for opens with the connection's options
             return
         if isinstance(event, SessionResume):
             # asked for: the close line names it either way (cut: the client chose it)
@@ -263,24 +278,95 @@ class ConnectionActor(Actor[Any]):
         update: bool = False,
     ) -> bool:
         """Admit a new session and attach this socket; refuse with a typed error if not
-        (and close: when full, or when the options came with the connection).
+        (and close: when full, or when the options came with the connection). On connect,
+        with a wait queue, a full server puts the socket in line instead (`_wait`).
 
         ``update``: the event that opens it is a ``session.update``; a refusal is its answer.
         """
+        queue = self.wait_queue if on_connect else None
+        if queue is not None and (queue.waiting or not self._has_room()):  # in line, uncounted
+            self._start_waiting(ctx, queue, options)
+            return False
         try:
             opened = await self.hub.open(options)
         except errors.ProtocolError as exc:
-            exc.event_id = exc.event_id or event_id
-            close = None
-            if isinstance(exc, errors.ResourceExhausted):
-                close = (1013, "resource_exhausted")
-            elif on_connect:
-                close = (1008, exc.code)
-            await self._refuse(ctx, exc, close=close, update_refused=update)
+            if queue is not None and isinstance(exc, errors.ResourceExhausted):
+                self._start_waiting(ctx, queue, options)
+                return False
+            await self._refused(ctx, exc, event_id, on_connect=on_connect, update=update)
             return False
         self.session, self.session_id = opened.ref, opened.session_id
         await opened.ref.tell(Attach(self.generation, ctx.self))
         return True
+
+    async def _refused(
+        self,
+        ctx: ActorContext,
+        exc: errors.ProtocolError,
+        event_id: str | None,
+        *,
+        on_connect: bool,
+        update: bool = False,
+    ) -> None:
+        """A session that could not open: the error, and the close it calls for."""
+        exc.event_id = exc.event_id or event_id
+        close = None
+        if isinstance(exc, errors.ResourceExhausted):
+            close = (1013, "resource_exhausted")
+        elif on_connect:
+            close = (1008, exc.code)
+        await self._refuse(ctx, exc, close=close, update_refused=update)
+
+    # -- the wait queue ------------------------------------------------------
+
+    def _start_waiting(
+        self, ctx: ActorContext, queue: WaitQueue, options: SessionOptions | None
+    ) -> None:
+        self.waiting = True
+        ctx.cancel_timer(_FIRST_EVENT)  # a socket in line owes no event: it has no session
+        ctx.start_soon(self._wait, ctx, queue, options)
+
+    def _has_room(self) -> bool:
+        """What `SessionHub.open` checks, read without trying (a try that fails is counted
+        and logged as a refusal)."""
+        hub = self.hub
+        if hub.admission.live >= hub.admission.bound:
+            return False
+        return any(engine.capacity().admits for engine in hub.engines.values())
+
+    async def _wait(
+        self, ctx: ActorContext, queue: WaitQueue, options: SessionOptions | None
+    ) -> None:
+        """Wait in line for room, then open the session (its handshake follows)."""
+
+        async def take() -> bool:
+            try:
+                opened = await self.hub.open(options)
+            except errors.ResourceExhausted:
+                return False  # another socket took the room first: keep our place
+            except errors.ProtocolError as exc:
+                await self._refused(ctx, exc, None, on_connect=True)
+                return True
+            with trio.CancelScope(shield=True):  # opened: it must be attached or closed
+                self.session, self.session_id = opened.ref, opened.session_id
+                await opened.ref.tell(Attach(self.generation, ctx.self))
+                if not self.reading:  # the peer left meanwhile
+                    await self._detach()
+            return True
+
+        try:
+            await queue.wait(self._has_room, take)
+        except WaitQueueFull:
+            exc = errors.ResourceExhausted(
+                "duplex_session_capacity_exhausted: every slot is taken and "
+                f"{queue.size} sockets are waiting for one already"
+            )
+            await self._refused(ctx, exc, None, on_connect=True)
+            return
+        finally:
+            self.waiting = False
+        if self.session is not None and self.first_event_timeout_s > 0:
+            ctx.start_timer(_FIRST_EVENT, self.first_event_timeout_s, _FirstEventDue())
 
     def _log_bad_event(self, ctx: ActorContext, exc: errors.ProtocolError) -> None:
         """One ``bad event`` line for each of the socket's first few; never the frame itself."""

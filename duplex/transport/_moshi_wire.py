@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Final, final
 
 import numpy as np
@@ -53,6 +53,7 @@ from duplex.sessions import (
     SessionOptions,
     SessionPrompt,
     SessionReady,
+    SessionSampling,
     TranscriptDelta,
 )
 
@@ -67,7 +68,6 @@ __all__ = [
     "KIND_HANDSHAKE",
     "KIND_TEXT",
     "ChatQuery",
-    "ChatSampling",
     "MoshiProjection",
     "error_frame",
 ]
@@ -104,35 +104,18 @@ def _fatal(exc: ProtocolError) -> ProtocolError:
 # --------------------------------------------------------------------- the query
 
 
-@final
-@dataclass(frozen=True, slots=True)
-class ChatSampling:
-    """The Moshi web client's sampling parameters, as sent (``None``: absent).
-
-    Range-checked and kept, but applied by no model yet: the engine's slot
-    interface carries a prompt, not sampling, so every session samples with the
-    model's server-wide settings (docs/protocol/moshi.md says which model takes what).
-    """
-
-    text_temperature: float | None = None
-    text_topk: int | None = None
-    audio_temperature: float | None = None
-    audio_topk: int | None = None
-    pad_mult: float | None = None
-    text_seed: int | None = None
-    audio_seed: int | None = None
-    repetition_penalty_context: int | None = None
-    repetition_penalty: float | None = None
-
-    @property
-    def given(self) -> tuple[str, ...]:
-        """The names of the parameters the client sent."""
-        return tuple(f.name for f in fields(self) if getattr(self, f.name) is not None)
-
-
-_FLOATS_AT_LEAST_0 = ("text_temperature", "audio_temperature")
-_INTS_AT_LEAST_0 = ("text_topk", "audio_topk", "repetition_penalty_context")
-_SEEDS = ("text_seed", "audio_seed")
+_QUERY_SAMPLING: Final = {
+    "text_temperature": ("text_temperature", float),
+    "text_topk": ("text_top_k", int),
+    "audio_temperature": ("audio_temperature", float),
+    "audio_topk": ("audio_top_k", int),
+    "pad_mult": ("pad_mult", float),
+    "text_seed": ("text_seed", int),
+    "audio_seed": ("audio_seed", int),
+    "repetition_penalty_context": ("repetition_penalty_context", int),
+    "repetition_penalty": ("repetition_penalty", float),
+}
+"""The Moshi web client's sampling parameters -> (`SessionSampling` field, type)."""
 _MAX_PROMPT_CHARS: Final = 16_384
 """A text prompt longer than this is refused (the web client's personas are a few hundred)."""
 
@@ -157,48 +140,52 @@ def _number(params: Mapping[str, str], name: str, kind: type) -> float | int | N
 class ChatQuery:
     """What an ``/api/chat`` URL asks for: PersonaPlex's prompt and the web client's sampling.
 
-    Parameters the server does not know (``worker_auth_id``, ``email``, ``image_url``, ...)
-    are ignored, as Kyutai's server ignores every parameter.
+    The sampling parameters become the session's `SessionSampling` (the session owns
+    them and checks their ranges; each model applies what it can). Parameters the
+    server does not know (``worker_auth_id``, ``email``, ``image_url``, ...) are
+    ignored, as Kyutai's server ignores every parameter.
     """
 
     text_prompt: str | None = field(default=None, repr=False)
     voice_prompt: str | None = None
-    sampling: ChatSampling = field(default_factory=ChatSampling)
+    sampling: SessionSampling | None = None
 
     @classmethod
     def parse(cls, params: Mapping[str, str]) -> ChatQuery:
         """Read the query string's parameters.
 
         Raises:
-            BadEvent: a parameter is malformed (``param`` names it; it carries a
-                ``close``: the URL cannot change on the same socket).
+            BadEvent: a parameter is malformed or out of range (``param`` names the
+                query parameter; it carries a ``close``: the URL cannot change on the
+                same socket).
         """
-        values: dict[str, float | int | None] = {}
-        for name in (*_FLOATS_AT_LEAST_0, "pad_mult", "repetition_penalty"):
-            values[name] = _number(params, name, float)
-        for name in _INTS_AT_LEAST_0 + _SEEDS:
-            values[name] = _number(params, name, int)
-        for name in _FLOATS_AT_LEAST_0 + _INTS_AT_LEAST_0:
-            value = values[name]
-            if value is not None and value < 0:
-                raise _fatal(BadEvent(f"{name} must be >= 0", param=name))
-        penalty = values["repetition_penalty"]
-        if penalty is not None and penalty <= 0:
-            raise _fatal(BadEvent("repetition_penalty must be > 0", param="repetition_penalty"))
+        values: dict[str, float | int] = {}
+        for name, (key, kind) in _QUERY_SAMPLING.items():
+            value = _number(params, name, kind)
+            if value is None:
+                continue
+            try:
+                SessionSampling(**{key: value})  # the session's range, named as the client did
+            except BadEvent as exc:
+                message = exc.message.replace(f"session.sampling.{key}", name)
+                raise _fatal(BadEvent(message, param=name)) from None
+            values[key] = value
         text = params.get("text_prompt") or None
         if text is not None and len(text) > _MAX_PROMPT_CHARS:
             raise _fatal(
                 BadEvent(f"text_prompt is over {_MAX_PROMPT_CHARS} characters", param="text_prompt")
             )
         voice = params.get("voice_prompt") or None
-        return cls(text, voice, ChatSampling(**values))  # type: ignore[arg-type]
+        return cls(text, voice, SessionSampling(**values) if values else None)  # type: ignore[arg-type]
 
     def options(self) -> SessionOptions:
         """The options of the duplex session this conversation is."""
         prompt = None
         if self.text_prompt is not None or self.voice_prompt is not None:
             prompt = SessionPrompt(text=self.text_prompt, voice=self.voice_prompt)
-        return SessionOptions(overlap_policy="model", prompt=prompt, announce_ready=True)
+        return SessionOptions(
+            overlap_policy="model", prompt=prompt, sampling=self.sampling, announce_ready=True
+        )
 
 
 # -------------------------------------------------------------------- projection

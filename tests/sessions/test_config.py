@@ -9,6 +9,8 @@ from duplex.sessions import (
     PlaybackCommitPolicy,
     SessionConfig,
     SessionOptions,
+    SessionPrompt,
+    SessionSampling,
     TurnDetection,
     TurnPolicy,
     VadMode,
@@ -165,3 +167,45 @@ def test_a_mode_says_its_wire_name_to_a_client():
     with pytest.raises(BadEvent) as info:
         SessionConfig(vad="silero").apply_update(SessionOptions(vad="energy"))
     assert info.value.message == "session.vad is 'silero' for the whole session"
+
+
+# -- sampling ---------------------------------------------------------------------
+
+
+def test_sampling_values_in_range_are_kept_and_out_of_range_ones_named():
+    sampling = SessionSampling(
+        text_temperature=0.0, text_top_k=0, audio_seed=-(2**63), text_seed=2**64 - 1
+    )
+    assert sampling.given == ("text_temperature", "text_top_k", "text_seed", "audio_seed")
+    for key, bad in [
+        ("text_temperature", -0.1),
+        ("audio_temperature", float("nan")),
+        ("audio_temperature", 101.0),
+        ("text_top_k", 2.0),  # an integer field
+        ("audio_top_k", 1_000_001),
+        ("text_seed", 2**64),
+        ("audio_seed", -(2**63) - 1),
+        ("repetition_penalty", 0.0),
+        ("repetition_penalty_context", -1),
+        ("pad_mult", float("inf")),
+        ("text_top_k", True),
+    ]:
+        with pytest.raises(BadEvent) as caught:
+            SessionSampling(**{key: bad})
+        assert caught.value.param == f"session.sampling.{key}"
+    with pytest.raises(BadEvent) as caught:
+        SessionOptions(sampling={"text_top_k": 5})  # type: ignore[arg-type]
+    assert caught.value.param == "session.sampling"
+
+
+def test_sampling_is_fixed_when_the_session_opens_as_the_prompt_is():
+    sampling = SessionSampling(text_temperature=0.5)
+    config = SessionConfig().accepting(SessionOptions(sampling=sampling))
+    assert config.sampling == sampling
+    assert config.apply_update(SessionOptions(sampling=sampling)).sampling == sampling
+    assert config.apply_update(SessionOptions(barge_in_ms=1500)).sampling == sampling
+    with pytest.raises(BadEvent) as caught:
+        config.apply_update(SessionOptions(sampling=SessionSampling(text_temperature=0.6)))
+    assert caught.value.param == "session.sampling"
+    prompted = config.accepting(SessionOptions(prompt=SessionPrompt("hi")))
+    assert (prompted.prompt, prompted.sampling) == (SessionPrompt("hi"), sampling)

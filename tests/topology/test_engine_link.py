@@ -8,6 +8,7 @@ of three slots, so admission across two linked processes is visible.
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,20 +20,28 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from duplex.exceptions import PromptUnsupported
 from duplex.models import (
     LOOPBACK_SPEC,
     Engine,
     EngineDriver,
     FrameOutput,
     LoopbackRunner,
+    ModelRunner,
+    ModelSpec,
+    SamplingRequest,
     SlotEngine,
     SlotHandle,
     SlotOutput,
+    SlotPrompt,
+    StepOutput,
+    StepPlan,
 )
 from duplex.topology._engine_client import EngineConnection, RemoteEngine
 from duplex.topology._engine_link import (
     CommandBatch,
     Commands,
+    OpenSlot,
     Outputs,
     PushPcm,
     PushVideo,
@@ -194,9 +203,9 @@ class Host:
 
 
 @asynccontextmanager
-async def engine_at(path: str) -> AsyncIterator[EngineServer]:
+async def engine_at(path: str, runner: ModelRunner | None = None) -> AsyncIterator[EngineServer]:
     server = EngineServer(SPEC, 0)
-    driver = EngineDriver(Engine(LoopbackRunner(SPEC), max_input_frames=8))
+    driver = EngineDriver(Engine(runner or LoopbackRunner(SPEC), max_input_frames=8))
     async with trio.open_nursery() as nursery:
         await server.engine_started(driver)
         await nursery.start(driver.run)
@@ -312,3 +321,43 @@ async def test_a_session_process_gone_frees_its_slots_and_an_engine_gone_is_repo
                     host.changed = trio.Event()
             assert host.started[-1] is not b
             assert host.lost == ["the engine process exited"]
+
+
+class Recording:
+    """The loopback, keeping the prompts its plans carry (what the engine handed over)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.inner = LoopbackRunner(spec)
+        self.prompts: list[SlotPrompt] = []
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.inner.spec
+
+    def reset_slot(self, slot: int) -> None:
+        self.inner.reset_slot(slot)
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        self.prompts.extend(plan.new_prompts.values())
+        return self.inner.execute(plan)
+
+
+async def test_a_sessions_sampling_crosses_the_link_to_the_runner_unchanged(
+    tmp_path: Path,
+) -> None:
+    sampling = SamplingRequest(text_temperature=0.25, text_top_k=7, audio_seed=-3, pad_mult=0.5)
+    prompt = SlotPrompt(sampling=sampling)
+    opened = OpenSlot(1, "a", prompt)
+    assert decode(pickle.dumps(opened, protocol=pickle.HIGHEST_PROTOCOL)) == opened
+    path = str(tmp_path / "engine.sock")
+    runner = Recording(SPEC)
+    send, _ = trio.open_memory_channel[SlotOutput](64)
+    async with engine_at(path, runner), linked(path) as (a, _):
+        # the loopback takes no prompt, but a sampling alone is no prompt to refuse
+        assert await a.open_slot("a", send, prompt=prompt) is not None
+        with pytest.raises(PromptUnsupported):
+            await a.open_slot("b", send, prompt=SlotPrompt(text="be brief", sampling=sampling))
+        with trio.fail_after(5):
+            while not runner.prompts:
+                await trio.sleep(0.01)
+        assert runner.prompts == [prompt]

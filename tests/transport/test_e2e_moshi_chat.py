@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import trio
@@ -97,6 +98,70 @@ async def test_capacity_full_closes_1013_then_recovers() -> None:
             await third.until(0)
 
 
+async def _closed_with(c: ChatClient) -> tuple[int, str]:
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            await c.recv()
+    assert closed.value.rcvd is not None
+    return closed.value.rcvd.code, closed.value.rcvd.reason
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+async def test_a_full_server_holds_a_waiter_until_a_slot_frees_and_refuses_past_its_queue(
+    workers: int,
+) -> None:
+    overrides = {
+        "server.connection_workers": workers,  # 1: the socket lives in a worker process
+        "server.max_sessions": 1,
+        "server.chat_wait_queue": 1,
+        "server.first_event_timeout_s": 0.5,  # a waiter owes no event: it is not closed
+    }
+    async with running_server(**LOOPBACK, **overrides) as server:
+        async with chat(server) as first:
+            await first.until(0)
+            async with chat(server) as second:
+                await second.send_pcm(tone_f32(2, 300.0))  # as moshi.client: it streams at once
+                async with chat(server) as third:  # the queue holds one: 1013 at once
+                    assert await _closed_with(third) == (1013, "resource_exhausted")
+                    assert third.kinds == [5] and "waiting" in third.errors[0]
+                for frame in range(12):  # first talks for about a second, past the timeout
+                    await first.send_pcm(tone_f32(1, 440.0, start=frame))
+                    await first.recv()
+                await first.ws.aclose()  # the slot frees: second gets its handshake
+                await second.until(0)
+                assert second.kinds == [0]  # nothing before it: no stray kind for the web UI
+                for frame in range(8):
+                    await second.send_pcm(tone_f32(1, 900.0, start=frame))
+                while second.samples < 10 * FRAME:
+                    await second.recv()
+                assert 900.0 in [round(hz, -2) for hz in loud_frames_hz(second.audio())]
+        async with httpx.AsyncClient() as http:
+            metrics = (await http.get(server.http + "/metrics")).text
+        for name, value in (("admitted_total", 1), ("refused_total", 1), ("waiting", 0)):
+            assert f"\nduplex_chat_queue_{name} {value}\n" in metrics, metrics
+
+
+async def test_a_waiter_that_leaves_frees_its_place_in_the_queue() -> None:
+    overrides = {"server.max_sessions": 1, "server.chat_wait_queue": 1}
+    async with running_server(**LOOPBACK, **overrides) as server, chat(server) as first:
+        await first.until(0)
+        async with chat(server) as second:
+            async with chat(server) as third:
+                assert await _closed_with(third) == (1013, "resource_exhausted")
+            await second.ws.aclose()
+        async with httpx.AsyncClient() as http:  # gone from the queue: the place is free
+            with trio.fail_after(10):
+                while (
+                    "duplex_chat_queue_left_total 1\n"
+                    not in (await http.get(server.http + "/metrics")).text
+                ):
+                    await trio.sleep(0.05)
+        async with chat(server) as fourth:
+            await fourth.send_pcm(tone_f32(1, 300.0))
+            await first.ws.aclose()
+            await fourth.until(0)
+
+
 @pytest.mark.parametrize(
     ("message", "code"),
     [
@@ -173,7 +238,13 @@ async def test_tiny_moshi_concurrent_chats(tmp_path: Path) -> None:
     async with running_server(**overrides) as server:
 
         async def one(hz: float) -> None:
-            async with chat(server) as c:
+            # the web client's parameters, different per chat: applied, never refused
+            query = (
+                f"text_temperature={hz / 2000}&text_topk={int(hz) // 100}&audio_temperature=0.8"
+                f"&audio_topk=250&pad_mult=0&text_seed={int(hz)}&audio_seed=7"
+                "&repetition_penalty_context=64&repetition_penalty=1.1"
+            )
+            async with chat(server, query) as c:
                 await c.until(0, timeout=60.0)
                 for frame in range(8):
                     await c.send_pcm(tone_f32(1, hz, start=frame))

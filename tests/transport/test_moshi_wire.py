@@ -30,6 +30,7 @@ from duplex.sessions import (
     SessionCreated,
     SessionPrompt,
     SessionReady,
+    SessionSampling,
     TranscriptDelta,
 )
 from duplex.transport._moshi_wire import ChatQuery, MoshiProjection
@@ -89,7 +90,7 @@ def test_the_query_maps_onto_session_options():
     assert ChatQuery.parse({"text_prompt": "", "voice_prompt": ""}).options().prompt is None
 
 
-def test_the_web_clients_sampling_parameters_are_read_and_range_checked():
+def test_the_web_clients_sampling_parameters_become_the_sessions_sampling():
     web = {
         "text_temperature": "0.7",
         "text_topk": "25",
@@ -103,19 +104,34 @@ def test_the_web_clients_sampling_parameters_are_read_and_range_checked():
         "worker_auth_id": "ignored",
         "email": "ignored",
     }
-    sampling = ChatQuery.parse(web).sampling
-    assert sampling.text_topk == 25 and sampling.audio_temperature == 0.8
-    assert len(sampling.given) == 9
+    options = ChatQuery.parse(web).options()
+    assert options.sampling == SessionSampling(
+        text_temperature=0.7,
+        text_top_k=25,
+        audio_temperature=0.8,
+        audio_top_k=250,
+        text_seed=1234,
+        audio_seed=-5,
+        repetition_penalty=1.0,
+        repetition_penalty_context=64,
+        pad_mult=0.0,
+    )
+    assert ChatQuery.parse({"text_topk": "3"}).options().sampling == SessionSampling(text_top_k=3)
+    assert ChatQuery.parse({"text_topk": ""}).options().sampling is None
     for name, bad in [
         ("text_topk", "2.5"),
         ("text_temperature", "-1"),
         ("audio_temperature", "nan"),
+        ("audio_temperature", "1e400"),
+        ("audio_topk", "1000001"),  # the session's range, named as the client did
         ("repetition_penalty", "0"),
         ("text_seed", "x"),
+        ("audio_seed", str(2**64)),
     ]:
         with pytest.raises(ProtocolError) as caught:
             ChatQuery.parse({name: bad})
         assert caught.value.param == name and caught.value.close == (1008, "bad_event")
+        assert name in caught.value.message and "session.sampling" not in caught.value.message
 
 
 # ----------------------------------------------------------------------- inbound

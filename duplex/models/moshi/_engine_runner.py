@@ -32,6 +32,17 @@ only on the configured seed, where it ran (slot and generation) and its own
 input, never on its neighbours, and a server restarted with the same seed
 replays it exactly.
 
+Per-session sampling: a new slot's `SlotPrompt` may carry a `SamplingRequest`.
+Its temperatures replace the runner's; its top-k values too, but never above
+`MoshiEngineRunner.top_k_limits` (the widths the step was built for: a wider one
+would widen every row's top-k and, on a GPU, capture new CUDA graphs mid-run),
+and a top-k of 0 ("keep all") becomes that limit. Its seeds, when either is set,
+key the slot's noise by ``session_seed(text_seed, audio_seed)`` instead of the
+slot and generation, so the same seeds and input give the same output on any
+slot, any server with the same weights. The slot has one noise key, so the two
+seeds act as one pair. ``repetition_penalty``, ``repetition_penalty_context``
+and ``pad_mult`` have no counterpart here and are ignored.
+
 Prompts (PersonaPlex, ``spec.supports_prompts``: configs with ``user_lag == 1``):
 a new slot's `SlotPrompt` becomes a `PromptReplay` (``_prompt.py``) built once
 per distinct prompt (a WAV voice is Mimi-encoded once, through the new slot's
@@ -61,19 +72,36 @@ import torch
 
 from duplex.exceptions import PromptUnsupported
 
-from .._interface import FrameOutput, ModelSpec, SlotPrompt, StepOutput, StepPlan
+from .._interface import (
+    FrameOutput,
+    ModelSpec,
+    SamplingRequest,
+    SlotPrompt,
+    StepOutput,
+    StepPlan,
+)
 from ._checkpoint import LoadedMoshi
 from ._mimi_streams import MimiStreams
 from ._prompt import PromptReplay, VoiceLibrary, build_replay, wrap_with_system_tags
 from ._runner import MoshiRunner, SlotSampling
+from ._sampling import SamplingParams, effective_top_k
 
-__all__ = ["MoshiEngineRunner", "stream_seed"]
+__all__ = ["MoshiEngineRunner", "session_seed", "stream_seed"]
+
+
+def _mixed(key: str) -> int:
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def stream_seed(seed: int, slot: int, generation: int) -> int:
     """The sampling seed of the ``generation``-th session on ``slot`` (63-bit, well mixed)."""
-    digest = hashlib.blake2b(f"{seed}/{slot}/{generation}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    return _mixed(f"{seed}/{slot}/{generation}")
+
+
+def session_seed(text_seed: int | None, audio_seed: int | None) -> int:
+    """The noise key of a session that chose its seeds (63-bit; independent of the slot)."""
+    return _mixed(f"session/{text_seed}/{audio_seed}")
 
 
 @final
@@ -135,6 +163,12 @@ class MoshiEngineRunner:
         self._sampling = sampling or SlotSampling()
         self._speech_rms = speech_rms
         self._generation = np.full(spec.max_slots, -1, dtype=np.int64)
+        self._requests: list[SamplingRequest | None] = [None] * spec.max_slots
+        caps = self._lm.top_k_caps
+        self._top_k_limits = (
+            max(caps[0], effective_top_k(self._sampling.text, self._config.text_card)),
+            max(caps[1], effective_top_k(self._sampling.audio, self._config.card)),
+        )
         if spec.supports_prompts and self._config.user_lag != 1:
             raise ValueError(f"spec {spec.name!r} claims prompts; only PersonaPlex takes them")
         self._initial = loaded.lm.initial_tokens
@@ -175,6 +209,11 @@ class MoshiEngineRunner:
         self._lm.prepare_graphs()
         self._mimi.prepare([self._config.agent_q])
 
+    @property
+    def top_k_limits(self) -> tuple[int, int]:
+        """The largest (text, audio) top-k a session may ask for (see the module docstring)."""
+        return self._top_k_limits
+
     def generation(self, slot: int) -> int:
         """Sessions started on ``slot`` so far, minus one (-1: none yet)."""
         return int(self._generation[slot])
@@ -212,11 +251,15 @@ class MoshiEngineRunner:
         that captured a CUDA graph (a new bucket): their time is not the batch's.
         """
         graphs = self._lm.graph_step.captured + self._mimi.captured
+        for slot in plan.released_slots:
+            self._requests[slot] = None
         for slot in plan.new_slots:  # already reset by the engine; start its next generation
             self._generation[slot] += 1
-            self._lm.reset_slot(slot, self._slot_sampling(slot))
             prompt = plan.new_prompts.get(slot)
-            self._slot_replays[slot] = None if prompt is None else self._prepare(prompt, slot)
+            self._requests[slot] = None if prompt is None else prompt.sampling
+            self._lm.reset_slot(slot, self._slot_sampling(slot))
+            replays = prompt is not None and not prompt.empty
+            self._slot_replays[slot] = self._prepare(prompt.replay, slot) if replays else None
         slots = list(plan.live_slots)
         frame = self._spec.frame_samples
         frames = [self._lm.frames(s) for s in slots]
@@ -349,5 +392,27 @@ class MoshiEngineRunner:
         return self._pieces[token] if 0 <= token < len(self._pieces) else ""
 
     def _slot_sampling(self, slot: int) -> SlotSampling:
-        seed = stream_seed(self._seed, slot, max(int(self._generation[slot]), 0))
-        return SlotSampling(seed=seed, text=self._sampling.text, audio=self._sampling.audio)
+        """The runner's sampling, with the slot's session's request applied."""
+        base, request = self._sampling, self._requests[slot]
+        if request is None:
+            seed = stream_seed(self._seed, slot, max(int(self._generation[slot]), 0))
+            return SlotSampling(seed=seed, text=base.text, audio=base.audio)
+        if request.text_seed is None and request.audio_seed is None:
+            seed = stream_seed(self._seed, slot, max(int(self._generation[slot]), 0))
+        else:
+            seed = session_seed(request.text_seed, request.audio_seed)
+        text_limit, audio_limit = self._top_k_limits
+        text = _params(base.text, request.text_temperature, request.text_top_k, text_limit)
+        audio = _params(base.audio, request.audio_temperature, request.audio_top_k, audio_limit)
+        return SlotSampling(seed=seed, text=text, audio=audio)
+
+
+def _params(
+    base: SamplingParams, temperature: float | None, top_k: int | None, limit: int
+) -> SamplingParams:
+    """``base`` with a session's temperature and top-k (at most ``limit``; 0 means it)."""
+    if temperature is not None:
+        base = SamplingParams(float(temperature), base.top_k)
+    if top_k is not None:
+        base = SamplingParams(base.temperature, min(top_k, limit) if top_k > 0 else limit)
+    return base

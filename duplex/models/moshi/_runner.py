@@ -164,6 +164,17 @@ class MoshiRunner:
         the default sampling) now, instead of on each bucket's first use."""
         self._graphs.prepare(self._top_k_caps)
 
+    @property
+    def top_k_caps(self) -> tuple[int, int]:
+        """The (text, audio) top-k widths the step is built for now; a slot's sampling
+        above them widens them for good (and, with CUDA graphs, captures new ones)."""
+        return self._top_k_caps
+
+    def sampling(self, slot: int) -> SlotSampling:
+        """The slot's current sampling (seed and parameters)."""
+        self._check_slot(slot)
+        return self._sampling[slot]
+
     def frames(self, slot: int) -> int:
         """Frames the slot has stepped since its last reset."""
         return int(self._frames[slot])

@@ -9,8 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from duplex.exceptions import ConfigError, UnknownModel
-from duplex.models import Engine, ModelOptions, SlotHandle, get_model, model_names
+from duplex.exceptions import ConfigError, PromptUnsupported, UnknownModel
+from duplex.models import (
+    Engine,
+    ModelOptions,
+    SamplingRequest,
+    SlotHandle,
+    SlotPrompt,
+    get_model,
+    model_names,
+)
 from duplex.models.moshi._checkpoint import (
     CHECKPOINT_FILES,
     LM_FILE,
@@ -22,8 +30,9 @@ from duplex.models.moshi._checkpoint import (
     load_checkpoint,
     tiny_checkpoint,
 )
-from duplex.models.moshi._engine_runner import MoshiEngineRunner, stream_seed
+from duplex.models.moshi._engine_runner import MoshiEngineRunner, session_seed, stream_seed
 from duplex.models.moshi._models import moshi_spec
+from duplex.models.moshi._sampling import SamplingParams
 
 from ..models_support import FRAME, FakeTimer, tone
 
@@ -172,6 +181,94 @@ def test_other_seed_other_output(loaded: LoadedMoshi) -> None:
             text += eng.step(0.0)[handle].frame.text
         texts.append(text)
     assert texts[0] != texts[1]
+
+
+# -- per-session sampling --------------------------------------------------------
+
+
+def engine_and_runner(loaded: LoadedMoshi, seed: int = SEED) -> tuple[Engine, MoshiEngineRunner]:
+    runner = MoshiEngineRunner(loaded, moshi_spec("tiny"), seed=seed)
+    return Engine(runner, timer=FakeTimer()), runner
+
+
+def sampled(**fields: float | int) -> SlotPrompt:
+    return SlotPrompt(sampling=SamplingRequest(**fields))  # type: ignore[arg-type]
+
+
+def test_two_sessions_get_their_own_sampling_and_a_released_slot_its_default(
+    loaded: LoadedMoshi,
+) -> None:
+    eng, runner = engine_and_runner(loaded)
+    assert runner.top_k_limits == (25, 32)  # tiny: 64 text tokens, 32 audio codes
+    a = eng.acquire_slot("a", sampled(text_temperature=0.3, text_top_k=5, audio_top_k=10))
+    b = eng.acquire_slot("b", sampled(audio_temperature=1.2, text_top_k=0, audio_top_k=999))
+    c = eng.acquire_slot("c")  # no request: the runner's own sampling
+    assert a is not None and b is not None and c is not None
+    eng.step(0.0)
+    lm = runner.lm_runner
+    got = {h.owner: lm.sampling(h.slot) for h in (a, b, c)}
+    assert got["a"].text == SamplingParams(0.3, 5)
+    assert got["a"].audio == SamplingParams(0.8, 10)
+    # top-k 0 ("keep all") and one over the limit become the limit: the step keeps its width
+    assert got["b"].text == SamplingParams(0.7, 25)
+    assert got["b"].audio == SamplingParams(1.2, 32)
+    assert (got["c"].text, got["c"].audio) == (SamplingParams(0.7, 25), SamplingParams(0.8, 250))
+    assert lm.top_k_caps == (25, 32)
+    # an epoch reset keeps the session's sampling; the slot's next session starts afresh
+    eng.reset(a, epoch=1)
+    eng.step(0.08)
+    assert lm.sampling(a.slot).text == SamplingParams(0.3, 5)
+    assert eng.release_slot(a)
+    eng.step(0.16)
+    d = eng.acquire_slot("d")
+    assert d is not None and d.slot == a.slot
+    eng.step(0.24)
+    assert lm.sampling(d.slot).text == SamplingParams(0.7, 25)
+
+
+def test_a_sampling_only_prompt_holds_no_tick_on_a_model_without_prompts(
+    loaded: LoadedMoshi,
+) -> None:
+    eng = engine(loaded)
+    assert not eng.spec.supports_prompts
+    handle = eng.acquire_slot("a", sampled(text_seed=1))
+    assert handle is not None
+    eng.push_input(handle, signal("a", 1)[0])
+    out = eng.step(0.0)[handle]
+    assert not out.frame.holds_input and out.input_samples == FRAME  # its input was taken
+    with pytest.raises(PromptUnsupported):  # a prompt to replay is still refused
+        eng.acquire_slot("b", SlotPrompt(text="be brief", sampling=SamplingRequest(text_seed=1)))
+
+
+def test_seeds_make_a_session_reproducible_on_any_slot(loaded: LoadedMoshi) -> None:
+    frames = signal("s", 10)
+    seeded = sampled(text_seed=1234, audio_seed=99, text_temperature=1.0, audio_temperature=1.0)
+
+    def run(slot: int, prompt: SlotPrompt, engine_seed: int = SEED) -> Trace:
+        eng, runner = engine_and_runner(loaded, engine_seed)
+        below = [eng.acquire_slot(f"below-{i}") for i in range(slot)]
+        handle = eng.acquire_slot("x", prompt)
+        assert handle is not None and handle.slot == slot
+        trace: Trace = []
+        for frame in frames:
+            for other in below:
+                assert other is not None
+                eng.push_input(other, frame)
+            eng.push_input(handle, frame)
+            out = eng.step(0.0)[handle]
+            trace.append((out.frame.pcm, out.frame.text))
+        seed = runner.lm_runner.sampling(slot).seed
+        assert (seed == session_seed(1234, 99)) == (prompt is seeded)
+        return trace
+
+    first = run(0, seeded)
+    # another slot, neighbours in the batch, another server seed: the same output
+    assert_same(run(2, seeded, engine_seed=SEED + 5), first, "seeded")
+    # other seeds: other output; no seeds: the slot's own stream (differs by slot)
+    other = run(0, sampled(text_seed=1235, audio_seed=99, text_temperature=1.0))
+    assert [t for _, t in other] != [t for _, t in first]
+    unseeded = sampled(text_temperature=1.0, audio_temperature=1.0)
+    assert [t for _, t in run(0, unseeded)] != [t for _, t in run(2, unseeded)]
 
 
 def test_text_table_blanks_special_tokens(loaded: LoadedMoshi) -> None:
