@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 ldconfig -p 2>/dev/null | grep -q 'libopus\.so\.0' || need_apt+=(libopus0)
+# Kyutai's moshi.client (tests/transport/test_e2e_moshi_client.py) opens sounddevice streams
+ldconfig -p 2>/dev/null | grep -q 'libportaudio\.so\.2' || need_apt+=(libportaudio2)
 # the browser client's test (tests/clients/test_browser.py) drives Debian's chromium
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 if ((${#need_apt[@]})); then
@@ -28,4 +30,6 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 [ -x .venv-openpi/bin/python ] || "$PYTHON" -m venv .venv-openpi
 # (0.1.2 imports typing_extensions without declaring it)
 .venv-openpi/bin/python -m pip install -q 'openpi-client==0.1.2' 'typing-extensions>=4'
+# Kyutai's own moshi.client in its environment (torch from the local CPU build: no download)
+scripts/moshi_client_venv.sh
 touch .venv/.installed

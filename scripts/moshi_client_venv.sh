@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A separate environment with Kyutai's moshi==0.2.13 for the moshi.client interoperability test
-# (tests/transport/test_e2e_moshi_client.py skips without it). Not part of bootstrap.sh: it
-# takes about two minutes and 1.1 GB (torch). moshi pins torch<2.10; it runs on the CPU torch
-# 2.13 this project uses, so moshi itself is installed without its pins. Idempotent.
+# (tests/transport/test_e2e_moshi_client.py skips without it). Run by bootstrap.sh: about two
+# minutes and 1.1 GB (torch) the first time, nothing after. moshi pins torch<2.10; it runs on
+# the CPU torch 2.13 this project uses, so moshi itself is installed without its pins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${DUPLEX_MOSHI_VENV:-build/moshi-venv}
@@ -19,6 +19,9 @@ fi
 
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import moshi.client" 2>/dev/null; then
+    exit 0  # ready: nothing to install
+fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --no-deps moshi==0.2.13
 "$VENV/bin/python" -m pip install -q "numpy<2.3,>=1.26" "safetensors<0.8" "huggingface-hub<1.0" \
