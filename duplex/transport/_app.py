@@ -617,7 +617,7 @@ def build_app(
             Route("/v1/realtime", upgrade_required),
             Route("/api/chat", upgrade_required),
             Route("/v1/audio/duplex", upgrade_required),
-        ]
+        ],
     )
     app.add_middleware(Guard, policy=policy, backend=backend, refused=refused)
     return app

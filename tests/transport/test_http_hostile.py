@@ -359,7 +359,8 @@ def test_a_deeply_nested_client_secret_body_is_a_400_not_a_500(served: Served) -
     with _connect(served.port) as sock:
         sock.sendall(
             f"POST /v1/realtime/client_secrets HTTP/1.1\r\nHost: 127.0.0.1:{served.port}\r\n"
-            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
         )
         data, _ = _read_all(sock)
     head, _, answer = data.partition(b"\r\n\r\n")
