@@ -246,9 +246,17 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         load = Load(served.ws("/v1/duplex"), args.sessions, args.seed)
 
         async def idle(phase: str) -> dict[str, Any]:
+            """Once no session is live and the last sockets' tasks have ended (the task
+            count the same in two probes in a row, within 30 s)."""
             left = await settle(served.http, timeout_s=60)
-            await trio.sleep(1)
-            await wait_probe(probe, time.monotonic())
+            previous = None
+            with trio.move_on_after(30):
+                while True:
+                    await wait_probe(probe, time.monotonic())
+                    tasks = _probe_last(probe)["tasks"]
+                    if tasks == previous:
+                        break
+                    previous = tasks
             point = await sample(served, probe, t0, phase)
             point["settle_left"] = left
             samples.append(point)
