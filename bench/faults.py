@@ -214,6 +214,26 @@ async def echo(
             return True
 
 
+def summary(events: list[dict[str, Any]]) -> str:
+    """What a socket got since the fault, for a report: event types in order (audio deltas
+    counted per response), each response's end."""
+    out: list[str] = []
+    for e in events:
+        kind = e["type"]
+        if kind == "response.audio.delta":
+            kind = "delta"
+            if out and out[-1].startswith("delta"):
+                n = int(out[-1].split("x")[1]) if "x" in out[-1] else 1
+                out[-1] = f"deltax{n + 1}"
+                continue
+        elif kind == "response.done":
+            kind = f"done:{e['response']['status']}"
+        elif kind == "error":
+            kind = f"error:{e['error']['code']}"
+        out.append(kind)
+    return " ".join(out)[-600:]
+
+
 class Phase:
     """One kind of fault, its server, its clients and its counts."""
 
@@ -254,6 +274,31 @@ class Phase:
         pid = self.rng.choice(pids)
         os.kill(pid, signal.SIGKILL)
         return pid
+
+    async def balance(
+        self, served: Served, nursery: trio.Nursery, clients: list[Watched]
+    ) -> list[Watched]:
+        """Sessions on both shards (ids name their shard): a new session goes to the
+        roomiest shard, so sessions of shard 0 are closed and opened again until half are
+        on shard 1, the one that is killed."""
+        await self.whole(served)
+        clients = list(clients)
+        for _ in range(4 * len(clients)):
+            on_1 = [c for c in clients if c.created and "-s1-" in c.created["session"]["id"]]
+            if len(on_1) >= len(clients) // 2:
+                break
+            i = next(i for i, c in enumerate(clients) if c not in on_1)
+            await clients[i].send({"type": "session.close"})
+            await clients[i].wait(0, "session.closed", self.args.bound_s)
+            clients[i].cancel.cancel()
+            c = await open_watched(nursery, served.ws("/v1/duplex"), i)
+            if not await create(c, self.args.bound_s):
+                raise RuntimeError("shard phase: no session")
+            clients[i] = c
+        self.counts["placed_on_killed_shard"] += sum(
+            "-s1-" in c.created["session"]["id"] for c in clients if c.created
+        )
+        return clients
 
     async def whole(self, served: Served) -> None:
         """Until every child serves again: a child killed before it ever served stops the
@@ -336,6 +381,8 @@ class Phase:
         args = self.args
         if self.name == "engine-crash":  # the supervisor's limit: 3 restarts within 5 s
             await trio.sleep(max(0.0, last_fault + 2.0 - time.monotonic()))
+        if self.name == "shard":
+            clients = await self.balance(served, nursery, clients)
         speaking = set(self.rng.sample(range(len(clients)), len(clients) // 2))
         marks = [len(c.events) for c in clients]
         for i in speaking:
@@ -373,7 +420,8 @@ class Phase:
                 if c.closed.is_set():
                     self.note("closed_late", f"round {round_} client {i} ({self.name})")
                 else:
-                    self.note("hung", f"round {round_} client {i} open, no echo")
+                    self.note("hung", f"round {round_} client {i} open, no echo: "
+                              f"{summary(c.events[marks[i]:])}")  # fmt: skip
                     c.cancel.cancel()
             else:
                 self.counts[f"closed_{c.close_code}"] += 1
