@@ -563,7 +563,9 @@ class PcmEndpoint:
     async def usable(self) -> str:
         async with connect(self.url, additional_headers=AUTH, max_size=None) as ws:
             await ws.send(json.dumps({"type": "open"}))
-            await ws.send((np.concatenate([tone_f32(8), np.zeros(10 * FRAME, "<f4")])).tobytes())
+            pcm = np.concatenate([tone_f32(8), np.zeros(10 * FRAME, "<f4")])
+            for i in range(0, len(pcm), FRAME):  # one frame a message: under the size limit
+                await ws.send(pcm[i : i + FRAME].tobytes())
             loud = 0
             with trio.fail_after(20):
                 while loud < 6 * FRAME:

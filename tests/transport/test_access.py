@@ -198,6 +198,8 @@ def test_client_secret_store_is_bounded_and_frees_expired_ones() -> None:
         (b'{"session": {"a": NaN}}', "JSON"),
         (b'{"session": {"a": [Infinity]}}', "JSON"),
         (b'{"expires_after": {"seconds": -Infinity}}', "JSON"),
+        (b'{"session": {"a": 1e999}}', "JSON"),  # a number that overflows to infinity
+        (b'{"session": {"a": -1e400, "b": 1.5}}', "JSON"),
     ],
 )
 def test_client_secret_request(body: bytes, expected: object) -> None:
