@@ -275,6 +275,7 @@ def verdict(run: Run) -> dict[str, Any]:
 
 
 async def disconnects(args: argparse.Namespace) -> dict[str, Any]:
+    code = commit()  # the code that runs: taken at the start
     out = Path(args.out)
     started = time.monotonic()
     async with serve(args.serve_args, log=out.with_suffix(".log")) as served:
@@ -287,7 +288,7 @@ async def disconnects(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "command": " ".join(["bench/disconnects.py", *sys.argv[1:]]),
         "machine": machine(),
-        "commit": commit(),
+        "commit": code,
         "serve_args": args.serve_args,
         "seconds": round(time.monotonic() - started, 1),
         "clients": args.clients,

@@ -489,7 +489,7 @@ async def faults(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         "command": " ".join(["bench/faults.py", *sys.argv[1:]]),
         "machine": machine(),
-        "commit": commit(),
+        "commit": commit(),  # taken at the start: the code that runs
         "phases": {},
     }
     for name in args.phases:

@@ -876,6 +876,7 @@ async def fuzz_http(http: str, port: int, route: str, frames: int, rng: random.R
 
 
 async def fuzz(args: argparse.Namespace) -> dict[str, Any]:
+    code = commit()  # the code that runs: taken at the start
     out = Path(args.out)
     env = {
         "DUPLEX_MAX_FRAME_BYTES": str(LIMIT),
@@ -929,7 +930,7 @@ async def fuzz(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "command": " ".join(["bench/fuzz_endpoints.py", *sys.argv[1:]]),
         "machine": machine(),
-        "commit": commit(),
+        "commit": code,
         "frames_per_endpoint": args.frames,
         "max_frame_bytes": LIMIT,
         "seconds": round(time.monotonic() - started, 1),

@@ -233,6 +233,7 @@ async def wait_probe(probe: Path, after: float, timeout_s: float = 30) -> None:
 
 
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
+    code = commit()  # the code that runs: taken at the start
     out = Path(args.out)
     probe = out.with_suffix(".probe.jsonl")
     probe.unlink(missing_ok=True)
@@ -280,7 +281,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     report = {
         "command": " ".join(["bench/soak.py", *sys.argv[1:]]),
         "machine": machine(),
-        "commit": commit(),
+        "commit": code,
         "sessions": args.sessions,
         "measured_s": args.seconds,
         "warmup_s": args.warmup_s,
