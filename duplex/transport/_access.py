@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import secrets
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -193,9 +194,9 @@ def client_secret_request(body: bytes, default_ttl_s: int) -> tuple[int, dict[st
     optional (``N``: 10..7200). The session is echoed back, not applied to the socket."""
     if not body.strip():
         return default_ttl_s, {"type": "realtime"}
-    try:
-        request = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    try:  # NaN and Infinity are not JSON (the session is echoed back); deep nesting recurses
+        request = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return _bad_request("The body is not valid JSON.")
     if not isinstance(request, dict):
         return _bad_request("The body must be a JSON object.")
@@ -220,6 +221,18 @@ def client_secret_request(body: bytes, default_ttl_s: int) -> tuple[int, dict[st
     if not isinstance(session, dict):
         return _bad_request("session must be an object.", "session")
     return ttl_s, session
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float, refused where it overflows (``1e999``: infinity)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} overflows a float")
+    return value
 
 
 def _bad_request(message: str, param: str | None = None) -> Denied:

@@ -28,6 +28,7 @@ from typing import Any, Final, Literal, Protocol
 import trio
 from hypercorn.config import Config as HypercornConfig
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
@@ -71,6 +72,7 @@ from ._wait_queue import WaitQueue
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 ROBOT_PATH = "/v1/realtime/robot/openpi"
 JSON_CONTENT_TYPE = "application/json"
+HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 HttpRoute = Literal["health", "models", "metrics", "client_secrets", "redeem"]
 """``client_secrets``: mint one (body: ``{"ttl_s", "session"}``); ``redeem``: use one up
@@ -715,7 +717,29 @@ def build_app(
             return
         await robots.connect(WebSocketFrames(websocket), peer=peer)
 
+    async def http_refused(request: Request, exc: Exception) -> Response:
+        """Starlette's own refusals (no such route, a method the route does not take), in
+        the error shape of every other answer."""
+        assert isinstance(exc, HTTPException)
+        error = {
+            "message": f"{request.method} {request.url.path}: {exc.detail}",
+            "type": "invalid_request_error",
+            "code": HTTP_ERROR_CODES.get(exc.status_code, "invalid_request"),
+        }
+        response = HttpAnswer.json({"error": error}, exc.status_code).response()
+        response.headers.update(exc.headers or {})
+        return response
+
+    async def http_failed(request: Request, exc: Exception) -> Response:
+        """A route that raised: logged with its traceback, answered 500 in the error shape."""
+        get_logger(component="http").error(
+            "request failed", method=request.method, path=request.url.path, exc_info=exc
+        )
+        error = {"message": "internal error", "type": "server_error", "code": "internal_error"}
+        return HttpAnswer.json({"error": error}, 500).response()
+
     app = Starlette(
+        exception_handlers={HTTPException: http_refused, Exception: http_failed},
         routes=[
             Route("/", web),
             Route("/index.html", web),
@@ -735,7 +759,7 @@ def build_app(
             Route("/api/chat", upgrade_required),
             Route("/v1/audio/duplex", upgrade_required),
             Route(ROBOT_PATH, upgrade_required),
-        ]
+        ],
     )
     app.add_middleware(Guard, policy=policy, backend=backend, refused=refused)
     return app

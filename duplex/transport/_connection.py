@@ -83,6 +83,17 @@ class _FirstEventDue(ControlMessage):
 
 
 @final
+@dataclass(frozen=True, slots=True)
+class _Refuse:
+    """Close the socket for what its client did (a frame the stream cannot survive, a
+    refused open): unlike `CloseSocket`, the session did not ask, so it is still told.
+    An ordinary message, as `CloseSocket` is: it is written after the error before it."""
+
+    code: int
+    reason: str
+
+
+@final
 class ConnectionActor(Actor[Any]):
     """One socket of one session (or of a session that was never opened)."""
 
@@ -170,6 +181,9 @@ class ConnectionActor(Actor[Any]):
             case Outbound(event, seq, input_at):
                 await self._write(ctx, event, seq, input_at)
             case CloseSocket(code, reason):
+                self.session = None  # the session closed us: it needs no Detach
+                await self._close(ctx, code, reason)
+            case _Refuse(code, reason):  # the reader detaches the session as it stops
                 await self._close(ctx, code, reason)
             case ShutDown():
                 ctx.stop()  # on_stop closes with 1001; the reader detaches the session
@@ -203,8 +217,7 @@ class ConnectionActor(Actor[Any]):
     async def _close(self, ctx: ActorContext, code: int, reason: str) -> None:
         if self.resuming is not None and reason in ("unknown_session", "session_resume_expired"):
             self._resume_failed(self.resuming)  # a wrong resume token
-        self.session = None  # the session closed us: it needs no Detach
-        self.closing = True  # and frames still in flight must not open a new one
+        self.closing = True  # frames still in flight must not open a new session
         if self.closed_with is None and self.socket.peer_close is None:
             self.closed_with = (code, reason)
         await self.socket.close(code, reason)
@@ -400,7 +413,7 @@ class ConnectionActor(Actor[Any]):
         error = ErrorEvent.from_exception(exc, update_refused=update_refused)
         await ctx.self.tell(Outbound(error, None))
         if close is not None:
-            await ctx.self.tell(CloseSocket(*close))
+            await ctx.self.tell(_Refuse(*close))
 
     async def _detach(self) -> None:
         session, self.session = self.session, None

@@ -191,6 +191,15 @@ def test_client_secret_store_is_bounded_and_frees_expired_ones() -> None:
         (b"[]", "object"),
         (b"{", "JSON"),
         (b"\xff", "JSON"),
+        # found by bench/fuzz_endpoints.py: each was a 500 (RecursionError; the echoed
+        # session's NaN refused by the JSON writer)
+        (b"[" * 100_000 + b"]" * 100_000, "JSON"),
+        (b'{"session": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_001, "JSON"),
+        (b'{"session": {"a": NaN}}', "JSON"),
+        (b'{"session": {"a": [Infinity]}}', "JSON"),
+        (b'{"expires_after": {"seconds": -Infinity}}', "JSON"),
+        (b'{"session": {"a": 1e999}}', "JSON"),  # a number that overflows to infinity
+        (b'{"session": {"a": -1e400, "b": 1.5}}', "JSON"),
     ],
 )
 def test_client_secret_request(body: bytes, expected: object) -> None:

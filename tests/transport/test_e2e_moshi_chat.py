@@ -185,6 +185,24 @@ async def test_bad_input_is_one_error_frame_then_a_close(message: bytes | str, c
             await again.until(0)
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+async def test_a_conversation_closed_for_bad_input_frees_its_slot_at_once(workers: int) -> None:
+    """The server closing the socket ends the conversation as the peer leaving does (found
+    by bench/fuzz_endpoints.py: the session stayed live, holding its engine slot, until
+    its idle timeout, so bad frames could fill every slot)."""
+    layout = {"server.max_sessions": 1, "server.connection_workers": workers}
+    async with running_server(**LOOPBACK, **layout) as server:
+        for bad in (b"\x09hello", b"\x01OggS" + b"\x00" * 40, b""):  # one slot, in a row
+            async with chat(server) as c:
+                await c.until(0)
+                await c.ws.send(bad)
+                with pytest.raises(ConnectionClosed):
+                    while True:
+                        await c.recv()
+        async with chat(server) as again:
+            await again.until(0)
+
+
 async def test_a_prompt_on_a_model_without_prompts_is_refused_cleanly() -> None:
     async with running_server(**LOOPBACK) as server, chat(server, "text_prompt=hi") as c:
         with pytest.raises(ConnectionClosed) as closed:

@@ -325,6 +325,49 @@ def test_after_the_fuzz_the_server_serves_and_logged_no_traceback(served: Served
     assert "Traceback" not in served.log()
 
 
+@pytest.mark.parametrize(
+    ("request_line", "status", "code"),
+    [
+        ("DELETE /health", 405, "method_not_allowed"),
+        ("PUT /v1/models", 405, "method_not_allowed"),
+        ("GET /v1/realtime/client_secrets", 405, "method_not_allowed"),
+        ("GET /no/such/route", 404, "not_found"),
+        ("POST /metrics", 405, "method_not_allowed"),
+    ],
+)
+def test_routing_refusals_are_typed_errors(
+    served: Served, request_line: str, status: int, code: str
+) -> None:
+    """Starlette's own 404 and 405 come in the error shape of every other answer (they
+    were plain text; found by bench/fuzz_endpoints.py)."""
+    with _connect(served.port) as sock:
+        sock.sendall(
+            f"{request_line} HTTP/1.1\r\nHost: 127.0.0.1:{served.port}\r\n"
+            "Connection: close\r\nContent-Length: 0\r\n\r\n".encode()
+        )
+        data, _ = _read_all(sock)
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert int(head.split(b" ")[1]) == status, data[:300]
+    assert b"content-type: application/json" in head.lower()
+    assert json.loads(body)["error"]["code"] == code
+    if status == 405:
+        assert b"\r\nallow: " in head.lower()
+
+
+def test_a_deeply_nested_client_secret_body_is_a_400_not_a_500(served: Served) -> None:
+    body = b"[" * 1500 + b"]" * 1500  # deeper than the recursion limit, under the size limit
+    with _connect(served.port) as sock:
+        sock.sendall(
+            f"POST /v1/realtime/client_secrets HTTP/1.1\r\nHost: 127.0.0.1:{served.port}\r\n"
+            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        data, _ = _read_all(sock)
+    head, _, answer = data.partition(b"\r\n\r\n")
+    assert int(head.split(b" ")[1]) == 400, data[:300]
+    assert json.loads(answer)["error"]["code"] == "invalid_json"
+
+
 def test_the_server_logs_the_url_it_listens_on(served: Served) -> None:
     lines = [line for line in served.log().splitlines() if "listening" in line]
     assert len(lines) == 1 and f"http://127.0.0.1:{served.port}" in lines[0], lines

@@ -1,0 +1,523 @@
+"""Faults mid-session on a real ``duplex serve``: engine crashes and killed child processes.
+
+    .venv/bin/python bench/faults.py [--crashes 100] [--kills 20] [--clients 4]
+        [--phases engine-crash,engine-process,worker,shard] [--out bench/results/faults]
+
+Each phase starts its own server (loopback model) and ``--clients`` sessions on
+``/v1/duplex``; in every round half of them are mid-response (a long tone sent ahead of
+real time, the echo under way) and half idle, then one fault is injected:
+
+- ``engine-crash`` (``--crashes`` rounds): an engine step raises (``bench/_faulty_serve.py``:
+  the loopback model with a fault file), in-process engine. Rounds are 2 s apart at
+  least (the root supervisor allows 3 restarts in 5 s; more ends the process, by design).
+- ``engine-process`` (``--kills``): SIGKILL of the engine process (``--engine-process on``).
+- ``worker`` (``--kills``): SIGKILL of one of two connection workers
+  (``--connection-workers 2``): its sockets close, their sessions wait for a resume.
+- ``shard`` (``--kills``): SIGKILL of the session shard (``--connection-workers 1
+  --session-shards 2``): its sockets close (1011), its sessions are gone.
+
+After each fault every client must, within ``--bound-s`` (15 s), be **told**: an engine
+fault sends each session an ``error`` ``engine_error`` (an open response ends ``failed``);
+a killed worker or shard closes the sockets it held. A socket that was neither told nor
+closed and then does not echo a tone within the bound is **hung**; a session told of an
+engine fault that never got it is **not told**. Then each client is made whole again
+(a closed socket resumes its session, or opens a new one where the session is gone)
+and every live session must echo a tone: **not recovered** otherwise.
+
+After the last round every session is closed and the server must settle with no live
+session and no engine slot held (``/health`` ``sessions.live`` and the
+``duplex_engine_live_slots`` gauge); whatever remains is **leaked**. While sessions are
+live, after each round the engine's live slots must equal ``/health``'s live sessions.
+The server log is scanned for tracebacks other than the injected faults'. Writes OUT.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import trio
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.trio.client import connect
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _served import (
+    FRAME,
+    Served,
+    append,
+    commit,
+    get_json,
+    machine,
+    metric_sum,
+    metrics,
+    serve,
+    settle,
+    silence,
+    tone,
+    write_report,
+)
+
+HERE = Path(__file__).resolve().parent
+
+
+class Watched:
+    """One client socket with a reader that records everything, and its session."""
+
+    def __init__(self, url: str, index: int) -> None:
+        self.url = url
+        self.index = index
+        self.events: list[dict[str, Any]] = []
+        self.closed = trio.Event()
+        self.close_code: int | None = None
+        self.ws: Any = None
+        self.created: dict[str, Any] | None = None
+        self.cursor = 0
+        self.cancel = trio.CancelScope()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Hold the socket, read until it closes."""
+        with self.cancel:
+            try:
+                async with connect(self.url, max_queue=None, max_size=None,
+                                   open_timeout=30) as ws:  # fmt: skip
+                    self.ws = ws
+                    task_status.started()
+                    while True:
+                        event = json.loads(await ws.recv())
+                        seq = event.get("server_event_seq")
+                        if seq:
+                            self.cursor = max(self.cursor, seq)
+                        self.events.append(event)
+            except ConnectionClosed as exc:
+                self.close_code = exc.rcvd.code if exc.rcvd is not None else None
+            except (OSError, InvalidHandshake, TimeoutError):  # no handshake: the caller retries
+                self.close_code = -1
+            finally:
+                self.closed.set()
+
+    async def send(self, event: dict[str, Any] | str) -> bool:
+        try:
+            await self.ws.send(event if isinstance(event, str) else json.dumps(event))
+        except (ConnectionClosed, AttributeError):
+            return False
+        return True
+
+    async def wait(self, since: int, kind: str, timeout: float, **match: Any) -> dict | None:
+        """The first event of ``kind`` at or after index ``since`` whose fields (dotted
+        paths) contain the given values (None: closed or timeout)."""
+
+        def wanted(event: dict[str, Any]) -> bool:
+            return event["type"] == kind and all(v in str(_get(event, k)) for k, v in match.items())
+
+        with trio.move_on_after(timeout):
+            while True:
+                for event in self.events[since:]:
+                    if wanted(event):
+                        return event
+                if self.closed.is_set():
+                    return None
+                await trio.sleep(0.02)
+        return None
+
+
+def _get(event: dict[str, Any], path: str) -> Any:
+    value: Any = event
+    for key in path.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+async def open_watched(nursery: trio.Nursery, url: str, index: int) -> Watched:
+    c = Watched(url, index)
+    await nursery.start(c.run)
+    return c
+
+
+async def create(c: Watched, timeout: float) -> bool:
+    start = len(c.events)
+    await c.send({"type": "session.create", "session": {}})
+    created = await c.wait(start, "session.created", timeout)
+    if created is None:
+        return False
+    c.created = created
+    await c.send({"type": "session.update", "session": {}})  # a client event: resumable
+    return await c.wait(start, "session.updated", timeout) is not None
+
+
+async def resume(c: Watched, old: Watched, timeout: float) -> bool:
+    assert old.created is not None
+    start = len(c.events)
+    await c.send(
+        {
+            "type": "session.resume",
+            "session_id": old.created["session"]["id"],
+            "resume_token": old.created["resume_token"],
+            "last_received_server_event_seq": old.cursor,
+        }
+    )
+    resumed = await c.wait(start, "session.resumed", timeout)
+    if resumed is None:
+        return False
+    c.created = {**old.created, "resume_token": resumed["resume_token"]}
+    c.cursor = max(c.cursor, old.cursor)
+    return True
+
+
+async def quiet(c: Watched, timeout: float, before: list[dict[str, Any]] = ()) -> None:
+    """Until no response of the session is open (``before``: what an earlier socket of
+    the same session got): a tone spoken over an open response would extend it."""
+    with trio.move_on_after(timeout):
+        while not c.closed.is_set():
+            events = [*before, *c.events]
+            created = {e["response"]["id"] for e in events if e["type"] == "response.created"}
+            done = {e["response"]["id"] for e in events if e["type"] == "response.done"}
+            if created <= done:
+                return
+            await trio.sleep(0.05)
+
+
+async def echo(
+    c: Watched, timeout: float, amplitude: float = 0.3, before: list[dict[str, Any]] = ()
+) -> bool:
+    """The loopback answers a spoken tone with exactly it (once the session is quiet)."""
+    await quiet(c, timeout, before)
+    start = len(c.events)
+    spoken = tone(6, amplitude=amplitude)
+    pcm = spoken + silence(8)
+    for i in range(0, len(pcm), 2 * FRAME):
+        if not await c.send(append(pcm[i : i + 2 * FRAME])):
+            return False
+    deadline = trio.current_time() + timeout
+    seen = start
+    while True:  # a response still open before (or replayed by a resume) may end first
+        done = await c.wait(seen, "response.done", deadline - trio.current_time())
+        if done is None:
+            return False
+        seen = c.events.index(done, seen) + 1
+        heard = b"".join(
+            base64.b64decode(e["delta"])
+            for e in c.events[start:]
+            if e["type"] == "response.audio.delta"
+            and e.get("response_id") == done["response"]["id"]
+        )
+        if heard == spoken and done["response"]["status"] == "completed":
+            return True
+
+
+def summary(events: list[dict[str, Any]]) -> str:
+    """What a socket got since the fault, for a report: event types in order (audio deltas
+    counted per response), each response's end."""
+    out: list[str] = []
+    for e in events:
+        kind = e["type"]
+        if kind == "response.audio.delta":
+            kind = "delta"
+            if out and out[-1].startswith("delta"):
+                n = int(out[-1].split("x")[1]) if "x" in out[-1] else 1
+                out[-1] = f"deltax{n + 1}"
+                continue
+        elif kind == "response.done":
+            kind = f"done:{e['response']['status']}"
+        elif kind == "error":
+            kind = f"error:{e['error']['code']}"
+        out.append(kind)
+    return " ".join(out)[-600:]
+
+
+class Phase:
+    """One kind of fault, its server, its clients and its counts."""
+
+    def __init__(self, name: str, rounds: int, args: argparse.Namespace) -> None:
+        self.name = name
+        self.rounds = rounds
+        self.args = args
+        self.rng = random.Random(f"{args.seed}-{name}")
+        self.counts: Counter[str] = Counter()
+        self.examples: list[str] = []
+        self.slot_mismatches: list[str] = []
+        self.fault_file = Path(args.out).with_suffix(f".{name}.fault")
+
+    def serve_args(self) -> tuple[list[str], dict[str, str], list[str]]:
+        if self.name == "engine-crash":
+            return ["--model", "faulty-loopback"], {"FAULT_FILE": str(self.fault_file)}, [
+                str(HERE / "_faulty_serve.py")
+            ]  # fmt: skip
+        if self.name == "engine-process":
+            return ["--engine-process", "on"], {}, []
+        if self.name == "worker":
+            return ["--connection-workers", "2"], {}, []
+        return ["--connection-workers", "1", "--session-shards", "2"], {}, []
+
+    def note(self, what: str, detail: str) -> None:
+        self.counts[what] += 1
+        if len(self.examples) < 20:
+            self.examples.append(f"{what}: {detail}")
+
+    async def inject(self, served: Served) -> int | None:
+        """One fault; returns the killed pid (None for an engine crash)."""
+        if self.name == "engine-crash":
+            self.fault_file.touch()
+            return None
+        kind = {"engine-process": "engine", "worker": "worker", "shard": "shard"}[self.name]
+        await self.whole(served)
+        pids = served.child_pids(kind)
+        pid = self.rng.choice(pids)
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    async def balance(
+        self, served: Served, nursery: trio.Nursery, clients: list[Watched]
+    ) -> list[Watched]:
+        """Sessions on both shards (ids name their shard): a new session goes to the
+        roomiest shard, so sessions of shard 0 are closed and opened again until half are
+        on shard 1, the one that is killed."""
+        await self.whole(served)
+        clients = list(clients)
+        for _ in range(4 * len(clients)):
+            on_1 = [c for c in clients if c.created and "-s1-" in c.created["session"]["id"]]
+            if len(on_1) >= len(clients) // 2:
+                break
+            i = next(i for i, c in enumerate(clients) if c not in on_1)
+            await clients[i].send({"type": "session.close"})
+            await clients[i].wait(0, "session.closed", self.args.bound_s)
+            clients[i].cancel.cancel()
+            c = await open_watched(nursery, served.ws("/v1/duplex"), i)
+            if not await create(c, self.args.bound_s):
+                raise RuntimeError("shard phase: no session")
+            clients[i] = c
+        self.counts["placed_on_killed_shard"] += sum(
+            "-s1-" in c.created["session"]["id"] for c in clients if c.created
+        )
+        return clients
+
+    async def whole(self, served: Served) -> None:
+        """Until every child serves again: a child killed before it ever served stops the
+        server (docs/operations.md), so the next kill waits for the last one's replacement."""
+        with trio.fail_after(90):
+            while True:
+                status, health = await get_json(served.http, "/health")
+                text = await metrics(served.http)
+                if self.name == "worker":
+                    ok = metric_sum(text, "duplex_connection_workers_serving") == 2
+                else:
+                    ok = status == 200 and health["status"] == "ok"
+                if ok:
+                    return
+                await trio.sleep(0.2)
+
+    async def run(self) -> dict[str, Any]:
+        args = self.args
+        serve_args, env, wrapper = self.serve_args()
+        log = Path(args.out).with_suffix(f".{self.name}.log")
+        started = time.monotonic()
+        async with serve(serve_args, env=env, log=log, wrapper=wrapper) as served, \
+                trio.open_nursery() as nursery:  # fmt: skip
+            url = served.ws("/v1/duplex")
+            clients = [await open_watched(nursery, url, i) for i in range(args.clients)]
+            for c in clients:
+                if not await create(c, args.bound_s):
+                    raise RuntimeError(f"{self.name}: could not open session {c.index}")
+            last_fault = -10.0
+            for round_ in range(self.rounds):
+                clients = await self.one_round(served, nursery, clients, round_, last_fault)
+                last_fault = time.monotonic()
+            for c in clients:
+                await c.send({"type": "session.close"})
+                await c.wait(0, "session.closed", args.bound_s)
+            left = await settle(served.http, timeout_s=60)
+            for c in clients:
+                c.cancel.cancel()
+            _, health = await get_json(served.http, "/health")
+            text = await metrics(served.http)
+            alive = served.process.poll() is None
+            nursery.cancel_scope.cancel()
+        tracebacks = [
+            line[:300]
+            for line in served.log_lines()
+            if ("Traceback" in line or '"exception"' in line)
+            and "injected engine fault" not in line
+        ]
+        return {
+            "rounds": self.rounds,
+            "clients": args.clients,
+            "seconds": round(time.monotonic() - started, 1),
+            "hung_sockets": self.counts["hung"],
+            "not_told": self.counts["not_told"],
+            "not_recovered": self.counts["not_recovered"],
+            "leaked_after_settle": left,
+            "slot_mismatches_during": len(self.slot_mismatches),
+            "server_alive_at_end": alive,
+            "engine_starts": health.get("engine_starts"),
+            "restarts_counted": {
+                name: metric_sum(text, name)
+                for name in (
+                    "duplex_actor_restarts_total",
+                    "duplex_engine_process_restarts_total",
+                    "duplex_connection_worker_restarts_total",
+                    "duplex_session_shard_restarts_total",
+                )
+            },
+            "counts": dict(self.counts),
+            "examples": self.examples,
+            "slot_mismatch_examples": self.slot_mismatches[:5],
+            "unexpected_tracebacks": len(tracebacks),
+            "traceback_examples": tracebacks[:3],
+        }
+
+    async def one_round(
+        self, served: Served, nursery: trio.Nursery, clients: list[Watched], round_: int,
+        last_fault: float,
+    ) -> list[Watched]:  # fmt: skip
+        args = self.args
+        if self.name == "engine-crash":  # the supervisor's limit: 3 restarts within 5 s
+            await trio.sleep(max(0.0, last_fault + 2.0 - time.monotonic()))
+        if self.name == "shard":
+            clients = await self.balance(served, nursery, clients)
+        speaking = set(self.rng.sample(range(len(clients)), len(clients) // 2))
+        marks = [len(c.events) for c in clients]
+        for i in speaking:
+            pcm = tone(30, amplitude=0.2 + 0.02 * (round_ % 10))
+            for k in range(0, len(pcm), 2 * FRAME):
+                await clients[i].send(append(pcm[k : k + 2 * FRAME]))
+        for i in speaking:  # mid-response when the fault comes
+            await clients[i].wait(marks[i], "response.audio.delta", args.bound_s)
+        marks = [len(c.events) for c in clients]
+        killed = await self.inject(served)
+        self.counts["faults"] += 1
+        engine_fault = self.name in ("engine-crash", "engine-process")
+        told: list[bool] = []
+        for i, c in enumerate(clients):
+            got = await c.wait(marks[i], "error", args.bound_s, **{"error.code": "engine_error"}) \
+                if engine_fault else None  # fmt: skip
+            told.append(got is not None or c.closed.is_set())
+            if engine_fault and got is None and not c.closed.is_set():
+                self.note("not_told", f"round {round_} client {i}")
+        if self.name == "engine-process":  # a second error when the new engine takes them
+            for i, c in enumerate(clients):
+                again = await c.wait(marks[i], "error", args.bound_s + 30,
+                                     **{"error.message": "restarted"})  # fmt: skip
+                if again is None and not c.closed.is_set():
+                    self.note("not_told_restart", f"round {round_} client {i}")
+        if not engine_fault:  # a killed worker or shard: its sockets close; give them a moment
+            await trio.sleep(1.0)
+        # every open socket still answers; every closed one gets its session back (or a new one)
+        renewed: list[Watched] = list(clients)
+
+        async def recover(i: int, c: Watched) -> None:
+            if not c.closed.is_set():
+                if await echo(c, args.bound_s + 30):
+                    return
+                if c.closed.is_set():
+                    self.note("closed_late", f"round {round_} client {i} ({self.name})")
+                else:
+                    self.note("hung", f"round {round_} client {i} open, no echo: "
+                              f"{summary(c.events[marks[i]:])}")  # fmt: skip
+                    c.cancel.cancel()
+            else:
+                self.counts[f"closed_{c.close_code}"] += 1
+            renewed[i] = await self.replace(served, nursery, c, round_)
+
+        async with trio.open_nursery() as recovering:  # at once: within the resume grace
+            for i, c in enumerate(clients):
+                recovering.start_soon(recover, i, c)
+        await self.check_slots(served, round_, killed)
+        return renewed
+
+    async def replace(self, served: Served, nursery: trio.Nursery, old: Watched,
+                      round_: int) -> Watched:  # fmt: skip
+        """A new socket for ``old``'s client: its session resumed, else a new session."""
+        try_resume = True
+        with trio.fail_after(90):
+            while True:
+                try:
+                    c = await open_watched(nursery, served.ws("/v1/duplex"), old.index)
+                except (OSError, trio.TooSlowError, RuntimeError) as exc:  # no handshake
+                    self.note("reconnect_failed", repr(exc)[:100])
+                    await trio.sleep(0.5)
+                    continue
+                if try_resume and await resume(c, old, self.args.bound_s):
+                    self.counts["resumed"] += 1
+                    break
+                if try_resume:
+                    error = next((e for e in c.events if e["type"] == "error"), None)
+                    self.counts[
+                        "resume_refused_" + (error["error"]["code"] if error else "closed")
+                    ] += 1
+                try_resume = False  # the session is gone (its shard was killed): a new one
+                if not c.closed.is_set() and await create(c, self.args.bound_s):
+                    self.counts["new_session"] += 1
+                    break
+                c.cancel.cancel()
+                await trio.sleep(0.5)
+        before = (
+            old.events
+            if self.counts
+            and c.created
+            and old.created
+            and (c.created["session"]["id"] == old.created["session"]["id"])
+            else []
+        )
+        if not await echo(c, self.args.bound_s + 30, amplitude=0.25, before=before):
+            self.note("not_recovered", f"round {round_} client {old.index}")
+        return c
+
+    async def check_slots(self, served: Served, round_: int, killed: int | None) -> None:
+        """The engine's live slots equal the live sessions once the round has settled."""
+        with trio.move_on_after(10):
+            while True:
+                _, health = await get_json(served.http, "/health")
+                slots = metric_sum(await metrics(served.http), "duplex_engine_live_slots")
+                if health["sessions"]["live"] == slots:
+                    return
+                await trio.sleep(0.25)
+        self.slot_mismatches.append(
+            f"round {round_}: live {health['sessions']['live']} slots {slots} (killed {killed})"
+        )
+
+
+async def faults(args: argparse.Namespace) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "command": " ".join(["bench/faults.py", *sys.argv[1:]]),
+        "machine": machine(),
+        "commit": commit(),  # taken at the start: the code that runs
+        "phases": {},
+    }
+    for name in args.phases:
+        rounds = args.crashes if name == "engine-crash" else args.kills
+        phase = Phase(name, rounds, args)
+        report["phases"][name] = await phase.run()
+        print(name, json.dumps({k: v for k, v in report["phases"][name].items()
+                                if k not in ("examples",)}), file=sys.stderr)  # fmt: skip
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--crashes", type=int, default=100)
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--bound-s", type=float, default=15.0)
+    parser.add_argument("--seed", default="0")
+    parser.add_argument("--phases", default="engine-crash,engine-process,worker,shard")
+    parser.add_argument("--out", default="bench/results/faults")
+    args = parser.parse_args()
+    args.phases = args.phases.split(",")
+    report = trio.run(faults, args)
+    write_report(Path(args.out).with_suffix(".json"), report)
+    print(json.dumps({name: {k: v for k, v in p.items() if k not in ("examples",)}
+                      for name, p in report["phases"].items()}, indent=2))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
