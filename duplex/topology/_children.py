@@ -10,17 +10,22 @@ server with one line saying which and why.
 
 from __future__ import annotations
 
+import argparse
+import base64
+import pickle
+import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
-from duplex.logs import get_logger
+from duplex.config import Config
+from duplex.logs import configure_logging, get_logger
 from duplex.metrics import Counter, Gauge
 
-from ._link import EXIT_STALE_CODE, Link, Stop
+from ._link import CODE_FINGERPRINT, EXIT_STALE_CODE, Link, Stop
 
 RESTART_DELAY_S = 1.0
 """Pause before a dead child's replacement starts, so a crash loop cannot spin a core."""
@@ -52,6 +57,45 @@ async def spawn_linked(
     finally:
         theirs.close()  # the child holds it now; ours sees EOF when the child exits
     return process, Link(trio.SocketStream(trio.socket.from_stdlib_socket(ours)))
+
+
+def child_args(config: Config, index: int, path: str) -> list[str]:
+    """The arguments every linked child takes: its index, its socket, this process's code
+    fingerprint and the config (a pickle: both ends are this install)."""
+    return [
+        f"--index={index}",
+        f"--path={path}",
+        f"--fingerprint={CODE_FINGERPRINT}",
+        f"--config={base64.b64encode(pickle.dumps(config)).decode()}",
+    ]
+
+
+def child_parser(description: str) -> argparse.ArgumentParser:
+    """The parser of a linked child's command line (`child_args` and ``--link-fd``)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--path", required=True)
+    parser.add_argument("--link-fd", type=int, required=True)
+    parser.add_argument("--fingerprint", required=True)
+    parser.add_argument("--config", required=True)
+    return parser
+
+
+def child_config(args: argparse.Namespace, **log_context: Any) -> Config | None:
+    """A child's start: signals left to the server, its code checked against the server's,
+    its config read and its logging set up. ``None``: the code on disk changed since the
+    server started (logged; the child exits with ``EXIT_STALE_CODE``)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):  # to a process group: the server stops us
+        signal.signal(signum, signal.SIG_IGN)
+    if args.fingerprint != CODE_FINGERPRINT:
+        configure_logging("console", "error")
+        get_logger(**log_context).error(
+            "duplex's code on disk changed since the server started; not starting"
+        )
+        return None
+    config: Config = pickle.loads(base64.b64decode(args.config))
+    configure_logging(config.server.log_format, config.server.log_level)
+    return config
 
 
 class Children:

@@ -21,13 +21,9 @@ of the control link ends the process.
 
 from __future__ import annotations
 
-import argparse
-import base64
 import contextlib
 import dataclasses
 import os
-import pickle
-import signal
 import socket
 from collections.abc import Sequence
 from functools import partial
@@ -38,7 +34,7 @@ import trio
 from duplex.actors import open_actor_system
 from duplex.config import Config
 from duplex.exceptions import PromptUnsupported, SlotReleased, VideoInputUnsupported
-from duplex.logs import configure_logging, get_logger
+from duplex.logs import get_logger
 from duplex.models import (
     EngineActor,
     EngineDriver,
@@ -48,6 +44,7 @@ from duplex.models import (
 )
 from duplex.progress import Startup
 
+from ._children import child_config, child_parser
 from ._engine_link import (
     STATUS_PERIOD_S,
     CloseSlot,
@@ -62,7 +59,7 @@ from ._engine_link import (
     decode,
     encode_outputs,
 )
-from ._link import CODE_FINGERPRINT, EXIT_STALE_CODE, Link, Ready, Stop
+from ._link import EXIT_STALE_CODE, Link, Ready, Stop
 from ._server import (
     SERVER_DEAD_LETTERS,
     build_engine,
@@ -293,24 +290,12 @@ async def run_engine_process(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--index", type=int, required=True)
-    parser.add_argument("--path", required=True)
+    parser = child_parser(__doc__.splitlines()[0])
     parser.add_argument("--device", required=True)
-    parser.add_argument("--link-fd", type=int, required=True)
-    parser.add_argument("--fingerprint", required=True)
-    parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
-    for signum in (signal.SIGINT, signal.SIGTERM):  # to a process group: the server stops us
-        signal.signal(signum, signal.SIG_IGN)
-    if args.fingerprint != CODE_FINGERPRINT:
-        configure_logging("console", "error")
-        get_logger(component="engine", engine=args.index).error(
-            "duplex's code on disk changed since the server started; not starting"
-        )
+    config = child_config(args, component="engine", engine=args.index)
+    if config is None:
         return EXIT_STALE_CODE
-    config: Config = pickle.loads(base64.b64decode(args.config))
-    configure_logging(config.server.log_format, config.server.log_level)
     trio.run(partial(run_engine_process, args.index, args.path, args.device, args.link_fd, config))
     return 0
 

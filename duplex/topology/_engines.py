@@ -11,9 +11,7 @@ other engines are untouched.
 
 from __future__ import annotations
 
-import base64
 import os
-import pickle
 import shutil
 from collections.abc import Callable
 from types import TracebackType
@@ -24,8 +22,8 @@ from duplex.config import Config
 from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry
 
-from ._children import Children, spawn_linked
-from ._link import CODE_FINGERPRINT, Link, LinkBroken, Ready
+from ._children import Children, child_args, spawn_linked
+from ._link import Link, LinkBroken, Ready
 from ._shards import private_folder
 
 ENGINE_BUILD_S = 600.0
@@ -69,13 +67,9 @@ class EngineProcesses:
             shutil.rmtree(self.folder, ignore_errors=True)
 
     async def spawn(self, index: int) -> tuple[trio.Process, Link]:
-        config = base64.b64encode(pickle.dumps(self.config)).decode()
         args = [
-            f"--index={index}",
-            f"--path={self.paths[index]}",
+            *child_args(self.config, index, self.paths[index]),
             f"--device={self.devices[index]}",
-            f"--fingerprint={CODE_FINGERPRINT}",
-            f"--config={config}",
         ]
         return await spawn_linked("duplex.topology._engine_process", args)
 

@@ -15,12 +15,8 @@ server goes away it closes its sockets and exits. SIGINT is left to the server.
 
 from __future__ import annotations
 
-import argparse
-import base64
 import contextlib
 import os
-import pickle
-import signal
 import socket
 from collections.abc import Sequence
 from functools import partial
@@ -30,10 +26,11 @@ import trio
 
 from duplex.actors import open_actor_system
 from duplex.config import Config
-from duplex.logs import configure_logging, get_logger
+from duplex.logs import get_logger
 from duplex.metrics import REGISTRY
 
-from ._link import CODE_FINGERPRINT, EXIT_STALE_CODE, Link, Ready, ShardAnswer, ShardQuery, Stop
+from ._children import child_config, child_parser
+from ._link import EXIT_STALE_CODE, Link, Ready, ShardAnswer, ShardQuery, Stop
 from ._server import SERVER_DEAD_LETTERS, open_backend
 from ._workers import LinkServer
 
@@ -108,24 +105,12 @@ async def run_shard(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--index", type=int, required=True)
-    parser.add_argument("--path", required=True)
-    parser.add_argument("--link-fd", type=int, required=True)
-    parser.add_argument("--fingerprint", required=True)
-    parser.add_argument("--config", required=True)
+    parser = child_parser(__doc__.splitlines()[0])
     parser.add_argument("--engine-path", action="append", default=[])
     args = parser.parse_args(argv)
-    for signum in (signal.SIGINT, signal.SIGTERM):  # to a process group: the server stops us
-        signal.signal(signum, signal.SIG_IGN)
-    if args.fingerprint != CODE_FINGERPRINT:
-        configure_logging("console", "error")
-        get_logger(component="shard", shard=args.index).error(
-            "duplex's code on disk changed since the server started; not starting"
-        )
+    config = child_config(args, component="shard", shard=args.index)
+    if config is None:
         return EXIT_STALE_CODE
-    config: Config = pickle.loads(base64.b64decode(args.config))
-    configure_logging(config.server.log_format, config.server.log_level)
     trio.run(run_shard, args.index, args.path, args.link_fd, config, args.engine_path)
     return 0
 

@@ -12,9 +12,7 @@ every other shard's are untouched.
 
 from __future__ import annotations
 
-import base64
 import os
-import pickle
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -28,8 +26,8 @@ from duplex.config import Config
 from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry
 
-from ._children import Children, spawn_linked
-from ._link import CODE_FINGERPRINT, Link, LinkBroken, Ready, ShardAnswer, ShardQuery
+from ._children import Children, child_args, spawn_linked
+from ._link import Link, LinkBroken, Ready, ShardAnswer, ShardQuery
 
 QUERY_TIMEOUT_S = 2.0
 """How long ``/health`` and ``/metrics`` wait for a shard before leaving it out."""
@@ -108,12 +106,8 @@ class ShardProcesses:
         return [query.answers.get(index) for index in range(1, self.count + 1)]
 
     async def spawn(self, index: int) -> tuple[trio.Process, Link]:
-        config = base64.b64encode(pickle.dumps(self.config)).decode()
         args = [
-            f"--index={index}",
-            f"--path={self.paths[index - 1]}",
-            f"--fingerprint={CODE_FINGERPRINT}",
-            f"--config={config}",
+            *child_args(self.config, index, self.paths[index - 1]),
             *(f"--engine-path={path}" for path in self.engine_paths),
         ]
         return await spawn_linked("duplex.topology._shard", args)
