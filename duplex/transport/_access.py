@@ -112,13 +112,19 @@ TOO_MANY_CONNECTIONS = Denied(
 # -- header parsing ------------------------------------------------------------
 
 
+KEY_SCHEMES = ("bearer", "api-key")
+"""``Authorization`` schemes that carry an API key: ``Bearer`` (OpenAI's SDKs, curl) and
+``Api-Key`` (what openpi-client sends)."""
+
+
 def bearer(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header, else ``None``."""
+    """The key of an ``Authorization: Bearer <key>`` (or ``Api-Key <key>``) header, else
+    ``None``."""
     if authorization is None:
         return None
     scheme, _, token = authorization.strip().partition(" ")
     token = token.strip()
-    if scheme.lower() != "bearer" or not token or " " in token:
+    if scheme.lower() not in KEY_SCHEMES or not token or " " in token:
         return None
     return token
 

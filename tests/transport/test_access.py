@@ -58,6 +58,9 @@ def decide(p: AccessPolicy, headers: dict[str, str], *, kind: str = "http", now:
     [
         ("Bearer abc", "abc"),
         ("bearer  abc ", "abc"),
+        ("Api-Key abc", "abc"),  # openpi-client's scheme
+        ("api-key abc", "abc"),
+        ("Api-Key", None),
         ("Basic abc", None),
         ("Bearer", None),
         ("Bearer a b", None),

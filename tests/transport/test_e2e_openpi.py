@@ -25,7 +25,7 @@ import msgpack
 import numpy as np
 import pytest
 import trio
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.trio.client import ClientConnection, connect
 
 from duplex.models import PolicyOptions, PolicyRequest, ReferencePolicy
@@ -289,3 +289,20 @@ async def test_without_a_policy_the_endpoint_says_so_and_closes() -> None:
         async with httpx.AsyncClient() as http:
             assert (await http.get(server.http + PATH)).status_code == 426
             assert (await http.get(server.http + "/healthz")).status_code == 200
+
+
+async def test_a_key_in_openpi_clients_scheme_is_accepted_and_a_wrong_one_refused() -> None:
+    """openpi-client's ``api_key`` sends ``Authorization: Api-Key <key>``."""
+    key = "robot-key-0123456789abcdef"
+    async with running_server(**ECHO, **{"server.api_keys": (key,)}) as server:
+        for wrong in (None, "Api-Key not-the-key-0123456789", f"Basic {key}"):
+            headers = {} if wrong is None else {"Authorization": wrong}
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(robot_url(server), additional_headers=headers):
+                    pass
+            assert refused.value.response.status_code == 401, wrong
+        headers = {"Authorization": f"Api-Key {key}"}
+        async with connect(robot_url(server), additional_headers=headers, max_size=None) as ws:
+            assert isinstance(unpack(await ws.recv()), dict)  # the metadata frame
+            answer = await ask(ws, {"observation/state": np.ones(3, np.float32)})
+            assert "server_timing" in answer
