@@ -256,7 +256,6 @@ class EngineConnection:
         self.index = index
         self.path = path
         self.host = host
-        self.engine: RemoteEngine | None = None
         self.connects = 0
         self.ready = trio.Event()
         self.log = get_logger(component="engine-link", engine=index)
@@ -282,7 +281,6 @@ class EngineConnection:
                 f"engine {self.index} serves {hello.spec!r}, this process expects {self.spec!r}"
             )
         engine = RemoteEngine(hello.spec, self.index, link)
-        self.engine = engine
         self.connects += 1
         if self.connects > 1:
             self.log.warning("engine process back; moving its sessions onto it")
