@@ -187,6 +187,9 @@ async def test_batches_run_only_in_the_windows_and_no_tick_is_late(
     assert overlaps(steps, units) == 0
     assert driver.statistics().late_ticks == 0
     assert slack.statistics().overran == 0
+    figures = driver.statistics()  # exported with the engine's metrics
+    assert figures.metric("duplex_engine_slack_units_total") == slack.statistics().units >= 10
+    assert figures.metric("duplex_engine_slack_overran_total") == 0
 
 
 async def test_a_unit_too_long_for_any_window_waits_probes_and_runs_when_realtime_ends(
