@@ -221,8 +221,8 @@ def run_talk(url: str, wav: str | None, out_path: str | None, api_key: str | Non
     """The ``duplex talk`` command; returns the exit status."""
     if wav is None:
         reason = microphone_missing()
-        print(f"duplex talk: {reason or 'microphone input is not implemented yet'}",
-              file=sys.stderr)  # fmt: skip
+        reason = reason or "microphone input is not implemented yet; pass --wav FILE"
+        print(f"duplex talk: {reason}", file=sys.stderr)
         return 2
     try:
         speech = read_wav(wav)
