@@ -51,6 +51,7 @@ from duplex.transport import (
     MAX_PAYLOAD_BYTES,
     AccessSettings,
     HubBackend,
+    MediaService,
     ResumeGuard,
     RobotService,
     build_app,
@@ -62,6 +63,7 @@ from duplex.transport import (
 from . import _link
 from ._engine_client import EngineConnection, engine_spec
 from ._engines import EngineProcesses
+from ._media import open_media
 from ._shards import ShardProcesses
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
 
@@ -485,6 +487,7 @@ async def _serve_sessions(
             config, system, registry, shard=0 if sharded else None, engine_paths=engine_paths
         ) as backend,
         open_robots(config, system, registry, backend) as robots,
+        open_media(config, registry) as media,
     ):
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
@@ -503,7 +506,7 @@ async def _serve_sessions(
                 )
             else:
                 urls = await nursery.start(
-                    _serve_here, config, system, backend, hyper, registry, access, robots
+                    _serve_here, config, system, backend, hyper, registry, access, robots, media
                 )
             await backend.ready.wait()
             # after the bind: a port already taken ends the server with one clear line
@@ -531,6 +534,7 @@ async def _serve_here(
     registry: MetricsRegistry,
     access: AccessSettings,
     robots: RobotService | None = None,
+    media: MediaService | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -544,6 +548,7 @@ async def _serve_here(
         client_secret_ttl_s=server.client_secret_ttl_s,
         registry=registry,
         robots=robots,
+        media=media,
     )
 
     async def shutdown_trigger() -> None:
