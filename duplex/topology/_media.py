@@ -1,9 +1,10 @@
-"""Image and video generation in the server process: pipelines, their engines, the service.
+"""Image and video generation in the server process: the routes' service and its jobs.
 
-``--image-model`` and ``--video-model`` each load a diffusers pipeline (off the event
-loop) behind its own request engine; the `MediaService` answers the routes. With
-connection workers the routes are not relayed yet: they answer ``model_not_loaded``
-(a warning says so at startup).
+The pipelines themselves are request engines named ``image`` and ``video``
+(`runner_specs` in ``_requests.py``), built here or in the engine processes like
+every request-batched model; the `MediaService` submits to them through the
+process's `RequestEngines` and runs the video jobs' tasks. With connection workers
+the routes are not relayed yet: they answer ``model_not_loaded`` (a warning says so).
 """
 
 from __future__ import annotations
@@ -18,25 +19,11 @@ from duplex.config import Config
 from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry
 from duplex.models import ModelOptions
-from duplex.models.diffusion import (
-    RequestEngine,
-    load_image_runner,
-    load_video_runner,
-    resolve_diffusion,
-)
-from duplex.progress import Startup
-from duplex.transport import MediaService, MediaSettings, Pipeline
+from duplex.models.diffusion import resolve_diffusion
+from duplex.runtime import RequestEngines
+from duplex.transport import MediaService, MediaSettings
 
-__all__ = ["media_options", "open_media", "resolve_media"]
-
-
-def media_options(config: Config) -> ModelOptions:
-    server = config.server
-    return ModelOptions(
-        device=server.devices[0],
-        seed=server.model_seed,
-        cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None,
-    )
+__all__ = ["media_settings", "open_media", "resolve_media"]
 
 
 def resolve_media(config: Config) -> None:
@@ -46,9 +33,12 @@ def resolve_media(config: Config) -> None:
         ConfigError: a named folder is no diffusers pipeline.
     """
     server = config.server
+    options = ModelOptions(
+        cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None
+    )
     for kind, name in (("image", server.image_model), ("video", server.video_model)):
         if name and name != "tiny":
-            resolve_diffusion(name, kind, media_options(config))  # type: ignore[arg-type]
+            resolve_diffusion(name, kind, options)  # type: ignore[arg-type]
 
 
 def media_settings(config: Config) -> MediaSettings:
@@ -65,9 +55,9 @@ def media_settings(config: Config) -> MediaSettings:
 
 @asynccontextmanager
 async def open_media(
-    config: Config, registry: MetricsRegistry, startup: Startup | None = None
+    config: Config, registry: MetricsRegistry, requests: RequestEngines
 ) -> AsyncIterator[MediaService | None]:
-    """The generation service, its pipelines loaded; ``None`` when none is configured here."""
+    """The generation routes' service with its jobs' nursery; ``None``: nothing served here."""
     server = config.server
     if not (server.image_model or server.video_model):
         yield None
@@ -78,38 +68,8 @@ async def open_media(
         )
         yield None
         return
-    options = media_options(config)
-    startup = startup or Startup()
+    service = MediaService(requests, settings=media_settings(config), registry=registry)
     async with trio.open_nursery() as nursery:
-        image = video = None
-        if server.image_model:
-            with startup.step("image", f"loading image pipeline {server.image_model}"):
-                model = await trio.to_thread.run_sync(
-                    resolve_diffusion, server.image_model, "image", options
-                )
-                runner = await trio.to_thread.run_sync(load_image_runner, model, options.device)
-            engine = RequestEngine(runner, max_queue=server.media_max_queue)
-            await nursery.start(engine.run)
-            image = Pipeline(model.id, engine)
-        if server.video_model:
-            with startup.step("video", f"loading video pipeline {server.video_model}"):
-                model = await trio.to_thread.run_sync(
-                    resolve_diffusion, server.video_model, "video", options
-                )
-                video_runner = await trio.to_thread.run_sync(
-                    load_video_runner, model, options.device
-                )
-            video_engine = RequestEngine(video_runner, max_queue=server.media_max_queue)
-            await nursery.start(video_engine.run)
-            video = Pipeline(model.id, video_engine)
-        service = MediaService(
-            image=image, video=video, settings=media_settings(config), registry=registry
-        )
         await nursery.start(service.run)
-        get_logger(component="server").info(
-            "media pipelines loaded",
-            image=image.model if image else None,
-            video=video.model if video else None,
-        )
         yield service
         nursery.cancel_scope.cancel()

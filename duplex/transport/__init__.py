@@ -14,7 +14,7 @@ from ._duplex_wire import (
     parse_client_event,
 )
 from ._http import serve_http
-from ._media import MediaService, MediaSettings, Pipeline
+from ._media import MediaService, MediaSettings
 from ._media_wire import MediaLimits
 from ._openpi import RobotService
 from ._openpi_wire import MAX_PAYLOAD_BYTES
@@ -33,7 +33,6 @@ __all__ = [
     "MediaLimits",
     "MediaService",
     "MediaSettings",
-    "Pipeline",
     "Received",
     "ResumeGuard",
     "RobotService",

@@ -22,9 +22,10 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Generic, Protocol, TypeVar, final
+from functools import partial
+from typing import Any, Final, final
 
 import numpy as np
 import trio
@@ -34,23 +35,18 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from duplex.exceptions import ProtocolError
+from duplex.exceptions import ProtocolError, RequestFailed, RequestsOverloaded
 from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry, Sample
-from duplex.models.diffusion import (
-    ImageRequest,
-    ImageResult,
-    RequestFailed,
-    RequestsOverloaded,
-    StepProgress,
-    VideoRequest,
-    VideoResult,
-)
+from duplex.models.diffusion import ImageRequest, ImageResult, VideoRequest, VideoResult
+from duplex.runtime import RequestEngines, RequestService
 
 from ._media_encode import FragmentedMp4, encode_mp4, encode_png
 from ._media_wire import (
     MediaLimits,
     ModelNotLoaded,
+    RealtimeVideoStart,
+    VideoGeneration,
     error_body,
     error_status,
     parse_image_request,
@@ -67,33 +63,12 @@ from ._video_stream import (
     StopGeneration,
 )
 
-__all__ = ["MediaService", "MediaSettings", "Pipeline", "media_routes"]
-
-Req = TypeVar("Req")
-Res = TypeVar("Res")
+__all__ = ["MediaService", "MediaSettings", "media_routes"]
 
 MAX_BODY_BYTES: Final = 1024 * 1024
 """Largest image or video request body (a prompt and a few numbers)."""
-PROGRESS_POLL_S: Final = 0.25
-"""How often a job or a stream reads its running request's step count."""
 RETRY_AFTER_S: Final = 1
-
-
-class Engine(Protocol[Req, Res]):
-    """What a route needs of a request engine (``duplex.models``)."""
-
-    async def submit(self, request: Req) -> Res: ...
-
-    def statistics(self) -> Any: ...
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class Pipeline(Generic[Req, Res]):
-    """A loaded pipeline: the model id clients name, and the engine that runs it."""
-
-    model: str
-    engine: Engine[Req, Res]
+"""``Retry-After`` of a full job store and of a pipeline still starting."""
 
 
 @final
@@ -118,9 +93,19 @@ def _refused(exc: ProtocolError) -> Response:
     return _json(error_body(exc), error_status(exc))
 
 
-def _overloaded(message: str) -> Response:
+def _overloaded(message: str, retry_after_s: float = RETRY_AFTER_S) -> Response:
     error = {"message": message, "type": "rate_limit_error", "param": None, "code": "rate_limited"}
-    return _json({"error": error}, 429, {"Retry-After": str(RETRY_AFTER_S)})
+    return _json({"error": error}, 429, {"Retry-After": str(max(1, round(retry_after_s)))})
+
+
+def _starting(kind: str) -> Response:
+    error = {
+        "message": f"The {kind} model is starting; retry shortly.",
+        "type": "server_error",
+        "param": None,
+        "code": "model_starting",
+    }
+    return _json({"error": error}, 503, {"Retry-After": str(RETRY_AFTER_S)})
 
 
 def _failed(message: str) -> Response:
@@ -176,19 +161,25 @@ def _new_seed() -> int:
 
 @final
 class MediaService:
-    """The image and video pipelines, the video jobs and their tasks."""
+    """The routes' view of the ``image`` and ``video`` request engines, the video jobs and
+    their tasks.
+
+    Args:
+        requests: the process's request engines (``None``: no pipeline is served here).
+        settings: limits, chunking, the job store's bounds, the stream's timeouts.
+        registry: where the job counts go.
+        wall_clock: Unix time, for job timestamps and retention.
+    """
 
     def __init__(
         self,
+        requests: RequestEngines | None,
         *,
-        image: Pipeline[ImageRequest, ImageResult] | None,
-        video: Pipeline[VideoRequest, VideoResult] | None,
         settings: MediaSettings | None = None,
         registry: MetricsRegistry | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self.image = image
-        self.video = video
+        self.requests = requests
         self.settings = settings or MediaSettings()
         self.jobs = JobStore(
             max_jobs=self.settings.max_jobs,
@@ -198,46 +189,33 @@ class MediaService:
         self.wall_clock = wall_clock
         self._job_scopes: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
-        self.streams_cancelled = 0
         self.log = get_logger(component="media")
         if registry is not None:
-            self._export(registry)
+            registry.add_collector(
+                "duplex_video_jobs", "gauge", "video jobs kept, by status", self._job_samples
+            )
 
-    def _export(self, registry: MetricsRegistry) -> None:
-        fields = ("submitted", "refused", "cancelled", "completed", "failed", "units")
-        for stat in fields:
-            name = "duplex_media_steps_total" if stat == "units" else f"duplex_media_{stat}_total"
+    def _job_samples(self) -> list[Sample]:
+        counts = dict.fromkeys(JobStatus, 0)
+        for job in self.jobs.list(self.wall_clock(), limit=self.settings.max_jobs):
+            counts[job.status] += 1
+        return [
+            Sample("duplex_video_jobs", {"status": s.value}, float(n)) for s, n in counts.items()
+        ]
 
-            def collect(name: str = name, stat: str = stat) -> list[Sample]:
-                return [
-                    Sample(name, {"runner": kind}, float(getattr(p.engine.statistics(), stat)))
-                    for kind, p in (("image", self.image), ("video", self.video))
-                    if p is not None
-                ]
+    def configured(self, kind: str) -> bool:
+        return self.requests is not None and kind in self.requests.configured
 
-            what = "diffusion steps run" if stat == "units" else f"generation requests {stat}"
-            registry.add_collector(name, "counter", f"{what}, by pipeline", collect)
+    def _engine(self, kind: str) -> RequestService | Response:
+        """The engine serving ``kind``, or the answer: not loaded (404), starting (503)."""
+        if self.requests is None or kind not in self.requests.configured:
+            return _refused(_not_loaded(kind))
+        service = self.requests.get(kind)
+        return service if service is not None else _starting(kind)
 
-        def queued() -> list[Sample]:
-            return [
-                Sample("duplex_media_queued", {"runner": kind}, float(p.engine.statistics().queued))
-                for kind, p in (("image", self.image), ("video", self.video))
-                if p is not None
-            ]
-
-        registry.add_collector("duplex_media_queued", "gauge", "requests waiting", queued)
-
-        def jobs() -> list[Sample]:
-            now = self.wall_clock()
-            counts = dict.fromkeys(JobStatus, 0)
-            for job in self.jobs.list(now, limit=self.settings.max_jobs):
-                counts[job.status] += 1
-            return [
-                Sample("duplex_video_jobs", {"status": s.value}, float(n))
-                for s, n in counts.items()
-            ]
-
-        registry.add_collector("duplex_video_jobs", "gauge", "video jobs kept, by status", jobs)
+    @staticmethod
+    def _model(service: RequestService, kind: str) -> str:
+        return str(service.metadata.get("model", kind))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Hold the nursery the video jobs run in, until cancelled."""
@@ -250,11 +228,12 @@ class MediaService:
 
     async def generate_images(self, request: Request) -> Response | None:
         """``POST /v1/images/generations``; ``None``: the client left before the answer."""
-        if self.image is None:
-            return _refused(_not_loaded("image"))
+        engine = self._engine("image")
+        if isinstance(engine, Response):
+            return engine
         try:
             body = await _read_body(request)
-            asked = parse_image_request(body, self.image.model, self.settings.limits)
+            asked = parse_image_request(body, self._model(engine, "image"), self.settings.limits)
         except _BodyTooLarge:
             return _too_large()
         except ProtocolError as exc:
@@ -269,10 +248,9 @@ class MediaService:
             steps=asked.steps,
             guidance_scale=asked.guidance_scale,
             negative_prompt=asked.negative_prompt,
-            progress=StepProgress(asked.steps),
         )
-        result = await self._until_client_leaves(request, self.image.engine.submit, work)
-        if isinstance(result, Response) or result is None:
+        result = await self._until_client_leaves(request, engine, work)
+        if not isinstance(result, ImageResult):
             return result
         images = await trio.to_thread.run_sync(lambda: [encode_png(i) for i in result.images])
         data = [
@@ -282,10 +260,10 @@ class MediaService:
         return _json({"created": int(self.wall_clock()), "data": data})
 
     async def _until_client_leaves(
-        self, request: Request, submit: Callable[[Req], Awaitable[Res]], work: Req
-    ) -> Res | Response | None:
-        """``submit(work)``, withdrawn if the client disconnects first (then ``None``)."""
-        outcome: list[Res | Response] = []
+        self, request: Request, engine: RequestService, work: ImageRequest
+    ) -> ImageResult | Response | None:
+        """``engine.submit(work)``, withdrawn if the client disconnects first (``None``)."""
+        outcome: list[ImageResult | Response] = []
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
@@ -294,9 +272,11 @@ class MediaService:
 
             async def generate() -> None:
                 try:
-                    outcome.append(await submit(work))
+                    outcome.append(await engine.submit(work))
                 except RequestsOverloaded as exc:
-                    outcome.append(_overloaded(f"Too many requests queued: {exc}"))
+                    outcome.append(
+                        _overloaded(f"Too many requests queued: {exc}", exc.retry_after_s)
+                    )
                 except RequestFailed as exc:
                     self.log.error("generation failed", exc_info=exc)
                     outcome.append(_failed("The generation failed."))
@@ -310,31 +290,32 @@ class MediaService:
 
     async def create_video(self, request: Request) -> Response:
         """``POST /v1/videos``: JSON, or a form (multipart or urlencoded)."""
-        if self.video is None:
-            return _refused(_not_loaded("video"))
-        limits = self.settings.limits
+        engine = self._engine("video")
+        if isinstance(engine, Response):
+            return engine
+        model = self._model(engine, "video")
         try:
             if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
                 raise _BodyTooLarge
             kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            raw: bytes | dict[str, str]
             if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
+                raw = {}
                 async with request.form(
                     max_files=0, max_fields=32, max_part_size=MAX_BODY_BYTES
                 ) as form:
-                    raw: bytes | dict[str, str] = {}
                     for key, value in form.multi_items():
                         if not isinstance(value, str) or key in raw:
                             raise _BadForm(key)
                         raw[key] = value
             else:
                 raw = await _read_body(request)
-            asked = parse_video_request(raw, self.video.model, limits)
+            asked = parse_video_request(raw, model, self.settings.limits)
         except _BodyTooLarge:
             return _too_large()
         except _BadForm as bad:
-            return _refused(
-                ProtocolError(f"Form field {bad.key!r} must be one text value.", param=bad.key)
-            )
+            message = f"Form field {bad.key[:100]!r} must be one text value."
+            return _refused(ProtocolError(message, param=bad.key[:100]))
         except ProtocolError as exc:
             return _refused(exc)
         except HTTPException as exc:  # the form parser's refusals (too many fields, bad parts)
@@ -342,7 +323,7 @@ class MediaService:
         now = self.wall_clock()
         job = VideoJob(
             id=f"video_{secrets.token_hex(12)}",
-            model=self.video.model,
+            model=model,
             prompt=asked.prompt,
             size=f"{asked.width}x{asked.height}",
             seconds=asked.seconds,
@@ -358,46 +339,37 @@ class MediaService:
         self._nursery.start_soon(self._run_job, job.id, asked, scope)
         return _json(job.as_dict(self.jobs.retention_s))
 
-    def _chunks(self, frames: int) -> list[int]:
+    def _chunks(self, asked: VideoGeneration | RealtimeVideoStart, seed: int) -> list[VideoRequest]:
+        """The requests of a video, one a chunk; chunk ``k`` draws its noise from ``seed + k``."""
         size = self.settings.chunk_frames
-        return [min(size, frames - start) for start in range(0, frames, size)]
+        return [
+            VideoRequest(
+                prompt=asked.prompt,
+                width=asked.width,
+                height=asked.height,
+                frames=min(size, asked.frames - start),
+                seed=seed + index,
+                steps=asked.steps,
+                guidance_scale=asked.guidance_scale,
+                negative_prompt=asked.negative_prompt,
+            )
+            for index, start in enumerate(range(0, asked.frames, size))
+        ]
 
-    async def _run_job(self, job_id: str, asked: Any, scope: trio.CancelScope) -> None:
-        assert self.video is not None
+    async def _run_job(self, job_id: str, asked: VideoGeneration, scope: trio.CancelScope) -> None:
+        """Generate the job's chunks in order, then its MP4; ``scope``: ``DELETE``'s handle."""
         seed = asked.seed if asked.seed is not None else _new_seed()
-        chunks = self._chunks(asked.frames)
-        total_steps = len(chunks) * asked.steps
-        done_steps = 0
+        chunks = self._chunks(asked, seed)
         frames: list[np.ndarray] = []
         try:
             with scope:
-                for index, count in enumerate(chunks):
-                    progress = StepProgress(asked.steps)
-                    work = VideoRequest(
-                        prompt=asked.prompt,
-                        width=asked.width,
-                        height=asked.height,
-                        frames=count,
-                        seed=seed + index,
-                        steps=asked.steps,
-                        guidance_scale=asked.guidance_scale,
-                        negative_prompt=asked.negative_prompt,
-                        progress=progress,
-                    )
-
-                    def report(done: int = done_steps, progress: StepProgress = progress) -> None:
-                        steps = done + progress.done
-                        if steps and self.jobs.start(job_id, self.wall_clock()):
-                            pass
-                        self.jobs.set_progress(job_id, 100 * steps // total_steps)
-
-                    result = await self._submit_watched(work, report)
-                    done_steps += asked.steps
+                for index, work in enumerate(chunks):
+                    result = await self._submit_chunk(work, lambda: self._started(job_id))
                     frames.extend(result.frames)
-                self.jobs.start(job_id, self.wall_clock())
+                    self.jobs.set_progress(job_id, 100 * (index + 1) // len(chunks))
                 mp4 = await trio.to_thread.run_sync(
-                    lambda: encode_mp4(
-                        frames, width=asked.width, height=asked.height, fps=asked.fps
+                    partial(
+                        encode_mp4, frames, width=asked.width, height=asked.height, fps=asked.fps
                     )
                 )
                 self.jobs.complete(job_id, mp4, self.wall_clock())
@@ -407,27 +379,31 @@ class MediaService:
         finally:
             self._job_scopes.pop(job_id, None)
 
-    async def _submit_watched(self, work: VideoRequest, report: Callable[[], None]) -> VideoResult:
-        """Submit ``work`` (retrying while the engine's queue is full), calling ``report``
-        every `PROGRESS_POLL_S` until it is done."""
-        assert self.video is not None
-        result: list[VideoResult] = []
-        async with trio.open_nursery() as nursery:
+    def _started(self, job_id: str) -> None:
+        self.jobs.start(job_id, self.wall_clock())
 
-            async def poll() -> None:
-                while True:
-                    report()
-                    await trio.sleep(PROGRESS_POLL_S)
+    async def _submit_chunk(
+        self, work: VideoRequest, on_queued: Callable[[], None] = lambda: None
+    ) -> VideoResult:
+        """Submit one chunk (``on_queued`` first); while the engine's queue is full or the
+        engine is starting, wait and try again (an admitted job waits its turn, never fails
+        for it).
 
-            nursery.start_soon(poll)
-            while not result:
+        Raises:
+            RequestFailed: the runner raised, or the engine is no longer configured.
+        """
+        while True:
+            engine = self._engine("video")
+            if not isinstance(engine, Response):
+                on_queued()
                 try:
-                    result.append(await self.video.engine.submit(work))
-                except RequestsOverloaded:
-                    await trio.sleep(RETRY_AFTER_S)
-            nursery.cancel_scope.cancel()
-        report()
-        return result[0]
+                    return await engine.submit(work)  # type: ignore[no-any-return]
+                except RequestsOverloaded as exc:
+                    await trio.sleep(exc.retry_after_s)
+                    continue
+            if not self.configured("video"):
+                raise RequestFailed("the video model is not loaded")
+            await trio.sleep(RETRY_AFTER_S)
 
     def get_video(self, job_id: str) -> Response:
         job = self.jobs.get(job_id, self.wall_clock())
@@ -483,15 +459,18 @@ class MediaService:
     async def stream_video(self, websocket: WebSocket) -> None:
         """``WS /v1/realtime/video``: run one socket's `RealtimeVideo` until it finishes."""
         await websocket.accept()
-        if self.video is None:
-            exc = _not_loaded("video")
-            error = {"type": "error", "message": exc.message, "code": exc.code}
-            await websocket.send_text(json.dumps(error))
-            await websocket.close(1000, "model_not_loaded")
+        engine = self._engine("video")
+        if isinstance(engine, Response):
+            error = json.loads(engine.body)["error"]
+            frame = {"type": "error", "message": error["message"], "code": error["code"]}
+            await websocket.send_text(json.dumps(frame))
+            await websocket.close(
+                1000 if error["code"] == "model_not_loaded" else 1013, error["code"]
+            )
             return
         settings = self.settings
         machine = RealtimeVideo(
-            model=self.video.model,
+            model=self._model(engine, "video"),
             request_id=f"video_stream-{secrets.token_hex(8)}",
             limits=settings.limits,
             now=trio.current_time(),
@@ -503,7 +482,7 @@ class MediaService:
         async with trio.open_nursery() as nursery:
 
             async def perform(effects: Sequence[Effect]) -> None:
-                async with lock:  # a chunk's metadata and bytes go out together
+                async with lock:  # a chunk's metadata and its bytes go out together
                     for effect in effects:
                         if isinstance(effect, SendText):
                             await websocket.send_text(effect.text)
@@ -521,8 +500,6 @@ class MediaService:
                 while True:
                     message = await websocket.receive()
                     if message["type"] == "websocket.disconnect":
-                        if machine.phase.value == "streaming":
-                            self.streams_cancelled += 1
                         nursery.cancel_scope.cancel()  # the running chunk is withdrawn
                         return
                     now = trio.current_time()
@@ -536,47 +513,22 @@ class MediaService:
                     await trio.sleep_until(deadline)
                     await perform(machine.tick(trio.current_time()))
 
-            async def generate(start: Any) -> None:
-                assert self.video is not None
+            async def generate(start: RealtimeVideoStart) -> None:
                 writer = FragmentedMp4(width=start.width, height=start.height, fps=start.fps)
                 seed = start.seed if start.seed is not None else _new_seed()
                 with generation:
                     try:
-                        for index, count in enumerate(self._chunks(start.frames)):
-                            progress = StepProgress(start.steps)
-                            seen = [0]
-
-                            def report(
-                                progress: StepProgress = progress, seen: list[int] = seen
-                            ) -> None:
-                                if progress.done != seen[0]:
-                                    seen[0] = progress.done
-                                    machine.progress(trio.current_time())
-
-                            work = VideoRequest(
-                                prompt=start.prompt,
-                                width=start.width,
-                                height=start.height,
-                                frames=count,
-                                seed=seed + index,
-                                steps=start.steps,
-                                guidance_scale=start.guidance_scale,
-                                negative_prompt=start.negative_prompt,
-                                progress=progress,
-                            )
-                            result = await self._submit_watched(work, report)
-                            data, frames = await trio.to_thread.run_sync(
-                                writer.write, result.frames
-                            )
-                            await perform(machine.chunk(data, frames, trio.current_time()))
-                        data, frames = await trio.to_thread.run_sync(writer.close)
-                        await perform(machine.finished(data, frames, trio.current_time()))
+                        for work in self._chunks(start, seed):
+                            result = await self._submit_chunk(work)
+                            encoded = await trio.to_thread.run_sync(writer.write, result.frames)
+                            await perform(machine.chunk(*encoded, trio.current_time()))
+                        encoded = await trio.to_thread.run_sync(writer.close)
+                        await perform(machine.finished(*encoded, trio.current_time()))
                     except RequestFailed as exc:
                         self.log.error("video stream failed", exc_info=exc)
                         await perform(machine.failed("The generation failed.", trio.current_time()))
                     finally:
-                        if not writer.closed:
-                            writer.close()
+                        writer.close()
 
             nursery.start_soon(read)
             nursery.start_soon(clock)
@@ -589,7 +541,7 @@ class _BadForm(Exception):
 
 def media_routes(media: MediaService | None) -> list[BaseRoute]:
     """The generation routes; with no service (``None``) each answers ``model_not_loaded``."""
-    service = media or MediaService(image=None, video=None)
+    service = media or MediaService(None)
 
     async def images(request: Request) -> Response:
         answer = await service.generate_images(request)
@@ -599,7 +551,7 @@ def media_routes(media: MediaService | None) -> list[BaseRoute]:
         return await service.create_video(request)
 
     async def listed(request: Request) -> Response:
-        if service.video is None:
+        if not service.configured("video"):
             return _refused(_not_loaded("video"))
         return service.list_videos(request)
 

@@ -2,9 +2,10 @@
 
 A `RobotConnection` moves frames between its socket and the policy engine and
 owns nothing else: the protocol's state is its `OpenPIProtocol` (sans-I/O,
-``_openpi_wire.py``), batching and inference are the engine's
-(``duplex.models.PolicyEngine``, reached through `RobotService`). It reads one
-frame, answers it, and only then reads the next, as OpenPI's clients expect:
+``_openpi_wire.py``), batching and inference are the engine's (a
+``duplex.models.RequestEngine`` over a `PolicyRunner`, reached through
+`RobotService`). It reads one frame, answers it, and only then reads the next,
+as OpenPI's clients expect:
 one request in flight per robot, so a robot's own requests never batch
 together, and many robots' do.
 
@@ -30,9 +31,10 @@ import trio
 from starlette.websockets import WebSocket, WebSocketState
 
 from duplex.actors import Actor, ActorContext, ActorRef, ActorSystem, LaneSpec, Restart
-from duplex.exceptions import InvalidPayload, PolicyFailed, PolicyOverloaded
-from duplex.metrics import MetricsRegistry, Sample
-from duplex.models import POLICY_METRICS, PolicyEngine, PolicyRequest
+from duplex.exceptions import InvalidPayload, RequestFailed, RequestsOverloaded
+from duplex.metrics import MetricsRegistry
+from duplex.models import PolicyRequest
+from duplex.runtime import RequestEngines, RequestService
 
 from ._connection import ShutDown
 from ._openpi_wire import MAX_PAYLOAD_BYTES, Answer, Infer, OpenPIProtocol, error_frame
@@ -43,6 +45,8 @@ BAD_FRAMES_LOGGED: Final = 3
 
 DEFAULT_IDLE_TIMEOUT_S: Final = 30.0
 OVERLOADED: Final = "Policy overloaded"
+POLICY: Final = "policy"
+"""The request engine the robots' policy runs on (`PolicyRunner.name`)."""
 """The error frame's message when the policy engine's queue is full (the request did not run)."""
 
 
@@ -146,7 +150,8 @@ class RobotService:
     Args:
         system: where each connection's actor lives.
         connections: the server's live connections (shutdown closes them with 1001).
-        registry: where robot and policy metrics go (``None``: nowhere).
+        requests: the process's request engines; the policy is the one named ``policy``.
+        registry: where robot metrics go (``None``: nowhere).
         idle_timeout_s: close a socket that sends nothing this long (0: never).
         max_payload_bytes: larger inbound frames are refused.
     """
@@ -155,6 +160,7 @@ class RobotService:
         self,
         system: ActorSystem,
         connections: Registry,
+        requests: RequestEngines,
         registry: MetricsRegistry | None = None,
         *,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
@@ -162,27 +168,16 @@ class RobotService:
     ) -> None:
         self.system = system
         self.connections = connections
+        self.requests = requests
         self.idle_timeout_s = idle_timeout_s
         self.max_payload_bytes = max_payload_bytes
-        self.engine: PolicyEngine | None = None
-        self.engine_ready = trio.Event()
         self.counters = RobotCounters.of(registry)
         self._clients = itertools.count(1)
-        if registry is not None:
-            for name, kind, help_text in POLICY_METRICS:
-                registry.add_collector(name, kind, help_text, self._sampler(name))
 
-    def _sampler(self, name: str) -> Callable[[], list[Sample]]:
-        def collect() -> list[Sample]:
-            value = None if self.engine is None else self.engine.statistics().metric(name)
-            return [] if value is None else [Sample(name, {}, value)]
-
-        return collect
-
-    async def set_engine(self, engine: PolicyEngine) -> None:
-        """A (new) policy engine is running: robots use it from their next request."""
-        self.engine = engine
-        self.engine_ready.set()
+    @property
+    def engine(self) -> RequestService | None:
+        """The policy's engine now (``None``: not running yet, or restarting)."""
+        return self.requests.get(POLICY)
 
     async def connect(self, socket: FrameSocket, *, peer: str | None = None) -> None:
         """Run one robot socket until it ends."""
@@ -283,15 +278,17 @@ class RobotConnection(Actor[Any]):
 
     async def _infer(self, ctx: ActorContext, infer: Infer) -> bytes:
         engine = self.service.engine
-        assert engine is not None  # the route serves robots only once an engine runs
+        if engine is None:  # its engine process is restarting: the robot may send again
+            self.service.counters.refused("inference_failed")
+            return self.protocol.failed()
         request = PolicyRequest(infer.observation, infer.session_id, infer.reset, self.client)
         try:
-            reply = await engine.infer(request)
-            return self.protocol.inferred(reply.result, reply.infer_ms)
-        except PolicyOverloaded:
+            reply = await engine.submit_timed(request)
+            return self.protocol.inferred(reply.result, reply.run_ms)
+        except RequestsOverloaded:
             self.service.counters.refused("overloaded")
             return error_frame(OVERLOADED)
-        except (PolicyFailed, ValueError, TypeError) as exc:  # the robot hears only that it failed
+        except (RequestFailed, ValueError, TypeError) as exc:  # the robot hears only that it failed
             self.failures += 1
             self.service.counters.refused("inference_failed")
             cause = exc.__cause__ or exc

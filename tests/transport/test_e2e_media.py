@@ -124,25 +124,24 @@ async def test_images(tmp_path: Path) -> None:
             async def hold(client: httpx.AsyncClient) -> None:
                 await client.post(url + IMAGES, json=long)
 
-            steps_before = await metric(http, url, "duplex_media_steps_total", "image")
+            batches = await metric(http, url, "duplex_request_batches_total", "image")
             nursery.start_soon(hold, clients[0])
-            await wait_metric(http, url, "duplex_media_steps_total", "image", steps_before + 2)
+            await wait_metric(http, url, "duplex_request_batches_total", "image", batches + 1)
             nursery.start_soon(hold, clients[1])
-            await wait_metric(http, url, "duplex_media_queued", "image", 1)
+            await wait_metric(http, url, "duplex_requests_queued", "image", 1)
             full = await http.post(url + IMAGES, json=ask)
             await refused(full, 429, None, "rate_limited")
             assert full.headers["retry-after"] == "1"
-            cancelled = await metric(http, url, "duplex_media_cancelled_total", "image")
+            cancelled = await metric(http, url, "duplex_requests_cancelled_total", "image")
+            stopped = await metric(http, url, "duplex_request_batches_stopped_total", "image")
             nursery.cancel_scope.cancel()  # both clients disconnect
         for client in clients:
             await client.aclose()
-        await wait_metric(http, url, "duplex_media_cancelled_total", "image", cancelled + 2)
-        # the running request stopped at its next step: the engine is free again
-        with trio.fail_after(60):
-            recovered = await http.post(url + IMAGES, json={**ask, "seed": 5})
+        # the queued request is withdrawn; the running one stops at its next step
+        await wait_metric(http, url, "duplex_requests_cancelled_total", "image", cancelled + 1)
+        await wait_metric(http, url, "duplex_request_batches_stopped_total", "image", stopped + 1)
+        recovered = await http.post(url + IMAGES, json={**ask, "seed": 5})  # the engine is free
         assert recovered.json()["data"][0]["b64_json"] == data[0]["b64_json"]
-        steps = await metric(http, url, "duplex_media_steps_total", "image")
-        assert steps < steps_before + LONG  # the withdrawn one never ran its 500 steps
 
 
 async def wait_job(http: httpx.AsyncClient, url: str, job_id: str, *states: str) -> dict[str, Any]:
@@ -204,11 +203,12 @@ async def test_video_jobs(tmp_path: Path) -> None:
         assert full.headers["retry-after"] == "1"
         busy = await http.get(f"{url}/v1/videos/{jobs[0]['id']}/content")
         assert busy.status_code == 400
-        cancelled = await metric(http, url, "duplex_media_cancelled_total", "video")
+        stopped = await metric(http, url, "duplex_request_batches_stopped_total", "video")
         for running in jobs:  # DELETE cancels an active job
             answer = (await http.delete(f"{url}/v1/videos/{running['id']}")).json()
             assert answer["status"] == "cancelled" and answer["completed_at"] is not None
-        await wait_metric(http, url, "duplex_media_cancelled_total", "video", cancelled + 2)
+        # the running chunk stops at its next step
+        await wait_metric(http, url, "duplex_request_batches_stopped_total", "video", stopped + 1)
         third = await http.post(url + "/v1/videos", data={**form, "num_inference_steps": "2"})
         await wait_job(http, url, third.json()["id"], "completed")  # the engine is free again
         deleted = (await http.delete(f"{url}/v1/videos/{job['id']}")).json()
@@ -281,13 +281,13 @@ async def test_realtime_video(tmp_path: Path) -> None:
             events, _ = await receive_stream(ws)
         assert events[-1]["type"] == "session.done" and events[-1]["stopped"] is True
 
-        cancelled = await metric(http, url, "duplex_media_cancelled_total", "video")
-        steps = await metric(http, url, "duplex_media_steps_total", "video")
-        async with connect(ws_url) as ws:  # the client leaves: its chunk is withdrawn
+        stopped = await metric(http, url, "duplex_request_batches_stopped_total", "video")
+        batches = await metric(http, url, "duplex_request_batches_total", "video")
+        async with connect(ws_url) as ws:  # the client leaves: its running chunk stops
             await ws.send(json.dumps(long))
             assert json.loads(await ws.recv())["type"] == "video.start"
-            await wait_metric(http, url, "duplex_media_steps_total", "video", steps + 2)
-        await wait_metric(http, url, "duplex_media_cancelled_total", "video", cancelled + 1)
+            await wait_metric(http, url, "duplex_request_batches_total", "video", batches + 1)
+        await wait_metric(http, url, "duplex_request_batches_stopped_total", "video", stopped + 1)
         async with connect(ws_url) as ws:  # and the engine serves the next one
             await ws.send(json.dumps(start))
             events, stream = await receive_stream(ws)

@@ -15,8 +15,9 @@ import trio.testing
 
 from duplex.actors import ActorRef, open_actor_system
 from duplex.metrics import MetricsRegistry
-from duplex.models import PolicyEngine, PolicyRequest
+from duplex.models import PolicyRequest, PolicyRunner, RequestEngine
 from duplex.models._driver import inline
+from duplex.runtime import RequestEngines
 from duplex.transport._connection import ShutDown
 from duplex.transport._openpi import OVERLOADED, RobotService
 from duplex.transport._openpi_wire import INTERNAL_ERROR, INVALID_PAYLOAD, pack, unpack
@@ -121,9 +122,8 @@ async def robot(
             await trio.sleep(delay_s)
         return fn()
 
-    engine = PolicyEngine(
-        policy,
-        max_batch=max_batch,
+    engine = RequestEngine(
+        PolicyRunner(policy, max_batch=max_batch),
         max_wait_s=0.002,
         max_queue=max_queue,
         offload=offload if delay_s else inline,
@@ -131,8 +131,9 @@ async def robot(
     registry = MetricsRegistry()
     async with open_actor_system(registry=registry) as system, trio.open_nursery() as nursery:
         await nursery.start(engine.run)
-        service = RobotService(system, Live(), registry, idle_timeout_s=IDLE_S)
-        await service.set_engine(engine)
+        requests = RequestEngines(["policy"], registry)
+        service = RobotService(system, Live(), requests, registry, idle_timeout_s=IDLE_S)
+        await requests.started(engine)
         socket = MemorySocket()
         nursery.start_soon(service.connect, socket)
         assert unpack(await socket.outbox.receive()) == {"action_horizon": 2}
@@ -214,7 +215,7 @@ async def test_an_overloaded_engine_answers_and_recovers(clock: trio.testing.Moc
         assert engine is not None
 
         async def other() -> None:
-            await engine.infer(PolicyRequest({}))
+            await engine.submit(PolicyRequest({}))
 
         nursery.start_soon(other)
         await trio.sleep(0.5)  # the other request runs; a second one waits

@@ -1,26 +1,17 @@
 """duplex.models.diffusion: image and video generation runners over diffusers pipelines.
 
-`ImageRunner` and `VideoRunner` are request-batched runners (one diffusion step is
-one unit of preemption); `resolve_diffusion` maps ``--image-model`` /
+`ImageRunner` and `VideoRunner` are `BatchRunner`s for a `RequestEngine` (one
+diffusion step is one unit of preemption); `resolve_diffusion` maps ``--image-model`` /
 ``--video-model`` (``tiny`` or a local folder) to a `DiffusionModel`, and
 `load_image_runner` / `load_video_runner` load it. `tiny_pipeline` builds and caches
 the seeded random-weight pipelines tests and demos serve.
 """
 
-from ._interim import (
-    RequestCancelled,
-    RequestEngine,
-    RequestEngineStatistics,
-    RequestFailed,
-    RequestsOverloaded,
-)
 from ._runners import (
     DiffusionModel,
     ImageRequest,
     ImageResult,
     ImageRunner,
-    StepProgress,
-    UnitGate,
     VideoRequest,
     VideoResult,
     VideoRunner,
@@ -36,13 +27,6 @@ __all__ = [
     "ImageRequest",
     "ImageResult",
     "ImageRunner",
-    "RequestCancelled",
-    "RequestEngine",
-    "RequestEngineStatistics",
-    "RequestFailed",
-    "RequestsOverloaded",
-    "StepProgress",
-    "UnitGate",
     "VideoRequest",
     "VideoResult",
     "VideoRunner",

@@ -1,11 +1,13 @@
 """Image and video generation as request-batched runners over diffusers pipelines.
 
 A pipeline is loaded from a local folder with ``DiffusionPipeline.from_pretrained``
-(a real checkpoint, or a tiny one built by ``_tiny.py``: same path). A runner takes
-a batch of requests and answers each in order; between diffusion steps it calls the
-gate's ``next_unit`` (from the pipeline's ``callback_on_step_end``), so one step is
-the unit of preemption: a realtime engine sharing the device ticks in between, and
-a withdrawn request stops at its next step (the gate raises ``RequestCancelled``).
+(a real checkpoint, or a tiny one built by ``_tiny.py``: same path). A runner is a
+`BatchRunner` for a `RequestEngine`: it takes a batch of requests and answers each
+in order. The engine acquires the first unit before the call; after each diffusion
+step the runner calls the gate's ``next_unit`` (from the pipeline's
+``callback_on_step_end``), so one step is the unit of preemption: a realtime engine
+sharing the device ticks in between, and a batch whose clients all left stops at its
+next step (the gate raises ``RequestCancelled``). The VAE decode is the last unit.
 
 torch and diffusers are imported when a pipeline is loaded, not with this module:
 the request and result classes cross into the transport without them.
@@ -15,9 +17,9 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, final
+from typing import Any, Literal, final
 
 import numpy as np
 
@@ -25,6 +27,7 @@ from duplex.exceptions import ConfigError
 from duplex.progress import note
 
 from .._options import ModelOptions
+from .._requests import UnitGate
 from ._tiny import tiny_pipeline
 
 __all__ = [
@@ -32,8 +35,6 @@ __all__ = [
     "ImageRequest",
     "ImageResult",
     "ImageRunner",
-    "StepProgress",
-    "UnitGate",
     "VideoRequest",
     "VideoResult",
     "VideoRunner",
@@ -43,28 +44,6 @@ __all__ = [
 ]
 
 PipelineKind = Literal["image", "video"]
-
-
-class UnitGate(Protocol):
-    """Between units of preemption (diffusion steps): blocks until there is slack for one
-    more; raises ``RequestCancelled`` when every request of the batch was withdrawn."""
-
-    def next_unit(self) -> None: ...
-
-
-@final
-class StepProgress:
-    """Diffusion steps done of a request: written by the runner's thread (one writer, a
-    plain int), read by the event loop for progress and stall checks."""
-
-    __slots__ = ("done", "total")
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.done = 0
-
-    def advance(self) -> None:
-        self.done += 1
 
 
 @final
@@ -80,7 +59,6 @@ class ImageRequest:
     steps: int = 20
     guidance_scale: float = 7.5
     negative_prompt: str = ""
-    progress: StepProgress | None = field(default=None, compare=False)
 
     @property
     def batch_key(self) -> tuple[int, int, int, float]:
@@ -109,7 +87,6 @@ class VideoRequest:
     steps: int = 20
     guidance_scale: float = 7.5
     negative_prompt: str = ""
-    progress: StepProgress | None = field(default=None, compare=False)
 
     @property
     def batch_key(self) -> tuple[int, int, int, int, float]:
@@ -158,8 +135,12 @@ def _load(model: DiffusionModel, device: str) -> Any:
     import torch
     from diffusers import DiffusionPipeline
     from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
 
     diffusers_logging.set_verbosity_error()
+    diffusers_logging.disable_progress_bar()  # its bars would write to stderr, past the logs
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
     note(f"loading the {model.kind} pipeline {model.id} on {device}")
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
     pipeline = DiffusionPipeline.from_pretrained(model.folder, dtype=dtype)
@@ -187,10 +168,8 @@ def _generator(seed: int) -> Any:
     return torch.Generator("cpu").manual_seed(seed)  # CPU noise: the same on every device
 
 
-def _step_callback(progress: StepProgress | None, gate: UnitGate) -> Any:
+def _step_callback(gate: UnitGate) -> Any:
     def on_step_end(pipeline: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> Any:
-        if progress is not None:
-            progress.advance()
         gate.next_unit()
         return tensors
 
@@ -207,12 +186,13 @@ class ImageRunner:
     def __init__(self, pipeline: Any, model: DiffusionModel) -> None:
         self.pipeline = pipeline
         self.model = model
+        self.metadata = {"model": model.id}
+        """What clients are told: the model id they may name."""
 
     def run_batch(self, requests: Sequence[ImageRequest], gate: UnitGate) -> list[ImageResult]:
         return [self._run(request, gate) for request in requests]
 
     def _run(self, request: ImageRequest, gate: UnitGate) -> ImageResult:
-        gate.next_unit()
         output = self.pipeline(
             prompt=request.prompt,
             negative_prompt=request.negative_prompt or None,
@@ -223,7 +203,7 @@ class ImageRunner:
             guidance_scale=request.guidance_scale,
             generator=[_generator(request.seed + i) for i in range(request.n)],
             output_type="np",
-            callback_on_step_end=_step_callback(request.progress, gate),
+            callback_on_step_end=_step_callback(gate),
         )
         return ImageResult(tuple(_uint8(image) for image in output.images))
 
@@ -238,12 +218,13 @@ class VideoRunner:
     def __init__(self, pipeline: Any, model: DiffusionModel) -> None:
         self.pipeline = pipeline
         self.model = model
+        self.metadata = {"model": model.id}
+        """What clients are told: the model id they may name."""
 
     def run_batch(self, requests: Sequence[VideoRequest], gate: UnitGate) -> list[VideoResult]:
         return [self._run(request, gate) for request in requests]
 
     def _run(self, request: VideoRequest, gate: UnitGate) -> VideoResult:
-        gate.next_unit()
         output = self.pipeline(
             prompt=request.prompt,
             negative_prompt=request.negative_prompt or None,
@@ -254,7 +235,7 @@ class VideoRunner:
             guidance_scale=request.guidance_scale,
             generator=_generator(request.seed),
             output_type="np",
-            callback_on_step_end=_step_callback(request.progress, gate),
+            callback_on_step_end=_step_callback(gate),
         )
         frames = _uint8(output.frames)
         return VideoResult(frames.reshape(-1, *frames.shape[-3:])[: request.frames])

@@ -73,6 +73,7 @@ def build_tiny_pipeline(folder: Path, kind: TinyKind, seed: int) -> None:
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
     diffusers_logging.set_verbosity_error()
+    diffusers_logging.disable_progress_bar()
     scratch = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=folder.parent))
     try:
         vocab_size = write_tokenizer_files(scratch)

@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import trio
-import trio.testing
 
-from duplex.exceptions import ConfigError
-from duplex.models import ModelOptions
+from duplex.exceptions import ConfigError, RequestCancelled, RequestsOverloaded
+from duplex.models import ModelOptions, RequestEngine
 from duplex.models.diffusion import (
     DiffusionModel,
     ImageRequest,
     ImageRunner,
-    RequestCancelled,
-    RequestEngine,
-    RequestFailed,
-    RequestsOverloaded,
-    StepProgress,
     VideoRequest,
     VideoRunner,
     load_image_runner,
@@ -106,16 +99,15 @@ def test_same_seed_same_images_other_seed_other_images(image_runner: ImageRunner
     assert all(np.array_equal(a, b) for a, b in zip(first.images, again.images, strict=True))
     assert not np.array_equal(first.images[0], first.images[1])  # image i: seed + i
     assert np.array_equal(first.images[1], other.images[0])  # seed 11 + 1 is seed 12
-    assert gate.units == 3 * (1 + 2)  # one before the first step, one after each
+    assert gate.units == 3 * 2  # after each step: the engine holds the first unit
 
 
-def test_steps_are_counted_and_a_withdrawn_request_stops_at_its_next_step(
-    image_runner: ImageRunner,
-) -> None:
-    progress = StepProgress(50)
+def test_a_withdrawn_request_stops_at_its_next_step(image_runner: ImageRunner) -> None:
+    gate = CancelAfter(3)
     with pytest.raises(RequestCancelled):
-        image_runner.run_batch([request(steps=50, progress=progress)], CancelAfter(3))
-    assert progress.done == 3  # units: before step 0, after steps 0 and 1; step 2 ends it
+        image_runner.run_batch([request(steps=50)], gate)
+    assert gate.left == 0  # three steps ran, the fourth's gate raised
+    assert image_runner.metadata == {"model": "tiny-image"}
 
 
 def test_video_chunk_frames_and_seed(video_runner: VideoRunner) -> None:
@@ -127,60 +119,41 @@ def test_video_chunk_frames_and_seed(video_runner: VideoRunner) -> None:
     assert np.array_equal(first.frames, again.frames)
 
 
-class Scripted:
-    """A runner whose requests say what to do: a number of steps, or raise."""
+async def test_on_a_request_engine_a_full_queue_refuses_a_leaving_client_frees_it(
+    image_runner: ImageRunner,
+) -> None:
+    engine: RequestEngine[ImageRequest, object] = RequestEngine(image_runner, max_queue=1)
 
-    name = "scripted"
-    max_batch = 1
+    async def wait_for(check: object) -> None:
+        while not check():  # type: ignore[operator]
+            await trio.sleep(0.01)
 
-    def __init__(self) -> None:
-        self.started = trio.Event()
-        self.release = False
-
-    def run_batch(self, requests: list[object], gate: object) -> list[object]:
-        (what,) = requests
-        if what == "fail":
-            raise ValueError("broken")
-        if what == "hold":  # steps until withdrawn
-            trio.from_thread.run_sync(self.started.set)
-            while True:
-                gate.next_unit()  # type: ignore[attr-defined]
-                time.sleep(0.001)
-        return [f"done {what}"]
-
-
-async def test_engine_bounds_its_queue_withdraws_and_recovers() -> None:
-    runner = Scripted()
-    engine: RequestEngine[object, object] = RequestEngine(runner, max_queue=1)
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)
-        holding = trio.CancelScope()
-
-        async def hold() -> None:
-            with holding:
-                await engine.submit("hold")
-
-        nursery.start_soon(hold)
-        await runner.started.wait()
+        long = trio.CancelScope()
         queued = trio.CancelScope()
 
-        async def wait_queued() -> None:
-            with queued:
-                await engine.submit("queued")
+        async def submit(scope: trio.CancelScope) -> None:
+            with scope:
+                await engine.submit(request(steps=500))
 
-        nursery.start_soon(wait_queued)
-        await trio.testing.wait_all_tasks_blocked()
-        with pytest.raises(RequestsOverloaded):
-            await engine.submit("refused")
+        nursery.start_soon(submit, long)
+        await wait_for(lambda: engine.statistics().batcher.batches == 1)  # running
+        nursery.start_soon(submit, queued)
+        await wait_for(lambda: engine.statistics().batcher.queued == 1)
+        with pytest.raises(RequestsOverloaded) as refused:
+            await engine.submit(request())
+        assert refused.value.retry_after_s >= 1.0
         queued.cancel()
-        holding.cancel()  # withdrawn: the runner's next step raises, the engine is free
-        assert await engine.submit("again") == "done again"
-        with pytest.raises(RequestFailed) as failed:
-            await engine.submit("fail")
-        assert isinstance(failed.value.__cause__, ValueError)
+        long.cancel()  # its batch stops at its next step, and the engine is free again
+        await wait_for(lambda: engine.statistics().batcher.queued == 0)
+        with trio.fail_after(60):
+            (image,) = (await engine.submit(request(seed=11))).images
+        (alone,) = image_runner.run_batch([request(seed=11)], Open())[0].images
+        assert np.array_equal(image, alone)
         stats = engine.statistics()
-        assert (stats.refused, stats.cancelled, stats.completed, stats.failed) == (1, 2, 1, 1)
-        assert (stats.queued, stats.running) == (0, 0)
+        assert (stats.stopped_batches, stats.batcher.refused) == (1, 1)
+        assert (stats.batcher.cancelled, stats.orphaned) == (1, 1)  # queued; running (stopped)
         nursery.cancel_scope.cancel()
 
 
