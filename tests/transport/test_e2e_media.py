@@ -307,3 +307,21 @@ async def test_routes_without_models_say_not_loaded() -> None:
         async with connect(url.replace("http://", "ws://") + "/v1/realtime/video") as ws:
             event = json.loads(await ws.recv())
         assert (event["type"], event["code"]) == ("error", "model_not_loaded")
+
+
+async def test_pipelines_in_an_engine_process() -> None:
+    """With engine processes the pipelines run there: requests and results cross the link."""
+    flags = ("--engine-process", "on", "--image-model", "tiny", "--video-model", "tiny")
+    async with served(*flags) as url, httpx.AsyncClient(timeout=120) as http:
+        ask = {"prompt": "a cat", "size": "32x24", "num_inference_steps": 2, "seed": 9}
+        first = await http.post(url + IMAGES, json={**ask, "model": "tiny-image"})
+        again = await http.post(url + IMAGES, json=ask)
+        assert first.json()["data"][0]["b64_json"] == again.json()["data"][0]["b64_json"]
+        assert png(first.json()["data"][0]).shape == (24, 32, 3)
+        form = {"prompt": "waves", "size": "32x16", "seconds": "0.5", "fps": "8"}
+        job = (
+            await http.post(url + "/v1/videos", data={**form, "num_inference_steps": "2"})
+        ).json()
+        await wait_job(http, url, job["id"], "completed")
+        content = await http.get(f"{url}/v1/videos/{job['id']}/content")
+        assert len(frames_of(content.content)) == 4
