@@ -26,7 +26,7 @@ from ._engine import Engine, EngineStatistics, InputPush, SlotHandle, SlotOutput
 from ._interface import ModelSpec, PcmFrame, SlotPrompt
 from ._recorder import EngineRecorder
 from ._scheduler import CapacityReport
-from ._slack import Slack
+from ._slack import Slack, SlackStatistics
 from ._ticker import Fanout, Subscriber, Ticker, loop_counters
 
 __all__ = ["DriverStatistics", "EngineDriver", "Offload"]
@@ -61,6 +61,8 @@ class DriverStatistics:
             (its slot is then detached).
         orphaned: outputs of slots detached while their step was running.
         engine: the engine's statistics.
+        slack: the windows between its ticks that batch units ran in (``None``: no
+            request engine shares the process).
     """
 
     ticks: int
@@ -72,10 +74,12 @@ class DriverStatistics:
     dropped_closed: int
     orphaned: int
     engine: EngineStatistics
+    slack: SlackStatistics | None = None
 
     def metric(self, name: str) -> float | None:
         """The value of ``ENGINE_METRICS`` entry ``name`` (``None``: nothing to report yet)."""
         engine = self.engine
+        slack = self.slack
         values: dict[str, float | None] = {
             "duplex_engine_ticks_total": self.ticks,
             "duplex_engine_late_ticks_total": self.late_ticks,
@@ -87,6 +91,9 @@ class DriverStatistics:
             "duplex_engine_live_slots": engine.live_slots,
             "duplex_engine_step_p99_seconds": engine.scheduler.p99_step_s,
             "duplex_engine_warmup_steps_total": engine.warmup_steps,
+            "duplex_engine_slack_units_total": None if slack is None else slack.units,
+            "duplex_engine_slack_deferred_total": None if slack is None else slack.deferred,
+            "duplex_engine_slack_overran_total": None if slack is None else slack.overran,
         }
         return values[name]
 
@@ -102,6 +109,9 @@ ENGINE_METRICS: tuple[tuple[str, str, str], ...] = (
     ("duplex_engine_live_slots", "gauge", "Slots in use"),
     ("duplex_engine_step_p99_seconds", "gauge", "p99 step time over the recent window"),
     ("duplex_engine_warmup_steps_total", "counter", "Warm-up steps kept out of the window"),
+    ("duplex_engine_slack_units_total", "counter", "Batch units run between ticks"),
+    ("duplex_engine_slack_deferred_total", "counter", "Batch units that waited: no window fit"),
+    ("duplex_engine_slack_overran_total", "counter", "Batch units still running at a step"),
 )
 """The engine's metrics (name, kind, help), read from `DriverStatistics.metric`, labelled
 with the model by whoever exports them."""
@@ -218,7 +228,10 @@ class EngineDriver:
     def statistics(self) -> DriverStatistics:
         """Snapshot of the loop and delivery counters."""
         engine = self._engine.statistics(trio.current_time())
-        return DriverStatistics(**loop_counters(self._ticker, self._fanout), engine=engine)
+        slack = None if self._slack is None else self._slack.statistics()
+        return DriverStatistics(
+            **loop_counters(self._ticker, self._fanout), engine=engine, slack=slack
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Tick forever; run it in a nursery. Engine errors propagate (the engine is dead).

@@ -198,13 +198,21 @@ class _Gate:
 
     def next_unit(self) -> None:
         on_loop = trio.lowlevel.in_trio_run()
-        self.end_unit(on_loop=on_loop)
         if all(waiting.gone for waiting in self._batch):
             raise RequestCancelled("every request of the batch was withdrawn")
-        if self._slack is not None and not on_loop:
-            trio.from_thread.run(self._slack.acquire, self._estimate.seconds)
-            self.holding = True
+        if self._slack is None or on_loop:
+            self.end_unit(on_loop=on_loop)
+        else:  # one hop to the event loop: hand the window back and wait for the next
+            self._estimate.record(self._timer() - self.unit_started)
+            trio.from_thread.run(self._next_window, self._slack)
         self.unit_started = self._timer()
+
+    async def _next_window(self, slack: Slack) -> None:
+        if self.holding:
+            self.holding = False
+            slack.release()
+        await slack.acquire(self._estimate)
+        self.holding = True
 
     def end_unit(self, *, on_loop: bool) -> None:
         self._estimate.record(self._timer() - self.unit_started)
@@ -250,7 +258,7 @@ class RequestEngine(Generic[Req, Res]):
         self._slack = slack
         self._offload: Offload = offload or trio.to_thread.run_sync
         self._timer = timer
-        self._estimate = UnitEstimate()
+        self._estimate = UnitEstimate(clock=timer)
         self._tickets = itertools.count()
         self._waiting: dict[int, _Waiting[Req, Res]] = {}
         self._submitted = trio.Event()
@@ -340,7 +348,7 @@ class RequestEngine(Generic[Req, Res]):
         requests = [waiting.request for waiting in batch]
         gate = _Gate(batch, self._slack, self._estimate, self._timer)
         if self._slack is not None:
-            await self._slack.acquire(self._estimate.seconds)
+            await self._slack.acquire(self._estimate)
             gate.holding = True
         start = gate.unit_started = self._timer()
         results: list[Res | BaseException]

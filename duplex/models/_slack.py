@@ -14,12 +14,14 @@ that runs past its estimate overlaps the next step (counted as ``overran``;
 on a shared device that step runs slower), and its time raises the runner's
 estimate, so its next unit waits for a wider window. A unit that
 fits no window waits (``deferred`` counts the waits): realtime ticks keep
-their deadline and batch work gets what is left.
+their deadline and batch work gets what is left (but see `UnitEstimate`:
+a runner whose units never fit probes once per horizon).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,22 +55,52 @@ class SlackStatistics:
 
 @final
 class UnitEstimate:
-    """What the next unit of one runner will cost: the longest of its recent units.
+    """What the next unit of one runner will cost: a high quantile of its recent units.
 
-    The longest, not the mean, because a unit that overruns costs a late tick
-    while one that waits costs only batch latency.
+    High (the 90th percentile of the last 20: the second longest), not the mean,
+    because a unit that overruns costs a tick while one that waits costs only
+    batch latency; not the longest, because one descheduled unit on a busy host
+    would then keep every later one out of windows it fits. Two exceptions keep an outlier
+    from starving a runner for good: the runner's first unit is not recorded
+    (it pays for lazy initialisation and allocator warm-up), and a time older
+    than ``horizon_s`` no longer counts, so a runner whose units fit no window
+    sends one probe unit at most every ``horizon_s`` (which overruns, at worst,
+    once in that time) and learns its cost again.
+
+    Args:
+        window: how many recent units count.
+        quantile: which of them is the estimate (1.0: the longest).
+        horizon_s: how long a unit's time counts.
+        clock: monotonic seconds.
     """
 
-    def __init__(self, window: int = 16) -> None:
-        self._recent: deque[float] = deque(maxlen=window)
+    def __init__(
+        self,
+        window: int = 20,
+        quantile: float = 0.9,
+        horizon_s: float = 10.0,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._recent: deque[tuple[float, float]] = deque(maxlen=window)
+        self._quantile = quantile
+        self._horizon_s = horizon_s
+        self._clock = clock
+        self._warm = False
 
     def record(self, seconds: float) -> None:
-        self._recent.append(max(0.0, seconds))
+        if not self._warm:
+            self._warm = True
+            return
+        self._recent.append((self._clock(), max(0.0, seconds)))
 
     @property
     def seconds(self) -> float:
-        """0 before the first unit: it takes the first window that opens."""
-        return max(self._recent, default=0.0)
+        """0 before the first unit is recorded: it takes the first window that opens."""
+        oldest = self._clock() - self._horizon_s
+        times = sorted(took for at, took in self._recent if at >= oldest)
+        if not times:
+            return 0.0
+        return times[min(len(times) - 1, int(self._quantile * len(times)))]
 
 
 @final
@@ -142,12 +174,13 @@ class Slack:
             return False
         return self._clock() + estimate_s + self.margin_s <= self._window_end
 
-    async def acquire(self, estimate_s: float) -> None:
-        """Wait for a window that fits a unit of ``estimate_s``, then hold it until
-        `release`. Cancellable while it waits."""
+    async def acquire(self, estimate: UnitEstimate | float) -> None:
+        """Wait for a window that fits the unit (its runner's `UnitEstimate`, read again at
+        each window, or a fixed number of seconds), then hold it until `release`.
+        Cancellable while it waits."""
         await trio.lowlevel.checkpoint_if_cancelled()
         deferred = False
-        while not self.fits(estimate_s):
+        while not self.fits(estimate if isinstance(estimate, float) else estimate.seconds):
             if not deferred and not self._stepping and not self._running:
                 self._deferred += 1  # a window is open but too short for this unit
                 deferred = True

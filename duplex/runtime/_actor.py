@@ -7,8 +7,9 @@ VAD's windows arrive on the ``model`` lane; the lease timer on ``control``.
 
 A session with ``vad="silero"`` holds a stream on the shared VAD for its whole
 life (taken at admission, like its engine slot): every ``ModelAppendAudio``
-chunk also goes to its `VadLink`, a pump task brings the scored windows back
-(`FromVad`), and the link turns them into the machine's ``SpeechStarted`` /
+chunk also goes to its `VadLink`, the scored windows come back into the mailbox
+the way engine output does (a `MailboxSink`, no pump task: `FromVad`), and
+the link turns them into the machine's ``SpeechStarted`` /
 ``SpeechStopped``. A clearing ``ModelReset`` or a turn-detection change restarts
 the stream; a VAD restart moves it onto the new VAD (`VadReplaced`).
 
@@ -20,8 +21,9 @@ expired`` (reason) and ``session closed`` (reason), each with ``session_id`` and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, final
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, final
 
 import numpy as np
 import trio
@@ -68,6 +70,8 @@ from duplex.sessions import (
 from ._input_times import InputTimes
 from ._vad_link import VadLink
 
+T = TypeVar("T")
+
 # -- messages to the session actor ----------------------------------------
 
 
@@ -98,13 +102,14 @@ class FromClient:
 @dataclass(frozen=True, slots=True, eq=False)
 class FromEngine:
     output: SlotOutput
-    sink: EngineSink
+    sink: MailboxSink[SlotOutput]
 
 
 @final
 @dataclass(frozen=True, slots=True, eq=False)
 class FromVad:
     window: VadWindow
+    sink: MailboxSink[VadWindow]
 
 
 @final
@@ -176,55 +181,66 @@ VAD_WINDOW_BUFFER = 32
 """Scored windows (32 ms each) a session may fall behind before the VAD drops (counted)."""
 
 
-@dataclass(eq=False)
-class VadResources:
-    """A session's stream on the shared VAD and where its windows arrive."""
-
-    link: VadLink
-    windows: trio.MemoryReceiveChannel[VadWindow]
-    pump: trio.CancelScope = field(default_factory=trio.CancelScope)
-    overflow_logged: bool = False
-
-
 @final
-class EngineSink:
-    """One slot's engine outputs, straight into its session's mailbox (``model`` lane).
+class MailboxSink(Generic[T]):
+    """One stream's output (an engine slot's frames, a VAD stream's windows), straight into
+    its session's mailbox (``model`` lane).
 
-    The driver calls `send_nowait` on the trio thread after each step; no pump
-    task sits between the engine and the session. Bounded like a channel: at
-    most ``limit`` outputs queued and not yet handled, and beyond that (or
-    before the session is bound) ``trio.WouldBlock``: the driver drops the
-    output and counts it. A closed sink (session released, engine replaced)
-    raises ``trio.ClosedResourceError``, and outputs it already queued are
-    ignored by the session.
+    A driver calls `send_nowait` on the trio thread after each step; no pump
+    task sits between a driver and the session, and both drivers deliver the
+    same way. Bounded like a channel: at most ``limit`` items queued and not
+    yet handled, and beyond that (or before the session is bound)
+    ``trio.WouldBlock``: the driver drops the item and counts it. A closed sink
+    (session released, driver replaced) raises ``trio.ClosedResourceError``,
+    and items it already queued are ignored by the session.
     """
 
-    __slots__ = ("_ref", "closed", "limit", "queued")
+    __slots__ = ("_ref", "_wrap", "closed", "limit", "queued")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, wrap: Callable[[T, MailboxSink[T]], object]) -> None:
         self.limit = limit
         self.queued = 0
         self.closed = False
+        self._wrap = wrap
         self._ref: ActorRef[Any] | None = None
 
     def bind(self, ref: ActorRef[Any]) -> None:
         """Deliver to ``ref`` from now on (the session actor, once it runs)."""
         self._ref = ref
 
-    def send_nowait(self, output: SlotOutput, /) -> None:
+    def send_nowait(self, item: T, /) -> None:
         if self.closed:
-            raise trio.ClosedResourceError("the session no longer takes this slot's output")
+            raise trio.ClosedResourceError("the session no longer takes this stream's output")
         if self._ref is None or self.queued >= self.limit:
             raise trio.WouldBlock
         try:
-            self._ref.tell_nowait(FromEngine(output, self))
+            self._ref.tell_nowait(self._wrap(item, self))
         except MailboxFull:
             raise trio.WouldBlock from None
         self.queued += 1
 
     def handled(self) -> None:
-        """The session took one output off its mailbox."""
+        """The session took one item off its mailbox."""
         self.queued -= 1
+
+
+def engine_sink(limit: int) -> MailboxSink[SlotOutput]:
+    """Where a slot's engine output goes: its session's mailbox, as `FromEngine`."""
+    return MailboxSink(limit, FromEngine)
+
+
+def vad_sink(limit: int = VAD_WINDOW_BUFFER) -> MailboxSink[VadWindow]:
+    """Where a VAD stream's windows go: its session's mailbox, as `FromVad`."""
+    return MailboxSink(limit, FromVad)
+
+
+@dataclass(eq=False)
+class VadResources:
+    """A session's stream on the shared VAD and where its windows arrive."""
+
+    link: VadLink
+    sink: MailboxSink[VadWindow]
+    overflow_logged: bool = False
 
 
 @dataclass(eq=False)
@@ -233,7 +249,7 @@ class SessionResources:
 
     driver: SlotEngine
     handle: SlotHandle
-    sink: EngineSink
+    sink: MailboxSink[SlotOutput]
     released: bool = field(default=False)
     vad: VadResources | None = None
 
@@ -287,25 +303,12 @@ class SessionActor(Actor[Any]):
 
     async def on_start(self, ctx: ActorContext) -> None:
         self.resources.sink.bind(ctx.self)
-        vad = self.resources.vad
-        if vad is not None:
-            ctx.start_soon(self._pump_vad, ctx, vad.windows, vad.pump)
+        if self.resources.vad is not None:
+            self.resources.vad.sink.bind(ctx.self)
         ctx.start_soon(self._guard, ctx)
 
     async def on_stop(self, ctx: ActorContext) -> None:
         self._release()
-
-    async def _pump_vad(
-        self,
-        ctx: ActorContext,
-        windows: trio.MemoryReceiveChannel[VadWindow],
-        scope: trio.CancelScope,
-    ) -> None:
-        """VAD windows into the mailbox, until the actor stops or the VAD is replaced."""
-        with scope:
-            async with windows:
-                async for window in windows:
-                    await ctx.self.tell(FromVad(window))
 
     async def _guard(self, ctx: ActorContext) -> None:
         """Frees the slot and tells the sockets when the actor ends without a session end."""
@@ -331,7 +334,7 @@ class SessionActor(Actor[Any]):
         res = self.resources
         res.sink.closed = True
         res.driver.detach(res.handle)
-        sink = EngineSink(res.sink.limit)
+        sink = engine_sink(res.sink.limit)
         try:  # the prompt was accepted by the same model before the restart
             prompt = slot_prompt(self.machine.config)
             handle = await driver.open_slot(self.machine.session_id, sink, prompt=prompt)
@@ -353,17 +356,17 @@ class SessionActor(Actor[Any]):
         vad = self.resources.vad
         if vad is None or self.resources.released:
             return
-        vad.pump.cancel()
+        vad.sink.closed = True
         vad.link.close()  # the old VAD is gone; its pool goes with it
-        send, recv = trio.open_memory_channel[VadWindow](VAD_WINDOW_BUFFER)
-        handle = driver.attach(self.machine.session_id, send)
+        sink = vad_sink(vad.sink.limit)
+        handle = driver.attach(self.machine.session_id, sink)
         if handle is None:  # the new pool is as large as the old one: never expected
             ctx.log.error("no stream on the restarted VAD; ending the session")
             self._end_lost(ctx, "vad_restart_no_stream")
             return
         ended = vad.link.replace(driver, handle)
-        self.resources.vad = VadResources(vad.link, recv)
-        ctx.start_soon(self._pump_vad, ctx, recv, self.resources.vad.pump)
+        self.resources.vad = VadResources(vad.link, sink)
+        sink.bind(ctx.self)
         ctx.log.warning("the VAD restarted; the session moved onto it")
         for event in ended:
             await self._apply(ctx, event)
@@ -388,9 +391,10 @@ class SessionActor(Actor[Any]):
                         await self._apply(ctx, _model_frame(output))
                     finally:
                         self.input_at = None
-            case FromVad(window):
+            case FromVad(window, sink):
+                sink.handled()
                 vad = self.resources.vad
-                if vad is not None:
+                if vad is not None and sink is vad.sink and not sink.closed:  # else: an old VAD's
                     for event in vad.link.on_window(window):
                         await self._apply(ctx, event)
             case Attach(generation, connection, resume):
@@ -528,6 +532,7 @@ class SessionActor(Actor[Any]):
             self.resources.sink.closed = True
             self.resources.driver.detach(self.resources.handle)
             if self.resources.vad is not None:
+                self.resources.vad.sink.closed = True
                 self.resources.vad.link.close()
             self.owner.released(self.machine.session_id)
 

@@ -37,7 +37,6 @@ from duplex.models import (
     ModelSpec,
     SlotEngine,
     VadDriver,
-    VadWindow,
 )
 from duplex.sessions import (
     Admission,
@@ -52,16 +51,16 @@ from duplex.sessions import (
 )
 
 from ._actor import (
-    VAD_WINDOW_BUFFER,
     EngineLost,
     EngineReplaced,
-    EngineSink,
     Inspect,
     SessionActor,
     SessionResources,
     VadReplaced,
     VadResources,
+    engine_sink,
     slot_prompt,
+    vad_sink,
 )
 from ._vad_link import VadLink
 
@@ -326,12 +325,12 @@ class SessionHub:
         vad = self.vad
         if vad is None:
             raise errors.ResourceExhausted("duplex_vad_unavailable: the VAD is not running")
-        send, recv = trio.open_memory_channel[VadWindow](VAD_WINDOW_BUFFER)
-        handle = vad.attach(session_id, send)
+        sink = vad_sink()
+        handle = vad.attach(session_id, sink)
         if handle is None:
             limit = vad.statistics().vad.max_streams
             raise errors.ResourceExhausted(f"duplex_vad_capacity_exhausted: limit={limit}")
-        return VadResources(VadLink(vad, handle, config), recv)
+        return VadResources(VadLink(vad, handle, config), sink)
 
     def next_generation(self) -> int:
         """A fresh socket generation (unique per process)."""
@@ -376,7 +375,7 @@ class SessionHub:
         with contextlib.ExitStack() as undo:  # one transaction: all of it, or nothing held
             self.admission.try_admit(session_id)
             undo.callback(self.admission.release, session_id)
-            sink = EngineSink(ENGINE_OUTPUT_BUFFER)
+            sink = engine_sink(ENGINE_OUTPUT_BUFFER)
             try:
                 handle = await driver.open_slot(session_id, sink, prompt=slot_prompt(config))
             except errors.PromptUnsupported as exc:  # no prompts, or a voice it does not have

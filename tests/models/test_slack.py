@@ -24,17 +24,33 @@ T = TypeVar("T")
 # -- the rule ------------------------------------------------------------------------------
 
 
-def test_the_estimate_is_the_longest_recent_unit() -> None:
-    estimate = UnitEstimate(window=3)
+def test_the_estimate_is_a_high_quantile_of_the_recent_units_after_the_first() -> None:
+    now = [0.0]
+    estimate = UnitEstimate(window=10, quantile=0.9, clock=lambda: now[0])
+    estimate.record(5.0)  # the first unit warms up: not counted
     assert estimate.seconds == 0.0
-    for seconds in (0.01, 0.03, 0.02):
-        estimate.record(seconds)
-    assert estimate.seconds == 0.03
-    estimate.record(0.005)  # 0.01 leaves the window, 0.03 is still in it
-    assert estimate.seconds == 0.03
-    for _ in range(3):
-        estimate.record(0.001)
-    assert estimate.seconds == 0.001
+    estimate.record(0.02)
+    assert estimate.seconds == 0.02
+    for _ in range(8):
+        estimate.record(0.01)
+    estimate.record(0.05)  # one outlier in ten: the 90th percentile is the longest
+    assert estimate.seconds == 0.05
+    estimate.record(0.01)  # ten again, the 0.02 gone: the outlier is still the estimate
+    assert estimate.seconds == 0.05
+    for _ in range(9):
+        estimate.record(0.01)
+    assert estimate.seconds == 0.01  # the outlier left the window
+
+
+def test_an_old_unit_time_expires_so_a_starved_runner_probes_again() -> None:
+    now = [0.0]
+    estimate = UnitEstimate(window=16, horizon_s=10.0, clock=lambda: now[0])
+    estimate.record(0.0)
+    estimate.record(0.060)  # fits no window
+    now[0] = 9.9
+    assert estimate.seconds == 0.060
+    now[0] = 10.1
+    assert estimate.seconds == 0.0  # one probe may go
 
 
 async def test_a_window_fits_a_unit_only_between_steps_and_before_the_next_tick(
@@ -171,19 +187,22 @@ async def test_batches_run_only_in_the_windows_and_no_tick_is_late(
     assert overlaps(steps, units) == 0
     assert driver.statistics().late_ticks == 0
     assert slack.statistics().overran == 0
+    figures = driver.statistics()  # exported with the engine's metrics
+    assert figures.metric("duplex_engine_slack_units_total") == slack.statistics().units >= 10
+    assert figures.metric("duplex_engine_slack_overran_total") == 0
 
 
-async def test_a_unit_too_long_for_any_window_waits_until_realtime_work_ends(
+async def test_a_unit_too_long_for_any_window_waits_probes_and_runs_when_realtime_ends(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """60 ms units beside 30 ms steps (50 ms windows): the first, unmeasured, runs and
-    overlaps the next step once (the tick does not wait for it); then they wait, and run
-    as soon as the slot is released."""
+    """60 ms units beside 30 ms steps (50 ms windows): the first (warm-up, not counted) and
+    the second (measured) run and overlap a step; then units wait, one probe goes per
+    10 s horizon, and the rest run as soon as the slot is released."""
     slack = Slack()
     steps: list[tuple[float, float]] = []
     units: list[tuple[float, float]] = []
     driver = EngineDriver(loopback_engine(), offload=timed(steps, 0.030), slack=slack)
-    send, _recv = trio.open_memory_channel[Any](1000)
+    send, _recv = trio.open_memory_channel[Any](100000)
     handle = driver.attach("a", send)
     assert handle is not None
     runner = Units()
@@ -194,16 +213,19 @@ async def test_a_unit_too_long_for_any_window_waits_until_realtime_work_ends(
     async with trio.open_nursery() as nursery:
         await nursery.start(driver.run)
         await nursery.start(engine.run)
-        for k in range(3):
+        for k in range(5):
             nursery.start_soon(engine.submit, k)
         await trio.sleep(1.0)
-        assert runner.calls == 1  # measured once, then never fits a 50 ms window
+        assert runner.calls == 2  # then never fits a 50 ms window
         assert slack.statistics().deferred >= 1
+        await trio.sleep(10.0)
+        assert runner.calls == 3  # the 60 ms measure expired: one probe
+        assert slack.statistics().overran == 3
         driver.detach(handle)
         await trio.sleep(0.5)
-        assert runner.calls == 3  # realtime idle: the rest ran
+        assert runner.calls == 5  # realtime idle: the rest ran
         nursery.cancel_scope.cancel()
-    assert slack.statistics().overran == 1 and overlaps(steps, units) == 1
+    assert overlaps(steps, units) == 3
 
 
 # -- a multi-unit runner in a worker thread ------------------------------------------------

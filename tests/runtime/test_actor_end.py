@@ -26,17 +26,17 @@ from duplex.actors import (
 from duplex.models import EngineDriver, ModelSpec, SileroVad, VadDriver, VadWindow
 from duplex.models._driver import inline
 from duplex.runtime._actor import (
-    VAD_WINDOW_BUFFER,
     Attach,
     CloseSocket,
     EngineReplaced,
-    EngineSink,
     FromClient,
     Outbound,
     SessionActor,
     SessionResources,
     VadReplaced,
     VadResources,
+    engine_sink,
+    vad_sink,
 )
 from duplex.runtime._vad_link import VadLink
 
@@ -82,12 +82,12 @@ async def start(system: ActorSystem) -> Running:
     vad_driver = VadDriver(SileroVad(max_streams=1), offload=inline)
     machine = ds.SessionMachine(ds.SessionConfig(vad="silero"))
     sid = machine.session_id
-    sink = EngineSink(8)
+    sink = engine_sink(8)
     handle = driver.attach(sid, sink)
-    send, recv = trio.open_memory_channel[VadWindow](VAD_WINDOW_BUFFER)
-    vad_handle = vad_driver.attach(sid, send)
+    windows = vad_sink()
+    vad_handle = vad_driver.attach(sid, windows)
     assert handle is not None and vad_handle is not None
-    vad = VadResources(VadLink(vad_driver, vad_handle, machine.config), recv)
+    vad = VadResources(VadLink(vad_driver, vad_handle, machine.config), windows)
     hub = Hub()
     resources = SessionResources(driver, handle, sink, vad=vad)
     ref = await system.spawn(  # as the hub spawns it
@@ -107,7 +107,7 @@ async def start(system: ActorSystem) -> Running:
 
 def full_engine() -> EngineDriver:
     driver = EngineDriver(loopback_engine(spec=SPEC), offload=inline)
-    assert driver.attach("someone else", EngineSink(8)) is not None
+    assert driver.attach("someone else", engine_sink(8)) is not None
     return driver  # no slot left for the session
 
 

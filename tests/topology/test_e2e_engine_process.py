@@ -278,6 +278,9 @@ async def test_the_robot_policy_runs_in_the_engine_process_and_survives_its_rest
                              runner="policy") != 1:  # fmt: skip
                     await trio.sleep(0.05)
             assert sample(text, "duplex_requests_batched_total", runner="policy") == 1
+            # the policy's batch ran in the engine's slack, counted with the engine's figures
+            slack_units = re.search(r"^duplex_engine_slack_units_total\{[^}]*\} (\S+)$", text, re.M)
+            assert slack_units is not None and float(slack_units.group(1)) >= 1
             os.kill(pid, signal.SIGKILL)
             answers = []
             with trio.fail_after(OPEN_TIMEOUT_S):
