@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Final, final
+from urllib.parse import parse_qsl
 
 import numpy as np
 import trio
@@ -299,7 +300,7 @@ class MediaService:
                 raise _BodyTooLarge
             kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
             raw: bytes | dict[str, str]
-            if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
+            if kind == "multipart/form-data":  # parts of at most 1 MiB, at most 32 of them
                 raw = {}
                 async with request.form(
                     max_files=0, max_fields=32, max_part_size=MAX_BODY_BYTES
@@ -308,6 +309,13 @@ class MediaService:
                         if not isinstance(value, str) or key in raw:
                             raise _BadForm(key)
                         raw[key] = value
+            elif kind == "application/x-www-form-urlencoded":  # read within the body's bound
+                raw = {}
+                text = (await _read_body(request)).decode("utf-8", "replace")
+                for key, value in parse_qsl(text, keep_blank_values=True, max_num_fields=32):
+                    if key in raw:
+                        raise _BadForm(key)
+                    raw[key] = value
             else:
                 raw = await _read_body(request)
             asked = parse_video_request(raw, model, self.settings.limits)
@@ -320,6 +328,8 @@ class MediaService:
             return _refused(exc)
         except HTTPException as exc:  # the form parser's refusals (too many fields, bad parts)
             return _refused(ProtocolError(f"The form could not be read: {exc.detail}"))
+        except ValueError:  # parse_qsl: more than 32 fields
+            return _refused(ProtocolError("The form has more than 32 fields."))
         now = self.wall_clock()
         job = VideoJob(
             id=f"video_{secrets.token_hex(12)}",

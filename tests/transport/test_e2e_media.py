@@ -209,8 +209,20 @@ async def test_video_jobs(tmp_path: Path) -> None:
             assert answer["status"] == "cancelled" and answer["completed_at"] is not None
         # the running chunk stops at its next step
         await wait_metric(http, url, "duplex_request_batches_stopped_total", "video", stopped + 1)
-        third = await http.post(url + "/v1/videos", data={**form, "num_inference_steps": "2"})
+        multipart = {key: (None, value) for key, value in form.items()}  # multipart/form-data
+        third = await http.post(
+            url + "/v1/videos", files={**multipart, "num_inference_steps": (None, "2")}
+        )
+        assert third.request.headers["content-type"].startswith("multipart/form-data")
         await wait_job(http, url, third.json()["id"], "completed")  # the engine is free again
+        repeated = await http.post(url + "/v1/videos", content=b"prompt=a&prompt=b")
+        assert repeated.status_code == 400  # (no content type: read as JSON, which it is not)
+        twice = await http.post(
+            url + "/v1/videos",
+            content=b"prompt=a&prompt=b",
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+        assert (twice.status_code, twice.json()["error"]["param"]) == (400, "prompt")
         deleted = (await http.delete(f"{url}/v1/videos/{job['id']}")).json()
         assert deleted == {"id": job["id"], "object": "video.deleted", "deleted": True}
         assert (await http.get(f"{url}/v1/videos/{job['id']}")).status_code == 404
