@@ -4,13 +4,17 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test lint bench
+.PHONY: serve serve-media test lint bench
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	scripts/bootstrap.sh
 
 serve: $(STAMP)
 	$(VENV)/bin/duplex serve --host $(HOST) --port $(PORT)
+
+# the same, with the tiny random-weight image and video pipelines (docs/images-video.md)
+serve-media: $(STAMP)
+	$(VENV)/bin/duplex serve --host $(HOST) --port $(PORT) --image-model tiny --video-model tiny
 
 # pytest exits 5 when it collects nothing: for us that is a failure, never a pass.
 test: $(STAMP)

@@ -24,6 +24,10 @@ Runners (one request = ``--units`` units, `gate.next_unit()` between them):
             ``UNet2DConditionModel`` at its published config, seeded random weights, fp16 on
             CUDA) on a 512x512 latent with classifier-free guidance (batch 2 per image), per
             unit: the real work of an image pipeline's step.
+``image``   the server's own image runner (``duplex.models.diffusion.ImageRunner``) over the
+            pipeline ``--image-model`` names (``tiny`` or a folder): one image of ``--size``
+            with ``--units`` steps per request, the engine holding the first unit and the
+            runner asking for each next one from the pipeline's ``callback_on_step_end``.
 
 Writes ``<out>.json`` (every figure and the exact command).
 """
@@ -137,6 +141,36 @@ class UnetRunner:
         return list(requests)
 
 
+class ImageRequests:
+    """The bench's clients submit numbers; each becomes one image request (seed = the number)."""
+
+    name = "image"
+    max_batch = 1
+
+    def __init__(self, device: str, model: str, size: str, units: int) -> None:
+        from duplex.models.diffusion import load_image_runner, resolve_diffusion
+
+        self.runner = load_image_runner(resolve_diffusion(model, "image", ModelOptions()), device)
+        self.width, self.height = (int(side) for side in size.split("x"))
+        self.units = units
+
+    def run_batch(self, requests: Sequence[int], gate: UnitGate) -> list[int]:
+        from duplex.models.diffusion import ImageRequest
+
+        asked = [
+            ImageRequest(
+                prompt="a red cat",
+                width=self.width,
+                height=self.height,
+                seed=k,
+                steps=self.units,
+            )
+            for k in requests
+        ]
+        self.runner.run_batch(asked, gate)
+        return list(requests)
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -216,12 +250,20 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     options = ModelOptions(
         device=args.device, random_weights=args.random_weights, kv_cache_dtype=args.kv_cache_dtype
     )
+    if args.device == "cpu":  # as the server does when request runners share the CPU
+        import torch
+
+        torch.set_num_threads(1)  # two threads on a loaded 2-core host: 10-30x slower steps
     spec, factory = get_model(args.model, options)
     slack = Slack()
     engine = Engine(await trio.to_thread.run_sync(factory, spec), max_input_frames=8)
     driver = EngineDriver(engine, slack=slack)
     if args.runner == "unet":
         runner: Any = await trio.to_thread.run_sync(UnetRunner, args.device, args.units)
+    elif args.runner == "image":
+        runner = await trio.to_thread.run_sync(
+            ImageRequests, args.device, args.image_model, args.size, args.units
+        )
     else:
         runner = MatmulRunner(args.device, args.dim, args.units)
     requests = RequestEngine(runner, max_wait_s=0.0, slack=slack)
@@ -290,7 +332,9 @@ if __name__ == "__main__":
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--sessions", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--runner", choices=["matmul", "unet"], default="matmul")
+    parser.add_argument("--runner", choices=["matmul", "unet", "image"], default="matmul")
+    parser.add_argument("--image-model", default="tiny", help="the image runner's pipeline")
+    parser.add_argument("--size", default="64x64", help="the image runner's WIDTHxHEIGHT")
     parser.add_argument("--units", type=int, default=10, help="units per request")
     parser.add_argument("--dim", type=int, default=512, help="matmul size")
     parser.add_argument("--clients", type=int, default=2)

@@ -110,6 +110,17 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="how long a robot request waits for others (default 2)",
     )
+    serve.add_argument(
+        "--image-model",
+        metavar="PATH",
+        help="diffusers pipeline folder (or tiny) behind POST /v1/images/generations",
+    )
+    serve.add_argument(
+        "--video-model",
+        metavar="PATH",
+        help="diffusers text-to-video pipeline folder (or tiny) behind /v1/videos and "
+        "/v1/realtime/video",
+    )
     serve.add_argument("--tls-certfile", metavar="PEM", help="certificate chain: serve HTTPS/WSS")
     serve.add_argument("--tls-keyfile", metavar="PEM", help="private key of --tls-certfile")
     serve.add_argument("--log-format", choices=["console", "json"])
@@ -154,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from duplex.config import api_keys_of, load_config
-    from duplex.topology import resolve_model, resolve_policy, run_server
+    from duplex.topology import resolve_media, resolve_model, resolve_policy, run_server
 
     overrides: dict[str, Any] = {
         f"server.{key}": value
@@ -182,6 +193,8 @@ def _serve(args: argparse.Namespace) -> int:
             ("policy", args.policy),
             ("policy_max_batch", args.policy_max_batch),
             ("policy_batch_wait_ms", args.policy_batch_wait_ms),
+            ("image_model", args.image_model),
+            ("video_model", args.video_model),
         )
         if value is not None
     }
@@ -189,6 +202,7 @@ def _serve(args: argparse.Namespace) -> int:
         config = load_config(args.config, overrides=overrides)
         resolve_model(config)
         resolve_policy(config)
+        resolve_media(config)
         api_keys_of(config.server)
     except (ConfigError, UnknownModel) as exc:
         print(f"duplex: configuration error: {exc}", file=sys.stderr)

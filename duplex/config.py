@@ -168,6 +168,29 @@ class ServerConfig:
     """A robot socket that sends no frame this long is closed (1000 ``idle_timeout``);
     0 disables."""
 
+    image_model: str = ""
+    """The diffusers pipeline behind ``POST /v1/images/generations``: a local folder
+    (``model_index.json``), or ``tiny`` (seeded random weights, built into the model cache);
+    empty: not served (the route answers 404 ``model_not_loaded``)."""
+    video_model: str = ""
+    """The diffusers text-to-video pipeline behind ``/v1/videos`` and ``/v1/realtime/video``
+    (a folder whose pipeline takes ``num_frames`` and ``callback_on_step_end``, or ``tiny``)."""
+    media_max_queue: int = 16
+    """Image or video requests that may wait for their pipeline; more are refused 429."""
+    video_chunk_frames: int = 16
+    """Frames one video request generates: a job's and a stream's chunk."""
+    video_max_jobs: int = 64
+    """Video jobs kept (the oldest finished one is dropped for a new one)."""
+    video_max_active_jobs: int = 8
+    """Video jobs queued or in progress at once; more are refused 429."""
+    video_job_retention_s: float = 3600.0
+    """How long a finished video job (and its MP4) is kept."""
+    video_start_timeout_s: float = 10.0
+    """``/v1/realtime/video``: a socket without ``session.start`` by then is closed."""
+    video_stall_timeout_s: float = 60.0
+    """``/v1/realtime/video``: a stream without generation progress or ``session.ping`` this
+    long is stopped."""
+
     max_connections_per_peer: int = 0
     """Open WebSockets one peer address may hold (each can hold a session and a model
     slot); more are refused 429 ``too_many_connections``. 0: no cap. Counted per
@@ -220,6 +243,7 @@ class ServerConfig:
         if not self.first_event_timeout_s >= 0:
             raise ConfigError("first_event_timeout_s: must be >= 0")
         self._check_policy()
+        self._check_media()
         self._check_exposure()
 
     def _check_policy(self) -> None:
@@ -244,6 +268,24 @@ class ServerConfig:
                 raise ConfigError(f"{key}: must be 1..4096, got {value}")
         if not self.policy_idle_timeout_s >= 0:
             raise ConfigError("policy_idle_timeout_s: must be >= 0")
+
+    def _check_media(self) -> None:
+        counts = (
+            ("media_max_queue", self.media_max_queue, 1, 10_000),
+            ("video_chunk_frames", self.video_chunk_frames, 1, 1024),
+            ("video_max_jobs", self.video_max_jobs, 1, 100_000),
+            ("video_max_active_jobs", self.video_max_active_jobs, 1, self.video_max_jobs),
+        )
+        for key, value, low, high in counts:
+            if not low <= value <= high:
+                raise ConfigError(f"{key}: must be {low}..{high}, got {value}", key=key)
+        for key, seconds in (
+            ("video_job_retention_s", self.video_job_retention_s),
+            ("video_start_timeout_s", self.video_start_timeout_s),
+            ("video_stall_timeout_s", self.video_stall_timeout_s),
+        ):
+            if not seconds > 0:
+                raise ConfigError(f"{key}: must be > 0, got {seconds}", key=key)
 
     def _check_exposure(self) -> None:
         for key in self.api_keys:

@@ -7,6 +7,7 @@ session shards (``_shard``/``_shards``) and its engine processes
 package only decides where they run.
 """
 
+from ._media import resolve_media
 from ._server import resolve_model, resolve_policy, run_server, serve_duplex
 
-__all__ = ["resolve_model", "resolve_policy", "run_server", "serve_duplex"]
+__all__ = ["resolve_media", "resolve_model", "resolve_policy", "run_server", "serve_duplex"]

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, final
+from pathlib import Path
+from typing import Any, Literal, final
 
 import trio
 
@@ -22,6 +23,7 @@ from duplex.config import Config
 from duplex.metrics import MetricsRegistry
 from duplex.models import (
     BatchRunner,
+    ModelOptions,
     PolicyOptions,
     PolicyRunner,
     RequestActor,
@@ -29,6 +31,7 @@ from duplex.models import (
     Slack,
     load_policy,
 )
+from duplex.models.diffusion import load_image_runner, load_video_runner, resolve_diffusion
 from duplex.runtime import RequestEngines
 
 __all__ = ["RunnerSpec", "open_request_engines", "runner_specs", "start_request_engines"]
@@ -68,6 +71,24 @@ def _policy(config: Config, device: str) -> RunnerSpec:
     return RunnerSpec("policy", build, server.policy_batch_wait_ms / 1000.0, max_queue=1024)
 
 
+def _diffusion(config: Config, device: str, kind: Literal["image", "video"]) -> RunnerSpec:
+    """``--image-model`` / ``--video-model``: one request a batch (a diffusion step is the
+    unit of preemption), no wait for others."""
+    server = config.server
+    name = server.image_model if kind == "image" else server.video_model
+    options = ModelOptions(
+        device=device,
+        seed=server.model_seed,
+        cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None,
+    )
+    load = load_image_runner if kind == "image" else load_video_runner
+
+    def build() -> BatchRunner[Any, Any]:
+        return load(resolve_diffusion(name, kind, options), device)  # type: ignore[arg-type]
+
+    return RunnerSpec(kind, build, 0.0, max_queue=server.media_max_queue)
+
+
 def runner_specs(config: Config, device: str | None = None) -> list[RunnerSpec]:
     """The request-batched models ``config`` serves, built for ``device`` (the first model
     device by default: an engine process passes its own)."""
@@ -75,6 +96,10 @@ def runner_specs(config: Config, device: str | None = None) -> list[RunnerSpec]:
     specs = []
     if config.server.policy != "none":
         specs.append(_policy(config, device))
+    if config.server.image_model:
+        specs.append(_diffusion(config, device, "image"))
+    if config.server.video_model:
+        specs.append(_diffusion(config, device, "video"))
     return specs
 
 

@@ -48,6 +48,7 @@ from duplex.transport import (
     MAX_PAYLOAD_BYTES,
     AccessSettings,
     HubBackend,
+    MediaService,
     ResumeGuard,
     RobotService,
     build_app,
@@ -59,6 +60,7 @@ from duplex.transport import (
 from . import _link
 from ._engine_client import EngineConnection, engine_spec
 from ._engines import EngineProcesses
+from ._media import open_media
 from ._requests import open_request_engines, runner_specs
 from ._shards import ShardProcesses
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
@@ -478,6 +480,7 @@ async def _serve_sessions(
             slack=slack,
             requests=requests,
         ) as backend,
+        open_media(config, registry, requests) as media,
     ):
         robots = robot_service(config, system, registry, backend, requests)
         # the grace is split: half for every socket to close (1001, in parallel), half for
@@ -497,7 +500,7 @@ async def _serve_sessions(
                 )
             else:
                 urls = await nursery.start(
-                    _serve_here, config, system, backend, hyper, registry, access, robots
+                    _serve_here, config, system, backend, hyper, registry, access, robots, media
                 )
             await backend.ready.wait()
             # after the bind: a port already taken ends the server with one clear line
@@ -525,6 +528,7 @@ async def _serve_here(
     registry: MetricsRegistry,
     access: AccessSettings,
     robots: RobotService | None = None,
+    media: MediaService | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -538,6 +542,7 @@ async def _serve_here(
         client_secret_ttl_s=server.client_secret_ttl_s,
         registry=registry,
         robots=robots,
+        media=media,
     )
 
     async def shutdown_trigger() -> None:

@@ -14,6 +14,8 @@ from ._duplex_wire import (
     parse_client_event,
 )
 from ._http import serve_http
+from ._media import MediaService, MediaSettings
+from ._media_wire import MediaLimits
 from ._openpi import RobotService
 from ._openpi_wire import MAX_PAYLOAD_BYTES
 from ._sockets import EventSocket, Received, SocketGone
@@ -28,6 +30,9 @@ __all__ = [
     "HttpAnswer",
     "HttpRoute",
     "HubBackend",
+    "MediaLimits",
+    "MediaService",
+    "MediaSettings",
     "Received",
     "ResumeGuard",
     "RobotService",

@@ -60,6 +60,7 @@ from ._connection import ConnectionActor, ShutDown
 from ._duplex_wire import NativeProjection
 from ._http import PathLimitedConfig
 from ._latency import LatencyMetrics
+from ._media import MediaService, media_routes
 from ._moshi_wire import ChatQuery, MoshiProjection, error_frame
 from ._openpi import RobotService, WebSocketFrames
 from ._openpi_wire import NOT_AVAILABLE
@@ -548,6 +549,7 @@ def build_app(
     client_secret_ttl_s: int = 600,
     registry: MetricsRegistry | None = None,
     robots: RobotService | None = None,
+    media: MediaService | None = None,
 ) -> Starlette:
     """The routes, over ``backend``, behind ``Guard``.
 
@@ -557,6 +559,7 @@ def build_app(
     ``client_secret_ttl_s``: a client secret's lifetime when its request names none.
     ``registry``: where refusals are counted (``None`` in a worker, whose metrics no one reads).
     ``robots``: the robot policy endpoint's service (``None``: ``Robot policy not available``).
+    ``media``: image and video generation (``None``: those routes answer ``model_not_loaded``).
     """
     policy = AccessPolicy(access or AccessSettings())
     refused = None
@@ -759,6 +762,8 @@ def build_app(
             Route("/api/chat", upgrade_required),
             Route("/v1/audio/duplex", upgrade_required),
             Route(ROBOT_PATH, upgrade_required),
+            *media_routes(media),
+            Route("/v1/realtime/video", upgrade_required),
         ],
     )
     app.add_middleware(Guard, policy=policy, backend=backend, refused=refused)

@@ -1,0 +1,251 @@
+"""Image and video generation as request-batched runners over diffusers pipelines.
+
+A pipeline is loaded from a local folder with ``DiffusionPipeline.from_pretrained``
+(a real checkpoint, or a tiny one built by ``_tiny.py``: same path). A runner is a
+`BatchRunner` for a `RequestEngine`: it takes a batch of requests and answers each
+in order. The engine acquires the first unit before the call; after each diffusion
+step the runner calls the gate's ``next_unit`` (from the pipeline's
+``callback_on_step_end``), so one step is the unit of preemption: a realtime engine
+sharing the device ticks in between, and a batch whose clients all left stops at its
+next step (the gate raises ``RequestCancelled``). The VAE decode is the last unit.
+
+torch and diffusers are imported when a pipeline is loaded, not with this module:
+the request and result classes cross into the transport without them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, final
+
+import numpy as np
+
+from duplex.exceptions import ConfigError
+from duplex.progress import note
+
+from .._options import ModelOptions
+from .._requests import UnitGate
+from ._tiny import tiny_pipeline
+
+__all__ = [
+    "DiffusionModel",
+    "ImageRequest",
+    "ImageResult",
+    "ImageRunner",
+    "VideoRequest",
+    "VideoResult",
+    "VideoRunner",
+    "load_image_runner",
+    "load_video_runner",
+    "resolve_diffusion",
+]
+
+PipelineKind = Literal["image", "video"]
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImageRequest:
+    """``n`` images of one prompt; image ``i`` draws its noise from ``seed + i``."""
+
+    prompt: str
+    width: int
+    height: int
+    n: int = 1
+    seed: int = 0
+    steps: int = 20
+    guidance_scale: float = 7.5
+    negative_prompt: str = ""
+
+    @property
+    def batch_key(self) -> tuple[int, int, int, float]:
+        """Requests that may share one pipeline call have equal keys."""
+        return (self.width, self.height, self.steps, self.guidance_scale)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ImageResult:
+    """The images, each ``height x width x 3`` uint8 RGB."""
+
+    images: tuple[np.ndarray, ...]
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VideoRequest:
+    """One chunk of a video: ``frames`` frames of one prompt, noise from ``seed``."""
+
+    prompt: str
+    width: int
+    height: int
+    frames: int
+    seed: int = 0
+    steps: int = 20
+    guidance_scale: float = 7.5
+    negative_prompt: str = ""
+
+    @property
+    def batch_key(self) -> tuple[int, int, int, int, float]:
+        return (self.width, self.height, self.frames, self.steps, self.guidance_scale)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class VideoResult:
+    """The chunk's frames: ``frames x height x width x 3`` uint8 RGB."""
+
+    frames: np.ndarray
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class DiffusionModel:
+    """A configured pipeline: its id (``/v1/models``, responses) and local folder."""
+
+    id: str
+    kind: PipelineKind
+    folder: Path
+
+
+def resolve_diffusion(name: str, kind: PipelineKind, options: ModelOptions) -> DiffusionModel:
+    """``--image-model`` / ``--video-model``: ``tiny`` (built into the model cache, seeded
+    by ``options.seed``) or a folder holding a diffusers ``model_index.json``.
+
+    Raises:
+        ConfigError: the folder is missing or is no diffusers pipeline.
+    """
+    if name == "tiny":
+        folder = tiny_pipeline(options.cache_folder, kind, options.seed)
+        return DiffusionModel(f"tiny-{kind}", kind, folder)
+    folder = Path(name).expanduser()
+    if not (folder / "model_index.json").is_file():
+        raise ConfigError(
+            f"{kind}_model: {name!r} is not a diffusers pipeline folder (no model_index.json); "
+            "weights are never downloaded: name a local folder, or tiny"
+        )
+    return DiffusionModel(folder.resolve().name, kind, folder)
+
+
+def _load(model: DiffusionModel, device: str) -> Any:
+    """The pipeline on ``device`` (float16 on a GPU), checked for a per-step callback."""
+    import torch
+    from diffusers import DiffusionPipeline
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.set_verbosity_error()
+    diffusers_logging.disable_progress_bar()  # its bars would write to stderr, past the logs
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
+    note(f"loading the {model.kind} pipeline {model.id} on {device}")
+    dtype = torch.float16 if device.startswith("cuda") else torch.float32
+    pipeline = DiffusionPipeline.from_pretrained(model.folder, dtype=dtype)
+    parameters = inspect.signature(pipeline.__call__).parameters
+    needed = {"callback_on_step_end", "num_inference_steps", "guidance_scale", "generator"}
+    if model.kind == "video":
+        needed.add("num_frames")
+    missing = needed - set(parameters)
+    if missing:  # checked once, at startup: a pipeline we cannot preempt is refused
+        raise ConfigError(
+            f"{model.kind}_model: {type(pipeline).__name__} takes no {', '.join(sorted(missing))}"
+        )
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline.to(device)
+
+
+def _uint8(values: Any) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float32)
+    return (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+
+
+def _generator(seed: int) -> Any:
+    import torch
+
+    return torch.Generator("cpu").manual_seed(seed)  # CPU noise: the same on every device
+
+
+def _step_callback(gate: UnitGate) -> Any:
+    def on_step_end(pipeline: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> Any:
+        gate.next_unit()
+        return tensors
+
+    return on_step_end
+
+
+@final
+class ImageRunner:
+    """Text to image over a diffusers pipeline (``.images`` output); one request a call."""
+
+    name = "image"
+    max_batch = 1
+
+    def __init__(self, pipeline: Any, model: DiffusionModel) -> None:
+        self.pipeline = pipeline
+        self.model = model
+        self.metadata = {"model": model.id}
+        """What clients are told: the model id they may name."""
+
+    def run_batch(self, requests: Sequence[ImageRequest], gate: UnitGate) -> list[ImageResult]:
+        return [self._run(request, gate) for request in requests]
+
+    def _run(self, request: ImageRequest, gate: UnitGate) -> ImageResult:
+        output = self.pipeline(
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt or None,
+            width=request.width,
+            height=request.height,
+            num_images_per_prompt=request.n,
+            num_inference_steps=request.steps,
+            guidance_scale=request.guidance_scale,
+            generator=[_generator(request.seed + i) for i in range(request.n)],
+            output_type="np",
+            callback_on_step_end=_step_callback(gate),
+        )
+        return ImageResult(tuple(_uint8(image) for image in output.images))
+
+
+@final
+class VideoRunner:
+    """Text to video over a diffusers pipeline (``.frames`` output); one chunk a request."""
+
+    name = "video"
+    max_batch = 1
+
+    def __init__(self, pipeline: Any, model: DiffusionModel) -> None:
+        self.pipeline = pipeline
+        self.model = model
+        self.metadata = {"model": model.id}
+        """What clients are told: the model id they may name."""
+
+    def run_batch(self, requests: Sequence[VideoRequest], gate: UnitGate) -> list[VideoResult]:
+        return [self._run(request, gate) for request in requests]
+
+    def _run(self, request: VideoRequest, gate: UnitGate) -> VideoResult:
+        output = self.pipeline(
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt or None,
+            width=request.width,
+            height=request.height,
+            num_frames=request.frames,
+            num_inference_steps=request.steps,
+            guidance_scale=request.guidance_scale,
+            generator=_generator(request.seed),
+            output_type="np",
+            callback_on_step_end=_step_callback(gate),
+        )
+        frames = _uint8(output.frames)
+        return VideoResult(frames.reshape(-1, *frames.shape[-3:])[: request.frames])
+
+
+def load_image_runner(model: DiffusionModel, device: str) -> ImageRunner:
+    """Load ``model`` (seconds for a real checkpoint): call off the event loop."""
+    return ImageRunner(_load(model, device), model)
+
+
+def load_video_runner(model: DiffusionModel, device: str) -> VideoRunner:
+    """Load ``model`` (seconds for a real checkpoint): call off the event loop."""
+    return VideoRunner(_load(model, device), model)

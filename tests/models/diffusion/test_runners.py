@@ -1,0 +1,162 @@
+"""The tiny diffusers pipelines and the image/video runners, on the CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+
+from duplex.exceptions import ConfigError, RequestCancelled, RequestsOverloaded
+from duplex.models import ModelOptions, RequestEngine
+from duplex.models.diffusion import (
+    DiffusionModel,
+    ImageRequest,
+    ImageRunner,
+    VideoRequest,
+    VideoRunner,
+    load_image_runner,
+    load_video_runner,
+    resolve_diffusion,
+    tiny_pipeline,
+)
+
+
+class Open:
+    """A gate that always lets the next step run, counting them."""
+
+    def __init__(self) -> None:
+        self.units = 0
+
+    def next_unit(self) -> None:
+        self.units += 1
+
+
+class CancelAfter:
+    """A gate that withdraws the request after ``units`` steps."""
+
+    def __init__(self, units: int) -> None:
+        self.left = units
+
+    def next_unit(self) -> None:
+        if self.left == 0:
+            raise RequestCancelled("withdrawn")
+        self.left -= 1
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="module")
+def image_runner(cache: Path) -> ImageRunner:
+    model = resolve_diffusion("tiny", "image", ModelOptions(cache_dir=cache))
+    return load_image_runner(model, "cpu")
+
+
+@pytest.fixture(scope="module")
+def video_runner(cache: Path) -> VideoRunner:
+    model = resolve_diffusion("tiny", "video", ModelOptions(cache_dir=cache))
+    return load_video_runner(model, "cpu")
+
+
+def request(**fields: object) -> ImageRequest:
+    return ImageRequest(**{"prompt": "a red cat", "width": 32, "height": 24, "steps": 2, **fields})
+
+
+def test_tiny_build_is_cached_and_rebuilt_when_damaged(cache: Path) -> None:
+    folder = tiny_pipeline(cache, "image", 7)
+    assert json.loads((folder / "model_index.json").read_text())["_class_name"] == (
+        "StableDiffusionPipeline"
+    )
+    tokenizer = json.loads((folder / "tokenizer" / "tokenizer.json").read_text())
+    assert len(tokenizer["model"]["vocab"]) == 2 + 2 * 256  # each byte, alone and word-final
+    stamp = (folder / "duplex-manifest.json").stat().st_mtime_ns
+    assert tiny_pipeline(cache, "image", 7) == folder
+    assert (folder / "duplex-manifest.json").stat().st_mtime_ns == stamp  # not rebuilt
+    (folder / "unet" / "config.json").write_text("{}")  # damaged: rebuilt
+    assert tiny_pipeline(cache, "image", 7) == folder
+    assert json.loads((folder / "unet" / "config.json").read_text())["sample_size"] == 8
+
+
+def test_a_folder_without_a_pipeline_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"model_index\.json"):
+        resolve_diffusion(str(tmp_path), "image", ModelOptions())
+    model = resolve_diffusion("tiny", "video", ModelOptions(cache_dir=tmp_path))
+    assert (model.id, model.kind) == ("tiny-video", "video")
+
+
+def test_same_seed_same_images_other_seed_other_images(image_runner: ImageRunner) -> None:
+    gate = Open()
+    (first,) = image_runner.run_batch([request(n=2, seed=11)], gate)
+    (again,) = image_runner.run_batch([request(n=2, seed=11)], gate)
+    (other,) = image_runner.run_batch([request(n=1, seed=12)], gate)
+    assert [image.shape for image in first.images] == [(24, 32, 3)] * 2
+    assert all(image.dtype == np.uint8 for image in first.images)
+    assert all(np.array_equal(a, b) for a, b in zip(first.images, again.images, strict=True))
+    assert not np.array_equal(first.images[0], first.images[1])  # image i: seed + i
+    assert np.array_equal(first.images[1], other.images[0])  # seed 11 + 1 is seed 12
+    assert gate.units == 3 * 2  # after each step: the engine holds the first unit
+
+
+def test_a_withdrawn_request_stops_at_its_next_step(image_runner: ImageRunner) -> None:
+    gate = CancelAfter(3)
+    with pytest.raises(RequestCancelled):
+        image_runner.run_batch([request(steps=50)], gate)
+    assert gate.left == 0  # three steps ran, the fourth's gate raised
+    assert image_runner.metadata == {"model": "tiny-image"}
+
+
+def test_video_chunk_frames_and_seed(video_runner: VideoRunner) -> None:
+    chunk = VideoRequest(prompt="waves", width=32, height=16, frames=3, seed=4, steps=2)
+    (first,) = video_runner.run_batch([chunk], Open())
+    (again,) = video_runner.run_batch([chunk], Open())
+    assert first.frames.shape == (3, 16, 32, 3)
+    assert first.frames.dtype == np.uint8
+    assert np.array_equal(first.frames, again.frames)
+
+
+async def test_on_a_request_engine_a_full_queue_refuses_a_leaving_client_frees_it(
+    image_runner: ImageRunner,
+) -> None:
+    engine: RequestEngine[ImageRequest, object] = RequestEngine(image_runner, max_queue=1)
+
+    async def wait_for(check: object) -> None:
+        while not check():  # type: ignore[operator]
+            await trio.sleep(0.01)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        long = trio.CancelScope()
+        queued = trio.CancelScope()
+
+        async def submit(scope: trio.CancelScope) -> None:
+            with scope:
+                await engine.submit(request(steps=500))
+
+        nursery.start_soon(submit, long)
+        await wait_for(lambda: engine.statistics().batcher.batches == 1)  # running
+        nursery.start_soon(submit, queued)
+        await wait_for(lambda: engine.statistics().batcher.queued == 1)
+        with pytest.raises(RequestsOverloaded) as refused:
+            await engine.submit(request())
+        assert refused.value.retry_after_s >= 1.0
+        queued.cancel()
+        long.cancel()  # its batch stops at its next step, and the engine is free again
+        await wait_for(lambda: engine.statistics().batcher.queued == 0)
+        with trio.fail_after(60):
+            (image,) = (await engine.submit(request(seed=11))).images
+        (alone,) = image_runner.run_batch([request(seed=11)], Open())[0].images
+        assert np.array_equal(image, alone)
+        stats = engine.statistics()
+        assert (stats.stopped_batches, stats.batcher.refused) == (1, 1)
+        assert (stats.batcher.cancelled, stats.orphaned) == (1, 1)  # queued; running (stopped)
+        nursery.cancel_scope.cancel()
+
+
+def test_models_are_values() -> None:
+    model = DiffusionModel("x", "image", Path("."))
+    assert model == DiffusionModel("x", "image", Path("."))
