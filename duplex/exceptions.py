@@ -14,9 +14,11 @@
     │   ├── SlotReleased                    a slot handle used after its release
     │   ├── PromptUnsupported (ValueError)  a slot prompt the model cannot take
     │   ├── RunnerContractError             a runner's output broke the ModelRunner contract
-    │   └── PolicyError                     robot policy inference (``models/_policy*.py``)
-    │       ├── PolicyFailed                the policy raised or broke its contract for a request
-    │       └── PolicyOverloaded            the policy engine's queue is full
+    │   ├── PolicyError                     robot policy inference (``models/_policy*.py``)
+    │   │   ├── PolicyFailed                the policy raised or broke its contract for a request
+    │   │   └── PolicyOverloaded            the policy engine's queue is full
+    │   └── SpeechError                     text to speech (``models/tts``)
+    │       └── UnknownVoice (ValueError)   a voice the TTS engine does not have
     └── ProtocolError                       a client event the session refuses
         ├── one subclass per wire error code (``code`` / ``error_type`` class attributes)
         └── InvalidParameters               several fields refused at once (``problems``)
@@ -204,3 +206,11 @@ class PolicyFailed(PolicyError):
 
 class PolicyOverloaded(PolicyError):
     """The policy engine's queue is full; the request was not run."""
+
+
+class SpeechError(ModelError):
+    """Text to speech (``duplex.models.tts``): a runner that cannot load or speak."""
+
+
+class UnknownVoice(SpeechError, ValueError):
+    """A voice the TTS engine does not have; the message lists the valid ones."""
