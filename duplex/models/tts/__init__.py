@@ -21,7 +21,6 @@ from ._speech import (
     SpeechAudio,
     SpeechRequest,
     SpeechRunner,
-    UnitGate,
     VoiceInfo,
 )
 from ._vits import VitsRunner
@@ -43,7 +42,6 @@ __all__ = [
     "SpeechAudio",
     "SpeechRequest",
     "SpeechRunner",
-    "UnitGate",
     "VitsRunner",
     "VoiceInfo",
     "check_tts",

@@ -1,7 +1,7 @@
 """What a speech runner takes and returns, and the contract it keeps.
 
 A `SpeechRequest` is one text to speak; its runner splits it into sentences
-(`split_sentences`) and calls ``gate.next_unit()`` before each one, so a long
+(`split_sentences`) and calls ``gate.next_unit()`` between them, so a long
 text is one request whose units let realtime work run in between. Streaming
 callers (``WS /v1/audio/speech/stream``, the voice agent) send one request per
 sentence instead, and get each sentence's audio as soon as it is made.
@@ -20,6 +20,8 @@ from typing import Protocol, final, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+
+from .._requests import UnitGate
 
 __all__ = [
     "MAX_SPEED",
@@ -94,15 +96,6 @@ class VoiceInfo:
     language: str | None = None
 
 
-class UnitGate(Protocol):
-    """The request engine's gate (``duplex.models._requests.UnitGate``): `next_unit` is
-    called from the worker thread before each unit (one sentence) and blocks until the
-    realtime engine sharing the process leaves slack; it raises ``RequestCancelled`` when
-    every request of the batch was withdrawn."""
-
-    def next_unit(self) -> None: ...
-
-
 @final
 class _NoGate:
     """A gate for direct calls: never waits, never cancels."""
@@ -134,7 +127,9 @@ class SpeechRunner(Protocol):
         """Raise ``UnknownVoice`` (listing the valid names) unless ``voice`` is one."""
         ...
 
-    def run_batch(self, requests: Sequence[SpeechRequest], gate: UnitGate) -> list[SpeechAudio]:
-        """Blocking: one `SpeechAudio` per request, in order; ``gate.next_unit()`` before
-        each sentence."""
+    def run_batch(
+        self, requests: Sequence[SpeechRequest], gate: UnitGate
+    ) -> list[SpeechAudio | Exception]:
+        """Blocking: one `SpeechAudio` per request, in order (an ``UnknownVoice`` instance
+        for a request whose voice it lacks); ``gate.next_unit()`` between units."""
         ...
