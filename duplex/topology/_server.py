@@ -48,6 +48,7 @@ from duplex.models import (
     load_policy,
     policy_factory,
 )
+from duplex.models.tts import SpeechAudio, SpeechRequest, load_tts
 from duplex.progress import Startup
 from duplex.runtime import SessionHub
 from duplex.sessions import Capabilities, SessionConfig, VadMode
@@ -57,6 +58,7 @@ from duplex.transport import (
     HubBackend,
     ResumeGuard,
     RobotService,
+    SpeechService,
     build_app,
     digest,
     hypercorn_config,
@@ -451,6 +453,43 @@ async def open_robots(
             await system.stop(ref)
 
 
+@asynccontextmanager
+async def open_speech(
+    config: Config,
+    system: ActorSystem,
+    registry: MetricsRegistry,
+    slack: Slack | None = None,
+) -> AsyncIterator[SpeechService | None]:
+    """The TTS engine (``server.tts``) and the speech routes' service, stopped on the way out;
+    ``None``: ``tts = "none"``. Its batches run in ``slack``, the windows a realtime engine of
+    this process leaves; the voice agent speaks with the same engine (``service.engine``)."""
+    server = config.server
+    if server.tts == "none":
+        yield None
+        return
+    if server.connection_workers:
+        get_logger(component="server").warning(
+            "speech endpoints not served: they need connection_workers = 0", tts=server.tts
+        )
+    service = SpeechService(registry)
+    device = server.devices[0]
+
+    def build() -> RequestEngine[SpeechRequest, SpeechAudio]:
+        runner = load_tts(server.tts, device=device, max_batch=server.tts_max_batch)
+        assert runner is not None
+        wait_s = server.tts_batch_wait_ms / 1000.0
+        return RequestEngine(runner, max_wait_s=wait_s, max_queue=server.tts_max_queue, slack=slack)
+
+    ref = await system.spawn(
+        RequestActor, build, service.set_engine, trio.to_thread.run_sync, name="tts"
+    )
+    try:
+        yield service
+    finally:
+        with trio.CancelScope(shield=True):
+            await system.stop(ref)
+
+
 async def serve_duplex(
     config: Config,
     system: ActorSystem,
@@ -502,6 +541,7 @@ async def _serve_sessions(
             slack=slack,
         ) as backend,
         open_robots(config, system, registry, backend, slack) as robots,
+        open_speech(config, system, registry, slack) as speech,
     ):
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
@@ -520,7 +560,7 @@ async def _serve_sessions(
                 )
             else:
                 urls = await nursery.start(
-                    _serve_here, config, system, backend, hyper, registry, access, robots
+                    _serve_here, config, system, backend, hyper, registry, access, robots, speech
                 )
             await backend.ready.wait()
             # after the bind: a port already taken ends the server with one clear line
@@ -536,6 +576,7 @@ async def _serve_sessions(
                 engine_processes=len(engine_paths),
                 startup_s=round(backend.startup.elapsed(), 2) if backend.startup else None,
                 policy=server.policy if robots is not None else None,
+                tts=server.tts,
             )
             task_status.started(urls)
 
@@ -548,6 +589,7 @@ async def _serve_here(
     registry: MetricsRegistry,
     access: AccessSettings,
     robots: RobotService | None = None,
+    speech: SpeechService | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -561,6 +603,7 @@ async def _serve_here(
         client_secret_ttl_s=server.client_secret_ttl_s,
         registry=registry,
         robots=robots,
+        speech=speech,
     )
 
     async def shutdown_trigger() -> None:
