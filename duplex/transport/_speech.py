@@ -407,6 +407,7 @@ class SpeechSocket:
         self.ws = websocket
         self.protocol = SpeechStream(service.check_voice)
         self._send_lock = trio.Lock()
+        self._unsaid = 0  # sentences queued and not yet sent
 
     async def run(self) -> None:
         send, receive = trio.open_memory_channel[Speak | FinishUtterance | CloseStream](
@@ -416,6 +417,8 @@ class SpeechSocket:
             nursery.start_soon(self._speaker, receive, nursery.cancel_scope)
             await self._reader(send)
             nursery.cancel_scope.cancel()  # the client left: withdraw what is queued
+        if self._unsaid:  # counted once the connection's work is over: nothing more runs
+            self.service.count("speech_stream_ws", "cancelled")
 
     async def _send_text(self, text: str) -> None:
         async with self._send_lock:
@@ -443,6 +446,7 @@ class SpeechSocket:
                 if isinstance(action, Reply):
                     await self._send_text(action.text)
                 else:
+                    self._unsaid += isinstance(action, Speak)
                     await queue.send(action)  # full: this reader waits (backpressure)
             timeout = STREAM_IDLE_TIMEOUT_S if self.protocol.config else STREAM_CONFIG_TIMEOUT_S
 
@@ -467,6 +471,7 @@ class SpeechSocket:
             code = "rate_limit_exceeded" if isinstance(exc, RequestsOverloaded) else "tts_failed"
             self.service.count("speech_stream_ws", "refused" if code != "tts_failed" else "failed")
             await self._send_text(error_event(f"sentence {speak.sentence_index}: {exc}", code))
+            self._unsaid -= 1
             return
         rate = self.service.output_rate(config)
         audio = encode_audio(pcm, rate, config.response_format)
@@ -474,4 +479,5 @@ class SpeechSocket:
             await self.ws.send_text(speak.start_event(rate))
             await self.ws.send_bytes(audio)
             await self.ws.send_text(speak.done_event())
+        self._unsaid -= 1
         self.service.count("speech_stream_ws", "ok")

@@ -302,3 +302,31 @@ async def test_a_vits_checkpoint_folder_serves(tmp_path: Path) -> None:
         assert "speaker-1" in voices and "alloy" in voices
         error_of(await http.post(SPEECH, json={"input": "x", "voice": "en-us"}), 400, "voice",
                  "invalid_value")  # fmt: skip
+
+
+async def test_streaming_clients_that_leave_stop_their_sentences() -> None:
+    sentences = LONG.count(".")
+    async with served() as url, httpx.AsyncClient(base_url=url, timeout=60) as http:
+        body = {"input": LONG, "speed": 0.25, "stream": True, "response_format": "pcm"}
+        async with http.stream("POST", SPEECH, json=body) as response:
+            assert response.status_code == 200
+            async for _ in response.aiter_raw():
+                break  # the first sentence's audio, then leave
+        with trio.fail_after(60):
+            while await metric(http, url, "duplex_speech_requests_total",
+                               endpoint="speech_stream", outcome="cancelled") < 1:  # fmt: skip
+                await trio.sleep(0.1)
+        submitted = await metric(http, url, "duplex_tts_requests_total")
+        assert submitted < sentences  # it stopped: each sentence is one request
+
+        async with connect(url.replace("http://", "ws://") + SPEECH + "/stream") as ws:
+            await ws.send(json.dumps({"type": "session.config", "speed": 0.25}))
+            await ws.send(json.dumps({"type": "input.text", "text": LONG}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            assert json.loads(await ws.recv())["type"] == "audio.start"
+        with trio.fail_after(60):
+            while await metric(http, url, "duplex_speech_requests_total",
+                               endpoint="speech_stream_ws", outcome="cancelled") < 1:  # fmt: skip
+                await trio.sleep(0.1)
+        assert await metric(http, url, "duplex_tts_requests_total") < submitted + sentences
+        assert (await http.post(SPEECH, json={"input": "Still serving."})).status_code == 200
