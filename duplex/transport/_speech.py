@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final, final
 
 import numpy as np
@@ -28,11 +28,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from duplex.exceptions import RequestFailed, RequestsOverloaded, UnknownVoice
+from duplex.exceptions import RequestFailed, RequestsOverloaded
 from duplex.logs import get_logger
-from duplex.metrics import Counter, MetricsRegistry, Sample
-from duplex.models import REQUEST_METRICS, RequestEngine
-from duplex.models.tts import SpeechAudio, SpeechRequest, split_sentences
+from duplex.metrics import Counter, MetricsRegistry
+from duplex.models.tts import TTS_RUNNER, SpeechRequest, split_sentences, voice_problem
+from duplex.runtime import RequestEngines, RequestService
 
 from ._json_text import dumps
 from ._speech_audio import MEDIA_TYPES, OPUS_RATE, AudioStream, encode_audio, resample_pcm16
@@ -72,8 +72,6 @@ NOT_LOADED = Refusal(
 LOADING = Refusal(503, "The text-to-speech model is loading.", None, "tts_loading", "server_error")
 FAILED = Refusal(500, "Speech synthesis failed.", None, "tts_failed", "server_error")
 
-Engine = RequestEngine[SpeechRequest, SpeechAudio]
-
 
 def _answer(refused: Refusal, retry_after_s: float | None = None) -> Response:
     response = Response(dumps(refused.body()), refused.status, media_type="application/json")
@@ -92,15 +90,17 @@ def _overloaded(exc: RequestsOverloaded) -> Response:
 
 @final
 class SpeechService:
-    """The server's TTS engine, as the speech routes see it.
+    """The server's TTS, as the speech routes see it: the request engine named ``tts`` in the
+    process's registry (local, or in an engine process; replaced when it restarts).
 
     Args:
-        registry: where the speech counters and the engine's statistics go.
+        requests: the process's request engines.
+        registry: where the speech endpoints' counters go (the engine's own are exported by
+            ``requests``, labelled ``runner="tts"``).
     """
 
-    def __init__(self, registry: MetricsRegistry | None = None) -> None:
-        self.engine: Engine | None = None
-        self.engine_ready = trio.Event()
+    def __init__(self, requests: RequestEngines, registry: MetricsRegistry | None = None) -> None:
+        self.requests = requests
         self._outcomes: Counter | None = None
         if registry is not None:
             self._outcomes = registry.counter(
@@ -108,50 +108,45 @@ class SpeechService:
                 "Speech endpoint requests, by endpoint and outcome",
                 ["endpoint", "outcome"],
             )
-            for name, kind, help_text in REQUEST_METRICS:
-                tts_name = "duplex_tts_" + name.removeprefix("duplex_")
-                registry.add_collector(tts_name, kind, f"TTS: {help_text}", self._sampler(name))
 
-    def _sampler(self, name: str) -> Callable[[], list[Sample]]:
-        tts_name = "duplex_tts_" + name.removeprefix("duplex_")
+    @property
+    def configured(self) -> bool:
+        """This server serves a TTS (``--tts`` is not ``none``)."""
+        return TTS_RUNNER in self.requests.configured
 
-        def collect() -> list[Sample]:
-            value = None if self.engine is None else self.engine.statistics().metric(name)
-            return [] if value is None else [Sample(tts_name, {}, value)]
-
-        return collect
-
-    async def set_engine(self, engine: Engine) -> None:
-        """A (new) TTS engine is running: requests use it from now on."""
-        self.engine = engine
-        self.engine_ready.set()
+    @property
+    def engine(self) -> RequestService | None:
+        """The TTS engine now (``None``: starting, or restarting)."""
+        return self.requests.get(TTS_RUNNER)
 
     def count(self, endpoint: str, outcome: str) -> None:
         if self._outcomes is not None:
             self._outcomes.inc(endpoint=endpoint, outcome=outcome)
 
+    def _metadata(self) -> Mapping[str, Any]:
+        engine = self.engine
+        assert engine is not None
+        return engine.metadata
+
     def check_voice(self, voice: str) -> str | None:
         """The engine's verdict on ``voice``: ``None``, or a message listing the valid ones."""
-        assert self.engine is not None
-        try:
-            self.engine.runner.check_voice(voice)  # type: ignore[attr-defined]
-        except UnknownVoice as exc:
-            return str(exc)
-        return None
+        return voice_problem(self._metadata(), voice)
 
     @property
     def native_rate(self) -> int:
-        assert self.engine is not None
-        return int(self.engine.runner.sample_rate)  # type: ignore[attr-defined]
+        return int(self._metadata()["sample_rate"])
 
     async def speak(self, text: str, params: SpeechParams | StreamConfig) -> np.ndarray:
         """``text`` spoken as ``params`` asks, at its output rate (int16).
 
         Raises:
-            RequestsOverloaded, RequestFailed: as `RequestEngine.submit`.
+            RequestsOverloaded, RequestFailed: as `RequestEngine.submit` (``RequestFailed``
+                also when the engine is not running).
         """
-        assert self.engine is not None
-        audio = await self.engine.submit(SpeechRequest(text, params.voice, params.speed))
+        engine = self.engine
+        if engine is None:
+            raise RequestFailed("the TTS engine is not running")
+        audio = await engine.submit(SpeechRequest(text, params.voice, params.speed))
         return resample_pcm16(audio.pcm, audio.sample_rate, self.output_rate(params))
 
     def output_rate(self, params: SpeechParams | StreamConfig) -> int:
@@ -160,23 +155,14 @@ class SpeechService:
         return int(params.sample_rate or self.native_rate)
 
     def voices_body(self) -> dict[str, Any]:
-        assert self.engine is not None
-        runner: Any = self.engine.runner
-        voices = runner.voices()
+        metadata = self._metadata()
+        voices = metadata["voices"]
         return {
             "object": "list",
-            "voices": [voice.name for voice in voices],
-            "data": [
-                {
-                    "name": voice.name,
-                    "engine_voice": voice.engine_voice,
-                    "alias": voice.alias,
-                    "language": voice.language,
-                }
-                for voice in voices
-            ],
-            "sample_rate": self.native_rate,
-            "variants": list(getattr(runner, "variants", ())),
+            "voices": [voice["name"] for voice in voices],
+            "data": voices,
+            "sample_rate": metadata["sample_rate"],
+            "variants": metadata.get("variants", []),
         }
 
 
@@ -222,7 +208,7 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
     log = get_logger(component="speech")
 
     def ready(endpoint: str) -> Response | None:
-        if service is None:
+        if service is None or not service.configured:
             return _answer(NOT_LOADED)
         if service.engine is None:
             service.count(endpoint, "loading")
@@ -381,10 +367,11 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
 
     async def stream_socket(websocket: WebSocket) -> None:
         await websocket.accept()
-        if service is None or service.engine is None:
-            message = NOT_LOADED.message if service is None else LOADING.message
-            await websocket.send_text(error_event(message, "tts_not_loaded"))
-            await websocket.close(1000, "tts_not_loaded")
+        if service is None or not service.configured or service.engine is None:
+            loading = service is not None and service.configured
+            refused = LOADING if loading else NOT_LOADED
+            await websocket.send_text(error_event(refused.message, refused.code))
+            await websocket.close(1000 if loading else 1008, refused.code)
             return
         await SpeechSocket(service, websocket).run()
 

@@ -265,8 +265,8 @@ async def test_a_full_queue_refuses_429_then_recovers_and_a_client_that_leaves_f
                 await trio.sleep(0.1)
         withdrawn = sum(
             [
-                await metric(http, url, "duplex_tts_request_batches_stopped_total"),
-                await metric(http, url, "duplex_tts_requests_cancelled_total"),
+                await metric(http, url, "duplex_request_batches_stopped_total", runner="tts"),
+                await metric(http, url, "duplex_requests_cancelled_total", runner="tts"),
             ]
         )
         assert withdrawn >= 1
@@ -316,7 +316,7 @@ async def test_streaming_clients_that_leave_stop_their_sentences() -> None:
             while await metric(http, url, "duplex_speech_requests_total",
                                endpoint="speech_stream", outcome="cancelled") < 1:  # fmt: skip
                 await trio.sleep(0.1)
-        submitted = await metric(http, url, "duplex_tts_requests_total")
+        submitted = await metric(http, url, "duplex_requests_total", runner="tts")
         assert submitted < sentences  # it stopped: each sentence is one request
 
         async with connect(url.replace("http://", "ws://") + SPEECH + "/stream") as ws:
@@ -328,5 +328,7 @@ async def test_streaming_clients_that_leave_stop_their_sentences() -> None:
             while await metric(http, url, "duplex_speech_requests_total",
                                endpoint="speech_stream_ws", outcome="cancelled") < 1:  # fmt: skip
                 await trio.sleep(0.1)
-        assert await metric(http, url, "duplex_tts_requests_total") < submitted + sentences
+        assert (
+            await metric(http, url, "duplex_requests_total", runner="tts") < submitted + sentences
+        )
         assert (await http.post(SPEECH, json={"input": "Still serving."})).status_code == 200

@@ -13,8 +13,8 @@ rest of the slowdown is a longer gap between words (`_slow`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import final
+from collections.abc import Mapping, Sequence
+from typing import Any, final
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from duplex.exceptions import UnknownVoice
 
 from ._espeak import ESPEAK_RATE_WPM, MIN_RATE_WPM, Espeak, espeak
 from ._sentences import split_sentences
-from ._speech import SpeechAudio, SpeechRequest, UnitGate, VoiceInfo
+from ._speech import SpeechAudio, SpeechRequest, UnitGate, VoiceInfo, speech_metadata
 from ._voices import OPENAI_TO_ESPEAK
 
 __all__ = ["EspeakRunner"]
@@ -90,6 +90,10 @@ class EspeakRunner:
 
     def voices(self) -> tuple[VoiceInfo, ...]:
         return self._voices
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return speech_metadata(self.sample_rate, self._voices, self.variants)
 
     def _resolve(self, voice: str) -> str | None:
         """What espeak is asked for (``en-GB-x-rp+m7``) for ``voice``: an OpenAI name, a

@@ -14,9 +14,9 @@ HTTP surface needs to validate a request before queueing it (voices, rates).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, final, runtime_checkable
+from typing import Any, Protocol, final, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -27,12 +27,17 @@ __all__ = [
     "MAX_SPEED",
     "MIN_SPEED",
     "NO_GATE",
+    "TTS_RUNNER",
     "SpeechAudio",
     "SpeechRequest",
     "SpeechRunner",
-    "UnitGate",
     "VoiceInfo",
+    "speech_metadata",
+    "voice_problem",
 ]
+
+TTS_RUNNER = "tts"
+"""The name a TTS runner is served under (``RequestEngines.get("tts")``, metrics' ``runner``)."""
 
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
@@ -107,6 +112,43 @@ class _NoGate:
 NO_GATE: UnitGate = _NoGate()
 
 
+def speech_metadata(
+    sample_rate: int, voices: Sequence[VoiceInfo], variants: Sequence[str] = ()
+) -> dict[str, Any]:
+    """What a TTS runner tells the endpoints (``RequestEngine.metadata``), as plain data: it
+    crosses the engine link when the engine runs in an engine process."""
+    return {
+        "sample_rate": sample_rate,
+        "voices": [
+            {
+                "name": v.name,
+                "engine_voice": v.engine_voice,
+                "alias": v.alias,
+                "language": v.language,
+            }
+            for v in voices
+        ],
+        "variants": list(variants),
+    }
+
+
+def voice_problem(metadata: Mapping[str, Any], voice: str) -> str | None:
+    """Why ``voice`` is not one the runner of ``metadata`` speaks (``None``: it is). A name
+    from its voices, or, where it has variants, ``language+variant`` (``en-us+Andy``)."""
+    names = [v["name"] for v in metadata.get("voices", ())]
+    if voice in names:
+        return None
+    language, plus, variant = voice.partition("+")
+    variants = metadata.get("variants", ())
+    languages = {v["name"] for v in metadata.get("voices", ()) if not v["alias"]}
+    if plus and variants and language in languages and variant in variants:
+        return None
+    aliases = [v["name"] for v in metadata.get("voices", ()) if v["alias"]]
+    more = ", or language+variant" if variants else ""
+    listed = ", ".join(aliases or names[:20])
+    return f"unknown voice {voice!r}: use one of {listed}, or see GET /v1/audio/voices{more}"
+
+
 @runtime_checkable
 class SpeechRunner(Protocol):
     """A TTS engine as a request-batched runner.
@@ -121,6 +163,11 @@ class SpeechRunner(Protocol):
 
     def voices(self) -> tuple[VoiceInfo, ...]:
         """Every voice a request may name, OpenAI's names first."""
+        ...
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """`speech_metadata` of this runner."""
         ...
 
     def check_voice(self, voice: str) -> None:

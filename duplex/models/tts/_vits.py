@@ -16,7 +16,7 @@ one voice, which every OpenAI name speaks with.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, final
 
@@ -26,7 +26,7 @@ from duplex.exceptions import SpeechError, UnknownVoice
 from duplex.pcm import float_to_pcm16
 
 from ._sentences import split_sentences
-from ._speech import SpeechAudio, SpeechRequest, UnitGate, VoiceInfo
+from ._speech import SpeechAudio, SpeechRequest, UnitGate, VoiceInfo, speech_metadata
 from ._voices import OPENAI_VOICES
 
 __all__ = ["VitsRunner"]
@@ -86,6 +86,10 @@ class VitsRunner:
 
     def voices(self) -> tuple[VoiceInfo, ...]:
         return self._voices
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return speech_metadata(self.sample_rate, self._voices)
 
     def check_voice(self, voice: str) -> None:
         if voice not in self._ids:

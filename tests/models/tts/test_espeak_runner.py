@@ -17,6 +17,7 @@ from duplex.models.tts import (
     SpeechRequest,
     SpeechRunner,
     load_tts,
+    voice_problem,
 )
 from duplex.sessions import VOICES
 
@@ -54,6 +55,25 @@ def test_openai_names_are_the_sessions_and_map_to_distinct_voices(runner: Espeak
     names = [v.name for v in runner.voices()]
     assert names[: len(VOICES)] == list(VOICES)
     assert {"en-us", "en-gb", "de", "fr-fr"} <= set(names)
+
+
+def test_the_metadata_accepts_exactly_the_voices_the_runner_speaks(runner: EspeakRunner) -> None:
+    import pickle
+
+    metadata = pickle.loads(pickle.dumps(runner.metadata))  # it crosses the engine link
+    assert metadata["sample_rate"] == 22050 and "Andy" in metadata["variants"]
+    names = ["alloy", "cedar", "en-us", "de", "en-gb+m3", "fr-fr+Andy", "nova", "en-us+x",
+             "x+Andy", "alloy+Andy", "", "+", "en-us+"]  # fmt: skip
+    for voice in names:
+        speaks = True
+        try:
+            runner.check_voice(voice)
+        except UnknownVoice:
+            speaks = False
+        problem = voice_problem(metadata, voice)
+        assert (problem is None) == speaks, voice
+        if problem is not None:
+            assert "alloy, ash, ballad" in problem
 
 
 def test_installed_voices_and_variants_speak(runner: EspeakRunner) -> None:
