@@ -34,7 +34,7 @@ from websockets.trio.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _served import commit, machine, serve, write_report  # noqa: E402
+from _served import commit, machine, serve, write_report
 
 SHORT = "Hello there, how are you doing today?"
 TEN = " ".join(f"This is sentence number {n} of the text." for n in range(1, 11))
