@@ -40,7 +40,9 @@ class VitsRunner:
         path: the checkpoint folder (``config.json``, weights, ``vocab.json``).
         device: torch device to run on.
         max_batch: requests taken per `run_batch`.
-        max_sentences: sentences per forward.
+        max_sentences: sentences per forward; by default 16 on a GPU and 1 on the CPU, where
+            a padded forward cost more than the same sentences one by one (docs/benchmarks.md,
+            "VITS").
         seed: seed of the sampling noise (each forward starts from it, so a result does
             not depend on what ran before).
     """
@@ -53,7 +55,7 @@ class VitsRunner:
         *,
         device: str = "cpu",
         max_batch: int = 16,
-        max_sentences: int = 16,
+        max_sentences: int | None = None,
         seed: int = 0,
     ) -> None:
         import torch
@@ -70,7 +72,7 @@ class VitsRunner:
         self._seed = seed
         self._lock = threading.Lock()
         self.max_batch = max_batch
-        self.max_sentences = max_sentences
+        self.max_sentences = max_sentences or (1 if device == "cpu" else 16)
         self.sample_rate = int(self._model.config.sampling_rate)
         speakers = max(1, int(self._model.config.num_speakers))
         self._speakers = speakers
