@@ -1,7 +1,7 @@
 """duplex.models.tts: text to speech as request-batched runners.
 
-A `SpeechRequest` (text, voice, speed, sample rate) becomes a `SpeechAudio`
-(mono int16 PCM). `EspeakRunner` is the default engine (espeak-ng from the
+A `SpeechRequest` (text, voice, speed) becomes a `SpeechAudio` (mono int16
+PCM at the engine's own rate; callers resample). `EspeakRunner` is the default engine (espeak-ng from the
 ``espeakng-loader`` wheel: offline, no weights); `VitsRunner` runs a local
 transformers VITS / MMS-TTS checkpoint, batched. `load_tts` reads ``--tts``.
 Both split text into sentences (`split_sentences`; `SentenceBuffer` for text
