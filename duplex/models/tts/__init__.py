@@ -1,9 +1,10 @@
 """duplex.models.tts: text to speech as request-batched runners.
 
 A `SpeechRequest` (text, voice, speed) becomes a `SpeechAudio` (mono int16
-PCM at the engine's own rate; callers resample). `EspeakRunner` is the default engine (espeak-ng from the
-``espeakng-loader`` wheel: offline, no weights); `VitsRunner` runs a local
-transformers VITS / MMS-TTS checkpoint, batched. `load_tts` reads ``--tts``.
+PCM at the engine's own rate; callers resample). `EspeakRunner` is the default
+engine (espeak-ng from the ``espeakng-loader`` wheel: offline, no weights);
+`VitsRunner` runs a local transformers VITS / MMS-TTS checkpoint, batched.
+`load_tts` reads ``--tts``.
 Both split text into sentences (`split_sentences`; `SentenceBuffer` for text
 that arrives in pieces) and call ``gate.next_unit()`` between units, so a long
 text yields to realtime work. OpenAI's voice names map onto distinct voices
