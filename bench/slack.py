@@ -20,6 +20,7 @@ with the ratio of the p99s (the goal: at most 1.1), and batch throughput for ``b
 Runners (one request = ``--units`` units, `gate.next_unit()` between them):
 
 ``matmul``  a chain of ``--dim`` square matmuls per unit (CPU or GPU), for the CPU check.
+``tts``     one sentence of espeak-ng speech (the default TTS of ``/v1/audio/speech``).
 ``unet``    one denoising step of a Stable-Diffusion-1.5-sized UNet (diffusers
             ``UNet2DConditionModel`` at its published config, seeded random weights, fp16 on
             CUDA) on a 512x512 latent with classifier-free guidance (batch 2 per image), per
@@ -171,6 +172,25 @@ class ImageRequests:
         return list(requests)
 
 
+class TtsRunner:
+    """espeak-ng, the server's default TTS (``duplex.models.tts``): one request is a text of
+    ``--units`` sentences, one unit each."""
+
+    name = "tts"
+    max_batch = 1
+
+    def __init__(self, units: int) -> None:
+        from duplex.models.tts import EspeakRunner, SpeechRequest
+
+        self.runner = EspeakRunner()
+        sentence = "The quick brown fox jumps over the lazy dog near the river bank."
+        self.request = SpeechRequest(" ".join([sentence] * units))
+
+    def run_batch(self, requests: Sequence[int], gate: UnitGate) -> list[int]:
+        self.runner.run_batch([self.request] * len(requests), gate)
+        return list(requests)
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -264,6 +284,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         runner = await trio.to_thread.run_sync(
             ImageRequests, args.device, args.image_model, args.size, args.units
         )
+    elif args.runner == "tts":
+        runner = TtsRunner(args.units)
     else:
         runner = MatmulRunner(args.device, args.dim, args.units)
     requests = RequestEngine(runner, max_wait_s=0.0, slack=slack)
@@ -332,7 +354,7 @@ if __name__ == "__main__":
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--sessions", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--runner", choices=["matmul", "unet", "image"], default="matmul")
+    parser.add_argument("--runner", choices=["matmul", "unet", "image", "tts"], default="matmul")
     parser.add_argument("--image-model", default="tiny", help="the image runner's pipeline")
     parser.add_argument("--size", default="64x64", help="the image runner's WIDTHxHEIGHT")
     parser.add_argument("--units", type=int, default=10, help="units per request")

@@ -121,6 +121,15 @@ def _parser() -> argparse.ArgumentParser:
         help="diffusers text-to-video pipeline folder (or tiny) behind /v1/videos and "
         "/v1/realtime/video",
     )
+    serve.add_argument(
+        "--tts",
+        metavar="ENGINE",
+        help="text to speech of /v1/audio/speech: espeak (default), none, or a VITS checkpoint "
+        "folder",
+    )
+    serve.add_argument(
+        "--tts-max-queue", type=int, metavar="N", help="speech requests waiting at most (64)"
+    )
     serve.add_argument("--tls-certfile", metavar="PEM", help="certificate chain: serve HTTPS/WSS")
     serve.add_argument("--tls-keyfile", metavar="PEM", help="private key of --tls-certfile")
     serve.add_argument("--log-format", choices=["console", "json"])
@@ -195,6 +204,8 @@ def _serve(args: argparse.Namespace) -> int:
             ("policy_batch_wait_ms", args.policy_batch_wait_ms),
             ("image_model", args.image_model),
             ("video_model", args.video_model),
+            ("tts", args.tts),
+            ("tts_max_queue", args.tts_max_queue),
         )
         if value is not None
     }

@@ -14,10 +14,12 @@
     │   ├── SlotReleased                    a slot handle used after its release
     │   ├── PromptUnsupported (ValueError)  a slot prompt the model cannot take
     │   ├── RunnerContractError             a runner's output broke the ModelRunner contract
-    │   └── RequestError                    request-batched models (``models/_requests.py``)
-    │       ├── RequestFailed               the runner raised or broke its contract for a request
-    │       ├── RequestsOverloaded          the request engine's queue is full
-    │       └── RequestCancelled            every request of a running batch was withdrawn
+    │   ├── RequestError                    request-batched models (``models/_requests.py``)
+    │   │   ├── RequestFailed               the runner raised or broke its contract for a request
+    │   │   ├── RequestsOverloaded          the request engine's queue is full
+    │   │   └── RequestCancelled            every request of a running batch was withdrawn
+    │   └── SpeechError                     text to speech (``models/tts``)
+    │       └── UnknownVoice (ValueError)   a voice the TTS engine does not have
     └── ProtocolError                       a client event the session refuses
         ├── one subclass per wire error code (``code`` / ``error_type`` class attributes)
         └── InvalidParameters               several fields refused at once (``problems``)
@@ -219,3 +221,11 @@ class RequestsOverloaded(RequestError):
 class RequestCancelled(RequestError):
     """Raised inside a runner at its next unit when every request of its batch was
     withdrawn (the clients left): the batch stops and frees the engine."""
+
+
+class SpeechError(ModelError):
+    """Text to speech (``duplex.models.tts``): a runner that cannot load or speak."""
+
+
+class UnknownVoice(SpeechError, ValueError):
+    """A voice the TTS engine does not have; the message lists the valid ones."""

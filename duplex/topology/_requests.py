@@ -1,7 +1,7 @@
 """Which request-batched models a server runs, and where: built from the config, supervised.
 
 `runner_specs` is the one list of request-batched models a config serves
-(the robot policy; speech, images and videos add theirs here). Where they
+(the robot policy, the TTS; images and videos add theirs here). Where they
 run follows the engine: with engine processes each engine process builds
 them beside its realtime engine, in that process's slack (``_engine_process``),
 and session processes reach them over the engine link; without, the session
@@ -32,6 +32,7 @@ from duplex.models import (
     load_policy,
 )
 from duplex.models.diffusion import load_image_runner, load_video_runner, resolve_diffusion
+from duplex.models.tts import TTS_RUNNER, SpeechRunner, load_tts
 from duplex.runtime import RequestEngines
 
 __all__ = ["RunnerSpec", "open_request_engines", "runner_specs", "start_request_engines"]
@@ -89,6 +90,18 @@ def _diffusion(config: Config, device: str, kind: Literal["image", "video"]) -> 
     return RunnerSpec(kind, build, 0.0, max_queue=server.media_max_queue)
 
 
+def _tts(config: Config, device: str) -> RunnerSpec:
+    server = config.server
+
+    def build() -> SpeechRunner:
+        runner = load_tts(server.tts, device=device, max_batch=server.tts_max_batch)
+        assert runner is not None  # "none" is never a spec
+        return runner
+
+    wait_s = server.tts_batch_wait_ms / 1000.0
+    return RunnerSpec(TTS_RUNNER, build, wait_s, max_queue=server.tts_max_queue)
+
+
 def runner_specs(config: Config, device: str | None = None) -> list[RunnerSpec]:
     """The request-batched models ``config`` serves, built for ``device`` (the first model
     device by default: an engine process passes its own)."""
@@ -100,6 +113,8 @@ def runner_specs(config: Config, device: str | None = None) -> list[RunnerSpec]:
         specs.append(_diffusion(config, device, "image"))
     if config.server.video_model:
         specs.append(_diffusion(config, device, "video"))
+    if config.server.tts != "none":
+        specs.append(_tts(config, device))
     return specs
 
 

@@ -51,6 +51,7 @@ from duplex.transport import (
     MediaService,
     ResumeGuard,
     RobotService,
+    SpeechService,
     build_app,
     digest,
     hypercorn_config,
@@ -425,6 +426,22 @@ def robot_service(
     )
 
 
+def speech_service(
+    config: Config, registry: MetricsRegistry, requests: RequestEngines
+) -> SpeechService | None:
+    """The speech routes' service over the process's request engines (the TTS is the one
+    named ``tts``, the engine the voice agent speaks with too); ``None``: connection workers
+    serve HTTP (they do not reach the engines yet), so the routes answer ``tts_not_loaded``."""
+    if config.server.connection_workers:
+        if config.server.tts != "none":
+            get_logger(component="server").warning(
+                "speech endpoints not served: they need connection_workers = 0",
+                tts=config.server.tts,
+            )
+        return None
+    return SpeechService(requests, registry)
+
+
 async def serve_duplex(
     config: Config,
     system: ActorSystem,
@@ -483,6 +500,7 @@ async def _serve_sessions(
         open_media(config, registry, requests) as media,
     ):
         robots = robot_service(config, system, registry, backend, requests)
+        speech = speech_service(config, registry, requests)
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
         hyper = hypercorn_config(
@@ -500,7 +518,16 @@ async def _serve_sessions(
                 )
             else:
                 urls = await nursery.start(
-                    _serve_here, config, system, backend, hyper, registry, access, robots, media
+                    _serve_here,
+                    config,
+                    system,
+                    backend,
+                    hyper,
+                    registry,
+                    access,
+                    robots,
+                    media,
+                    speech,
                 )
             await backend.ready.wait()
             # after the bind: a port already taken ends the server with one clear line
@@ -516,6 +543,7 @@ async def _serve_sessions(
                 engine_processes=len(engine_paths),
                 startup_s=round(backend.startup.elapsed(), 2) if backend.startup else None,
                 policy=server.policy if robots is not None else None,
+                tts=server.tts if speech is not None else None,
             )
             task_status.started(urls)
 
@@ -529,6 +557,7 @@ async def _serve_here(
     access: AccessSettings,
     robots: RobotService | None = None,
     media: MediaService | None = None,
+    speech: SpeechService | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -543,6 +572,7 @@ async def _serve_here(
         registry=registry,
         robots=robots,
         media=media,
+        speech=speech,
     )
 
     async def shutdown_trigger() -> None:
