@@ -142,7 +142,7 @@ async def server(target: str, args: argparse.Namespace) -> AsyncIterator[tuple[s
     tail = f"{os.pathsep}{inherited}" if inherited else ""
     if target == "duplex":
         command = [sys.executable, "-m", "duplex.cli", "serve", "--port", str(port)]
-        command += ["--policy", args.policy, "--log-level", "warning"]
+        command += ["--policy", args.policy, "--log-level", "warning", "--tts", "none"]
         command += ["--policy-max-batch", str(args.max_batch)]
         command += ["--policy-batch-wait-ms", str(args.wait_ms)]
         env |= {

@@ -8,42 +8,51 @@ init segment (``ftyp`` + an empty ``moov``), then a ``moof``/``mdat`` pair a fra
 The muxer writes a frame's fragment when the next packet arrives, so after a chunk
 of frames all but the last are in its bytes; the last comes with the next chunk or
 with `FragmentedMp4.close` (the trailer).
+
+PyAV and Pillow are imported on first use, not with the server: a server that serves no
+images or videos never loads FFmpeg's libraries.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import Iterable
 from fractions import Fraction
-from typing import Final, final
+from typing import TYPE_CHECKING, Any, final
 
-import av
 import numpy as np
-from PIL import Image
 
-__all__ = ["VIDEO_CODEC", "FragmentedMp4", "encode_mp4", "encode_png"]
+if TYPE_CHECKING:
+    import av
+
+__all__ = ["FragmentedMp4", "encode_mp4", "encode_png", "video_codec"]
 
 
-def _codec() -> str:
+@functools.cache
+def video_codec() -> str:
+    """libx264 where PyAV has it (its wheels do); MPEG-4 Part 2 otherwise (no B-frames
+    either)."""
+    import av
+
     return "libx264" if "libx264" in av.codecs_available else "mpeg4"
 
 
-VIDEO_CODEC: Final = _codec()
-"""libx264 where PyAV has it (its wheels do); MPEG-4 Part 2 otherwise (no B-frames either)."""
-_CODEC_OPTIONS: Final = (
-    {"preset": "ultrafast", "tune": "zerolatency"} if VIDEO_CODEC == "libx264" else {}
-)
+def _codec_options() -> dict[str, Any]:
+    return {"preset": "ultrafast", "tune": "zerolatency"} if video_codec() == "libx264" else {}
 
 
 def encode_png(image: np.ndarray) -> bytes:
     """One ``height x width x 3`` uint8 RGB image as PNG."""
+    from PIL import Image
+
     out = io.BytesIO()
     Image.fromarray(image, mode="RGB").save(out, format="PNG")
     return out.getvalue()
 
 
 def _video_stream(container: av.container.OutputContainer, width: int, height: int, fps: int):  # type: ignore[no-untyped-def]
-    stream = container.add_stream(VIDEO_CODEC, rate=fps, options=dict(_CODEC_OPTIONS))
+    stream = container.add_stream(video_codec(), rate=fps, options=_codec_options())
     stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
     stream.time_base = Fraction(1, fps)
     return stream
@@ -52,6 +61,8 @@ def _video_stream(container: av.container.OutputContainer, width: int, height: i
 def encode_mp4(frames: Iterable[np.ndarray], *, width: int, height: int, fps: int) -> bytes:
     """Frames (``height x width x 3`` uint8 RGB) as a progressive MP4 (``moov`` last:
     ``faststart`` needs a second pass over a file)."""
+    import av
+
     out = io.BytesIO()
     with av.open(out, "w", format="mp4") as container:
         stream = _video_stream(container, width, height, fps)
@@ -69,6 +80,9 @@ class FragmentedMp4:
     written since the last call and how many frames they complete."""
 
     def __init__(self, *, width: int, height: int, fps: int) -> None:
+        import av
+
+        self._av = av
         self._out = io.BytesIO()
         self._container = av.open(
             self._out,
@@ -94,7 +108,7 @@ class FragmentedMp4:
     def write(self, frames: Iterable[np.ndarray]) -> tuple[bytes, int]:
         """Encode ``frames``; returns the new bytes and the frames they complete."""
         for frame in frames:
-            picture = av.VideoFrame.from_ndarray(frame, format="rgb24")
+            picture = self._av.VideoFrame.from_ndarray(frame, format="rgb24")
             picture.pts = self._muxed
             self._container.mux(self._stream.encode(picture))
             self._muxed += 1
