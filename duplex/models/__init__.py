@@ -56,7 +56,7 @@ from ._policy_actor import PolicyActor
 from ._policy_batcher import BatcherStatistics, PolicyBatcher
 from ._policy_driver import POLICY_METRICS, PolicyEngine, PolicyEngineStatistics, PolicyReply
 from ._policy_reference import ReferencePolicy
-from ._recorder import ENGINE_HISTOGRAMS, EngineRecorder
+from ._recorder import ENGINE_HISTOGRAMS, EngineRecorder, RecorderSnapshot
 from ._registry import get_model, model_names, register_model
 from ._scheduler import CapacityLimit, CapacityReport, Scheduler, SchedulerStatistics, SlotState
 from ._segmenter import (
@@ -122,6 +122,7 @@ __all__ = [
     "PolicyReply",
     "PolicyRequest",
     "PolicyResult",
+    "RecorderSnapshot",
     "ReferencePolicy",
     "RunnerFactory",
     "SamplingRequest",

@@ -31,6 +31,7 @@ from duplex.models import (
     DriverStatistics,
     FrameOutput,
     ModelSpec,
+    RecorderSnapshot,
     SlotHandle,
     SlotOutput,
     SlotPrompt,
@@ -90,6 +91,8 @@ class EngineStatus:
 
     report: CapacityReport
     statistics: DriverStatistics
+    histograms: RecorderSnapshot | None = None
+    """The engine's latency histograms (cumulative), exported by a session process."""
 
 
 STATUS_PERIOD_S = 0.25

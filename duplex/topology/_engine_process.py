@@ -38,6 +38,7 @@ from duplex.logs import get_logger
 from duplex.models import (
     EngineActor,
     EngineDriver,
+    EngineRecorder,
     ModelSpec,
     SlotHandle,
     SlotOutput,
@@ -90,9 +91,10 @@ class _Forward:
 class SessionLink:
     """One session process's link: the slots it holds and its tick's outputs."""
 
-    def __init__(self, link: Link, driver: EngineDriver) -> None:
+    def __init__(self, link: Link, driver: EngineDriver, recorder: EngineRecorder) -> None:
         self.link = link
         self.driver = driver
+        self.recorder = recorder
         self.handles: dict[tuple[int, int], SlotHandle] = {}
         self.pending: list[SlotOutput] = []
         self.rejected: dict[tuple[int, int], int] = {}
@@ -116,9 +118,8 @@ class SessionLink:
         engine = dataclasses.replace(
             statistics.engine, slot_underruns=dict(statistics.engine.slot_underruns)
         )  # a mapping proxy does not pickle
-        self.link.post(
-            EngineStatus(driver.capacity(), dataclasses.replace(statistics, engine=engine))
-        )
+        statistics = dataclasses.replace(statistics, engine=engine)
+        self.link.post(EngineStatus(driver.capacity(), statistics, self.recorder.snapshot()))
 
     def handle(self, message: Any) -> None:
         driver = self.driver
@@ -180,6 +181,8 @@ class EngineServer:
     def __init__(self, spec: ModelSpec, index: int) -> None:
         self.spec = spec
         self.index = index
+        self.recorder = EngineRecorder(spec.name, spec.max_slots)
+        """Its histograms (a private registry: the session processes export them)."""
         self.driver: EngineDriver | None = None
         self.started = trio.Event()
         self.links: dict[SessionLink, trio.CancelScope] = {}
@@ -203,7 +206,7 @@ class EngineServer:
         driver = self.driver
         assert driver is not None
         link = Link(trio.SocketStream(sock), decode=decode)
-        session_link = SessionLink(link, driver)
+        session_link = SessionLink(link, driver, self.recorder)
         with trio.CancelScope() as scope:
             self.links[session_link] = scope
             try:
@@ -251,7 +254,7 @@ async def run_engine_process(
             with startup.step("engine", f"building model {spec.name} on {device}"):
                 engine_ref = await system.spawn(
                     EngineActor,
-                    partial(build_engine, spec, factory, config.session),
+                    partial(build_engine, spec, factory, config.session, server.recorder),
                     server.engine_started,
                     trio.to_thread.run_sync,
                     name=f"engine-{spec.name}",

@@ -60,7 +60,7 @@ from duplex.transport import (
 )
 
 from . import _link
-from ._engine_client import EngineConnection, engine_spec
+from ._engine_client import EngineConnection, engine_spec, export_engine_histograms
 from ._engines import EngineProcesses
 from ._shards import ShardProcesses
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
@@ -313,6 +313,7 @@ async def open_backend(
     async def start(nursery: trio.Nursery) -> None:
         nonlocal frozen
         if engine_paths:
+            export_engine_histograms(registry, spec.name, hub)
             with startup.step("engine", f"linking to {len(engine_paths)} engine process(es)"):
                 connections = [
                     EngineConnection(spec, index, path, hub)
