@@ -250,7 +250,9 @@ async def run_engine_process(
     ) as system:
         log.info("building the engine", device=device)
         async with trio.open_nursery() as progress:  # "still starting" lines meanwhile
-            progress.start_soon(log_startup_progress, startup)
+            # one bar per terminal: engine 0 draws it, the others log lines
+            bar = None if index == 0 else False
+            progress.start_soon(partial(log_startup_progress, startup, bar=bar))
             with startup.step("engine", f"building model {spec.name} on {device}"):
                 engine_ref = await system.spawn(
                     EngineActor,

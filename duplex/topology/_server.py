@@ -44,7 +44,7 @@ from duplex.models import (
     load_policy,
     policy_factory,
 )
-from duplex.progress import Startup
+from duplex.progress import Startup, TerminalBar, render_line
 from duplex.runtime import SessionHub
 from duplex.sessions import Capabilities, SessionConfig, VadMode
 from duplex.transport import (
@@ -232,11 +232,27 @@ STARTUP_LOG_INTERVAL_S = 5.0
 """While the engine or the VAD is still starting, one ``still starting`` line this often."""
 
 
+BAR_REDRAW_S = 0.25
+"""How often the startup bar on a terminal is redrawn."""
+
+
 async def log_startup_progress(
-    startup: Startup, interval_s: float = STARTUP_LOG_INTERVAL_S
+    startup: Startup, interval_s: float = STARTUP_LOG_INTERVAL_S, *, bar: bool | None = None
 ) -> None:
-    """One ``still starting`` line (what it waits for, seconds so far) each ``interval_s``
-    until the startup is done."""
+    """Until the startup is done: on a terminal (``bar``; ``None``: when stderr is one) a
+    status line redrawn in place (`TerminalBar`), else one ``still starting`` line (what
+    it waits for, seconds so far) each ``interval_s``."""
+    if bar is None:
+        bar = sys.stderr.isatty()
+    if bar:
+        with TerminalBar(sys.stderr) as terminal:
+            frame = 0
+            while True:
+                await trio.sleep(BAR_REDRAW_S)  # a quick start draws nothing
+                if startup.done:
+                    return
+                terminal.draw(render_line(startup, terminal.width(), frame))
+                frame += 1
     log = get_logger(component="server")
     while True:
         await trio.sleep(interval_s)
@@ -359,7 +375,9 @@ async def open_backend(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(start, nursery)
-            nursery.start_soon(log_startup_progress, startup)
+            # one bar per terminal: the first session process draws it, shards log lines
+            bar = None if not shard else False
+            nursery.start_soon(partial(log_startup_progress, startup, bar=bar))
             yield backend
             nursery.cancel_scope.cancel()  # a stop before the start finished, and the links
     finally:
