@@ -180,9 +180,18 @@ def freeze_startup_objects() -> None:
     Frozen objects are never collected, so this runs once, after the engine and
     the VAD are built and their garbage is collected; `unfreeze_startup_objects`
     undoes it on the way out.
+
+    The second collection walks almost nothing (all is frozen) and resets the
+    collector's count of long-lived objects, which the first one set to everything
+    built so far: a full collection runs only once the objects that reached the
+    oldest generation since number a quarter of that count, so with torch's ~200,000
+    the first one came only after ~50,000 had piled up, among them every closed
+    session and connection (their reference cycles hold their audio) and the
+    process's memory grew by tens of MB for good before it (docs/reliability.md).
     """
     gc.collect()
     gc.freeze()
+    gc.collect()
 
 
 def unfreeze_startup_objects() -> None:
