@@ -183,11 +183,11 @@ def freeze_startup_objects() -> None:
 
     The second collection walks almost nothing (all is frozen) and resets the
     collector's count of long-lived objects, which the first one set to everything
-    built so far: a full collection runs only once the objects that reached the
-    oldest generation since number a quarter of that count, so with torch's ~200,000
-    the first one came only after ~50,000 had piled up, among them every closed
-    session and connection (their reference cycles hold their audio) and the
-    process's memory grew by tens of MB for good before it (docs/reliability.md).
+    built so far: CPython runs a full collection only once the objects that reached
+    the oldest generation since number a quarter of that count, so with torch's
+    ~200,000 the first one could wait until ~50,000 had piled up, among them closed
+    sessions and connections, which are reference cycles holding their audio
+    (docs/reliability.md, "Soak").
     """
     gc.collect()
     gc.freeze()

@@ -5,8 +5,7 @@ hypercorn's protocol objects) that only a full collection frees. CPython runs on
 once the objects promoted to the oldest generation number a quarter of those that
 survived the last full collection. `freeze_startup_objects` collected with every
 startup object still in that generation (torch alone brings ~200,000), so the first
-full collection after the freeze waited for ~50,000 promoted objects: the soak's
-server piled them up (with their audio) before it ever ran.
+full collection after the freeze could wait for ~50,000 promoted objects.
 """
 
 from __future__ import annotations
