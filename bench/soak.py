@@ -14,23 +14,28 @@ responses). So sessions come and go while the number live stays near ``--session
 
 Samples, every ``--sample-s``: for every process of the server's tree (server, workers,
 shards, engine processes) its RSS, open fds and threads; the server process's trio tasks
-and GC-tracked objects; ``/health``'s live sessions. Before the measured run the load
-runs ``--warmup-s``, stops, and everything settles (no session live, no slot held): the
-**idle baseline**. After it, the load stops and everything settles again: the **idle
-end**. Flat means the idle end matches the baseline (the same tasks and fds, RSS and
-objects within noise) and the under-load series has no trend: the report gives each
-series' least-squares slope per 10 minutes over the measured run.
+and GC-tracked objects (all of them, garbage not yet collected included, and the *floor*:
+those that survived the collector's latest full collection); ``/health``'s live sessions.
+At each idle point the probe also runs a full collection and counts the **live** objects.
+Before the measured run the load runs ``--warmup-s``, stops, and everything settles (no
+session live, no slot held): the **idle baseline**. After it, the load stops and
+everything settles again: the **idle end**. Flat means the idle end matches the baseline
+(the same tasks and fds, RSS and live objects within noise) and the under-load series
+(RSS, the objects' floor) have no trend: the report gives each series' least-squares
+slope per 10 minutes over the measured run.
 
 Writes ``OUT.json`` and ``OUT.png`` (RSS, fds, tasks, GC objects and live sessions over
 time). Exit code 0; the verdict is for the reader (docs/reliability.md), and
-``tests/test_soak.py`` asserts it loosely on a short run.
+``tests/transport/test_e2e_soak.py`` asserts it loosely on a short run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -213,6 +218,9 @@ async def sample(served: Any, probe: Path, t0: float, phase: str) -> dict[str, A
         "fds_total": sum(p["fds"] or 0 for p in processes.values()),
         "tasks": last.get("tasks"),
         "gc_objects": last.get("gc_objects"),
+        "gc_floor": last.get("gc_floor"),
+        "gc_full": last.get("gc_full"),
+        "gc_live": last.get("gc_live"),  # only where asked for (the idle points)
         "sessions_live": health["sessions"]["live"],
         "engine_live_slots": metric_sum(text, "duplex_engine_live_slots"),
         "late_ticks": metric_sum(text, "duplex_engine_late_ticks_total"),
@@ -225,10 +233,16 @@ def slope_per_10min(xs: list[float], ys: list[float]) -> float | None:
     return round(float(np.polyfit(np.array(xs), np.array(ys, dtype=float), 1)[0]) * 600, 2)
 
 
-async def wait_probe(probe: Path, after: float, timeout_s: float = 30) -> None:
-    """Until the probe has written a sample taken after ``after`` (monotonic)."""
+async def wait_probe(
+    probe: Path, after: float, timeout_s: float = 30, *, key: str | None = None
+) -> None:
+    """Until the probe has written a sample taken after ``after`` (monotonic), with ``key``
+    if given."""
     with trio.fail_after(timeout_s):
-        while _probe_last(probe).get("t", 0) <= after:
+        while True:
+            last = _probe_last(probe)
+            if last.get("t", 0) > after and (key is None or key in last):
+                return
             await trio.sleep(0.1)
 
 
@@ -258,6 +272,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                     if tasks == previous:
                         break
                     previous = tasks
+            asked = time.monotonic()
+            os.kill(served.pid, signal.SIGUSR1)  # the probe's next sample: a full collection
+            await wait_probe(probe, asked, key="gc_live")
             point = await sample(served, probe, t0, phase)
             point["settle_left"] = left
             samples.append(point)
@@ -277,7 +294,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         problems = log_problems(served.log_lines())
     loaded = [s for s in samples if s["phase"] == "load"]
     xs = [s["t_s"] for s in loaded]
-    series = ("rss_mb_total", "fds_total", "tasks", "gc_objects", "sessions_live")
+    series = ("rss_mb_total", "fds_total", "tasks", "gc_objects", "gc_floor", "sessions_live")
+    idle_series = (*series, "gc_live")
     report = {
         "command": " ".join(["bench/soak.py", *sys.argv[1:]]),
         "machine": machine(),
@@ -289,19 +307,21 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "client_error_codes": load.error_codes,
         "idle_delta": {
             k: (None if end[k] is None else round(end[k] - baseline[k], 1))
-            for k in ("rss_mb_total", "fds_total", "tasks", "gc_objects")
+            for k in ("rss_mb_total", "fds_total", "tasks", "gc_objects", "gc_live")
+            if baseline[k] is not None
         },
-        "idle_baseline": {k: baseline[k] for k in series},
-        "idle_end": {k: end[k] for k in series},
+        "idle_baseline": {k: baseline[k] for k in idle_series},
+        "idle_end": {k: end[k] for k in idle_series},
         "slope_per_10min_under_load": {
-            k: slope_per_10min(xs, [s[k] for s in loaded])
+            k: slope_per_10min(
+                [x for x, s in zip(xs, loaded, strict=True) if s[k] is not None],
+                [s[k] for s in loaded if s[k] is not None],
+            )
             for k in series
-            if all(s[k] is not None for s in loaded)
         },
         "under_load_range": {
-            k: [min(s[k] for s in loaded), max(s[k] for s in loaded)] if loaded else None
+            k: [min(v), max(v)] if (v := [s[k] for s in loaded if s[k] is not None]) else None
             for k in series
-            if all(s[k] is not None for s in loaded)
         },
         "server_log": problems,
         "samples": samples,
@@ -331,8 +351,14 @@ def plot(report: dict[str, Any], path: Path) -> None:
     axes[1].set_ylabel("open fds")
     axes[2].plot(minutes, [s["tasks"] for s in samples])
     axes[2].set_ylabel("trio tasks\n(server process)")
-    axes[3].plot(minutes, [s["gc_objects"] for s in samples])
+    axes[3].plot(minutes, [s["gc_objects"] for s in samples], label="tracked (garbage too)")
+    axes[3].plot(
+        minutes, [s.get("gc_floor") for s in samples], label="after the last full collection"
+    )
+    idle = [(m, s["gc_live"]) for m, s in zip(minutes, samples, strict=True) if s.get("gc_live")]
+    axes[3].plot(*zip(*idle, strict=True), "o", label="live (collected), idle points")
     axes[3].set_ylabel("GC-tracked objects\n(server process)")
+    axes[3].legend(loc="upper left", fontsize="small")
     axes[4].plot(minutes, [s["sessions_live"] for s in samples])
     axes[4].set_ylabel("live sessions")
     axes[4].set_xlabel("minutes")

@@ -12,6 +12,8 @@ from typing import Literal
 
 import structlog
 
+from duplex.progress import active_bar
+
 Renderer = Literal["json", "console"]
 
 
@@ -44,6 +46,9 @@ class _CurrentStderr:
     daemons and embedding apps; a stream bound once would outlive its owner)."""
 
     def write(self, text: str) -> int:
+        bar = active_bar()
+        if bar is not None and bar.stream is sys.stderr:  # a startup bar: lines go above it
+            return bar.write_above(text)
         return sys.stderr.write(text)
 
     def flush(self) -> None:

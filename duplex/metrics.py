@@ -173,14 +173,23 @@ class Histogram(_Metric):
     def samples(self) -> Iterable[Sample]:
         for key, cell in sorted(self._cells.items()):
             base = dict(zip(self.labelnames, key, strict=True))
-            counts, total = list(cell.counts), cell.sum  # one consistent read of the counts
-            running = 0
-            for bound, c in zip((*self.buckets, math.inf), counts, strict=True):
-                running += c
-                le = "+Inf" if bound == math.inf else repr(bound)
-                yield Sample(f"{self.name}_bucket", {**base, "le": le}, running)
-            yield Sample(f"{self.name}_sum", base, total)
-            yield Sample(f"{self.name}_count", base, running)
+            # one consistent read of the counts
+            yield from histogram_samples(self.name, self.buckets, base, list(cell.counts), cell.sum)
+
+
+def histogram_samples(
+    name: str, buckets: Sequence[float], labels: dict[str, str], counts: Sequence[int], total: float
+) -> Iterable[Sample]:
+    """One label set's ``_bucket`` (cumulative), ``_sum`` and ``_count`` samples from its
+    per-bucket ``counts`` (the last: above every bound): also for counts that come from
+    another process."""
+    running = 0
+    for bound, c in zip((*buckets, math.inf), counts, strict=True):
+        running += c
+        le = "+Inf" if bound == math.inf else repr(bound)
+        yield Sample(f"{name}_bucket", {**labels, "le": le}, running)
+    yield Sample(f"{name}_sum", labels, total)
+    yield Sample(f"{name}_count", labels, running)
 
 
 Collector = Callable[[], Iterable[Sample]]

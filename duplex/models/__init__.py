@@ -58,7 +58,7 @@ from ._policy import (
     policy_factory,
 )
 from ._policy_reference import ReferencePolicy
-from ._recorder import ENGINE_HISTOGRAMS, EngineRecorder
+from ._recorder import ENGINE_HISTOGRAMS, EngineRecorder, RecorderSnapshot
 from ._registry import get_model, model_names, register_model
 from ._request_actor import RequestActor
 from ._requests import (
@@ -132,6 +132,7 @@ __all__ = [
     "PolicyRequest",
     "PolicyResult",
     "PolicyRunner",
+    "RecorderSnapshot",
     "ReferencePolicy",
     "RequestActor",
     "RequestBatcher",

@@ -6,15 +6,27 @@ recorder is made: one bisect and one increment per tick, nothing per slot, no
 label lookup on the step's thread. The recorder outlives the drivers (the
 server makes one and hands it to every engine it builds, restarts included), so
 the histograms keep counting across an engine restart.
+
+An engine in its own process records into a private registry and ships
+`EngineRecorder.snapshot` (cumulative counts) in its status to the session
+processes, which export it with an ``engine`` label (`RecorderSnapshot.samples`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import final
 
-from duplex.metrics import HistogramCell, MetricsRegistry
+from duplex.metrics import HistogramCell, MetricsRegistry, Sample, histogram_samples
 
-__all__ = ["ENGINE_HISTOGRAMS", "STEP_BUCKETS", "TICK_LATENESS_BUCKETS", "EngineRecorder"]
+__all__ = [
+    "ENGINE_HISTOGRAMS",
+    "STEP_BUCKETS",
+    "TICK_LATENESS_BUCKETS",
+    "EngineRecorder",
+    "RecorderSnapshot",
+]
 
 TICK_LATENESS_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28,
@@ -38,6 +50,34 @@ ENGINE_HISTOGRAMS: tuple[tuple[str, str], ...] = (
     ),
 )
 """The engine's histograms (name, help); labels: ``model``, and ``batch`` for step time."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RecorderSnapshot:
+    """An `EngineRecorder`'s counts at one moment, as plain data that pickles small.
+
+    Cumulative since the recorder was made, so a snapshot that is lost (or arrives
+    late) loses nothing: the next one has every observation.
+    """
+
+    lateness: tuple[tuple[int, ...], float]
+    """Tick lateness: per-bucket counts (the last: above every bound) and sum."""
+    steps: tuple[tuple[tuple[int, ...], float], ...]
+    """Step time, one entry per batch cell (cell ``i``: batch label ``2**i``)."""
+
+    def samples(self, name: str, labels: dict[str, str]) -> Iterator[Sample]:
+        """Histogram ``name``'s samples (one of `ENGINE_HISTOGRAMS`), each with ``labels``
+        (step time adds ``batch``)."""
+        (late_name, _), (step_name, _) = ENGINE_HISTOGRAMS
+        if name == late_name:
+            yield from histogram_samples(name, TICK_LATENESS_BUCKETS, labels, *self.lateness)
+        elif name == step_name:
+            for i, (counts, total) in enumerate(self.steps):
+                batch = {**labels, "batch": str(1 << i)}
+                yield from histogram_samples(name, STEP_BUCKETS, batch, counts, total)
+        else:
+            raise ValueError(f"{name} is not an engine histogram")
 
 
 def batch_bucket(batch: int) -> int:
@@ -70,6 +110,14 @@ class EngineRecorder:
             for i in range((max_slots - 1).bit_length() + 1)
         ]
         """Cell ``i`` counts steps of 2**(i-1) + 1 .. 2**i slots (cell 0: one slot)."""
+
+    def snapshot(self) -> RecorderSnapshot:
+        """The counts so far (read without a lock: a step observed meanwhile from its thread
+        lands in this snapshot or the next)."""
+        return RecorderSnapshot(
+            (tuple(self.lateness.counts), self.lateness.sum),
+            tuple((tuple(cell.counts), cell.sum) for cell in self.steps),
+        )
 
     def tick(self, lateness_s: float) -> None:
         """A tick started ``lateness_s`` after its scheduled time (trio thread)."""

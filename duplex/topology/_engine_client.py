@@ -26,14 +26,16 @@ import dataclasses
 import itertools
 import math
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, final
 
 import trio
 
 from duplex.exceptions import PromptUnsupported, RequestFailed, RequestsOverloaded
 from duplex.logs import get_logger
+from duplex.metrics import MetricsRegistry, Sample
 from duplex.models import (
+    ENGINE_HISTOGRAMS,
     STALL_PERIODS,
     CapacityLimit,
     CapacityReport,
@@ -43,6 +45,7 @@ from duplex.models import (
     InputPush,
     ModelSpec,
     PcmFrame,
+    RecorderSnapshot,
     RequestEngineStatistics,
     SlotDelivery,
     SlotEngine,
@@ -72,6 +75,13 @@ from ._link import Link
 CONNECT_RETRY_S = 0.1
 
 
+class EngineSet(Protocol):
+    """The engines a session process holds now (the session hub)."""
+
+    engines: dict[int, SlotEngine]
+    export_engine_metrics: bool
+
+
 class EngineHost(Protocol):
     """Who is told an engine started or stopped (the session hub)."""
 
@@ -99,6 +109,8 @@ class RemoteEngine:
         self.last_tick_at = trio.current_time()
         self._report = _closed_report()
         self._statistics: DriverStatistics | None = None
+        self.histograms: RecorderSnapshot | None = None
+        """The engine process's latency histograms, as of its last status."""
         self._requests = itertools.count(1)
         self._waiting: dict[int, tuple[trio.Event, list[SlotOpened]]] = {}
         self._handles: dict[tuple[int, int], SlotHandle] = {}
@@ -249,9 +261,10 @@ class RemoteEngine:
                     if rejected:
                         self._rejected[handle] = self._rejected.get(handle, 0) + rejected
                     self._delivery.deliver(handle, output)
-            case EngineStatus(report, statistics, requests):
+            case EngineStatus(report, statistics, histograms, requests):
                 self._report = report
                 self._statistics = statistics
+                self.histograms = histograms
                 self._request_statistics = requests
             case RequestDone(request):
                 answer = self._answers.get(request)
@@ -303,6 +316,26 @@ class RemoteRequests:
 
     def statistics(self) -> RequestEngineStatistics | None:
         return self.engine.request_statistics(self.name)
+
+
+def export_engine_histograms(registry: MetricsRegistry, model: str, hub: EngineSet) -> None:
+    """Export the engine processes' latency histograms (`ENGINE_HISTOGRAMS`) from their
+    statuses, one label set per engine (``engine``), when ``hub`` exports engine figures
+    (one session process does)."""
+
+    def collector(name: str) -> Callable[[], Iterator[Sample]]:
+        def collect() -> Iterator[Sample]:
+            if not hub.export_engine_metrics:
+                return
+            for index, engine in sorted(hub.engines.items()):
+                if isinstance(engine, RemoteEngine) and engine.histograms is not None:
+                    labels = {"model": model, "engine": str(index)}
+                    yield from engine.histograms.samples(name, labels)
+
+        return collect
+
+    for name, help_text in ENGINE_HISTOGRAMS:
+        registry.add_collector(name, "histogram", help_text, collector(name))
 
 
 async def engine_spec(path: str) -> ModelSpec:

@@ -33,6 +33,7 @@ from duplex.models import (
     DriverStatistics,
     FrameOutput,
     ModelSpec,
+    RecorderSnapshot,
     RequestEngineStatistics,
     SlotHandle,
     SlotOutput,
@@ -135,6 +136,8 @@ class EngineStatus:
 
     report: CapacityReport
     statistics: DriverStatistics
+    histograms: RecorderSnapshot | None = None
+    """The engine's latency histograms (cumulative), exported by a session process."""
     requests: Mapping[str, RequestEngineStatistics] = field(default_factory=dict)
 
 

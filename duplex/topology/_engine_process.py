@@ -49,6 +49,7 @@ from duplex.logs import get_logger
 from duplex.models import (
     EngineActor,
     EngineDriver,
+    EngineRecorder,
     ModelSpec,
     Slack,
     SlotHandle,
@@ -110,9 +111,12 @@ class SessionLink:
     """One session process's link: the slots it holds, its tick's outputs, and its requests
     to the request engines hosted here."""
 
-    def __init__(self, link: Link, driver: EngineDriver, requests: RequestEngines) -> None:
+    def __init__(
+        self, link: Link, driver: EngineDriver, recorder: EngineRecorder, requests: RequestEngines
+    ) -> None:
         self.link = link
         self.driver = driver
+        self.recorder = recorder
         self.requests = requests
         self.in_flight: dict[int, trio.CancelScope] = {}
         self.nursery: trio.Nursery | None = None
@@ -145,10 +149,9 @@ class SessionLink:
             figures = None if service is None else service.statistics()
             if figures is not None:
                 requests[name] = figures
+        statistics = dataclasses.replace(statistics, engine=engine)
         self.link.post(
-            EngineStatus(
-                driver.capacity(), dataclasses.replace(statistics, engine=engine), requests
-            )
+            EngineStatus(driver.capacity(), statistics, self.recorder.snapshot(), requests)
         )
 
     def handle(self, message: Any) -> None:
@@ -242,6 +245,8 @@ class EngineServer:
         self.spec = spec
         self.index = index
         self.requests = requests if requests is not None else RequestEngines(())
+        self.recorder = EngineRecorder(spec.name, spec.max_slots)
+        """Its histograms (a private registry: the session processes export them)."""
         self.driver: EngineDriver | None = None
         self.started = trio.Event()
         self.links: dict[SessionLink, trio.CancelScope] = {}
@@ -265,7 +270,7 @@ class EngineServer:
         driver = self.driver
         assert driver is not None
         link = Link(trio.SocketStream(sock), decode=decode)
-        session_link = SessionLink(link, driver, self.requests)
+        session_link = SessionLink(link, driver, self.recorder, self.requests)
         with trio.CancelScope() as scope:
             self.links[session_link] = scope
             try:
@@ -321,11 +326,13 @@ async def run_engine_process(
     ) as system:
         log.info("building the engine", device=device)
         async with trio.open_nursery() as progress:  # "still starting" lines meanwhile
-            progress.start_soon(log_startup_progress, startup)
+            # one bar per terminal: engine 0 draws it, the others log lines
+            bar = None if index == 0 else False
+            progress.start_soon(partial(log_startup_progress, startup, bar=bar))
             with startup.step("engine", f"building model {spec.name} on {device}"):
                 engine_ref = await system.spawn(
                     EngineActor,
-                    partial(build_engine, spec, factory, config.session, None, slack),
+                    partial(build_engine, spec, factory, config.session, server.recorder, slack),
                     server.engine_started,
                     trio.to_thread.run_sync,
                     name=f"engine-{spec.name}",

@@ -346,6 +346,7 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
         await nursery.start(serve_then_end)
         gc.collect()
         gc.freeze()  # imports and app: long-lived, never garbage (see freeze_startup_objects)
+        gc.collect()  # the collector's long-lived count reset (ditto)
         link.post(Ready())
         log.debug("serving")
 

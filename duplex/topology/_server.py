@@ -41,7 +41,7 @@ from duplex.models import (
     get_model,
     policy_factory,
 )
-from duplex.progress import Startup
+from duplex.progress import Startup, TerminalBar, render_line
 from duplex.runtime import RequestEngines, SessionHub
 from duplex.sessions import Capabilities, SessionConfig, VadMode
 from duplex.transport import (
@@ -59,7 +59,7 @@ from duplex.transport import (
 )
 
 from . import _link
-from ._engine_client import EngineConnection, engine_spec
+from ._engine_client import EngineConnection, engine_spec, export_engine_histograms
 from ._engines import EngineProcesses
 from ._media import open_media
 from ._requests import open_request_engines, runner_specs
@@ -181,9 +181,18 @@ def freeze_startup_objects() -> None:
     Frozen objects are never collected, so this runs once, after the engine and
     the VAD are built and their garbage is collected; `unfreeze_startup_objects`
     undoes it on the way out.
+
+    The second collection walks almost nothing (all is frozen) and resets the
+    collector's count of long-lived objects, which the first one set to everything
+    built so far: CPython runs a full collection only once the objects that reached
+    the oldest generation since number a quarter of that count, so with torch's
+    ~200,000 the first one could wait until ~50,000 had piled up, among them closed
+    sessions and connections, which are reference cycles holding their audio
+    (docs/reliability.md, "Soak").
     """
     gc.collect()
     gc.freeze()
+    gc.collect()
 
 
 def unfreeze_startup_objects() -> None:
@@ -233,11 +242,27 @@ STARTUP_LOG_INTERVAL_S = 5.0
 """While the engine or the VAD is still starting, one ``still starting`` line this often."""
 
 
+BAR_REDRAW_S = 0.25
+"""How often the startup bar on a terminal is redrawn."""
+
+
 async def log_startup_progress(
-    startup: Startup, interval_s: float = STARTUP_LOG_INTERVAL_S
+    startup: Startup, interval_s: float = STARTUP_LOG_INTERVAL_S, *, bar: bool | None = None
 ) -> None:
-    """One ``still starting`` line (what it waits for, seconds so far) each ``interval_s``
-    until the startup is done."""
+    """Until the startup is done: on a terminal (``bar``; ``None``: when stderr is one) a
+    status line redrawn in place (`TerminalBar`), else one ``still starting`` line (what
+    it waits for, seconds so far) each ``interval_s``."""
+    if bar is None:
+        bar = sys.stderr.isatty()
+    if bar:
+        with TerminalBar(sys.stderr) as terminal:
+            frame = 0
+            while True:
+                await trio.sleep(BAR_REDRAW_S)  # a quick start draws nothing
+                if startup.done:
+                    return
+                terminal.draw(render_line(startup, terminal.width(), frame))
+                frame += 1
     log = get_logger(component="server")
     while True:
         await trio.sleep(interval_s)
@@ -319,6 +344,7 @@ async def open_backend(
     async def start(nursery: trio.Nursery) -> None:
         nonlocal frozen
         if engine_paths:
+            export_engine_histograms(registry, spec.name, hub)
             with startup.step("engine", f"linking to {len(engine_paths)} engine process(es)"):
                 connections = [
                     EngineConnection(spec, index, path, hub, requests)
@@ -364,7 +390,9 @@ async def open_backend(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(start, nursery)
-            nursery.start_soon(log_startup_progress, startup)
+            # one bar per terminal: the first session process draws it, shards log lines
+            bar = None if not shard else False
+            nursery.start_soon(partial(log_startup_progress, startup, bar=bar))
             yield backend
             nursery.cancel_scope.cancel()  # a stop before the start finished, and the links
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -11,7 +12,7 @@ import trio.testing
 
 from duplex.metrics import MetricsRegistry
 from duplex.models import Engine, EngineDriver, EngineRecorder, LoopbackRunner, StepOutput, StepPlan
-from duplex.models._recorder import TICK_LATENESS_BUCKETS, batch_bucket
+from duplex.models._recorder import ENGINE_HISTOGRAMS, TICK_LATENESS_BUCKETS, batch_bucket
 
 from .models_support import SPEC, FakeTimer, WrappedLoopback, tone
 
@@ -99,3 +100,30 @@ async def test_tick_lateness_of_a_tick_that_waited_for_an_overrun(
     assert cell.sum == pytest.approx(0.1 - PERIOD, abs=1e-9)
     late_bucket = next(i for i, b in enumerate(TICK_LATENESS_BUCKETS) if b >= 0.1 - PERIOD)
     assert cell.counts[0] == 2 and cell.counts[late_bucket] == 1
+
+
+def test_a_snapshot_exports_what_the_recorder_does_with_more_labels() -> None:
+    """An engine process ships `snapshot` (plain data, pickled); the session process
+    exports exactly the recorder's own samples, plus its ``engine`` label."""
+    registry = MetricsRegistry()
+    recorder = EngineRecorder("m", max_slots=5, registry=registry)
+    for lateness in (0.0001, 0.003, 0.003, 2.0):
+        recorder.tick(lateness)
+    for batch, seconds in ((1, 0.004), (3, 0.05), (5, 0.07), (5, 3.0)):
+        recorder.step(batch, seconds)
+    snapshot = pickle.loads(pickle.dumps(recorder.snapshot()))
+    for name, _ in ENGINE_HISTOGRAMS:
+        (family,) = [f for f in registry.families() if f.name == name]
+        shipped = list(snapshot.samples(name, {"model": "m", "engine": "0"}))
+        assert [(s.name, {**s.labels, "engine": "0"}, s.value) for s in family.samples] == [
+            (s.name, s.labels, s.value) for s in shipped
+        ]
+    recorder.step(2, 0.01)  # cumulative: a later snapshot has every observation so far
+    counts = {
+        s.labels["batch"]: s.value
+        for s in recorder.snapshot().samples("duplex_engine_step_seconds", {"model": "m"})
+        if s.name.endswith("_count")
+    }
+    assert counts == {"1": 1, "2": 1, "4": 1, "8": 2}
+    with pytest.raises(ValueError, match="not an engine histogram"):
+        list(snapshot.samples("duplex_output_delay_seconds", {}))

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 from websockets.trio.client import connect as ws_connect
 
 from duplex.sessions import shard_of
@@ -291,3 +292,51 @@ async def test_the_robot_policy_runs_in_the_engine_process_and_survives_its_rest
             assert all(a == {"type": "error", "message": INTERNAL_ERROR} for a in answers)
         (new_pid,) = engine_pids()
         assert new_pid != pid
+
+
+def engine_histograms(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``_count`` samples of the engine histograms in ``/metrics`` text (prometheus_client's
+    parser), keyed by name and sorted labels."""
+    counts = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in ("duplex_engine_step_seconds", "duplex_engine_tick_lateness_seconds"):
+            continue
+        assert family.type == "histogram"
+        for s in family.samples:
+            if s.name.endswith("_count"):
+                counts[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return counts
+
+
+async def test_engine_process_histograms_are_exported_once_per_engine() -> None:
+    """The engine process ships its step-time and tick-lateness histograms in its status;
+    the server exports them with an ``engine`` label, and they count the steps it ran."""
+    async with running_server(**ON) as server:
+        assert len(engine_pids()) == 1
+        async with client(server) as c:
+            await open_session(c)
+            await echo(c, tone(6))
+        with trio.fail_after(10):  # the next status (every 0.25 s) carries the steps
+            while True:
+                counts = engine_histograms(await metrics_over_http(server))
+                steps = counts.get(
+                    (
+                        "duplex_engine_step_seconds_count",
+                        (("batch", "1"), ("engine", "0"), ("model", "loopback")),
+                    ),
+                    0,
+                )
+                if steps >= 6:
+                    break
+                await trio.sleep(0.1)
+        late = counts[
+            (
+                "duplex_engine_tick_lateness_seconds_count",
+                (("engine", "0"), ("model", "loopback")),
+            )
+        ]
+        assert late >= steps  # a tick per step at least
+        assert {labels for _, labels in counts} >= {
+            (("batch", str(1 << i)), ("engine", "0"), ("model", "loopback")) for i in range(3)
+        }  # every batch bucket, from the start
+        assert all(dict(labels)["engine"] == "0" for _, labels in counts)  # one engine, once

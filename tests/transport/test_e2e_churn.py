@@ -12,9 +12,10 @@ import gc
 
 import trio
 
-from duplex.sessions import SessionMachine
+from duplex.runtime._actor import SessionActor
+from duplex.sessions import Journal, SessionMachine
 
-from .wsclient import client, running_server, tone
+from .wsclient import Server, client, running_server, tone
 
 
 def live_machines() -> int:
@@ -38,3 +39,45 @@ async def test_sessions_closed_mid_stream_are_freed() -> None:
             while live_machines():
                 await trio.sleep(0.05)
         assert len(server.system.paths()) < 10  # no session or connection actor left
+
+
+async def _resumed_mid_stream(server: Server) -> None:
+    """What ``bench/soak.py``'s clients do: speak, drop the socket while the answer
+    streams, resume on a new one, speak again and close while that answer streams."""
+    async with client(server) as c:
+        await c.send({"type": "session.create"})
+        created = await c.until("session.created")
+        await c.stream(tone(6), realtime=False)
+        await c.until("response.audio.delta")
+        cursor = max(e.get("server_event_seq") or 0 for e in c.events)
+    async with client(server) as c:  # the first socket closed without session.close
+        await c.send(
+            {
+                "type": "session.resume",
+                "session_id": created["session"]["id"],
+                "resume_token": created["resume_token"],
+                "last_received_server_event_seq": cursor,
+            }
+        )
+        await c.until("session.resumed")
+        await c.stream(tone(6), realtime=False)
+        await c.until("response.audio.delta")
+        await c.send({"type": "session.close"})
+        await c.until("session.closed")
+
+
+async def test_sessions_resumed_and_closed_mid_stream_are_freed() -> None:
+    """The soak's sessions (audio, responses, a drop and a resume, a close mid-answer)
+    leave no session machine, journal or actor behind. With the dead letters an actor
+    system kept by default (1000), each such session stayed in memory: the 30-minute
+    soak's RSS and objects grew (docs/reliability.md, "Soak")."""
+    async with running_server(**{"session.overlap_policy": "model"}) as server:
+        for _ in range(4):
+            await _resumed_mid_stream(server)
+        await trio.sleep(0.5)  # the last outputs reach the stopped sessions
+        with trio.fail_after(5):
+            while live_machines():
+                await trio.sleep(0.05)
+        gc.collect()
+        assert not [o for o in gc.get_objects() if type(o) in (Journal, SessionActor)]
+        assert len(server.system.paths()) < 10

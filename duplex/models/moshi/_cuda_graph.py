@@ -84,7 +84,11 @@ class CudaGraphStep:
         """Make (and on CUDA capture) every bucket for ``top_k_caps`` now, so no later
         step pays for a capture; no row is active, so no slot changes."""
         for i, size in enumerate(self._sizes, 1):
-            note(f"capturing the LM step's CUDA graphs: bucket {size} ({i} of {len(self._sizes)})")
+            note(
+                f"capturing the LM step's CUDA graphs: bucket {size} ({i} of {len(self._sizes)})",
+                done=i - 1,
+                total=len(self._sizes),
+            )
             self._bucket(size, top_k_caps)
 
     def bucket_for(self, prefix: int) -> int:

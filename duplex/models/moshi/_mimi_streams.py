@@ -203,7 +203,11 @@ class MimiStreams:
         """Make (and on CUDA capture) every encode bucket, and every decode bucket for
         each code count in ``decode_widths``, now; only the scratch slot is stepped."""
         for i, size in enumerate(self._sizes, 1):
-            note(f"capturing Mimi's CUDA graphs: bucket {size} ({i} of {len(self._sizes)})")
+            note(
+                f"capturing Mimi's CUDA graphs: bucket {size} ({i} of {len(self._sizes)})",
+                done=i - 1,
+                total=len(self._sizes),
+            )
             self._bucket("encode", size, self.frame_size)
             for width in decode_widths:
                 self._bucket("decode", size, width)
