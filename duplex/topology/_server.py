@@ -44,6 +44,7 @@ from duplex.models import (
     load_policy,
     policy_factory,
 )
+from duplex.models.agent import AgentOptions, build_agent
 from duplex.progress import Startup
 from duplex.runtime import SessionHub
 from duplex.sessions import Capabilities, SessionConfig, VadMode
@@ -290,7 +291,7 @@ async def open_backend(
         system,
         hub_spec,
         config=session_cfg,
-        capabilities=capabilities_for(spec),
+        capabilities=dataclasses.replace(capabilities_for(spec), agent_cascade=server.agent),
         max_sessions=max_sessions,
         registry=registry,
         shard=shard,
@@ -351,6 +352,18 @@ async def open_backend(
                 refs.append(
                     await system.spawn(VadActor, build_vad, hub.vad_started, name="vad-silero")
                 )
+        if server.agent:
+            options = AgentOptions(
+                llm=server.agent_llm,
+                asr=server.agent_asr,
+                asr_grammar=server.agent_asr_grammar,
+                seed=server.model_seed,
+            )
+            with startup.step("agent", "loading the agent's ASR, reply model and TTS"):
+                agent = await trio.to_thread.run_sync(build_agent, options)
+                await nursery.start(agent.run)
+            hub.agent = agent
+            log.info("agent started", llm=server.agent_llm or "echo", asr=server.agent_asr)
         freeze_startup_objects()
         frozen = True
         backend.ready.set()
@@ -540,6 +553,7 @@ async def _serve_here(
         backend,
         max_frame_bytes=server.max_frame_bytes,
         realtime_vad=server.realtime_vad,
+        realtime_agent=server.agent,
         access=access,
         client_secret_ttl_s=server.client_secret_ttl_s,
         registry=registry,
@@ -586,6 +600,7 @@ async def serve_with_workers(
             settings = WorkerSettings(
                 max_frame_bytes=server.max_frame_bytes,
                 realtime_vad=server.realtime_vad,
+                agent=server.agent,
                 shutdown_grace_s=server.shutdown_grace_s,
                 log_format=server.log_format,
                 log_level=server.log_level,

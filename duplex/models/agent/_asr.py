@@ -1,0 +1,132 @@
+"""Speech recognition for the agent: streamed chunks in, growing transcripts out.
+
+A stream is one user turn (``stream``: any key unique while it runs). Its chunks go to
+the runner in order, each as one `AsrChunk` request, and each answer is the transcript
+heard so far; the chunk with ``final`` closes the stream and answers the turn's final
+transcript. Requests of many sessions batch together in one ``run_batch`` call.
+
+`PocketSphinxRunner` is the default (its en-US model ships in the ``pocketsphinx``
+wheel: no download). It keeps one decoder per open stream, taken from a pool that grows
+on demand (a decoder takes about a second to load, so the pool is warmed at start) and
+given back when the stream closes. A JSGF ``grammar`` narrows what it can hear (tests
+use one, so what it hears is deterministic).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, final
+
+import numpy as np
+import numpy.typing as npt
+
+from ._batching import UnitGate
+
+__all__ = ["ASR_SAMPLE_RATE", "AsrChunk", "AsrText", "PocketSphinxRunner"]
+
+ASR_SAMPLE_RATE = 16_000
+"""What every ASR runner takes: mono int16 at 16 kHz."""
+
+
+@final
+@dataclass(frozen=True, slots=True, eq=False)
+class AsrChunk:
+    """The next audio of ``stream`` (int16, 16 kHz); ``final`` closes it; ``abort`` drops
+    it without an answer worth reading (a cancelled turn)."""
+
+    stream: str
+    pcm: npt.NDArray[np.int16] = field(repr=False)
+    final: bool = False
+    abort: bool = False
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AsrText:
+    """What ``stream`` holds so far (``final``: all of it)."""
+
+    stream: str
+    text: str
+    final: bool = False
+
+
+class PocketSphinxRunner:
+    """Streaming pocketsphinx, one decoder per open stream.
+
+    Args:
+        grammar: a JSGF grammar to decode with instead of the language model.
+        max_batch: the most chunks one call takes.
+        warm: decoders loaded by `prepare`.
+        max_streams: the most streams open at once (a new one beyond it evicts the oldest).
+    """
+
+    name = "asr"
+
+    def __init__(
+        self,
+        *,
+        grammar: str | None = None,
+        max_batch: int = 32,
+        warm: int = 2,
+        max_streams: int = 256,
+    ) -> None:
+        self.max_batch = max_batch
+        self._grammar = grammar
+        self._warm = warm
+        self._max_streams = max_streams
+        self._free: list[Any] = []
+        self._open: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _new_decoder(self) -> Any:
+        from pocketsphinx import Decoder  # imported here: the server starts without it
+
+        decoder = Decoder(loglevel="FATAL")
+        if self._grammar is not None:
+            decoder.set_jsgf_string("grammar", self._grammar)
+            decoder.activate_search("grammar")
+        return decoder
+
+    def prepare(self) -> None:
+        """Load the warm decoders (blocking: run it off the trio thread)."""
+        while len(self._free) < self._warm:
+            self._free.append(self._new_decoder())
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._open)
+
+    def run_batch(self, requests: Sequence[AsrChunk], gate: UnitGate) -> list[AsrText]:
+        with self._lock:
+            return [self._chunk(request) for request in requests]
+
+    def _chunk(self, request: AsrChunk) -> AsrText:
+        decoder = self._open.get(request.stream)
+        if decoder is None:
+            if request.abort:
+                return AsrText(request.stream, "", True)
+            while len(self._open) >= self._max_streams:  # evict the oldest
+                oldest = next(iter(self._open))
+                self._close(oldest)
+            decoder = self._free.pop() if self._free else self._new_decoder()
+            decoder.start_utt()
+            self._open[request.stream] = decoder
+        if request.abort:
+            self._close(request.stream)
+            return AsrText(request.stream, "", True)
+        if request.pcm.size:
+            decoder.process_raw(np.ascontiguousarray(request.pcm, "<i2").tobytes(), False, False)
+        if not request.final:
+            hyp = decoder.hyp()
+            return AsrText(request.stream, hyp.hypstr if hyp is not None else "")
+        text = self._close(request.stream)
+        return AsrText(request.stream, text, True)
+
+    def _close(self, stream: str) -> str:
+        decoder = self._open.pop(stream)
+        decoder.end_utt()
+        hyp = decoder.hyp()
+        self._free.append(decoder)
+        return hyp.hypstr if hyp is not None else ""
