@@ -14,9 +14,12 @@
     │   ├── SlotReleased                    a slot handle used after its release
     │   ├── PromptUnsupported (ValueError)  a slot prompt the model cannot take
     │   ├── RunnerContractError             a runner's output broke the ModelRunner contract
-    │   └── PolicyError                     robot policy inference (``models/_policy*.py``)
-    │       ├── PolicyFailed                the policy raised or broke its contract for a request
-    │       └── PolicyOverloaded            the policy engine's queue is full
+    │   ├── RequestError                    request-batched models (``models/_requests.py``)
+    │   │   ├── RequestFailed               the runner raised or broke its contract for a request
+    │   │   ├── RequestsOverloaded          the request engine's queue is full
+    │   │   └── RequestCancelled            every request of a running batch was withdrawn
+    │   └── SpeechError                     text to speech (``models/tts``)
+    │       └── UnknownVoice (ValueError)   a voice the TTS engine does not have
     └── ProtocolError                       a client event the session refuses
         ├── one subclass per wire error code (``code`` / ``error_type`` class attributes)
         └── InvalidParameters               several fields refused at once (``problems``)
@@ -193,14 +196,36 @@ class RunnerContractError(ModelError):
     """A model runner returned output that does not match its plan (slots, shapes, dtypes)."""
 
 
-class PolicyError(ModelError):
-    """Robot policy inference; a robot's connection answers it with an error frame."""
+class RequestError(ModelError):
+    """A request-batched model (robot policy, TTS, diffusion, ASR); its endpoint answers
+    with an error frame or an HTTP error, and the connection stays usable."""
 
 
-class PolicyFailed(PolicyError):
-    """The policy raised, or returned no result for a request; the robot is told
-    ``Internal inference error`` (never the cause) and may send its next observation."""
+class RequestFailed(RequestError):
+    """The runner raised, or returned no result for a request; clients are told that it
+    failed (never the cause, which is chained and logged)."""
 
 
-class PolicyOverloaded(PolicyError):
-    """The policy engine's queue is full; the request was not run."""
+class RequestsOverloaded(RequestError):
+    """The request engine's queue is full; the request was not run.
+
+    ``retry_after_s``: how long the queue takes to drain, by its latest batch (the
+    ``Retry-After`` an HTTP endpoint answers with).
+    """
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RequestCancelled(RequestError):
+    """Raised inside a runner at its next unit when every request of its batch was
+    withdrawn (the clients left): the batch stops and frees the engine."""
+
+
+class SpeechError(ModelError):
+    """Text to speech (``duplex.models.tts``): a runner that cannot load or speak."""
+
+
+class UnknownVoice(SpeechError, ValueError):
+    """A voice the TTS engine does not have; the message lists the valid ones."""

@@ -11,13 +11,17 @@ input in one batched silero-vad forward per step; the `VadDriver` steps it on
 trio's clock and delivers `VadWindow`s; a per-session `SpeechSegmenter` turns
 them into OpenAI server_vad events; the `VadActor` supervises the driver.
 
-Robot policies: a `Policy` answers a batch of `PolicyRequest`s in one call
-(`ReferencePolicy` is the built-in seeded model; `load_policy` reads ``--policy``);
-the `PolicyEngine` batches concurrent robots' ``infer`` calls into those calls
-(a `PolicyBatcher` decides when, on numbers); the `PolicyActor` supervises it.
+Request-batched models (robot policies, TTS, diffusion, ASR): a `BatchRunner`
+answers a batch of requests in one call; the `RequestEngine` batches concurrent
+``submit`` calls into those calls (a `RequestBatcher` decides when, on numbers)
+and, through the process's `Slack`, runs each unit of preemption only in the
+windows the realtime tick driver leaves; the `RequestActor` supervises it. A
+`Policy` answers a batch of `PolicyRequest`s (`ReferencePolicy` is the built-in
+seeded model; `load_policy` reads ``--policy``); `PolicyRunner` serves it.
 """
 
 from ._actor import EngineActor
+from ._batcher import BatcherStatistics, RequestBatcher
 from ._delivery import STALL_PERIODS, SlotDelivery, SlotEngine
 from ._driver import ENGINE_METRICS, DriverStatistics, EngineDriver, Offload
 from ._engine import (
@@ -49,15 +53,22 @@ from ._policy import (
     PolicyOptions,
     PolicyRequest,
     PolicyResult,
+    PolicyRunner,
     load_policy,
     policy_factory,
 )
-from ._policy_actor import PolicyActor
-from ._policy_batcher import BatcherStatistics, PolicyBatcher
-from ._policy_driver import POLICY_METRICS, PolicyEngine, PolicyEngineStatistics, PolicyReply
 from ._policy_reference import ReferencePolicy
 from ._recorder import ENGINE_HISTOGRAMS, EngineRecorder
 from ._registry import get_model, model_names, register_model
+from ._request_actor import RequestActor
+from ._requests import (
+    REQUEST_METRICS,
+    BatchRunner,
+    Completed,
+    RequestEngine,
+    RequestEngineStatistics,
+    UnitGate,
+)
 from ._scheduler import CapacityLimit, CapacityReport, Scheduler, SchedulerStatistics, SlotState
 from ._segmenter import (
     IdleTimeout,
@@ -79,6 +90,7 @@ from ._silero import (
     VadWindow,
     silero_weights_path,
 )
+from ._slack import Slack, SlackStatistics, UnitEstimate
 from ._ticker import Fanout, Subscriber
 from ._vad_actor import VadActor
 from ._vad_driver import VAD_METRICS, VadDriver, VadDriverStatistics
@@ -87,15 +99,17 @@ __all__ = [
     "ENGINE_HISTOGRAMS",
     "ENGINE_METRICS",
     "LOOPBACK_SPEC",
-    "POLICY_METRICS",
+    "REQUEST_METRICS",
     "STALL_PERIODS",
     "VAD_METRICS",
     "VAD_SAMPLE_RATE",
     "VAD_WINDOW_MS",
     "VAD_WINDOW_SAMPLES",
+    "BatchRunner",
     "BatcherStatistics",
     "CapacityLimit",
     "CapacityReport",
+    "Completed",
     "DriverStatistics",
     "Engine",
     "EngineActor",
@@ -114,15 +128,15 @@ __all__ = [
     "OneAtATime",
     "PcmFrame",
     "Policy",
-    "PolicyActor",
-    "PolicyBatcher",
-    "PolicyEngine",
-    "PolicyEngineStatistics",
     "PolicyOptions",
-    "PolicyReply",
     "PolicyRequest",
     "PolicyResult",
+    "PolicyRunner",
     "ReferencePolicy",
+    "RequestActor",
+    "RequestBatcher",
+    "RequestEngine",
+    "RequestEngineStatistics",
     "RunnerFactory",
     "SamplingRequest",
     "Scheduler",
@@ -132,6 +146,8 @@ __all__ = [
     "SegmenterEvent",
     "ServerVadConfig",
     "SileroVad",
+    "Slack",
+    "SlackStatistics",
     "SlotDelivery",
     "SlotEngine",
     "SlotHandle",
@@ -144,6 +160,8 @@ __all__ = [
     "StepOutput",
     "StepPlan",
     "Subscriber",
+    "UnitEstimate",
+    "UnitGate",
     "VadActor",
     "VadDriver",
     "VadDriverStatistics",

@@ -26,6 +26,7 @@ from ._engine import Engine, EngineStatistics, InputPush, SlotHandle, SlotOutput
 from ._interface import ModelSpec, PcmFrame, SlotPrompt
 from ._recorder import EngineRecorder
 from ._scheduler import CapacityReport
+from ._slack import Slack
 from ._ticker import Fanout, Subscriber, Ticker, loop_counters
 
 __all__ = ["DriverStatistics", "EngineDriver", "Offload"]
@@ -120,6 +121,9 @@ class EngineDriver:
             `inline` so ``MockClock`` autojump cannot fire mid-step.
         recorder: where each tick's lateness goes (the engine records its steps in the
             same one); ``None``: not recorded.
+        slack: the process's windows between ticks, which request engines' batch units
+            run in: each step closes it, and its end opens it until the next tick is due;
+            ``None``: nothing shares the process.
     """
 
     def __init__(
@@ -128,9 +132,11 @@ class EngineDriver:
         *,
         offload: Offload | None = None,
         recorder: EngineRecorder | None = None,
+        slack: Slack | None = None,
     ) -> None:
         self._engine = engine
         self._recorder = recorder
+        self._slack = slack
         if offload is None:
             offload = inline if engine.spec.steps_inline else trio.to_thread.run_sync
         self._offload = offload
@@ -219,7 +225,13 @@ class EngineDriver:
 
         Cancelling waits for a step in flight to finish, so no step outlives the loop.
         """
-        await self._ticker.run(self._engine.has_work, self._tick, task_status=task_status)
+        await self._ticker.run(self._has_work, self._tick, task_status=task_status)
+
+    def _has_work(self) -> bool:
+        live = self._engine.has_work()
+        if not live and self._slack is not None:
+            self._slack.idle()
+        return live
 
     async def _tick(self, scheduled: float) -> None:
         # the phase follows the grid position (idle ticks included), so a group's
@@ -228,10 +240,14 @@ class EngineDriver:
         if self._recorder is not None:
             self._recorder.tick(trio.current_time() - scheduled)
         self._stepping_since = trio.current_time()
+        if self._slack is not None:
+            self._slack.step_started()
         try:
             outputs = await self._offload(partial(self._engine.step, scheduled, phase))
         finally:
             self._stepping_since = None
+            if self._slack is not None:
+                self._slack.step_ended(scheduled + self._ticker.period_s)
         for handle, output in outputs.items():
             self._delivery.deliver(handle, output)
         if self.on_tick is not None:

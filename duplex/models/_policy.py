@@ -1,8 +1,8 @@
 """The robot policy contract: what a policy takes and returns, and how one is named.
 
 A policy maps a batch of observations to a batch of results in one call, so
-the engine (`PolicyEngine`, ``_policy_driver.py``) can run many robots'
-requests together. A policy written for one observation at a time (OpenPI's
+a request engine (`RequestEngine`, ``_requests.py``, through `PolicyRunner`)
+can run many robots' requests together. A policy written for one observation at a time (OpenPI's
 ``BasePolicy.infer``) is wrapped by `OneAtATime`.
 
 ``--policy`` names one: ``reference`` (`ReferencePolicy`, the built-in seeded
@@ -28,6 +28,7 @@ __all__ = [
     "PolicyOptions",
     "PolicyRequest",
     "PolicyResult",
+    "PolicyRunner",
     "load_policy",
     "policy_factory",
 ]
@@ -98,6 +99,30 @@ class OneAtATime:
             except Exception as exc:  # this request's failure, handed back as its result
                 results.append(exc)
         return results
+
+
+@final
+class PolicyRunner:
+    """A `Policy` as a `BatchRunner`: one policy call is one unit (it cannot be split).
+
+    Args:
+        policy: the batched policy.
+        max_batch: the most requests one call takes.
+    """
+
+    name = "policy"
+
+    def __init__(self, policy: Policy, *, max_batch: int = 64) -> None:
+        self.policy = policy
+        self.max_batch = max_batch
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """The policy's metadata (what a robot is told on connect)."""
+        return self.policy.metadata
+
+    def run_batch(self, requests: Sequence[PolicyRequest], gate: object) -> Sequence[PolicyResult]:
+        return self.policy.infer_batch(requests)
 
 
 @final

@@ -33,11 +33,15 @@ from duplex.models import (
     EngineRecorder,
     ModelOptions,
     ModelSpec,
-    PolicyActor,
-    PolicyEngine,
     PolicyOptions,
+    PolicyRequest,
+    PolicyResult,
+    PolicyRunner,
+    RequestActor,
+    RequestEngine,
     RunnerFactory,
     SileroVad,
+    Slack,
     VadActor,
     VadDriver,
     get_model,
@@ -259,6 +263,7 @@ async def open_backend(
     shard: int | None = None,
     engine_paths: Sequence[str] = (),
     startup: Startup | None = None,
+    slack: Slack | None = None,
 ) -> AsyncIterator[HubBackend]:
     """This process's sessions: hub, engine (or links to engine processes) and shared VAD,
     stopped on the way out.
@@ -270,7 +275,8 @@ async def open_backend(
     processes) and the VAD start in the background as ``startup`` steps: its ``/health``
     says ``starting`` with what it waits for, sessions are refused (``starting``)
     meanwhile, and ``backend.ready`` is set once all run. A failed start ends the block
-    with its error.
+    with its error. ``slack``: the process's windows between ticks, opened and closed by
+    an engine that runs here, shared with the request engines of this process.
     """
     session_cfg = config.session
     server = config.server
@@ -330,7 +336,7 @@ async def open_backend(
                 refs.append(
                     await system.spawn(
                         EngineActor,
-                        partial(build_engine, spec, factory, session_cfg, recorder),
+                        partial(build_engine, spec, factory, session_cfg, recorder, slack),
                         hub.engine_started,
                         trio.to_thread.run_sync,
                         name=f"engine-{spec.name}",
@@ -387,6 +393,7 @@ def build_engine(
     factory: RunnerFactory,
     session: SessionConfig,
     recorder: EngineRecorder | None = None,
+    slack: Slack | None = None,
 ) -> EngineDriver:
     """A fresh engine and its driver (loads the model: seconds for a 7B checkpoint)."""
     engine = Engine(
@@ -395,7 +402,7 @@ def build_engine(
         max_video_frames=session.video_lane_size,
         recorder=recorder,
     )
-    return EngineDriver(engine, recorder=recorder)
+    return EngineDriver(engine, recorder=recorder, slack=slack)
 
 
 def serves_robots(config: Config) -> bool:
@@ -406,10 +413,15 @@ def serves_robots(config: Config) -> bool:
 
 @asynccontextmanager
 async def open_robots(
-    config: Config, system: ActorSystem, registry: MetricsRegistry, backend: HubBackend
+    config: Config,
+    system: ActorSystem,
+    registry: MetricsRegistry,
+    backend: HubBackend,
+    slack: Slack | None = None,
 ) -> AsyncIterator[RobotService | None]:
     """The robot policy engine and its service, stopped on the way out; ``None``: no policy
-    is served here (``server.policy = "none"``, or connection workers)."""
+    is served here (``server.policy = "none"``, or connection workers). Its batches run in
+    ``slack``, the windows a realtime engine of this process leaves."""
     server = config.server
     if not serves_robots(config):
         if server.policy != "none":
@@ -436,15 +448,14 @@ async def open_robots(
         max_payload_bytes=MAX_PAYLOAD_BYTES,
     )
 
-    def build() -> PolicyEngine:
-        return PolicyEngine(
-            load_policy(server.policy, options),
-            max_batch=server.policy_max_batch,
-            max_wait_s=server.policy_batch_wait_ms / 1000.0,
-        )
+    def build() -> RequestEngine[PolicyRequest, PolicyResult]:
+        policy = load_policy(server.policy, options)
+        runner = PolicyRunner(policy, max_batch=server.policy_max_batch)
+        wait_s = server.policy_batch_wait_ms / 1000.0
+        return RequestEngine(runner, max_wait_s=wait_s, slack=slack)
 
     ref = await system.spawn(
-        PolicyActor, build, robots.set_engine, trio.to_thread.run_sync, name="policy"
+        RequestActor, build, robots.set_engine, trio.to_thread.run_sync, name="policy"
     )
     try:
         yield robots
@@ -493,11 +504,17 @@ async def _serve_sessions(
     log = get_logger(component="server")
     server = config.server
     sharded = server.session_shards > 1
+    slack = Slack()  # realtime ticks first: request engines here run in what they leave
     async with (
         open_backend(
-            config, system, registry, shard=0 if sharded else None, engine_paths=engine_paths
+            config,
+            system,
+            registry,
+            shard=0 if sharded else None,
+            engine_paths=engine_paths,
+            slack=slack,
         ) as backend,
-        open_robots(config, system, registry, backend) as robots,
+        open_robots(config, system, registry, backend, slack) as robots,
     ):
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)

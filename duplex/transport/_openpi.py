@@ -2,9 +2,10 @@
 
 A `RobotConnection` moves frames between its socket and the policy engine and
 owns nothing else: the protocol's state is its `OpenPIProtocol` (sans-I/O,
-``_openpi_wire.py``), batching and inference are the engine's
-(``duplex.models.PolicyEngine``, reached through `RobotService`). It reads one
-frame, answers it, and only then reads the next, as OpenPI's clients expect:
+``_openpi_wire.py``), batching and inference are the engine's (a
+``duplex.models.RequestEngine`` over a `PolicyRunner`, reached through
+`RobotService`). It reads one frame, answers it, and only then reads the next,
+as OpenPI's clients expect:
 one request in flight per robot, so a robot's own requests never batch
 together, and many robots' do.
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Protocol, final
 
@@ -30,9 +31,9 @@ import trio
 from starlette.websockets import WebSocket, WebSocketState
 
 from duplex.actors import Actor, ActorContext, ActorRef, ActorSystem, LaneSpec, Restart
-from duplex.exceptions import InvalidPayload, PolicyFailed, PolicyOverloaded
+from duplex.exceptions import InvalidPayload, RequestFailed, RequestsOverloaded
 from duplex.metrics import MetricsRegistry, Sample
-from duplex.models import POLICY_METRICS, PolicyEngine, PolicyRequest
+from duplex.models import REQUEST_METRICS, PolicyRequest, PolicyResult, PolicyRunner, RequestEngine
 
 from ._connection import ShutDown
 from ._openpi_wire import MAX_PAYLOAD_BYTES, Answer, Infer, OpenPIProtocol, error_frame
@@ -164,22 +165,22 @@ class RobotService:
         self.connections = connections
         self.idle_timeout_s = idle_timeout_s
         self.max_payload_bytes = max_payload_bytes
-        self.engine: PolicyEngine | None = None
+        self.engine: RequestEngine[PolicyRequest, PolicyResult] | None = None
         self.engine_ready = trio.Event()
         self.counters = RobotCounters.of(registry)
         self._clients = itertools.count(1)
         if registry is not None:
-            for name, kind, help_text in POLICY_METRICS:
+            for name, kind, help_text in REQUEST_METRICS:
                 registry.add_collector(name, kind, help_text, self._sampler(name))
 
     def _sampler(self, name: str) -> Callable[[], list[Sample]]:
         def collect() -> list[Sample]:
             value = None if self.engine is None else self.engine.statistics().metric(name)
-            return [] if value is None else [Sample(name, {}, value)]
+            return [] if value is None else [Sample(name, {"runner": "policy"}, value)]
 
         return collect
 
-    async def set_engine(self, engine: PolicyEngine) -> None:
+    async def set_engine(self, engine: RequestEngine[PolicyRequest, PolicyResult]) -> None:
         """A (new) policy engine is running: robots use it from their next request."""
         self.engine = engine
         self.engine_ready.set()
@@ -218,7 +219,7 @@ class RobotConnection(Actor[Any]):
         self.client = client
         self.peer = peer
         engine = service.engine
-        metadata = engine.metadata if engine is not None else {}
+        metadata = _metadata(engine)
         self.protocol = OpenPIProtocol(metadata, max_payload_bytes=service.max_payload_bytes)
         self.closed_with: tuple[int, str] | None = None
         self.failures = 0
@@ -286,12 +287,12 @@ class RobotConnection(Actor[Any]):
         assert engine is not None  # the route serves robots only once an engine runs
         request = PolicyRequest(infer.observation, infer.session_id, infer.reset, self.client)
         try:
-            reply = await engine.infer(request)
-            return self.protocol.inferred(reply.result, reply.infer_ms)
-        except PolicyOverloaded:
+            reply = await engine.submit_timed(request)
+            return self.protocol.inferred(reply.result, reply.run_ms)
+        except RequestsOverloaded:
             self.service.counters.refused("overloaded")
             return error_frame(OVERLOADED)
-        except (PolicyFailed, ValueError, TypeError) as exc:  # the robot hears only that it failed
+        except (RequestFailed, ValueError, TypeError) as exc:  # the robot hears only that it failed
             self.failures += 1
             self.service.counters.refused("inference_failed")
             cause = exc.__cause__ or exc
@@ -307,3 +308,9 @@ class RobotConnection(Actor[Any]):
         self.service.counters.refused("invalid_payload")
         if self.protocol.refused <= BAD_FRAMES_LOGGED:
             ctx.log.warning("bad robot frame", client=self.client, reason=exc.message[:200])
+
+
+def _metadata(engine: RequestEngine[PolicyRequest, PolicyResult] | None) -> Mapping[str, Any]:
+    """What a robot is told on connect: its policy's metadata (none before the engine runs)."""
+    runner = None if engine is None else engine.runner
+    return runner.metadata if isinstance(runner, PolicyRunner) else {}

@@ -1,5 +1,5 @@
-"""The policy engine: the batching rule on numbers, the trio driver under MockClock, the
-reference policy, and ``--policy module:factory``."""
+"""The request engine serving a policy: the batching rule on numbers, the trio loop under
+MockClock, the reference policy, and ``--policy module:factory``."""
 
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from duplex.exceptions import ConfigError, PolicyFailed, PolicyOverloaded
+from duplex.exceptions import ConfigError, RequestFailed, RequestsOverloaded
 from duplex.models import (
     OneAtATime,
-    PolicyBatcher,
-    PolicyEngine,
     PolicyOptions,
     PolicyRequest,
+    PolicyRunner,
     ReferencePolicy,
+    RequestBatcher,
+    RequestEngine,
     load_policy,
 )
 from duplex.models._driver import inline
@@ -29,7 +30,7 @@ from duplex.models._driver import inline
 
 
 def test_a_lone_request_is_due_after_the_wait() -> None:
-    batcher = PolicyBatcher(max_batch=4, max_wait_s=0.002, max_queue=8)
+    batcher = RequestBatcher(max_batch=4, max_wait_s=0.002, max_queue=8)
     assert batcher.due() is None
     batcher.submit(1, now=10.0)
     assert batcher.due() == pytest.approx(10.002)
@@ -40,7 +41,7 @@ def test_a_lone_request_is_due_after_the_wait() -> None:
 
 
 def test_a_full_batch_is_due_at_once_and_takes_the_oldest() -> None:
-    batcher = PolicyBatcher(max_batch=3, max_wait_s=1.0, max_queue=8)
+    batcher = RequestBatcher(max_batch=3, max_wait_s=1.0, max_queue=8)
     for ticket in range(5):
         batcher.submit(ticket, now=float(ticket))
     assert batcher.due() == 0.0  # three wait: due since the oldest arrived
@@ -51,7 +52,7 @@ def test_a_full_batch_is_due_at_once_and_takes_the_oldest() -> None:
 
 
 def test_the_queue_refuses_when_full_and_takes_again_once_drained() -> None:
-    batcher = PolicyBatcher(max_batch=2, max_wait_s=0.0, max_queue=2)
+    batcher = RequestBatcher(max_batch=2, max_wait_s=0.0, max_queue=2)
     assert batcher.submit(1, 0.0) and batcher.submit(2, 0.0)
     assert not batcher.submit(3, 0.0)
     assert batcher.statistics().refused == 1
@@ -61,7 +62,7 @@ def test_the_queue_refuses_when_full_and_takes_again_once_drained() -> None:
 
 
 def test_a_cancelled_request_leaves_the_queue() -> None:
-    batcher = PolicyBatcher(max_batch=4, max_wait_s=1.0, max_queue=8)
+    batcher = RequestBatcher(max_batch=4, max_wait_s=1.0, max_queue=8)
     batcher.submit(1, 0.0)
     batcher.submit(2, 0.5)
     assert batcher.cancel(1) and not batcher.cancel(1)
@@ -77,7 +78,7 @@ def test_bounds_are_checked() -> None:
         {"max_batch": 4, "max_wait_s": 0.0, "max_queue": 2},
     ):
         with pytest.raises(ConfigError):
-            PolicyBatcher(**kwargs)
+            RequestBatcher(**kwargs)
 
 
 @given(
@@ -90,7 +91,7 @@ def test_bounds_are_checked() -> None:
 def test_every_request_is_taken_at_most_once_in_order(
     steps: list[tuple[str, int]], max_batch: int
 ) -> None:
-    batcher = PolicyBatcher(max_batch=max_batch, max_wait_s=0.01, max_queue=8)
+    batcher = RequestBatcher(max_batch=max_batch, max_wait_s=0.01, max_queue=8)
     queued: list[int] = []
     taken: list[int] = []
     ticket = 0
@@ -152,15 +153,18 @@ def clock() -> trio.testing.MockClock:
 
 
 async def run_engine(
-    engine: PolicyEngine, requests: list[PolicyRequest], *, spacing_s: float = 0.0
+    engine: RequestEngine[PolicyRequest, Any],
+    requests: list[PolicyRequest],
+    *,
+    spacing_s: float = 0.0,
 ) -> list[Any]:
     """Submit ``requests`` (one every ``spacing_s``) concurrently; each one's reply or error."""
     out: list[Any] = [None] * len(requests)
 
     async def one(index: int) -> None:
         try:
-            out[index] = await engine.infer(requests[index])
-        except (PolicyFailed, PolicyOverloaded) as exc:
+            out[index] = await engine.submit_timed(requests[index])
+        except (RequestFailed, RequestsOverloaded) as exc:
             out[index] = exc
 
     async with trio.open_nursery() as loop:
@@ -178,7 +182,7 @@ async def test_concurrent_requests_share_one_call_and_each_gets_its_own_result(
     clock: trio.testing.MockClock,
 ) -> None:
     policy = Recording()
-    engine = PolicyEngine(policy, max_batch=8, max_wait_s=0.002, offload=inline)
+    engine = RequestEngine(PolicyRunner(policy, max_batch=8), max_wait_s=0.002, offload=inline)
     replies = await run_engine(engine, [request(i) for i in range(5)])
     assert len(policy.calls) == 1
     for i, reply in enumerate(replies):
@@ -187,11 +191,11 @@ async def test_concurrent_requests_share_one_call_and_each_gets_its_own_result(
 
 
 async def test_a_lone_request_waits_only_the_batch_wait(clock: trio.testing.MockClock) -> None:
-    engine = PolicyEngine(Recording(), max_batch=8, max_wait_s=0.002, offload=inline)
+    engine = RequestEngine(PolicyRunner(Recording(), max_batch=8), max_wait_s=0.002, offload=inline)
     async with trio.open_nursery() as loop:
         await loop.start(engine.run)
         start = trio.current_time()
-        await engine.infer(request(1))
+        await engine.submit_timed(request(1))
         assert trio.current_time() - start == pytest.approx(0.002)
         loop.cancel_scope.cancel()
 
@@ -200,7 +204,7 @@ async def test_requests_beyond_max_batch_run_in_the_next_call(
     clock: trio.testing.MockClock,
 ) -> None:
     policy = Recording()
-    engine = PolicyEngine(policy, max_batch=3, max_wait_s=0.002, offload=inline)
+    engine = RequestEngine(PolicyRunner(policy, max_batch=3), max_wait_s=0.002, offload=inline)
     replies = await run_engine(engine, [request(i) for i in range(7)])
     assert [len(call) for call in policy.calls] == [3, 3, 1]
     assert [r.result["actions"][0] for r in replies] == list(range(7))
@@ -208,7 +212,7 @@ async def test_requests_beyond_max_batch_run_in_the_next_call(
 
 async def test_requests_spread_out_run_alone(clock: trio.testing.MockClock) -> None:
     policy = Recording()
-    engine = PolicyEngine(policy, max_batch=8, max_wait_s=0.002, offload=inline)
+    engine = RequestEngine(PolicyRunner(policy, max_batch=8), max_wait_s=0.002, offload=inline)
     await run_engine(engine, [request(i) for i in range(3)], spacing_s=0.01)
     assert [len(call) for call in policy.calls] == [1, 1, 1]
 
@@ -221,15 +225,15 @@ async def test_requests_gather_while_a_batch_runs(clock: trio.testing.MockClock)
         await trio.sleep(0.05)  # the call takes 50 ms of (mock) time
         return fn()
 
-    engine = PolicyEngine(policy, max_batch=16, max_wait_s=0.002, offload=slow)
+    engine = RequestEngine(PolicyRunner(policy, max_batch=16), max_wait_s=0.002, offload=slow)
     await run_engine(engine, [request(i) for i in range(6)], spacing_s=0.01)
     assert [len(call) for call in policy.calls] == [1, 5]
 
 
 async def test_one_failed_request_fails_alone(clock: trio.testing.MockClock) -> None:
-    engine = PolicyEngine(Recording(), max_batch=8, max_wait_s=0.002, offload=inline)
+    engine = RequestEngine(PolicyRunner(Recording(), max_batch=8), max_wait_s=0.002, offload=inline)
     replies = await run_engine(engine, [request(0), request(1, bad=True), request(2)])
-    assert isinstance(replies[1], PolicyFailed)
+    assert isinstance(replies[1], RequestFailed)
     assert isinstance(replies[1].__cause__, ValueError)
     assert replies[0].result["actions"][0] == 0 and replies[2].result["actions"][0] == 2
     assert engine.statistics().failed_requests == 1
@@ -239,13 +243,13 @@ async def test_a_raising_policy_fails_its_batch_and_the_engine_goes_on(
     clock: trio.testing.MockClock,
 ) -> None:
     policy = Recording()
-    engine = PolicyEngine(policy, max_batch=8, max_wait_s=0.002, offload=inline)
+    engine = RequestEngine(PolicyRunner(policy, max_batch=8), max_wait_s=0.002, offload=inline)
     async with trio.open_nursery() as loop:
         await loop.start(engine.run)
-        with pytest.raises(PolicyFailed) as failed:
-            await engine.infer(request(0, boom=True))
+        with pytest.raises(RequestFailed) as failed:
+            await engine.submit_timed(request(0, boom=True))
         assert isinstance(failed.value.__cause__, RuntimeError)
-        reply = await engine.infer(request(1))  # recovers
+        reply = await engine.submit_timed(request(1))  # recovers
         assert reply.result["actions"][0] == 1
         loop.cancel_scope.cancel()
     assert engine.statistics().failed_batches == 1
@@ -258,9 +262,9 @@ async def test_a_policy_returning_too_few_results_fails_the_batch(
         def infer_batch(self, requests: Sequence[PolicyRequest]) -> list[Any]:
             return []
 
-    engine = PolicyEngine(Short(), max_batch=8, max_wait_s=0.0, offload=inline)
+    engine = RequestEngine(PolicyRunner(Short(), max_batch=8), max_wait_s=0.0, offload=inline)
     replies = await run_engine(engine, [request(0), request(1)])
-    assert all(isinstance(r, PolicyFailed) for r in replies)
+    assert all(isinstance(r, RequestFailed) for r in replies)
     assert "0 results for 2" in str(replies[0].__cause__)
 
 
@@ -271,13 +275,15 @@ async def test_a_full_queue_refuses_and_then_takes_again(clock: trio.testing.Moc
         await trio.sleep(1.0)
         return fn()
 
-    engine = PolicyEngine(Recording(), max_batch=1, max_wait_s=0.0, max_queue=1, offload=slow)
+    engine = RequestEngine(
+        PolicyRunner(Recording(), max_batch=1), max_wait_s=0.0, max_queue=1, offload=slow
+    )
     replies: list[Any] = []
 
     async def robot(i: int) -> None:
         try:
-            replies.append(await engine.infer(request(i)))
-        except PolicyOverloaded as exc:
+            replies.append(await engine.submit_timed(request(i)))
+        except RequestsOverloaded as exc:
             replies.append(exc)
 
     async with trio.open_nursery() as loop:
@@ -287,10 +293,10 @@ async def test_a_full_queue_refuses_and_then_takes_again(clock: trio.testing.Moc
             await trio.sleep(0.1)  # taken: its call runs
             robots.start_soon(robot, 1)
             await trio.sleep(0.1)  # queued
-            with pytest.raises(PolicyOverloaded):
-                await engine.infer(request(2))
+            with pytest.raises(RequestsOverloaded):
+                await engine.submit_timed(request(2))
         assert [r.result["actions"][0] for r in replies] == [0, 1]
-        assert (await engine.infer(request(3))).result["actions"][0] == 3  # recovered
+        assert (await engine.submit_timed(request(3))).result["actions"][0] == 3  # recovered
         loop.cancel_scope.cancel()
     assert engine.statistics().batcher.refused == 1
 
@@ -299,12 +305,12 @@ async def test_a_robot_that_leaves_while_queued_is_withdrawn(
     clock: trio.testing.MockClock,
 ) -> None:
     policy = Recording()
-    engine = PolicyEngine(policy, max_batch=8, max_wait_s=1.0, offload=inline)
+    engine = RequestEngine(PolicyRunner(policy, max_batch=8), max_wait_s=1.0, offload=inline)
     async with trio.open_nursery() as loop:
         await loop.start(engine.run)
         with trio.move_on_after(0.1):
-            await engine.infer(request(0))
-        reply = await engine.infer(request(1))
+            await engine.submit_timed(request(0))
+        reply = await engine.submit_timed(request(1))
         loop.cancel_scope.cancel()
     assert [len(call) for call in policy.calls] == [1]
     assert reply.result["actions"][0] == 1
@@ -318,11 +324,11 @@ async def test_a_robot_that_leaves_mid_batch_orphans_its_result(
         await trio.sleep(0.05)
         return fn()
 
-    engine = PolicyEngine(Recording(), max_batch=8, max_wait_s=0.0, offload=slow)
+    engine = RequestEngine(PolicyRunner(Recording(), max_batch=8), max_wait_s=0.0, offload=slow)
     async with trio.open_nursery() as loop:
         await loop.start(engine.run)
         with trio.move_on_after(0.02):
-            await engine.infer(request(0))
+            await engine.submit_timed(request(0))
         await trio.sleep(0.1)
         loop.cancel_scope.cancel()
     assert engine.statistics().orphaned == 1
@@ -331,13 +337,13 @@ async def test_a_robot_that_leaves_mid_batch_orphans_its_result(
 async def test_requests_waiting_when_the_loop_stops_are_failed_not_left_hanging(
     clock: trio.testing.MockClock,
 ) -> None:
-    engine = PolicyEngine(Recording(), max_batch=8, max_wait_s=10.0, offload=inline)
+    engine = RequestEngine(PolicyRunner(Recording(), max_batch=8), max_wait_s=10.0, offload=inline)
     outcome: list[BaseException] = []
 
     async def robot() -> None:
         try:
-            await engine.infer(request(0))
-        except PolicyFailed as exc:
+            await engine.submit_timed(request(0))
+        except RequestFailed as exc:
             outcome.append(exc)
 
     async with trio.open_nursery() as nursery, trio.open_nursery() as loop:

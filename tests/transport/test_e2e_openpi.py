@@ -199,9 +199,9 @@ async def test_several_robots_at_once_each_get_their_own_results() -> None:
             clients.add(int(replies[0]["client"]))
         assert len(clients) == robots  # each robot its own client id
         assert max(int(r["batch"]) for replies in answers.values() for r in replies) > 1
-        assert await metric(server, "duplex_policy_largest_batch") > 1
-        batches = await metric(server, "duplex_policy_batches_total")
-        assert 0 < batches < await metric(server, "duplex_policy_batched_requests_total")
+        assert await metric(server, 'duplex_request_largest_batch{runner="policy"}') > 1
+        batches = await metric(server, 'duplex_request_batches_total{runner="policy"}')
+        assert 0 < batches < await metric(server, 'duplex_requests_batched_total{runner="policy"}')
 
 
 def marker(**fields: Any) -> dict[bytes, Any]:
@@ -242,7 +242,7 @@ async def test_inference_failures_answer_without_a_traceback() -> None:
         failed = await ask(ws, {"boom": True})
         assert failed == {"type": "error", "message": INTERNAL_ERROR}
         assert (await ask(ws, {"state": np.zeros(1, np.float32)}))["reset"]  # still pending
-        assert await metric(server, "duplex_policy_failed_requests_total") == 1
+        assert await metric(server, 'duplex_requests_failed_total{runner="policy"}') == 1
 
 
 async def test_the_64_mib_limit_refuses_and_recovers() -> None:

@@ -15,7 +15,7 @@ import trio.testing
 
 from duplex.actors import ActorRef, open_actor_system
 from duplex.metrics import MetricsRegistry
-from duplex.models import PolicyEngine, PolicyRequest
+from duplex.models import PolicyRequest, PolicyRunner, RequestEngine
 from duplex.models._driver import inline
 from duplex.transport._connection import ShutDown
 from duplex.transport._openpi import OVERLOADED, RobotService
@@ -121,9 +121,8 @@ async def robot(
             await trio.sleep(delay_s)
         return fn()
 
-    engine = PolicyEngine(
-        policy,
-        max_batch=max_batch,
+    engine = RequestEngine(
+        PolicyRunner(policy, max_batch=max_batch),
         max_wait_s=0.002,
         max_queue=max_queue,
         offload=offload if delay_s else inline,
@@ -214,7 +213,7 @@ async def test_an_overloaded_engine_answers_and_recovers(clock: trio.testing.Moc
         assert engine is not None
 
         async def other() -> None:
-            await engine.infer(PolicyRequest({}))
+            await engine.submit(PolicyRequest({}))
 
         nursery.start_soon(other)
         await trio.sleep(0.5)  # the other request runs; a second one waits

@@ -1,4 +1,4 @@
-"""`PolicyBatcher`: which queued policy requests run next, decided on numbers.
+"""`RequestBatcher`: which queued requests run next, decided on numbers.
 
 Requests wait in one FIFO of tickets (plain ints; the driver keeps what they
 carry). The one rule, applied in `due`:
@@ -6,10 +6,10 @@ carry). The one rule, applied in `due`:
     a batch is due when ``max_batch`` requests wait, or when the oldest has
     waited ``max_wait_s``; then the oldest ``max_batch`` run together.
 
-The driver takes a batch only when the policy is free. So a lone robot waits
+The engine takes a batch only when its runner is free. So a lone request waits
 at most ``max_wait_s`` for company, and while a batch runs the next one
 gathers: its oldest request has usually waited ``max_wait_s`` by the time the
-policy is free, and it runs at once with everything that arrived meanwhile.
+runner is free, and it runs at once with everything that arrived meanwhile.
 The queue is bounded (``max_queue``): a full queue refuses, and counts it.
 """
 
@@ -21,7 +21,7 @@ from typing import final
 
 from duplex.exceptions import ConfigError
 
-__all__ = ["BatcherStatistics", "PolicyBatcher"]
+__all__ = ["BatcherStatistics", "RequestBatcher"]
 
 
 @final
@@ -34,7 +34,7 @@ class BatcherStatistics:
         peak_queued: the most that ever waited at once.
         submitted: requests accepted.
         refused: requests refused because the queue was full.
-        cancelled: requests withdrawn before they ran (their robot left).
+        cancelled: requests withdrawn before they ran (their client left).
         batches: batches taken.
         batched: requests taken in batches.
         largest_batch: the largest batch taken.
@@ -51,7 +51,7 @@ class BatcherStatistics:
 
 
 @final
-class PolicyBatcher:
+class RequestBatcher:
     """A bounded FIFO of request tickets and the rule that cuts it into batches.
 
     Args:

@@ -1,0 +1,376 @@
+"""`RequestEngine`: request-batched models (robot policies, TTS, diffusion, ASR) on one core.
+
+The narrow interface is one call: ``await engine.submit(request)`` returns
+that request's result or raises `RequestsOverloaded` / `RequestFailed`.
+Behind it a `RequestBatcher` decides on numbers when a batch is due
+(``_batcher.py``) and `run`, the engine's loop, takes each batch when the
+runner is free and calls ``runner.run_batch`` once through ``offload`` (a
+worker thread by default). Nothing here knows about sockets or the wire.
+
+Realtime first: with a `Slack` (the process's realtime tick driver shares
+it), each unit of preemption waits for a window between ticks. The first
+unit of a batch is acquired before the call; a runner whose work has several
+units (diffusion steps, TTS sentences) calls ``gate.next_unit()`` between
+them from its thread. A batch whose requests have all been withdrawn stops
+at its next unit (`RequestCancelled`), so a client that leaves frees the
+engine within one unit.
+
+A request whose client leaves while it waits is withdrawn; one whose batch
+is already running finishes and its result is dropped (counted as orphaned).
+A runner that raises fails only its batch: each request in it gets
+`RequestFailed` with the cause chained, and the loop goes on. A runner may
+also return an ``Exception`` instance for one request, which fails alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Final, Generic, Protocol, TypeVar, final
+
+import trio
+
+from duplex.exceptions import RequestCancelled, RequestFailed, RequestsOverloaded
+
+from ._batcher import BatcherStatistics, RequestBatcher
+from ._driver import Offload
+from ._slack import Slack, UnitEstimate
+
+__all__ = [
+    "REQUEST_METRICS",
+    "BatchRunner",
+    "Completed",
+    "RequestEngine",
+    "RequestEngineStatistics",
+    "UnitGate",
+]
+
+Req = TypeVar("Req")
+Res = TypeVar("Res")
+Req_contra = TypeVar("Req_contra", contravariant=True)
+Res_co = TypeVar("Res_co", covariant=True)
+
+DEFAULT_MAX_QUEUE: Final = 1024
+
+
+class UnitGate(Protocol):
+    """What a runner's thread calls between its units of preemption."""
+
+    def next_unit(self) -> None:
+        """Block until there is slack for another unit.
+
+        Raises:
+            RequestCancelled: every request of the batch was withdrawn; let it propagate.
+        """
+        ...
+
+
+class BatchRunner(Protocol[Req_contra, Res_co]):
+    """A model served by request batches.
+
+    ``name`` labels its metrics; ``max_batch`` is the most requests one call
+    takes. ``run_batch`` blocks (it runs off the trio thread) and returns one
+    result per request, in order; an ``Exception`` instance as a result fails
+    that request alone, and raising fails the whole batch.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def max_batch(self) -> int: ...
+
+    def run_batch(
+        self, requests: Sequence[Req_contra], gate: UnitGate, /
+    ) -> Sequence[Res_co | Exception]: ...
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Completed(Generic[Res]):
+    """One request's result, with what its batch cost.
+
+    Args:
+        result: what the runner returned for it.
+        run_ms: the runner call's time for the whole batch it ran in.
+        batch_size: how many requests that batch held.
+    """
+
+    result: Res = field(repr=False)
+    run_ms: float
+    batch_size: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RequestEngineStatistics:
+    """The engine's counters, with its batcher's.
+
+    Args:
+        failed_batches: runner calls that raised or broke the contract.
+        failed_requests: requests answered with `RequestFailed`.
+        orphaned: results dropped because their client had left.
+        stopped_batches: batches stopped at a unit because all their clients had left.
+        last_run_ms: the latest runner call's time (``None`` before the first).
+        batcher: the queue's record.
+    """
+
+    failed_batches: int
+    failed_requests: int
+    orphaned: int
+    stopped_batches: int
+    last_run_ms: float | None
+    batcher: BatcherStatistics
+
+    def metric(self, name: str) -> float | None:
+        """The value of `REQUEST_METRICS` entry ``name``."""
+        batcher = self.batcher
+        values: dict[str, float | None] = {
+            "duplex_requests_total": batcher.submitted,
+            "duplex_request_batches_total": batcher.batches,
+            "duplex_requests_batched_total": batcher.batched,
+            "duplex_request_largest_batch": batcher.largest_batch,
+            "duplex_requests_queued": batcher.queued,
+            "duplex_requests_refused_total": batcher.refused,
+            "duplex_requests_cancelled_total": batcher.cancelled,
+            "duplex_requests_failed_total": self.failed_requests,
+            "duplex_requests_orphaned_total": self.orphaned,
+            "duplex_request_batches_stopped_total": self.stopped_batches,
+            "duplex_request_last_run_seconds": (
+                None if self.last_run_ms is None else self.last_run_ms / 1000.0
+            ),
+        }
+        return values[name]
+
+
+REQUEST_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("duplex_requests_total", "counter", "Requests queued"),
+    ("duplex_request_batches_total", "counter", "Runner calls (batches) run"),
+    ("duplex_requests_batched_total", "counter", "Requests run in batches"),
+    ("duplex_request_largest_batch", "gauge", "The largest batch run so far"),
+    ("duplex_requests_queued", "gauge", "Requests waiting for the runner now"),
+    ("duplex_requests_refused_total", "counter", "Requests refused: the queue was full"),
+    ("duplex_requests_cancelled_total", "counter", "Requests withdrawn: their client left"),
+    ("duplex_requests_failed_total", "counter", "Requests whose run failed"),
+    ("duplex_requests_orphaned_total", "counter", "Results dropped: their client had left"),
+    ("duplex_request_batches_stopped_total", "counter", "Batches stopped: every client left"),
+    ("duplex_request_last_run_seconds", "gauge", "The latest runner call's time"),
+)
+"""A request engine's metrics (name, kind, help), read from `RequestEngineStatistics.metric`,
+labelled ``runner`` by whoever exports them."""
+
+
+@dataclass(slots=True, eq=False)
+class _Waiting(Generic[Req, Res]):
+    request: Req
+    done: trio.Event = field(default_factory=trio.Event)
+    reply: Completed[Res] | None = None
+    error: RequestFailed | None = None
+    gone: bool = False
+
+
+@final
+class _Gate:
+    """The `UnitGate` of one running batch: units after the first wait for slack.
+
+    Only a runner in a worker thread can wait; one run on the event loop itself
+    (an ``inline`` offload in tests) has its units checked for withdrawal only.
+    """
+
+    def __init__(
+        self,
+        batch: Sequence[_Waiting[object, object]],
+        slack: Slack | None,
+        estimate: UnitEstimate,
+        timer: Callable[[], float],
+    ) -> None:
+        self._batch = batch
+        self._slack = slack
+        self._estimate = estimate
+        self._timer = timer
+        self.holding = False
+        self.unit_started = timer()
+
+    def next_unit(self) -> None:
+        on_loop = trio.lowlevel.in_trio_run()
+        self.end_unit(on_loop=on_loop)
+        if all(waiting.gone for waiting in self._batch):
+            raise RequestCancelled("every request of the batch was withdrawn")
+        if self._slack is not None and not on_loop:
+            trio.from_thread.run(self._slack.acquire, self._estimate.seconds)
+            self.holding = True
+        self.unit_started = self._timer()
+
+    def end_unit(self, *, on_loop: bool) -> None:
+        self._estimate.record(self._timer() - self.unit_started)
+        if self.holding:
+            assert self._slack is not None
+            if on_loop:
+                self._slack.release()
+            else:
+                trio.from_thread.run_sync(self._slack.release)
+            self.holding = False
+
+
+@final
+class RequestEngine(Generic[Req, Res]):
+    """Batches concurrent `submit` calls into ``runner.run_batch`` calls.
+
+    Args:
+        runner: the batched model.
+        max_wait_s: how long a request waits for others before its batch runs.
+        max_queue: the most requests waiting at once; more raise `RequestsOverloaded`.
+        slack: the process's realtime windows (``None``: no realtime work shares it).
+        offload: how a runner call leaves the trio thread (``None``:
+            ``trio.to_thread.run_sync``); tests pass `inline` for ``MockClock``
+            (units then are not gated one by one: only the first waits for slack).
+        timer: monotonic seconds, used only to measure runner calls and units.
+    """
+
+    def __init__(
+        self,
+        runner: BatchRunner[Req, Res],
+        *,
+        max_wait_s: float = 0.002,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        slack: Slack | None = None,
+        offload: Offload | None = None,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.runner = runner
+        max_batch = runner.max_batch
+        self._batcher = RequestBatcher(
+            max_batch=max_batch, max_wait_s=max_wait_s, max_queue=max(max_queue, max_batch)
+        )
+        self._slack = slack
+        self._offload: Offload = offload or trio.to_thread.run_sync
+        self._timer = timer
+        self._estimate = UnitEstimate()
+        self._tickets = itertools.count()
+        self._waiting: dict[int, _Waiting[Req, Res]] = {}
+        self._submitted = trio.Event()
+        self._failed_batches = 0
+        self._failed_requests = 0
+        self._orphaned = 0
+        self._stopped = 0
+        self._last_run_ms: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.runner.name
+
+    def retry_after_s(self) -> float:
+        """How long the queue now takes to drain, by the latest batch's time (at least 1 s):
+        what a refused client is told to wait (``Retry-After``)."""
+        batches = -(-len(self._batcher) // self._batcher.max_batch)
+        per_batch = (self._last_run_ms or 0.0) / 1000.0
+        return max(1.0, batches * per_batch)
+
+    async def submit(self, request: Req) -> Res:
+        """Queue ``request`` and wait for its result (see `submit_timed`)."""
+        return (await self.submit_timed(request)).result
+
+    async def submit_timed(self, request: Req) -> Completed[Res]:
+        """Queue ``request`` and wait for its result and its batch's cost.
+
+        Raises:
+            RequestsOverloaded: the queue is full (the request did not run).
+            RequestFailed: the runner raised for its batch, or returned an exception,
+                or nothing, for it.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        ticket = next(self._tickets)
+        if not self._batcher.submit(ticket, trio.current_time()):
+            raise RequestsOverloaded(
+                f"{self.name}: {self._batcher.max_queue} requests already wait",
+                retry_after_s=self.retry_after_s(),
+            )
+        waiting = self._waiting[ticket] = _Waiting[Req, Res](request)
+        self._submitted.set()
+        try:
+            await waiting.done.wait()
+        except BaseException:
+            if self._batcher.cancel(ticket):
+                del self._waiting[ticket]
+            else:  # its batch is running: the result is dropped when it comes
+                waiting.gone = True
+            raise
+        if waiting.error is not None:
+            raise waiting.error
+        assert waiting.reply is not None
+        return waiting.reply
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Forever: wait until a batch is due, run it, hand out its results."""
+        task_status.started()
+        try:
+            while True:
+                due = self._batcher.due()
+                if due is None or due > trio.current_time():
+                    self._submitted = trio.Event()
+                    with trio.move_on_at(due if due is not None else float("inf")):
+                        await self._submitted.wait()
+                    continue
+                await self._run_batch(self._batcher.take())
+        finally:  # stopped or crashed: no request is left waiting on a dead loop
+            self._fail_all(f"the {self.name} engine stopped")
+
+    def _fail_all(self, reason: str) -> None:
+        for ticket, waiting in list(self._waiting.items()):
+            self._batcher.cancel(ticket)
+            del self._waiting[ticket]
+            if not waiting.gone:
+                self._failed_requests += 1
+                waiting.error = RequestFailed(reason)
+                waiting.done.set()
+
+    async def _run_batch(self, tickets: Sequence[int]) -> None:
+        batch = [self._waiting[ticket] for ticket in tickets]
+        requests = [waiting.request for waiting in batch]
+        gate = _Gate(batch, self._slack, self._estimate, self._timer)
+        if self._slack is not None:
+            await self._slack.acquire(self._estimate.seconds)
+            gate.holding = True
+        start = gate.unit_started = self._timer()
+        results: list[Res | BaseException]
+        try:
+            results = list(await self._offload(partial(self.runner.run_batch, requests, gate)))
+            if len(results) != len(requests):
+                got, asked = len(results), len(requests)
+                raise RequestFailed(f"{self.name} returned {got} results for {asked} requests")
+        except RequestCancelled as exc:  # every client left: nobody to tell
+            self._stopped += 1
+            results = [exc] * len(requests)
+        except Exception as exc:  # told to every request of the batch, with the cause
+            self._failed_batches += 1
+            results = [exc] * len(requests)
+        finally:
+            gate.end_unit(on_loop=True)
+        run_ms = (self._timer() - start) * 1000.0
+        self._last_run_ms = run_ms
+        for ticket, waiting, result in zip(tickets, batch, results, strict=True):
+            del self._waiting[ticket]
+            if waiting.gone:
+                self._orphaned += 1
+                continue
+            if isinstance(result, BaseException):
+                self._failed_requests += 1
+                failure = RequestFailed(f"{self.name} failed: {type(result).__name__}")
+                failure.__cause__ = result
+                waiting.error = failure
+            else:
+                waiting.reply = Completed(result, run_ms, len(requests))
+            waiting.done.set()
+
+    def statistics(self) -> RequestEngineStatistics:
+        return RequestEngineStatistics(
+            failed_batches=self._failed_batches,
+            failed_requests=self._failed_requests,
+            orphaned=self._orphaned,
+            stopped_batches=self._stopped,
+            last_run_ms=self._last_run_ms,
+            batcher=self._batcher.statistics(),
+        )

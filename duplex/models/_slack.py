@@ -1,0 +1,171 @@
+"""`Slack`: batch work runs in the gaps between realtime ticks, never across one.
+
+One per process, shared by the realtime tick driver and every request engine
+there. The driver reports when a step starts and ends and when the next tick
+is due (`step_started`, `step_ended`), or that it has nothing live (`idle`).
+A request engine asks for a window before each unit of preemption (one
+policy batch, one diffusion step, one TTS sentence): `acquire` lets it in
+when no step runs and the unit's estimated cost ends ``margin_s`` before the
+next tick. While realtime work is live, one unit runs at a time; with none,
+the window is open and units of different engines may overlap.
+
+A unit cannot be stopped mid-kernel, and a tick never waits for one: a unit
+that runs past its estimate overlaps the next step (counted as ``overran``;
+on a shared device that step runs slower), and its time raises the runner's
+estimate, so its next unit waits for a wider window. A unit that
+fits no window waits (``deferred`` counts the waits): realtime ticks keep
+their deadline and batch work gets what is left.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, final
+
+import trio
+
+__all__ = ["DEFAULT_MARGIN_S", "Slack", "SlackStatistics", "UnitEstimate"]
+
+DEFAULT_MARGIN_S: Final = 0.002
+"""Kept free before each tick: the tick's own wake-up and the unit's hand-off."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SlackStatistics:
+    """Counters since the slack was made.
+
+    Args:
+        units: units let in.
+        deferred: times a unit found no window that fits and waited for the next one.
+        overran: units still running when the next tick was due.
+        steps: realtime steps reported.
+    """
+
+    units: int
+    deferred: int
+    overran: int
+    steps: int
+
+
+@final
+class UnitEstimate:
+    """What the next unit of one runner will cost: the longest of its recent units.
+
+    The longest, not the mean, because a unit that overruns costs a late tick
+    while one that waits costs only batch latency.
+    """
+
+    def __init__(self, window: int = 16) -> None:
+        self._recent: deque[float] = deque(maxlen=window)
+
+    def record(self, seconds: float) -> None:
+        self._recent.append(max(0.0, seconds))
+
+    @property
+    def seconds(self) -> float:
+        """0 before the first unit: it takes the first window that opens."""
+        return max(self._recent, default=0.0)
+
+
+@final
+class Slack:
+    """The windows between one process's realtime steps, handed to batch units.
+
+    Args:
+        margin_s: kept free before each tick.
+        clock: trio's clock by default (``MockClock`` in tests).
+    """
+
+    def __init__(
+        self,
+        *,
+        margin_s: float = DEFAULT_MARGIN_S,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        if not margin_s >= 0:
+            raise ValueError(f"margin_s must be >= 0, got {margin_s}")
+        self.margin_s = margin_s
+        self._clock = clock
+        self._stepping = False
+        self._window_end = math.inf
+        """When the next tick is due (``inf``: no realtime work is live)."""
+        self._running = 0
+        self._changed = trio.Event()
+        self._units = 0
+        self._deferred = 0
+        self._overran = 0
+        self._steps = 0
+
+    @property
+    def stepping(self) -> bool:
+        """A realtime step is running now."""
+        return self._stepping
+
+    @property
+    def realtime(self) -> bool:
+        """Realtime work is live: units are serialized and must fit a window."""
+        return self._stepping or self._window_end != math.inf
+
+    # the tick driver's side
+
+    def step_started(self) -> None:
+        """A realtime step begins: no unit is let in until it ends."""
+        self._steps += 1
+        if self._running:
+            self._overran += 1
+        self._stepping = True
+        self._notify()
+
+    def step_ended(self, next_tick_at: float) -> None:
+        """The step is done; the window lasts until ``next_tick_at``."""
+        self._stepping = False
+        self._window_end = next_tick_at
+        self._notify()
+
+    def idle(self) -> None:
+        """The driver has nothing live: the window is open until its next step."""
+        if self._window_end != math.inf and not self._stepping:
+            self._window_end = math.inf
+            self._notify()
+
+    # the request engines' side
+
+    def fits(self, estimate_s: float) -> bool:
+        """A unit of ``estimate_s`` may start now."""
+        if not self.realtime:
+            return True
+        if self._stepping or self._running:
+            return False
+        return self._clock() + estimate_s + self.margin_s <= self._window_end
+
+    async def acquire(self, estimate_s: float) -> None:
+        """Wait for a window that fits a unit of ``estimate_s``, then hold it until
+        `release`. Cancellable while it waits."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        deferred = False
+        while not self.fits(estimate_s):
+            if not deferred and not self._stepping and not self._running:
+                self._deferred += 1  # a window is open but too short for this unit
+                deferred = True
+            await self._changed.wait()
+        self._running += 1
+        self._units += 1
+
+    def release(self) -> None:
+        """The unit is done; the next may start."""
+        assert self._running > 0, "release without acquire"
+        self._running -= 1
+        self._notify()
+
+    def statistics(self) -> SlackStatistics:
+        return SlackStatistics(
+            units=self._units, deferred=self._deferred, overran=self._overran, steps=self._steps
+        )
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()

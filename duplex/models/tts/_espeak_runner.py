@@ -1,0 +1,127 @@
+"""espeak-ng as a speech runner: the default TTS, offline and fast on one core.
+
+Requests run one after another (the library is process-global and not
+thread-safe, `ESPEAK_LOCK`), one sentence per unit: ``gate.next_unit()`` comes
+before each sentence, so realtime ticks run in between and a withdrawn batch
+stops at the next sentence.
+
+``speed`` becomes espeak's rate (175 words per minute at 1.0). espeak-ng
+speaks no slower than 80 words per minute, so below ``speed = 80 / 175`` the
+rest of the slowdown is a longer gap between words (`_slow`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import final
+
+import numpy as np
+
+from duplex.exceptions import UnknownVoice
+
+from ._espeak import ESPEAK_RATE_WPM, MIN_RATE_WPM, Espeak, espeak
+from ._sentences import split_sentences
+from ._speech import SpeechAudio, SpeechRequest, UnitGate, VoiceInfo
+from ._voices import OPENAI_TO_ESPEAK
+
+__all__ = ["EspeakRunner"]
+
+_PROBE_GAP = 20
+"""Word gap of the probe synthesis that measures how much a gap slows a sentence."""
+
+
+def _slow(engine: Espeak, text: str, voice: str, speed: float) -> np.ndarray:
+    """``text`` slower than espeak's floor rate: at the floor rate, with the word gap that
+    stretches it to ``speed``'s length, measured on a probe (the gap's effect depends on the
+    words), then padded with silence to the length if it still falls short."""
+    plain = engine.synthesize(text, voice, rate_wpm=MIN_RATE_WPM)
+    target = round(plain.size * MIN_RATE_WPM / (ESPEAK_RATE_WPM * speed))
+    probe = engine.synthesize(text, voice, rate_wpm=MIN_RATE_WPM, word_gap=_PROBE_GAP)
+    per_unit = (probe.size - plain.size) / _PROBE_GAP
+    pcm = plain
+    if per_unit > 0:
+        gap = max(0, round((target - plain.size) / per_unit))
+        pcm = engine.synthesize(text, voice, rate_wpm=MIN_RATE_WPM, word_gap=gap)
+    if pcm.size < target:
+        pcm = np.concatenate([pcm, np.zeros(target - pcm.size, dtype=np.int16)])
+    return pcm
+
+
+@final
+class EspeakRunner:
+    """Text to int16 PCM with espeak-ng (`SpeechRunner`).
+
+    Args:
+        engine: the loaded library (default: the process's, from the ``espeakng-loader`` wheel).
+        max_batch: requests taken per `run_batch` (they still run one at a time).
+    """
+
+    name = "tts"
+
+    def __init__(self, engine: Espeak | None = None, *, max_batch: int = 8) -> None:
+        self._engine = engine or espeak()
+        self.max_batch = max_batch
+        self.sample_rate = self._engine.sample_rate
+        installed = self._engine.voices()
+        self._languages: dict[str, str] = {}  # language tag -> espeak's voice file name
+        for v in installed:
+            if not v.variant:
+                self._languages.setdefault(v.key, v.identifier.rsplit("/", 1)[-1])
+        self._variants = {v.key for v in installed if v.variant}
+        for name, target in OPENAI_TO_ESPEAK.items():
+            if self._resolve(target) is None:
+                raise UnknownVoice(f"voice {name!r} maps to {target!r}, which is not installed")
+        aliases = [
+            VoiceInfo(name, target, alias=True, language=target.split("+")[0])
+            for name, target in OPENAI_TO_ESPEAK.items()
+        ]
+        own = [
+            VoiceInfo(key, key, language=key)
+            for key in sorted(self._languages)
+            if key not in OPENAI_TO_ESPEAK
+        ]
+        self._voices = tuple(aliases + own)
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """espeak voice variants a voice may add as ``language+variant`` (``en-us+Andy``)."""
+        return tuple(sorted(self._variants))
+
+    def voices(self) -> tuple[VoiceInfo, ...]:
+        return self._voices
+
+    def _resolve(self, voice: str) -> str | None:
+        """What espeak is asked for (``en-GB-x-rp+m7``) for ``voice``: an OpenAI name, a
+        language tag (``en-gb``), or ``language+variant``; ``None``: not installed."""
+        target = OPENAI_TO_ESPEAK.get(voice, voice)
+        language, plus, variant = target.partition("+")
+        file = self._languages.get(language)
+        if file is None or (plus and variant not in self._variants):
+            return None
+        return f"{file}+{variant}" if plus else file
+
+    def check_voice(self, voice: str) -> None:
+        if self._resolve(voice) is None:
+            names = ", ".join(OPENAI_TO_ESPEAK)
+            raise UnknownVoice(
+                f"unknown voice {voice!r}: use one of {names}, an installed espeak language "
+                "(GET /v1/audio/voices), or language+variant"
+            )
+
+    def run_batch(self, requests: Sequence[SpeechRequest], gate: UnitGate) -> list[SpeechAudio]:
+        return [self._speak(request, gate) for request in requests]
+
+    def _speak(self, request: SpeechRequest, gate: UnitGate) -> SpeechAudio:
+        self.check_voice(request.voice)
+        voice = self._resolve(request.voice)
+        assert voice is not None
+        wpm = ESPEAK_RATE_WPM * request.speed
+        parts: list[np.ndarray] = []
+        for sentence in split_sentences(request.text):
+            gate.next_unit()
+            if wpm < MIN_RATE_WPM:
+                parts.append(_slow(self._engine, sentence, voice, request.speed))
+            else:
+                parts.append(self._engine.synthesize(sentence, voice, rate_wpm=round(wpm)))
+        pcm = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
+        return SpeechAudio(pcm, self.sample_rate)

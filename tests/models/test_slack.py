@@ -1,0 +1,295 @@
+"""Batch units in the slack between realtime ticks: the `Slack` rule under MockClock, a
+`RequestEngine` sharing a process with a ticking `EngineDriver`, and a multi-unit runner
+whose thread waits for windows between its units."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import pytest
+import trio
+import trio.testing
+
+from duplex.exceptions import RequestCancelled, RequestFailed
+from duplex.models import EngineDriver, RequestEngine, Slack, UnitEstimate, UnitGate
+
+from .models_support import SPEC, loopback_engine, tone
+
+PERIOD = SPEC.frame_period_s
+T = TypeVar("T")
+
+
+# -- the rule ------------------------------------------------------------------------------
+
+
+def test_the_estimate_is_the_longest_recent_unit() -> None:
+    estimate = UnitEstimate(window=3)
+    assert estimate.seconds == 0.0
+    for seconds in (0.01, 0.03, 0.02):
+        estimate.record(seconds)
+    assert estimate.seconds == 0.03
+    estimate.record(0.005)  # 0.01 leaves the window, 0.03 is still in it
+    assert estimate.seconds == 0.03
+    for _ in range(3):
+        estimate.record(0.001)
+    assert estimate.seconds == 0.001
+
+
+async def test_a_window_fits_a_unit_only_between_steps_and_before_the_next_tick(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    slack = Slack(margin_s=0.002)
+    assert slack.fits(10.0) and not slack.realtime  # no realtime work: open
+    now = trio.current_time()
+    slack.step_started()
+    assert not slack.fits(0.0)  # never during a step
+    slack.step_ended(now + 0.080)
+    assert slack.fits(0.078) and not slack.fits(0.0781)  # the margin is kept
+    await trio.sleep(0.050)
+    assert slack.fits(0.028) and not slack.fits(0.029)  # the window shrinks with time
+    slack.idle()
+    assert slack.fits(10.0)
+
+
+async def test_while_realtime_runs_one_unit_at_a_time_and_without_it_many(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    slack = Slack()
+    await slack.acquire(0.01)
+    await slack.acquire(0.01)  # idle: a second unit may overlap
+    slack.release()
+    slack.release()
+    slack.step_started()
+    slack.step_ended(trio.current_time() + 1.0)
+    await slack.acquire(0.01)
+    assert not slack.fits(0.01)
+    slack.release()
+    assert slack.fits(0.01)
+
+
+async def test_a_unit_that_fits_no_window_waits_for_one_and_is_counted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    slack = Slack(margin_s=0.0)
+    started: list[float] = []
+
+    async def unit() -> None:
+        await slack.acquire(0.050)
+        started.append(trio.current_time())
+        slack.release()
+
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        slack.step_started()
+        slack.step_ended(t0 + 0.040)  # a 40 ms window: too short
+        nursery.start_soon(unit)
+        await trio.sleep(0.040)
+        assert started == []
+        slack.step_started()
+        await trio.sleep(0.010)
+        assert started == []  # never during a step
+        slack.step_ended(trio.current_time() + 0.060)  # wide enough
+    assert started == [pytest.approx(t0 + 0.050)]
+    assert slack.statistics().deferred == 1 and slack.statistics().units == 1
+
+
+async def test_a_unit_running_when_a_step_starts_is_counted_as_an_overrun(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    slack = Slack()
+    await slack.acquire(0.0)
+    slack.step_started()
+    slack.release()
+    assert slack.statistics().overran == 1
+
+
+# -- a request engine beside a ticking engine (MockClock) ------------------------------------
+
+
+class Units:
+    """A runner of single-unit batches: each batch's run is timed by ``offload``."""
+
+    name = "units"
+    max_batch = 4
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def run_batch(self, requests: Sequence[int], gate: UnitGate) -> list[int]:
+        self.calls += 1
+        return [r * 10 for r in requests]
+
+
+def timed(spans: list[tuple[float, float]], seconds: float) -> Callable[..., Any]:
+    """An offload that takes ``seconds`` of (mock) time and records when it ran."""
+
+    async def offload(fn: Callable[[], T]) -> T:
+        start = trio.current_time()
+        await trio.sleep(seconds)
+        spans.append((start, trio.current_time()))
+        return fn()
+
+    return offload
+
+
+def overlaps(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> int:
+    return sum(1 for s0, e0 in a for s1, e1 in b if s0 < e1 - 1e-12 and s1 < e0 - 1e-12)
+
+
+async def test_batches_run_only_in_the_windows_and_no_tick_is_late(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A 30 ms step every 80 ms and 20 ms batches: the batches go in the gaps, every tick
+    keeps its time, and the batch work still gets done."""
+    slack = Slack()
+    steps: list[tuple[float, float]] = []
+    units: list[tuple[float, float]] = []
+    driver = EngineDriver(loopback_engine(), offload=timed(steps, 0.030), slack=slack)
+    send, _recv = trio.open_memory_channel[Any](64)
+    handle = driver.attach("a", send)
+    assert handle is not None
+    engine = RequestEngine(
+        Units(), max_wait_s=0.0, slack=slack, offload=timed(units, 0.020), timer=trio.current_time
+    )
+    answers: list[int] = []
+
+    async def client(i: int) -> None:
+        answers.append(await engine.submit(i))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await nursery.start(engine.run)
+        for k in range(25):
+            driver.push_input(handle, tone(1, k))
+            nursery.start_soon(client, k)
+            await trio.sleep(PERIOD)
+        nursery.cancel_scope.cancel()
+    assert sorted(answers) == [k * 10 for k in range(len(answers))] and len(answers) >= 20
+    assert len(steps) >= 24 and len(units) >= 10
+    assert overlaps(steps, units) == 0
+    assert driver.statistics().late_ticks == 0
+    assert slack.statistics().overran == 0
+
+
+async def test_a_unit_too_long_for_any_window_waits_until_realtime_work_ends(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """60 ms units beside 30 ms steps (50 ms windows): the first, unmeasured, runs and
+    overlaps the next step once (the tick does not wait for it); then they wait, and run
+    as soon as the slot is released."""
+    slack = Slack()
+    steps: list[tuple[float, float]] = []
+    units: list[tuple[float, float]] = []
+    driver = EngineDriver(loopback_engine(), offload=timed(steps, 0.030), slack=slack)
+    send, _recv = trio.open_memory_channel[Any](1000)
+    handle = driver.attach("a", send)
+    assert handle is not None
+    runner = Units()
+    runner.max_batch = 1
+    engine = RequestEngine(
+        runner, max_wait_s=0.0, slack=slack, offload=timed(units, 0.060), timer=trio.current_time
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await nursery.start(engine.run)
+        for k in range(3):
+            nursery.start_soon(engine.submit, k)
+        await trio.sleep(1.0)
+        assert runner.calls == 1  # measured once, then never fits a 50 ms window
+        assert slack.statistics().deferred >= 1
+        driver.detach(handle)
+        await trio.sleep(0.5)
+        assert runner.calls == 3  # realtime idle: the rest ran
+        nursery.cancel_scope.cancel()
+    assert slack.statistics().overran == 1 and overlaps(steps, units) == 1
+
+
+# -- a multi-unit runner in a worker thread ------------------------------------------------
+
+
+class Steps:
+    """A runner whose batch is ``units`` steps of ``unit_s`` each, with a gate between them;
+    it records, for each step, whether a realtime step was running when it began."""
+
+    name = "steps"
+    max_batch = 2
+
+    def __init__(self, slack: Slack, units: int, unit_s: float) -> None:
+        self.slack = slack
+        self.units = units
+        self.unit_s = unit_s
+        self.began_during_a_step: list[bool] = []
+
+    def run_batch(self, requests: Sequence[int], gate: UnitGate) -> list[int]:
+        for unit in range(self.units):
+            if unit:
+                gate.next_unit()
+            self.began_during_a_step.append(self.slack.stepping)
+            time.sleep(self.unit_s)
+        return list(requests)
+
+
+async def test_a_threaded_runner_waits_for_a_window_between_its_units() -> None:
+    """30 ms steps in a worker thread every 80 ms, 5 ms units: no unit begins mid-step
+    (ungated, about a third of them would)."""
+    slack = Slack()
+
+    def slow_step(fn: Callable[[], T]) -> T:
+        time.sleep(0.030)
+        return fn()
+
+    async def stepping(fn: Callable[[], T]) -> T:
+        return await trio.to_thread.run_sync(slow_step, fn)
+
+    driver = EngineDriver(loopback_engine(), offload=stepping, slack=slack)
+    send, _recv = trio.open_memory_channel[Any](1000)
+    handle = driver.attach("a", send)
+    assert handle is not None
+    runner = Steps(slack, units=8, unit_s=0.005)
+    engine = RequestEngine(runner, max_wait_s=0.0, slack=slack)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await nursery.start(engine.run)
+        results = [await engine.submit(k) for k in range(3)]
+        nursery.cancel_scope.cancel()
+    assert results == [0, 1, 2]
+    assert len(runner.began_during_a_step) == 24
+    assert not any(runner.began_during_a_step)
+    assert slack.statistics().steps > 0
+
+
+async def test_a_batch_whose_clients_all_left_stops_at_its_next_unit() -> None:
+    slack = Slack()
+    runner = Steps(slack, units=50, unit_s=0.01)
+    engine = RequestEngine(runner, max_wait_s=0.0, slack=slack)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        with trio.move_on_after(0.05):
+            await engine.submit(1)
+        with trio.fail_after(5):
+            while engine.statistics().stopped_batches == 0:
+                await trio.sleep(0.01)
+        assert len(runner.began_during_a_step) < 50
+        nursery.cancel_scope.cancel()
+    stats = engine.statistics()
+    assert stats.orphaned == 1 and stats.failed_requests == 0
+
+
+async def test_a_runner_that_raises_request_cancelled_for_live_clients_fails_them() -> None:
+    """`RequestCancelled` from a runner whose clients are still there is still an answer."""
+
+    class Quits:
+        name = "quits"
+        max_batch = 1
+
+        def run_batch(self, requests: Sequence[int], gate: UnitGate) -> list[int]:
+            raise RequestCancelled("the runner gave up")
+
+    engine = RequestEngine(Quits(), max_wait_s=0.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        with pytest.raises(RequestFailed):
+            await engine.submit(1)
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,139 @@
+"""espeak-ng through its runner: real speech, distinct voices, speed, units, errors."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+import pytest
+
+from duplex.exceptions import UnknownVoice
+from duplex.models.tts import (
+    NO_GATE,
+    OPENAI_TO_ESPEAK,
+    OPENAI_VOICES,
+    EspeakRunner,
+    SpeechRequest,
+    SpeechRunner,
+    load_tts,
+)
+from duplex.sessions import VOICES
+
+TEXT = "Hello there. This is a test of the speech engine, with a few more words."
+
+
+@pytest.fixture(scope="module")
+def runner() -> EspeakRunner:
+    return EspeakRunner()
+
+
+def _speak(runner: EspeakRunner, **kwargs: object) -> np.ndarray:
+    (audio,) = runner.run_batch([SpeechRequest(**kwargs)], NO_GATE)  # type: ignore[arg-type]
+    assert audio.sample_rate == runner.sample_rate == 22050
+    assert audio.pcm.dtype == np.int16 and audio.pcm.ndim == 1
+    return audio.pcm
+
+
+def test_speech_is_loud_and_about_as_long_as_the_text(runner: EspeakRunner) -> None:
+    assert isinstance(runner, SpeechRunner) and runner.name == "tts"
+    pcm = _speak(runner, text=TEXT)
+    assert 2.0 < pcm.size / 22050 < 6.0  # 15 words at 175 words a minute
+    rms = np.sqrt(np.mean(pcm.astype(np.float64) ** 2))
+    assert rms > 1000 and np.abs(pcm).max() > 8000
+
+
+def test_openai_names_are_the_sessions_and_map_to_distinct_voices(runner: EspeakRunner) -> None:
+    assert OPENAI_VOICES == VOICES
+    assert len(set(OPENAI_TO_ESPEAK.values())) == len(OPENAI_VOICES)
+    spoken = {name: _speak(runner, text="Hello there, how are you?", voice=name) for name in VOICES}
+    for a, b in itertools.combinations(VOICES, 2):
+        x, y = spoken[a], spoken[b]
+        assert x.size != y.size or not np.array_equal(x, y), (a, b)
+    names = [v.name for v in runner.voices()]
+    assert names[: len(VOICES)] == list(VOICES)
+    assert {"en-us", "en-gb", "de", "fr-fr"} <= set(names)
+
+
+def test_installed_voices_and_variants_speak(runner: EspeakRunner) -> None:
+    assert "Andy" in runner.variants
+    german = _speak(runner, text="Guten Tag.", voice="de")
+    assert german.size > 5000
+    andy = _speak(runner, text="Good day.", voice="en-us+Andy")
+    assert andy.size > 5000
+
+
+@pytest.mark.parametrize("voice", ["nova", "onyx", "klingon", "en-us+nobody", ""])
+def test_an_unknown_voice_is_refused_with_the_valid_names(runner: EspeakRunner, voice: str) -> None:
+    with pytest.raises(UnknownVoice, match="alloy, ash, ballad") as info:
+        runner.check_voice(voice)
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(UnknownVoice):
+        runner.run_batch([SpeechRequest("Hi.", voice=voice)], NO_GATE)
+    assert _speak(runner, text="Still here.").size > 0  # the runner stays usable
+
+
+@pytest.mark.parametrize("speed", [0.25, 0.5, 2.0, 4.0])
+def test_speed_scales_the_duration(runner: EspeakRunner, speed: float) -> None:
+    normal = _speak(runner, text=TEXT).size
+    scaled = _speak(runner, text=TEXT, speed=speed).size
+    assert scaled / normal == pytest.approx(1 / speed, rel=0.15)
+
+
+def test_requests_are_checked_when_built() -> None:
+    for bad in ({"text": " "}, {"text": "x", "speed": 0.1}, {"text": "x", "speed": float("nan")}):
+        with pytest.raises(ValueError):
+            SpeechRequest(**bad)  # type: ignore[arg-type]
+
+
+class CountingGate:
+    def __init__(self, cancel_after: int | None = None) -> None:
+        self.units = 0
+        self.cancel_after = cancel_after
+
+    def next_unit(self) -> None:
+        if self.cancel_after is not None and self.units >= self.cancel_after:
+            raise RuntimeError("withdrawn")
+        self.units += 1
+
+
+def test_one_unit_per_sentence_and_a_raising_gate_stops_the_batch(runner: EspeakRunner) -> None:
+    gate = CountingGate()
+    out = runner.run_batch([SpeechRequest("One. Two. Three."), SpeechRequest("Four!")], gate)
+    assert gate.units == 4 and len(out) == 2
+    stopping = CountingGate(cancel_after=2)
+    with pytest.raises(RuntimeError, match="withdrawn"):
+        runner.run_batch([SpeechRequest("One. Two. Three. Four.")], stopping)
+    assert stopping.units == 2
+
+
+def test_batch_results_are_in_request_order(runner: EspeakRunner) -> None:
+    requests = [SpeechRequest("Short."), SpeechRequest(TEXT), SpeechRequest("Mid length here.")]
+    out = runner.run_batch(requests, NO_GATE)
+    alone = [runner.run_batch([r], NO_GATE)[0] for r in requests]
+    # espeak carries a little state between calls: lengths agree to a few milliseconds.
+    for a, b in zip(out, alone, strict=True):
+        assert a.pcm.size == pytest.approx(b.pcm.size, abs=100)
+    assert out[0].pcm.size < out[2].pcm.size < out[1].pcm.size
+
+
+def test_concurrent_callers_are_serialized(runner: EspeakRunner) -> None:
+    expected = _speak(runner, text="Parallel speech.").size
+    sizes: list[int] = []
+
+    def speak() -> None:
+        sizes.append(runner.run_batch([SpeechRequest("Parallel speech.")], NO_GATE)[0].pcm.size)
+
+    threads = [threading.Thread(target=speak) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sizes == pytest.approx([expected] * 4, abs=100)
+
+
+def test_load_tts_names() -> None:
+    assert load_tts("none") is None
+    assert isinstance(load_tts("espeak"), EspeakRunner)
+    with pytest.raises(ValueError, match="must be espeak, none or a VITS checkpoint"):
+        load_tts("/no/such/folder")
