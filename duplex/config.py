@@ -111,6 +111,8 @@ class ServerConfig:
     agent_asr: str = "pocketsphinx"
     """``pocketsphinx`` (its model ships in its wheel), or a local Whisper checkpoint
     folder (transformers)."""
+    agent_tts: str = "espeak"
+    """The agent's voice: ``espeak`` (espeak-ng, no weights) or a local VITS checkpoint folder."""
     agent_asr_grammar: str = ""
     """A JSGF grammar file pocketsphinx decodes with instead of its language model
     (deterministic tests); empty: the language model."""

@@ -93,6 +93,7 @@ class AgentLink:
         self._resampler = StreamingResampler(model_rate, ASR_SAMPLE_RATE)
         self._audio = np.zeros(0, np.int16)
         self._audio_start_ms = 0.0  # input clock of self._audio[0]
+        self._input_ms = 0.0  # input clock at the end of the input pushed so far
         self._streams: dict[str, _Stream] = {}
         self._wake = trio.Event()
         self._reply: _Reply | None = None
@@ -126,10 +127,11 @@ class AgentLink:
 
     def push(self, pcm: np.ndarray, start_ms: float) -> None:
         """One chunk of the session's input (model rate) at ``start_ms`` on its input clock."""
-        if abs(start_ms - self._end_ms) > 1.0:  # a gap (input cleared): start over there
+        if abs(start_ms - self._input_ms) > 1.0:  # a gap (input cleared): start over there
             self._audio = np.zeros(0, np.int16)
             self._audio_start_ms = start_ms
             self._resampler = StreamingResampler(self._rate, ASR_SAMPLE_RATE)
+        self._input_ms = start_ms + len(pcm) * 1000.0 / self._rate
         samples = self._resampler.process(np.asarray(pcm, np.float32))
         pcm16 = (np.clip(samples, -1.0, 1.0) * 32767.0).astype(np.int16)
         self._audio = np.concatenate([self._audio, pcm16])
@@ -174,7 +176,7 @@ class AgentLink:
 
     async def _advance(self, stream: _Stream) -> None:
         end = stream.end_ms
-        if end is not None and self._end_ms >= end - 1.0:
+        if end is not None and self._input_ms >= end:  # (the resampler may hold a few ms)
             pcm = self._slice(stream.cursor_ms, end)
             result = await self.models.asr.submit(AsrChunk(stream.key, pcm, final=True))
             self._streams.pop(stream.item_id, None)
@@ -273,8 +275,10 @@ class AgentLink:
     async def _speak(self, rid: str, text: str, voice: str) -> int:
         if not text.strip():
             return 0
-        pcm = await self.models.speak(text.strip(), voice, self._rate)
-        await self._deliver(AgentChunk(rid, pcm, text))
+        samples, rate = await self.models.speak(text.strip(), voice)
+        if rate != self._rate:
+            samples = StreamingResampler(rate, self._rate).process(samples)
+        await self._deliver(AgentChunk(rid, samples, text))
         return 1
 
 

@@ -363,9 +363,13 @@ async def open_backend(
                 llm=server.agent_llm,
                 asr=server.agent_asr,
                 asr_grammar=server.agent_asr_grammar,
+                tts=server.agent_tts,
                 seed=server.model_seed,
             )
             with startup.step("agent", "loading the agent's ASR, reply model and TTS"):
+                # no slack: the agent's stages are its sessions' realtime path, and a unit
+                # longer than a tick (a 240 ms ASR chunk, a TTS clause) would never fit
+                # between the ticks of the frame engine, whose output agent sessions ignore
                 agent = await trio.to_thread.run_sync(build_agent, options)
                 await nursery.start(agent.run)
             hub.agent = agent

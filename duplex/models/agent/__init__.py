@@ -4,19 +4,14 @@ local checkpoint) and TTS (``duplex.models.tts``), each behind a batching engine
 
 from ._agent import AgentModels, AgentOptions, build_agent
 from ._asr import ASR_SAMPLE_RATE, AsrChunk, AsrText, PocketSphinxRunner
-from ._batching import NO_GATE, BatchEngine, BatchRunner, BatchStatistics, UnitGate
 from ._reply import ChatMessage, EchoReplier, Replier, ReplyDelta, ReplyRequest, ToolSpec
 
 __all__ = [
     "ASR_SAMPLE_RATE",
-    "NO_GATE",
     "AgentModels",
     "AgentOptions",
     "AsrChunk",
     "AsrText",
-    "BatchEngine",
-    "BatchRunner",
-    "BatchStatistics",
     "ChatMessage",
     "EchoReplier",
     "PocketSphinxRunner",
@@ -24,6 +19,5 @@ __all__ = [
     "ReplyDelta",
     "ReplyRequest",
     "ToolSpec",
-    "UnitGate",
     "build_agent",
 ]

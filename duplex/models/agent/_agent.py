@@ -17,9 +17,9 @@ import numpy.typing as npt
 import trio
 
 from duplex.exceptions import ConfigError
+from duplex.models import RequestEngine, Slack
 
 from ._asr import AsrChunk, AsrText, PocketSphinxRunner
-from ._batching import BatchEngine
 from ._reply import EchoReplier, Replier
 
 __all__ = ["AgentModels", "AgentOptions", "build_agent"]
@@ -33,23 +33,30 @@ class AgentOptions:
     llm: str = ""
     asr: str = "pocketsphinx"
     asr_grammar: str = ""
+    tts: str = "espeak"
     seed: int = 0
 
 
 @final
 class AgentModels:
-    """The shared stages. ``speak(text, voice, rate)`` makes speech (float32 at ``rate``)."""
+    """The shared stages. ``speak(text, voice)`` makes speech (float32, at its own rate)."""
 
-    def __init__(self, asr: BatchEngine[AsrChunk, AsrText], replier: Replier, tts: Any) -> None:
+    def __init__(
+        self,
+        asr: RequestEngine[AsrChunk, AsrText],
+        replier: Replier,
+        tts: RequestEngine[Any, Any],
+    ) -> None:
         self.asr = asr
         self.replier = replier
         self.tts = tts
 
-    async def speak(self, text: str, voice: str, rate: int) -> npt.NDArray[np.float32]:
+    async def speak(self, text: str, voice: str) -> tuple[npt.NDArray[np.float32], int]:
+        """``text`` spoken in ``voice``: samples and their rate (the caller resamples)."""
         from duplex.models.tts import SpeechRequest
 
-        audio = await self.tts.submit(SpeechRequest(text, voice=voice, sample_rate=rate))
-        return np.asarray(audio.pcm, dtype=np.float32) / 32768.0
+        audio = await self.tts.submit(SpeechRequest(text, voice=voice))
+        return np.asarray(audio.pcm, dtype=np.float32) / 32768.0, audio.sample_rate
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the engines' loops until cancelled."""
@@ -60,13 +67,14 @@ class AgentModels:
             task_status.started()
 
 
-def build_agent(options: AgentOptions) -> AgentModels:
-    """Load the agent's models (blocking: seconds; run it off the trio thread).
+def build_agent(options: AgentOptions, slack: Slack | None = None) -> AgentModels:
+    """Load the agent's models (blocking: seconds; run it off the trio thread); their
+    engines run their units in ``slack``, the windows the process's realtime engine leaves.
 
     Raises:
         ConfigError: a named checkpoint or grammar does not exist.
     """
-    from duplex.models.tts import EspeakRunner
+    from duplex.models.tts import load_tts
 
     if options.asr != "pocketsphinx":
         raise ConfigError(
@@ -89,4 +97,11 @@ def build_agent(options: AgentOptions) -> AgentModels:
         from ._vllm import VllmReplier
 
         replier = VllmReplier(options.llm, seed=options.seed)
-    return AgentModels(BatchEngine(runner), replier, BatchEngine(EspeakRunner()))
+    speech = load_tts(options.tts)
+    if speech is None:
+        raise ConfigError("server.agent_tts: the agent needs a TTS (espeak or a VITS folder)")
+    return AgentModels(
+        RequestEngine(runner, slack=slack),
+        replier,
+        RequestEngine(speech, slack=slack),  # type: ignore[arg-type]
+    )

@@ -22,7 +22,7 @@ from typing import Any, final
 import numpy as np
 import numpy.typing as npt
 
-from ._batching import UnitGate
+from duplex.models import UnitGate
 
 __all__ = ["ASR_SAMPLE_RATE", "AsrChunk", "AsrText", "PocketSphinxRunner"]
 
@@ -85,7 +85,7 @@ class PocketSphinxRunner:
 
         decoder = Decoder(loglevel="FATAL")
         if self._grammar is not None:
-            decoder.set_jsgf_string("grammar", self._grammar)
+            decoder.add_jsgf_string("grammar", self._grammar)
             decoder.activate_search("grammar")
         return decoder
 
