@@ -96,7 +96,14 @@ def build_agent(options: AgentOptions, slack: Slack | None = None) -> AgentModel
     if options.llm:
         from ._vllm import VllmReplier
 
-        replier = VllmReplier(options.llm, seed=options.seed)
+        if not (Path(options.llm) / "config.json").is_file():
+            raise ConfigError(
+                f"server.agent_llm: {options.llm!r} is not a checkpoint folder (no config.json)",
+                key="server.agent_llm",
+            )
+        vllm = VllmReplier(options.llm, seed=options.seed)
+        vllm.load()
+        replier = vllm
     speech = load_tts(options.tts)
     if speech is None:
         raise ConfigError("server.agent_tts: the agent needs a TTS (espeak or a VITS folder)")
