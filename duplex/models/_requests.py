@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Final, Generic, Protocol, TypeVar, final
+from typing import Any, Final, Generic, Protocol, TypeVar, final
 
 import trio
 
@@ -72,9 +72,11 @@ class BatchRunner(Protocol[Req_contra, Res_co]):
     """A model served by request batches.
 
     ``name`` labels its metrics; ``max_batch`` is the most requests one call
-    takes. ``run_batch`` blocks (it runs off the trio thread) and returns one
-    result per request, in order; an ``Exception`` instance as a result fails
-    that request alone, and raising fails the whole batch.
+    takes; an optional ``metadata`` mapping is what clients are told about it.
+    ``run_batch`` blocks (it runs off the trio thread) and returns one result
+    per request, in order; an ``Exception`` instance as a result fails that
+    request alone, and raising fails the whole batch. Requests and results
+    cross process boundaries (engine processes) as pickles.
     """
 
     @property
@@ -261,6 +263,12 @@ class RequestEngine(Generic[Req, Res]):
     @property
     def name(self) -> str:
         return self.runner.name
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """What the runner tells clients about itself (a policy's metadata; ``{}``: nothing)."""
+        metadata: Mapping[str, Any] = getattr(self.runner, "metadata", {})
+        return metadata
 
     def retry_after_s(self) -> float:
         """How long the queue now takes to drain, by the latest batch's time (at least 1 s):

@@ -13,12 +13,14 @@ duplex package (only the shared leaf modules such as ``duplex.exceptions``);
 only what this ``__init__`` and ``duplex.sessions`` publish.
 The core's import test then covers its whole package, with no exceptions.
 
-Published here is what a connection needs: the hub, and the messages a
-connection actor exchanges with its session actor.
+Published here is what a connection needs: the hub, the messages a
+connection actor exchanges with its session actor, and the registry of
+request-batched engines (`RequestEngines`) the batch endpoints submit to.
 """
 
 from ._actor import Attach, CloseSocket, Detach, FromClient, Outbound
 from ._hub import Opened, SessionHub
+from ._requests import RequestEngines, RequestService
 
 __all__ = [
     "Attach",
@@ -27,5 +29,7 @@ __all__ = [
     "FromClient",
     "Opened",
     "Outbound",
+    "RequestEngines",
+    "RequestService",
     "SessionHub",
 ]

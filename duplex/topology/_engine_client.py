@@ -13,7 +13,11 @@ slot's next output and are reported by the slot's next ``push_input``.
 `EngineConnection` keeps one engine index connected: it connects (retrying
 while the engine process starts), hands each new `RemoteEngine` to the hub
 (which moves that engine's sessions onto it after a restart) and, when the link
-ends, takes the engine out of admission until it is back.
+ends, takes the engine out of admission until it is back. The request-batched
+models the engine process hosts are registered in the process's
+`RequestEngines` as `RemoteRequests` while the link lasts: a request is one
+`SubmitRequest` and one `RequestDone`, a client that leaves sends
+`CancelRequest`, and a link that ends fails what was in flight.
 """
 
 from __future__ import annotations
@@ -22,21 +26,24 @@ import dataclasses
 import itertools
 import math
 import socket
-from typing import Protocol, final
+from collections.abc import Mapping
+from typing import Any, Protocol, final
 
 import trio
 
-from duplex.exceptions import PromptUnsupported
+from duplex.exceptions import PromptUnsupported, RequestFailed, RequestsOverloaded
 from duplex.logs import get_logger
 from duplex.models import (
     STALL_PERIODS,
     CapacityLimit,
     CapacityReport,
+    Completed,
     DriverStatistics,
     Fanout,
     InputPush,
     ModelSpec,
     PcmFrame,
+    RequestEngineStatistics,
     SlotDelivery,
     SlotEngine,
     SlotHandle,
@@ -44,15 +51,20 @@ from duplex.models import (
     SlotPrompt,
     Subscriber,
 )
+from duplex.runtime import RequestEngines
 
 from ._engine_link import (
+    CancelRequest,
     CloseSlot,
     CommandBatch,
     EngineStatus,
     Hello,
     OpenSlot,
     Outputs,
+    RequestDone,
+    RunnerInfo,
     SlotOpened,
+    SubmitRequest,
     decode,
 )
 from ._link import Link
@@ -95,6 +107,8 @@ class RemoteEngine:
         self._delivery = SlotDelivery(self._fanout)
         self._batch = CommandBatch()
         self._wrote = trio.Event()
+        self._answers: dict[int, tuple[trio.Event, list[RequestDone]]] = {}
+        self._request_statistics: Mapping[str, RequestEngineStatistics] = {}
         self.dropped_disconnected = 0
         """Input frames pushed after the link ended (the session moves once the engine is back)."""
 
@@ -163,6 +177,43 @@ class RemoteEngine:
     def capacity(self) -> CapacityReport:
         return self._report
 
+    # -- the request engines hosted by the engine process ----------------------
+
+    async def submit_request(self, runner: str, payload: Any) -> Completed[Any]:
+        """One request to ``runner`` in the engine process; cancelling withdraws it there.
+
+        Raises:
+            RequestsOverloaded: its queue there is full.
+            RequestFailed: it failed there, or the link ended before the answer.
+        """
+        if not self.connected:
+            raise RequestFailed(f"{runner}: the engine process is not linked")
+        request = next(self._requests)
+        answered = trio.Event()
+        box: list[RequestDone] = []
+        self._answers[request] = (answered, box)
+        self.link.post(SubmitRequest(request, runner, payload))
+        try:
+            await answered.wait()
+        except BaseException:
+            if self.connected and not box:
+                self.link.post(CancelRequest(request))
+            raise
+        finally:
+            self._answers.pop(request, None)
+        if not box:
+            raise RequestFailed(f"{runner}: the engine process exited")
+        done = box[0]
+        if done.retry_after_s is not None:
+            raise RequestsOverloaded(done.error or runner, retry_after_s=done.retry_after_s)
+        if done.error is not None:
+            raise RequestFailed(done.error)
+        return Completed(done.result, done.run_ms, done.batch_size)
+
+    def request_statistics(self, runner: str) -> RequestEngineStatistics | None:
+        """``runner``'s counters in the engine process, as of its latest status."""
+        return self._request_statistics.get(runner)
+
     def statistics(self) -> DriverStatistics | None:
         return self._statistics
 
@@ -198,9 +249,15 @@ class RemoteEngine:
                     if rejected:
                         self._rejected[handle] = self._rejected.get(handle, 0) + rejected
                     self._delivery.deliver(handle, output)
-            case EngineStatus(report, statistics):
+            case EngineStatus(report, statistics, requests):
                 self._report = report
                 self._statistics = statistics
+                self._request_statistics = requests
+            case RequestDone(request):
+                answer = self._answers.get(request)
+                if answer is not None:
+                    answer[1].append(message)
+                    answer[0].set()
             case SlotOpened(request):
                 waiting = self._waiting.get(request)
                 if waiting is not None:
@@ -215,6 +272,37 @@ class RemoteEngine:
         self._report = _closed_report()
         for answered, _ in self._waiting.values():
             answered.set()
+        for answered, _ in self._answers.values():
+            answered.set()
+
+
+@final
+class RemoteRequests:
+    """A request engine hosted by an engine process, as a `RequestService` of this one."""
+
+    def __init__(self, info: RunnerInfo, engine: RemoteEngine) -> None:
+        self._info = info
+        self.engine = engine
+
+    @property
+    def name(self) -> str:
+        return self._info.name
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return self._info.metadata
+
+    async def submit(self, request: Any) -> Any:
+        return (await self.submit_timed(request)).result
+
+    async def submit_timed(self, request: Any) -> Completed[Any]:
+        return await self.engine.submit_request(self.name, request)
+
+    def retry_after_s(self) -> float:
+        return 1.0
+
+    def statistics(self) -> RequestEngineStatistics | None:
+        return self.engine.request_statistics(self.name)
 
 
 async def engine_spec(path: str) -> ModelSpec:
@@ -251,11 +339,19 @@ async def _connect(path: str) -> trio.SocketStream:
 class EngineConnection:
     """Keeps this session process linked to engine ``index`` at ``path``, across restarts."""
 
-    def __init__(self, spec: ModelSpec, index: int, path: str, host: EngineHost) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        index: int,
+        path: str,
+        host: EngineHost,
+        requests: RequestEngines | None = None,
+    ) -> None:
         self.spec = spec
         self.index = index
         self.path = path
         self.host = host
+        self.requests = requests
         self.connects = 0
         self.ready = trio.Event()
         self.log = get_logger(component="engine-link", engine=index)
@@ -281,6 +377,7 @@ class EngineConnection:
                 f"engine {self.index} serves {hello.spec!r}, this process expects {self.spec!r}"
             )
         engine = RemoteEngine(hello.spec, self.index, link)
+        services = [RemoteRequests(info, engine) for info in hello.runners]
         self.connects += 1
         if self.connects > 1:
             self.log.warning("engine process back; moving its sessions onto it")
@@ -291,6 +388,9 @@ class EngineConnection:
                 if first is not None:
                     engine.on_message(first)
                 await self.host.engine_started(engine, self.index)
+                if self.requests is not None:
+                    for service in services:
+                        await self.requests.started(service, replaces=False)
                 self.ready.set()
                 async for message in messages:
                     engine.on_message(message)
@@ -298,6 +398,9 @@ class EngineConnection:
         finally:
             engine.disconnect()
             self.host.engine_stopped(self.index, engine)
+            if self.requests is not None:
+                for service in services:
+                    self.requests.stopped(service)
         # not reached when this process stops (cancelled): only an engine that went away
         self.log.error("engine link ended", sessions=engine.slots)
         await self.host.engine_lost(self.index, "the engine process exited")

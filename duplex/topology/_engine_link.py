@@ -12,8 +12,10 @@ its sessions the tick served:
 Both are framed by hand (a struct per entry, then raw PCM), because pickle's
 cost per dataclass (10-20 us each way, measured for ``_link.py``) times 128
 slots would be a few milliseconds of every 80 ms tick on each side. The rare
-messages (open and close a slot, the engine's status, its greeting) are pickles:
-both ends are our own processes from one install (``CODE_FINGERPRINT``).
+messages (open and close a slot, the engine's status, its greeting, and the
+requests for the request-batched models the engine process hosts, with their
+answers) are pickles: both ends are our own processes from one install
+(``CODE_FINGERPRINT``).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from __future__ import annotations
 import pickle
 import struct
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import final
+from dataclasses import dataclass, field
+from typing import Any, final
 
 import numpy as np
 
@@ -31,6 +33,7 @@ from duplex.models import (
     DriverStatistics,
     FrameOutput,
     ModelSpec,
+    RequestEngineStatistics,
     SlotHandle,
     SlotOutput,
     SlotPrompt,
@@ -43,11 +46,53 @@ from ._link import HEADER, LinkBroken
 
 @final
 @dataclass(frozen=True, slots=True)
+class RunnerInfo:
+    """A request-batched model an engine process hosts, and what clients are told of it."""
+
+    name: str
+    metadata: Mapping[str, Any]
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class Hello:
     """The engine process's greeting on every link: what it serves."""
 
     spec: ModelSpec
     index: int
+    runners: tuple[RunnerInfo, ...] = ()
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """A session process's request for the engine process's runner ``runner``."""
+
+    request: int
+    runner: str
+    payload: Any
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """The client of ``request`` left: withdraw it (or drop its result)."""
+
+    request: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RequestDone:
+    """A request's answer: its result and batch cost, or ``error`` (with ``retry_after_s``
+    when the queue was full)."""
+
+    request: int
+    result: Any = None
+    run_ms: float = 0.0
+    batch_size: int = 0
+    error: str | None = None
+    retry_after_s: float | None = None
 
 
 @final
@@ -90,6 +135,7 @@ class EngineStatus:
 
     report: CapacityReport
     statistics: DriverStatistics
+    requests: Mapping[str, RequestEngineStatistics] = field(default_factory=dict)
 
 
 STATUS_PERIOD_S = 0.25

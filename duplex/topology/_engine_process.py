@@ -12,6 +12,11 @@ holds its sessions' slots over that link (``_engine_link.py``): slots are
 granted or refused here, so no two session processes can oversubscribe the
 engine. After every tick each link gets its slots' outputs as one message.
 
+The request-batched models the config serves (`runner_specs`: the robot
+policy, ...) run here too, each a supervised `RequestEngine` whose batch
+units run in the slack this engine's ticks leave; session processes submit
+over the same link and are answered one `RequestDone` per request.
+
 When the engine restarts, every link is closed: each session process
 reconnects, finds the new engine and moves its sessions onto it (they are told
 ``engine_error``), the same path as when this whole process dies and its
@@ -31,22 +36,31 @@ from typing import Any, final
 
 import trio
 
-from duplex.actors import open_actor_system
+from duplex.actors import ActorRef, open_actor_system
 from duplex.config import Config
-from duplex.exceptions import PromptUnsupported, SlotReleased, VideoInputUnsupported
+from duplex.exceptions import (
+    PromptUnsupported,
+    RequestFailed,
+    RequestsOverloaded,
+    SlotReleased,
+    VideoInputUnsupported,
+)
 from duplex.logs import get_logger
 from duplex.models import (
     EngineActor,
     EngineDriver,
     ModelSpec,
+    Slack,
     SlotHandle,
     SlotOutput,
 )
 from duplex.progress import Startup
+from duplex.runtime import RequestEngines
 
 from ._children import child_config, child_parser
 from ._engine_link import (
     STATUS_PERIOD_S,
+    CancelRequest,
     CloseSlot,
     Commands,
     EngineStatus,
@@ -54,16 +68,21 @@ from ._engine_link import (
     OpenSlot,
     PushPcm,
     PushVideo,
+    RequestDone,
     Reset,
+    RunnerInfo,
     SlotOpened,
+    SubmitRequest,
     decode,
     encode_outputs,
 )
 from ._link import EXIT_STALE_CODE, Link, Ready, Stop
+from ._requests import runner_specs, start_request_engines
 from ._server import (
     SERVER_DEAD_LETTERS,
     build_engine,
     freeze_startup_objects,
+    limit_torch_threads,
     log_startup_progress,
     resolve_model,
 )
@@ -88,11 +107,15 @@ class _Forward:
 
 @final
 class SessionLink:
-    """One session process's link: the slots it holds and its tick's outputs."""
+    """One session process's link: the slots it holds, its tick's outputs, and its requests
+    to the request engines hosted here."""
 
-    def __init__(self, link: Link, driver: EngineDriver) -> None:
+    def __init__(self, link: Link, driver: EngineDriver, requests: RequestEngines) -> None:
         self.link = link
         self.driver = driver
+        self.requests = requests
+        self.in_flight: dict[int, trio.CancelScope] = {}
+        self.nursery: trio.Nursery | None = None
         self.handles: dict[tuple[int, int], SlotHandle] = {}
         self.pending: list[SlotOutput] = []
         self.rejected: dict[tuple[int, int], int] = {}
@@ -116,8 +139,16 @@ class SessionLink:
         engine = dataclasses.replace(
             statistics.engine, slot_underruns=dict(statistics.engine.slot_underruns)
         )  # a mapping proxy does not pickle
+        requests = {}
+        for name in self.requests.configured:
+            service = self.requests.get(name)
+            figures = None if service is None else service.statistics()
+            if figures is not None:
+                requests[name] = figures
         self.link.post(
-            EngineStatus(driver.capacity(), dataclasses.replace(statistics, engine=engine))
+            EngineStatus(
+                driver.capacity(), dataclasses.replace(statistics, engine=engine), requests
+            )
         )
 
     def handle(self, message: Any) -> None:
@@ -148,8 +179,38 @@ class SessionLink:
                 if handle is not None:
                     driver.detach(handle)
                 self.rejected.pop((slot, generation), None)
+            case SubmitRequest():
+                assert self.nursery is not None
+                scope = self.in_flight[message.request] = trio.CancelScope()
+                self.nursery.start_soon(self._run_request, message, scope)
+            case CancelRequest(request):
+                scope = self.in_flight.pop(request, None)
+                if scope is not None:
+                    scope.cancel()
             case _:
                 raise TypeError(f"unexpected message on an engine link: {message!r}")
+
+    async def _run_request(self, message: SubmitRequest, scope: trio.CancelScope) -> None:
+        """One request on its engine here, answered with `RequestDone` (none if cancelled)."""
+        request = message.request
+        with scope:
+            try:
+                service = self.requests.get(message.runner)
+                if service is None:  # restarting after a crash
+                    answer = RequestDone(request, error=f"{message.runner} is restarting")
+                else:
+                    done = await service.submit_timed(message.payload)
+                    answer = RequestDone(request, done.result, done.run_ms, done.batch_size)
+            except RequestsOverloaded as exc:
+                answer = RequestDone(request, error=str(exc), retry_after_s=exc.retry_after_s)
+            except RequestFailed as exc:
+                cause = exc.__cause__
+                detail = f" ({type(cause).__name__}: {str(cause)[:200]})" if cause else ""
+                answer = RequestDone(request, error=f"{exc}{detail}")
+            finally:
+                self.in_flight.pop(request, None)
+            if not self.gone:
+                self.link.post(answer)
 
     def _apply(self, handle: SlotHandle, command: PushPcm | PushVideo | Reset) -> None:
         driver = self.driver
@@ -177,9 +238,10 @@ class SessionLink:
 class EngineServer:
     """This process's engine and the session processes' links to it."""
 
-    def __init__(self, spec: ModelSpec, index: int) -> None:
+    def __init__(self, spec: ModelSpec, index: int, requests: RequestEngines | None = None) -> None:
         self.spec = spec
         self.index = index
+        self.requests = requests if requests is not None else RequestEngines(())
         self.driver: EngineDriver | None = None
         self.started = trio.Event()
         self.links: dict[SessionLink, trio.CancelScope] = {}
@@ -203,7 +265,7 @@ class EngineServer:
         driver = self.driver
         assert driver is not None
         link = Link(trio.SocketStream(sock), decode=decode)
-        session_link = SessionLink(link, driver)
+        session_link = SessionLink(link, driver, self.requests)
         with trio.CancelScope() as scope:
             self.links[session_link] = scope
             try:
@@ -214,10 +276,18 @@ class EngineServer:
         with trio.CancelScope(shield=True):
             await link.stream.aclose()
 
+    def hello(self) -> Hello:
+        runners = []
+        for name in sorted(self.requests.configured):
+            service = self.requests.get(name)
+            runners.append(RunnerInfo(name, dict(service.metadata) if service else {}))
+        return Hello(self.spec, self.index, tuple(runners))
+
     async def _serve(self, session_link: SessionLink) -> None:
-        session_link.link.post(Hello(self.spec, self.index))
+        session_link.link.post(self.hello())
         session_link.status()
         async with trio.open_nursery() as nursery:
+            session_link.nursery = nursery
             nursery.start_soon(self._report, session_link)
             async for message in session_link.link.messages():
                 session_link.handle(message)
@@ -238,10 +308,14 @@ async def run_engine_process(
         config, server=dataclasses.replace(config.server, model_device=device)
     )
     spec, factory = resolve_model(config)
-    server = EngineServer(spec, index)
+    specs = runner_specs(config, device)
+    requests = RequestEngines([runner.name for runner in specs])
+    server = EngineServer(spec, index, requests)
     log = server.log
+    slack = Slack()  # the realtime ticks first; the request engines here run in what they leave
 
     startup = Startup()
+    request_refs: list[ActorRef[Any]] = []
     async with open_actor_system(
         name=f"duplex-engine-{index}", dead_letter_capacity=SERVER_DEAD_LETTERS
     ) as system:
@@ -251,12 +325,20 @@ async def run_engine_process(
             with startup.step("engine", f"building model {spec.name} on {device}"):
                 engine_ref = await system.spawn(
                     EngineActor,
-                    partial(build_engine, spec, factory, config.session),
+                    partial(build_engine, spec, factory, config.session, None, slack),
                     server.engine_started,
                     trio.to_thread.run_sync,
                     name=f"engine-{spec.name}",
                 )
                 await server.started.wait()
+            if specs:
+                if device == "cpu":
+                    limit_torch_threads()
+                names = ", ".join(runner.name for runner in specs)
+                with startup.step("requests", f"building {names} on {device}"):
+                    request_refs = await start_request_engines(system, specs, requests, slack)
+                    for runner in specs:
+                        await requests.wait(runner.name)
             progress.cancel_scope.cancel()
         freeze_startup_objects()
         listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -286,6 +368,8 @@ async def run_engine_process(
                     break
             nursery.cancel_scope.cancel()
         with trio.CancelScope(shield=True):
+            for ref in reversed(request_refs):
+                await system.stop(ref)
             await system.stop(engine_ref)
 
 

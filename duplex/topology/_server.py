@@ -33,24 +33,17 @@ from duplex.models import (
     EngineRecorder,
     ModelOptions,
     ModelSpec,
-    PolicyOptions,
-    PolicyRequest,
-    PolicyResult,
-    PolicyRunner,
-    RequestActor,
-    RequestEngine,
     RunnerFactory,
     SileroVad,
     Slack,
     VadActor,
     VadDriver,
     get_model,
-    load_policy,
     policy_factory,
 )
 from duplex.models.agent import AgentOptions, build_agent
 from duplex.progress import Startup
-from duplex.runtime import SessionHub
+from duplex.runtime import RequestEngines, SessionHub
 from duplex.sessions import Capabilities, SessionConfig, VadMode
 from duplex.transport import (
     MAX_PAYLOAD_BYTES,
@@ -67,6 +60,7 @@ from duplex.transport import (
 from . import _link
 from ._engine_client import EngineConnection, engine_spec
 from ._engines import EngineProcesses
+from ._requests import open_request_engines, runner_specs
 from ._shards import ShardProcesses
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
 
@@ -264,6 +258,7 @@ async def open_backend(
     engine_paths: Sequence[str] = (),
     startup: Startup | None = None,
     slack: Slack | None = None,
+    requests: RequestEngines | None = None,
 ) -> AsyncIterator[HubBackend]:
     """This process's sessions: hub, engine (or links to engine processes) and shared VAD,
     stopped on the way out.
@@ -277,6 +272,8 @@ async def open_backend(
     meanwhile, and ``backend.ready`` is set once all run. A failed start ends the block
     with its error. ``slack``: the process's windows between ticks, opened and closed by
     an engine that runs here, shared with the request engines of this process.
+    ``requests``: where the links to engine processes register the request engines those
+    processes host (``None``: this process uses none of them).
     """
     session_cfg = config.session
     server = config.server
@@ -322,7 +319,7 @@ async def open_backend(
         if engine_paths:
             with startup.step("engine", f"linking to {len(engine_paths)} engine process(es)"):
                 connections = [
-                    EngineConnection(spec, index, path, hub)
+                    EngineConnection(spec, index, path, hub, requests)
                     for index, path in enumerate(engine_paths)
                 ]
                 for connection in connections:
@@ -415,17 +412,16 @@ def serves_robots(config: Config) -> bool:
     return config.server.policy != "none" and not config.server.connection_workers
 
 
-@asynccontextmanager
-async def open_robots(
+def robot_service(
     config: Config,
     system: ActorSystem,
     registry: MetricsRegistry,
     backend: HubBackend,
-    slack: Slack | None = None,
-) -> AsyncIterator[RobotService | None]:
-    """The robot policy engine and its service, stopped on the way out; ``None``: no policy
-    is served here (``server.policy = "none"``, or connection workers). Its batches run in
-    ``slack``, the windows a realtime engine of this process leaves."""
+    requests: RequestEngines,
+) -> RobotService | None:
+    """The robot endpoint's service over the process's request engines (the policy is the
+    one named ``policy``); ``None``: no policy is served here (``server.policy = "none"``,
+    or connection workers)."""
     server = config.server
     if not serves_robots(config):
         if server.policy != "none":
@@ -433,39 +429,15 @@ async def open_robots(
                 "robot policy endpoint not served: it needs connection_workers = 0",
                 policy=server.policy,
             )
-        yield None
-        return
-    device = server.devices[0]  # the session process's own device (engines may have others)
-    if device == "cpu":
-        limit_torch_threads()  # a policy on the CPU shares the cores with the event loop
-    options = PolicyOptions(
-        device=device,
-        seed=server.model_seed,
-        action_horizon=server.policy_action_horizon,
-        action_dim=server.policy_action_dim,
-    )
-    robots = RobotService(
+        return None
+    return RobotService(
         system,
         backend.connections,
+        requests,
         registry,
         idle_timeout_s=server.policy_idle_timeout_s,
         max_payload_bytes=MAX_PAYLOAD_BYTES,
     )
-
-    def build() -> RequestEngine[PolicyRequest, PolicyResult]:
-        policy = load_policy(server.policy, options)
-        runner = PolicyRunner(policy, max_batch=server.policy_max_batch)
-        wait_s = server.policy_batch_wait_ms / 1000.0
-        return RequestEngine(runner, max_wait_s=wait_s, slack=slack)
-
-    ref = await system.spawn(
-        RequestActor, build, robots.set_engine, trio.to_thread.run_sync, name="policy"
-    )
-    try:
-        yield robots
-    finally:
-        with trio.CancelScope(shield=True):
-            await system.stop(ref)
 
 
 async def serve_duplex(
@@ -509,7 +481,11 @@ async def _serve_sessions(
     server = config.server
     sharded = server.session_shards > 1
     slack = Slack()  # realtime ticks first: request engines here run in what they leave
+    local = not engine_paths
+    if local and runner_specs(config) and server.devices[0] == "cpu":
+        limit_torch_threads()  # a model on the CPU shares the cores with the event loop
     async with (
+        open_request_engines(config, system, registry, slack, local=local) as requests,
         open_backend(
             config,
             system,
@@ -517,9 +493,10 @@ async def _serve_sessions(
             shard=0 if sharded else None,
             engine_paths=engine_paths,
             slack=slack,
+            requests=requests,
         ) as backend,
-        open_robots(config, system, registry, backend, slack) as robots,
     ):
+        robots = robot_service(config, system, registry, backend, requests)
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
         hyper = hypercorn_config(

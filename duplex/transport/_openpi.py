@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Protocol, final
 
@@ -32,8 +32,9 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from duplex.actors import Actor, ActorContext, ActorRef, ActorSystem, LaneSpec, Restart
 from duplex.exceptions import InvalidPayload, RequestFailed, RequestsOverloaded
-from duplex.metrics import MetricsRegistry, Sample
-from duplex.models import REQUEST_METRICS, PolicyRequest, PolicyResult, PolicyRunner, RequestEngine
+from duplex.metrics import MetricsRegistry
+from duplex.models import PolicyRequest
+from duplex.runtime import RequestEngines, RequestService
 
 from ._connection import ShutDown
 from ._openpi_wire import MAX_PAYLOAD_BYTES, Answer, Infer, OpenPIProtocol, error_frame
@@ -44,6 +45,8 @@ BAD_FRAMES_LOGGED: Final = 3
 
 DEFAULT_IDLE_TIMEOUT_S: Final = 30.0
 OVERLOADED: Final = "Policy overloaded"
+POLICY: Final = "policy"
+"""The request engine the robots' policy runs on (`PolicyRunner.name`)."""
 """The error frame's message when the policy engine's queue is full (the request did not run)."""
 
 
@@ -147,7 +150,8 @@ class RobotService:
     Args:
         system: where each connection's actor lives.
         connections: the server's live connections (shutdown closes them with 1001).
-        registry: where robot and policy metrics go (``None``: nowhere).
+        requests: the process's request engines; the policy is the one named ``policy``.
+        registry: where robot metrics go (``None``: nowhere).
         idle_timeout_s: close a socket that sends nothing this long (0: never).
         max_payload_bytes: larger inbound frames are refused.
     """
@@ -156,6 +160,7 @@ class RobotService:
         self,
         system: ActorSystem,
         connections: Registry,
+        requests: RequestEngines,
         registry: MetricsRegistry | None = None,
         *,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
@@ -163,27 +168,16 @@ class RobotService:
     ) -> None:
         self.system = system
         self.connections = connections
+        self.requests = requests
         self.idle_timeout_s = idle_timeout_s
         self.max_payload_bytes = max_payload_bytes
-        self.engine: RequestEngine[PolicyRequest, PolicyResult] | None = None
-        self.engine_ready = trio.Event()
         self.counters = RobotCounters.of(registry)
         self._clients = itertools.count(1)
-        if registry is not None:
-            for name, kind, help_text in REQUEST_METRICS:
-                registry.add_collector(name, kind, help_text, self._sampler(name))
 
-    def _sampler(self, name: str) -> Callable[[], list[Sample]]:
-        def collect() -> list[Sample]:
-            value = None if self.engine is None else self.engine.statistics().metric(name)
-            return [] if value is None else [Sample(name, {"runner": "policy"}, value)]
-
-        return collect
-
-    async def set_engine(self, engine: RequestEngine[PolicyRequest, PolicyResult]) -> None:
-        """A (new) policy engine is running: robots use it from their next request."""
-        self.engine = engine
-        self.engine_ready.set()
+    @property
+    def engine(self) -> RequestService | None:
+        """The policy's engine now (``None``: not running yet, or restarting)."""
+        return self.requests.get(POLICY)
 
     async def connect(self, socket: FrameSocket, *, peer: str | None = None) -> None:
         """Run one robot socket until it ends."""
@@ -219,7 +213,7 @@ class RobotConnection(Actor[Any]):
         self.client = client
         self.peer = peer
         engine = service.engine
-        metadata = _metadata(engine)
+        metadata = engine.metadata if engine is not None else {}
         self.protocol = OpenPIProtocol(metadata, max_payload_bytes=service.max_payload_bytes)
         self.closed_with: tuple[int, str] | None = None
         self.failures = 0
@@ -284,7 +278,9 @@ class RobotConnection(Actor[Any]):
 
     async def _infer(self, ctx: ActorContext, infer: Infer) -> bytes:
         engine = self.service.engine
-        assert engine is not None  # the route serves robots only once an engine runs
+        if engine is None:  # its engine process is restarting: the robot may send again
+            self.service.counters.refused("inference_failed")
+            return self.protocol.failed()
         request = PolicyRequest(infer.observation, infer.session_id, infer.reset, self.client)
         try:
             reply = await engine.submit_timed(request)
@@ -308,9 +304,3 @@ class RobotConnection(Actor[Any]):
         self.service.counters.refused("invalid_payload")
         if self.protocol.refused <= BAD_FRAMES_LOGGED:
             ctx.log.warning("bad robot frame", client=self.client, reason=exc.message[:200])
-
-
-def _metadata(engine: RequestEngine[PolicyRequest, PolicyResult] | None) -> Mapping[str, Any]:
-    """What a robot is told on connect: its policy's metadata (none before the engine runs)."""
-    runner = None if engine is None else engine.runner
-    return runner.metadata if isinstance(runner, PolicyRunner) else {}

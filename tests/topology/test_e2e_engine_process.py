@@ -17,10 +17,14 @@ import sys
 from contextlib import AsyncExitStack
 from functools import partial
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import trio
+from websockets.trio.client import connect as ws_connect
 
 from duplex.sessions import shard_of
+from duplex.transport._openpi_wire import INTERNAL_ERROR, pack, unpack
 
 from ..transport.test_e2e_duplex import open_session
 from ..transport.test_e2e_shards import (
@@ -246,3 +250,41 @@ async def test_two_engine_processes_share_the_sessions_and_a_lost_one_costs_only
         for n, c in enumerate(clients):
             c.events.clear()
             await echo(c, tone(3, amplitude=0.5 + 0.05 * n), timeout=30)
+
+
+async def test_the_robot_policy_runs_in_the_engine_process_and_survives_its_restart() -> None:
+    """``--policy`` with engine processes: the policy is built and batched in the engine
+    process (its metadata and counters come over the link); a robot whose engine process is
+    killed is answered an error frame or waits, keeps its socket, and is served again."""
+    policy = {"server.policy": "reference"}
+    async with running_server(**BASE, **ON, **policy) as server:
+        (pid,) = engine_pids()
+        url = server.http.replace("http://", "ws://") + "/v1/realtime/robot/openpi"
+        observation = {"observation/state": np.zeros(8, np.float32), "prompt": "stack"}
+        async with ws_connect(url, max_size=None) as ws:
+            metadata = unpack(await ws.recv())
+            assert metadata["policy"] == "duplex-reference"
+
+            async def ask() -> dict[str, Any]:
+                await ws.send(pack(observation))
+                with trio.fail_after(30):
+                    answer = unpack(await ws.recv())
+                assert isinstance(answer, dict)
+                return answer
+
+            assert (await ask())["actions"].shape == (10, 8)
+            with trio.fail_after(5):  # the engine process's counters come with its status
+                while sample(text := await metrics_over_http(server), "duplex_requests_total",
+                             runner="policy") != 1:  # fmt: skip
+                    await trio.sleep(0.05)
+            assert sample(text, "duplex_requests_batched_total", runner="policy") == 1
+            os.kill(pid, signal.SIGKILL)
+            answers = []
+            with trio.fail_after(OPEN_TIMEOUT_S):
+                while "actions" not in (answer := await ask()):
+                    answers.append(answer)
+                    await trio.sleep(0.05)
+            assert answer["actions"].shape == (10, 8)
+            assert all(a == {"type": "error", "message": INTERNAL_ERROR} for a in answers)
+        (new_pid,) = engine_pids()
+        assert new_pid != pid

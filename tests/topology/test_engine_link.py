@@ -10,9 +10,12 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import socket
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,7 +23,8 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from duplex.exceptions import PromptUnsupported
+from duplex.exceptions import PromptUnsupported, RequestFailed, RequestsOverloaded
+from duplex.metrics import MetricsRegistry
 from duplex.models import (
     LOOPBACK_SPEC,
     Engine,
@@ -29,14 +33,18 @@ from duplex.models import (
     LoopbackRunner,
     ModelRunner,
     ModelSpec,
+    RequestEngine,
     SamplingRequest,
+    Slack,
     SlotEngine,
     SlotHandle,
     SlotOutput,
     SlotPrompt,
     StepOutput,
     StepPlan,
+    UnitGate,
 )
+from duplex.runtime import RequestEngines
 from duplex.topology._engine_client import EngineConnection, RemoteEngine
 from duplex.topology._engine_link import (
     CommandBatch,
@@ -203,8 +211,10 @@ class Host:
 
 
 @asynccontextmanager
-async def engine_at(path: str, runner: ModelRunner | None = None) -> AsyncIterator[EngineServer]:
-    server = EngineServer(SPEC, 0)
+async def engine_at(
+    path: str, runner: ModelRunner | None = None, requests: RequestEngines | None = None
+) -> AsyncIterator[EngineServer]:
+    server = EngineServer(SPEC, 0, requests)
     driver = EngineDriver(Engine(runner or LoopbackRunner(SPEC), max_input_frames=8))
     async with trio.open_nursery() as nursery:
         await server.engine_started(driver)
@@ -225,9 +235,11 @@ async def engine_at(path: str, runner: ModelRunner | None = None) -> AsyncIterat
 
 
 @asynccontextmanager
-async def linked(path: str) -> AsyncIterator[tuple[RemoteEngine, Host]]:
+async def linked(
+    path: str, requests: RequestEngines | None = None
+) -> AsyncIterator[tuple[RemoteEngine, Host]]:
     host = Host()
-    connection = EngineConnection(SPEC, 0, path, host)
+    connection = EngineConnection(SPEC, 0, path, host, requests)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(connection.run)
         with trio.fail_after(5):
@@ -361,3 +373,131 @@ async def test_a_sessions_sampling_crosses_the_link_to_the_runner_unchanged(
             while not runner.prompts:
                 await trio.sleep(0.01)
         assert runner.prompts == [prompt]
+
+
+# -- request engines hosted by the engine process -------------------------------------------
+
+
+class Doubler:
+    """A request runner with ``units`` units of ``unit_s`` per batch (a gate between them)."""
+
+    name = "doubler"
+    max_batch = 4
+    metadata = {"kind": "test"}
+
+    def __init__(self, units: int = 1, unit_s: float = 0.0) -> None:
+        self.units = units
+        self.unit_s = unit_s
+        self.started = threading.Event()
+
+    def run_batch(self, requests: Sequence[Any], gate: UnitGate) -> list[Any]:
+        self.started.set()
+        for unit in range(self.units):
+            if unit:
+                gate.next_unit()
+            time.sleep(self.unit_s)
+        return [ValueError("odd") if r == "odd" else np.full(3, r) * 2 for r in requests]
+
+
+@asynccontextmanager
+async def hosting(
+    path: str, runner: Doubler, *, max_queue: int = 64
+) -> AsyncIterator[tuple[EngineServer, RequestEngine[Any, Any]]]:
+    """An engine process's side: its engine and one request engine in its slack."""
+    slack = Slack()
+    hosted = RequestEngines([runner.name])
+    engine = RequestEngine(runner, max_wait_s=0.0, max_queue=max_queue, slack=slack)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        await hosted.started(engine)
+        async with engine_at(path, requests=hosted) as server:
+            yield server, engine
+        nursery.cancel_scope.cancel()
+
+
+async def test_requests_reach_the_engine_process_runner_and_each_gets_its_answer(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "engine.sock")
+    registry = MetricsRegistry()
+    async with hosting(path, Doubler()) as (_, engine):
+        mine = RequestEngines(["doubler"], registry)
+        async with linked(path, mine), linked(path, RequestEngines(["doubler"])) as (_, _):
+            service = mine.get("doubler")
+            assert service is not None and service.metadata == {"kind": "test"}
+            answers: dict[int, Any] = {}
+
+            async def ask(value: int) -> None:
+                answers[value] = await service.submit(value)
+
+            async with trio.open_nursery() as nursery:
+                for value in range(6):
+                    nursery.start_soon(ask, value)
+            assert {k: v.tolist() for k, v in answers.items()} == {k: [2 * k] * 3 for k in range(6)}
+            with pytest.raises(RequestFailed, match="ValueError"):
+                await service.submit("odd")  # fails alone, with its cause named
+            assert (await service.submit_timed(4)).result.tolist() == [8, 8, 8]
+            with trio.fail_after(5):  # the engine process's counters come with its status
+                while (service.statistics() or engine.statistics()).batcher.submitted < 8:
+                    await trio.sleep(0.05)
+            assert 'duplex_requests_total{runner="doubler"} 8' in registry.render()
+        assert mine.get("doubler") is None  # the link ended: nothing serves it here
+
+
+async def test_a_client_that_leaves_withdraws_its_request_in_the_engine_process(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "engine.sock")
+    runner = Doubler(units=200, unit_s=0.01)
+    async with hosting(path, runner) as (_, engine):
+        mine = RequestEngines(["doubler"])
+        async with linked(path, mine):
+            service = mine.get("doubler")
+            assert service is not None
+            with trio.move_on_after(0.3):
+                await service.submit(1)
+            with trio.fail_after(10):  # stopped at its next unit, not after 200
+                while engine.statistics().stopped_batches == 0:
+                    await trio.sleep(0.02)
+            assert engine.statistics().orphaned == 1
+            assert (await service.submit(2)).tolist() == [4, 4, 4]  # the engine is free again
+
+
+async def test_a_full_queue_in_the_engine_process_refuses_and_recovers(tmp_path: Path) -> None:
+    path = str(tmp_path / "engine.sock")
+    runner = Doubler(units=30, unit_s=0.01)
+    runner.max_batch = 1
+    async with hosting(path, runner, max_queue=1) as _:
+        mine = RequestEngines(["doubler"])
+        async with linked(path, mine):
+            service = mine.get("doubler")
+            assert service is not None
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(service.submit, 1)  # runs
+                await trio.to_thread.run_sync(runner.started.wait)
+                nursery.start_soon(service.submit, 2)  # waits in a queue of one
+                await trio.sleep(0.1)
+                with pytest.raises(RequestsOverloaded) as refused:
+                    await service.submit(3)
+                assert refused.value.retry_after_s >= 1.0
+            assert (await service.submit(4)).tolist() == [8, 8, 8]  # recovered
+
+
+async def test_a_link_that_ends_fails_the_requests_in_flight(tmp_path: Path) -> None:
+    path = str(tmp_path / "engine.sock")
+    runner = Doubler(units=100, unit_s=0.01)
+    async with hosting(path, runner) as (server, _):
+        mine = RequestEngines(["doubler"])
+        async with linked(path, mine):
+            service = mine.get("doubler")
+            assert service is not None
+
+            async def cut() -> None:
+                await trio.to_thread.run_sync(runner.started.wait)
+                for scope in server.links.values():
+                    scope.cancel()  # what an engine restart does to every link
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cut)
+                with pytest.raises(RequestFailed, match="exited"):
+                    await service.submit(1)

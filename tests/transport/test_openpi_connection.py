@@ -17,6 +17,7 @@ from duplex.actors import ActorRef, open_actor_system
 from duplex.metrics import MetricsRegistry
 from duplex.models import PolicyRequest, PolicyRunner, RequestEngine
 from duplex.models._driver import inline
+from duplex.runtime import RequestEngines
 from duplex.transport._connection import ShutDown
 from duplex.transport._openpi import OVERLOADED, RobotService
 from duplex.transport._openpi_wire import INTERNAL_ERROR, INVALID_PAYLOAD, pack, unpack
@@ -130,8 +131,9 @@ async def robot(
     registry = MetricsRegistry()
     async with open_actor_system(registry=registry) as system, trio.open_nursery() as nursery:
         await nursery.start(engine.run)
-        service = RobotService(system, Live(), registry, idle_timeout_s=IDLE_S)
-        await service.set_engine(engine)
+        requests = RequestEngines(["policy"], registry)
+        service = RobotService(system, Live(), requests, registry, idle_timeout_s=IDLE_S)
+        await requests.started(engine)
         socket = MemorySocket()
         nursery.start_soon(service.connect, socket)
         assert unpack(await socket.outbox.receive()) == {"action_horizon": 2}

@@ -1,0 +1,127 @@
+"""Which request-batched models a server runs, and where: built from the config, supervised.
+
+`runner_specs` is the one list of request-batched models a config serves
+(the robot policy; speech, images and videos add theirs here). Where they
+run follows the engine: with engine processes each engine process builds
+them beside its realtime engine, in that process's slack (``_engine_process``),
+and session processes reach them over the engine link; without, the session
+process builds them here (`open_request_engines`), in its own slack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, final
+
+import trio
+
+from duplex.actors import ActorRef, ActorSystem
+from duplex.config import Config
+from duplex.metrics import MetricsRegistry
+from duplex.models import (
+    BatchRunner,
+    PolicyOptions,
+    PolicyRunner,
+    RequestActor,
+    RequestEngine,
+    Slack,
+    load_policy,
+)
+from duplex.runtime import RequestEngines
+
+__all__ = ["RunnerSpec", "open_request_engines", "runner_specs", "start_request_engines"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RunnerSpec:
+    """One request-batched model: how to build it (off the event loop: it loads weights)
+    and how its engine batches.
+
+    Args:
+        name: what endpoints ask for (``policy``, ...) and the metrics' ``runner`` label.
+        build: makes the runner.
+        max_wait_s: how long a request waits for others before its batch runs.
+        max_queue: the most requests waiting at once; more are refused (429, or an error frame).
+    """
+
+    name: str
+    build: Callable[[], BatchRunner[Any, Any]]
+    max_wait_s: float = 0.002
+    max_queue: int = 64
+
+
+def _policy(config: Config, device: str) -> RunnerSpec:
+    server = config.server
+    options = PolicyOptions(
+        device=device,
+        seed=server.model_seed,
+        action_horizon=server.policy_action_horizon,
+        action_dim=server.policy_action_dim,
+    )
+
+    def build() -> PolicyRunner:
+        return PolicyRunner(load_policy(server.policy, options), max_batch=server.policy_max_batch)
+
+    return RunnerSpec("policy", build, server.policy_batch_wait_ms / 1000.0, max_queue=1024)
+
+
+def runner_specs(config: Config, device: str | None = None) -> list[RunnerSpec]:
+    """The request-batched models ``config`` serves, built for ``device`` (the first model
+    device by default: an engine process passes its own)."""
+    device = device if device is not None else config.server.devices[0]
+    specs = []
+    if config.server.policy != "none":
+        specs.append(_policy(config, device))
+    return specs
+
+
+async def start_request_engines(
+    system: ActorSystem,
+    specs: Sequence[RunnerSpec],
+    engines: RequestEngines,
+    slack: Slack | None,
+) -> list[ActorRef[Any]]:
+    """Spawn one supervised `RequestEngine` per spec (each told to ``engines`` when it runs,
+    and again after a crash); their batches run in ``slack``. Returns the actors."""
+    refs = []
+    for spec in specs:
+
+        def build(spec: RunnerSpec = spec) -> RequestEngine[Any, Any]:
+            return RequestEngine(
+                spec.build(), max_wait_s=spec.max_wait_s, max_queue=spec.max_queue, slack=slack
+            )
+
+        refs.append(
+            await system.spawn(
+                RequestActor, build, engines.started, trio.to_thread.run_sync, name=spec.name
+            )
+        )
+    return refs
+
+
+@asynccontextmanager
+async def open_request_engines(
+    config: Config,
+    system: ActorSystem,
+    registry: MetricsRegistry | None,
+    slack: Slack | None,
+    *,
+    local: bool,
+) -> AsyncIterator[RequestEngines]:
+    """This process's registry of request engines, stopped on the way out.
+
+    ``local``: build them here (no engine processes); else the registry is filled by the
+    links to the engine processes that host them.
+    """
+    specs = runner_specs(config)
+    engines = RequestEngines([spec.name for spec in specs], registry)
+    refs = await start_request_engines(system, specs, engines, slack) if local else []
+    try:
+        yield engines
+    finally:
+        with trio.CancelScope(shield=True):
+            for ref in reversed(refs):
+                await system.stop(ref)
