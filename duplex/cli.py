@@ -119,6 +119,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="how long a robot request waits for others (default 2)",
     )
+    serve.add_argument(
+        "--tts",
+        metavar="ENGINE",
+        help="text to speech of /v1/audio/speech: espeak (default), none, or a VITS checkpoint "
+        "folder",
+    )
+    serve.add_argument(
+        "--tts-max-queue", type=int, metavar="N", help="speech requests waiting at most (64)"
+    )
     serve.add_argument("--tls-certfile", metavar="PEM", help="certificate chain: serve HTTPS/WSS")
     serve.add_argument("--tls-keyfile", metavar="PEM", help="private key of --tls-certfile")
     serve.add_argument("--log-format", choices=["console", "json"])
@@ -193,6 +202,8 @@ def _serve(args: argparse.Namespace) -> int:
             ("policy", args.policy),
             ("policy_max_batch", args.policy_max_batch),
             ("policy_batch_wait_ms", args.policy_batch_wait_ms),
+            ("tts", args.tts),
+            ("tts_max_queue", args.tts_max_queue),
         )
         if value is not None
     }

@@ -183,6 +183,17 @@ class ServerConfig:
     """A robot socket that sends no frame this long is closed (1000 ``idle_timeout``);
     0 disables."""
 
+    tts: str = "espeak"
+    """The text-to-speech engine of ``/v1/audio/speech*`` (and of the voice agent):
+    ``espeak`` (espeak-ng, no weights), ``none`` (the speech endpoints answer
+    ``tts_not_loaded``), or the folder of a local VITS / MMS-TTS checkpoint."""
+    tts_max_batch: int = 8
+    """The most speech requests (texts or stream sentences) one TTS call takes."""
+    tts_batch_wait_ms: float = 2.0
+    """How long a speech request waits for others before its batch runs."""
+    tts_max_queue: int = 64
+    """Speech requests waiting at most; more are refused 429 with ``Retry-After``."""
+
     max_connections_per_peer: int = 0
     """Open WebSockets one peer address may hold (each can hold a session and a model
     slot); more are refused 429 ``too_many_connections``. 0: no cap. Counted per
@@ -235,6 +246,7 @@ class ServerConfig:
         if not self.first_event_timeout_s >= 0:
             raise ConfigError("first_event_timeout_s: must be >= 0")
         self._check_policy()
+        self._check_tts()
         self._check_exposure()
 
     def _check_policy(self) -> None:
@@ -259,6 +271,21 @@ class ServerConfig:
                 raise ConfigError(f"{key}: must be 1..4096, got {value}")
         if not self.policy_idle_timeout_s >= 0:
             raise ConfigError("policy_idle_timeout_s: must be >= 0")
+
+    def _check_tts(self) -> None:
+        # as duplex.models.tts.check_tts (not imported: config is read before torch loads)
+        if self.tts not in ("espeak", "none") and not os.path.isfile(
+            os.path.join(self.tts, "config.json")
+        ):
+            raise ConfigError(
+                f"tts: must be espeak, none or a VITS checkpoint folder, got {self.tts!r}"
+            )
+        if not 1 <= self.tts_max_batch <= 256:
+            raise ConfigError(f"tts_max_batch: must be 1..256, got {self.tts_max_batch}")
+        if not 0 <= self.tts_batch_wait_ms <= 1000:
+            raise ConfigError(f"tts_batch_wait_ms: must be 0..1000, got {self.tts_batch_wait_ms}")
+        if not 1 <= self.tts_max_queue <= 65536:
+            raise ConfigError(f"tts_max_queue: must be 1..65536, got {self.tts_max_queue}")
 
     def _check_exposure(self) -> None:
         for key in self.api_keys:

@@ -1,7 +1,7 @@
 """Which request-batched models a server runs, and where: built from the config, supervised.
 
 `runner_specs` is the one list of request-batched models a config serves
-(the robot policy; speech, images and videos add theirs here). Where they
+(the robot policy, the TTS; images and videos add theirs here). Where they
 run follows the engine: with engine processes each engine process builds
 them beside its realtime engine, in that process's slack (``_engine_process``),
 and session processes reach them over the engine link; without, the session
@@ -29,6 +29,7 @@ from duplex.models import (
     Slack,
     load_policy,
 )
+from duplex.models.tts import TTS_RUNNER, SpeechRunner, load_tts
 from duplex.runtime import RequestEngines
 
 __all__ = ["RunnerSpec", "open_request_engines", "runner_specs", "start_request_engines"]
@@ -68,6 +69,18 @@ def _policy(config: Config, device: str) -> RunnerSpec:
     return RunnerSpec("policy", build, server.policy_batch_wait_ms / 1000.0, max_queue=1024)
 
 
+def _tts(config: Config, device: str) -> RunnerSpec:
+    server = config.server
+
+    def build() -> SpeechRunner:
+        runner = load_tts(server.tts, device=device, max_batch=server.tts_max_batch)
+        assert runner is not None  # "none" is never a spec
+        return runner
+
+    wait_s = server.tts_batch_wait_ms / 1000.0
+    return RunnerSpec(TTS_RUNNER, build, wait_s, max_queue=server.tts_max_queue)
+
+
 def runner_specs(config: Config, device: str | None = None) -> list[RunnerSpec]:
     """The request-batched models ``config`` serves, built for ``device`` (the first model
     device by default: an engine process passes its own)."""
@@ -75,6 +88,8 @@ def runner_specs(config: Config, device: str | None = None) -> list[RunnerSpec]:
     specs = []
     if config.server.policy != "none":
         specs.append(_policy(config, device))
+    if config.server.tts != "none":
+        specs.append(_tts(config, device))
     return specs
 
 

@@ -51,6 +51,7 @@ from duplex.transport import (
     HubBackend,
     ResumeGuard,
     RobotService,
+    SpeechService,
     build_app,
     digest,
     hypercorn_config,
@@ -440,6 +441,22 @@ def robot_service(
     )
 
 
+def speech_service(
+    config: Config, registry: MetricsRegistry, requests: RequestEngines
+) -> SpeechService | None:
+    """The speech routes' service over the process's request engines (the TTS is the one
+    named ``tts``, the engine the voice agent speaks with too); ``None``: connection workers
+    serve HTTP (they do not reach the engines yet), so the routes answer ``tts_not_loaded``."""
+    if config.server.connection_workers:
+        if config.server.tts != "none":
+            get_logger(component="server").warning(
+                "speech endpoints not served: they need connection_workers = 0",
+                tts=config.server.tts,
+            )
+        return None
+    return SpeechService(requests, registry)
+
+
 async def serve_duplex(
     config: Config,
     system: ActorSystem,
@@ -497,6 +514,7 @@ async def _serve_sessions(
         ) as backend,
     ):
         robots = robot_service(config, system, registry, backend, requests)
+        speech = speech_service(config, registry, requests)
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
         hyper = hypercorn_config(
@@ -514,7 +532,7 @@ async def _serve_sessions(
                 )
             else:
                 urls = await nursery.start(
-                    _serve_here, config, system, backend, hyper, registry, access, robots
+                    _serve_here, config, system, backend, hyper, registry, access, robots, speech
                 )
             await backend.ready.wait()
             # after the bind: a port already taken ends the server with one clear line
@@ -530,6 +548,7 @@ async def _serve_sessions(
                 engine_processes=len(engine_paths),
                 startup_s=round(backend.startup.elapsed(), 2) if backend.startup else None,
                 policy=server.policy if robots is not None else None,
+                tts=server.tts if speech is not None else None,
             )
             task_status.started(urls)
 
@@ -542,6 +561,7 @@ async def _serve_here(
     registry: MetricsRegistry,
     access: AccessSettings,
     robots: RobotService | None = None,
+    speech: SpeechService | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -556,6 +576,7 @@ async def _serve_here(
         client_secret_ttl_s=server.client_secret_ttl_s,
         registry=registry,
         robots=robots,
+        speech=speech,
     )
 
     async def shutdown_trigger() -> None:

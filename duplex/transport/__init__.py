@@ -17,6 +17,7 @@ from ._http import serve_http
 from ._openpi import RobotService
 from ._openpi_wire import MAX_PAYLOAD_BYTES
 from ._sockets import EventSocket, Received, SocketGone
+from ._speech import SpeechService
 
 __all__ = [
     "CLIENT_EVENT_NAMES",
@@ -32,6 +33,7 @@ __all__ = [
     "ResumeGuard",
     "RobotService",
     "SocketGone",
+    "SpeechService",
     "build_app",
     "digest",
     "encode_server_event",

@@ -66,6 +66,7 @@ from ._openpi_wire import NOT_AVAILABLE
 from ._pcm_wire import PcmProjection
 from ._realtime_wire import RealtimeProjection, duplex_flag, schema_from_headers
 from ._sockets import EventSocket, WebSocketEvents
+from ._speech import SpeechService, speech_routes
 from ._stream_socket import FramedSocket
 from ._wait_queue import WaitQueue
 
@@ -549,6 +550,7 @@ def build_app(
     client_secret_ttl_s: int = 600,
     registry: MetricsRegistry | None = None,
     robots: RobotService | None = None,
+    speech: SpeechService | None = None,
 ) -> Starlette:
     """The routes, over ``backend``, behind ``Guard``.
 
@@ -560,6 +562,7 @@ def build_app(
     ``client_secret_ttl_s``: a client secret's lifetime when its request names none.
     ``registry``: where refusals are counted (``None`` in a worker, whose metrics no one reads).
     ``robots``: the robot policy endpoint's service (``None``: ``Robot policy not available``).
+    ``speech``: the TTS engine of the speech routes (``None``: they answer ``tts_not_loaded``).
     """
     policy = AccessPolicy(access or AccessSettings())
     refused = None
@@ -763,6 +766,8 @@ def build_app(
             Route("/api/chat", upgrade_required),
             Route("/v1/audio/duplex", upgrade_required),
             Route(ROBOT_PATH, upgrade_required),
+            *speech_routes(speech),
+            Route("/v1/audio/speech/stream", upgrade_required),
         ],
     )
     app.add_middleware(Guard, policy=policy, backend=backend, refused=refused)

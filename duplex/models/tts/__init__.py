@@ -18,11 +18,13 @@ from ._speech import (
     MAX_SPEED,
     MIN_SPEED,
     NO_GATE,
+    TTS_RUNNER,
     SpeechAudio,
     SpeechRequest,
     SpeechRunner,
-    UnitGate,
     VoiceInfo,
+    speech_metadata,
+    voice_problem,
 )
 from ._vits import VitsRunner
 from ._voices import OPENAI_TO_ESPEAK, OPENAI_VOICES
@@ -36,6 +38,7 @@ __all__ = [
     "OPENAI_VOICES",
     "TTS_ESPEAK",
     "TTS_NONE",
+    "TTS_RUNNER",
     "Espeak",
     "EspeakRunner",
     "EspeakVoice",
@@ -43,11 +46,12 @@ __all__ = [
     "SpeechAudio",
     "SpeechRequest",
     "SpeechRunner",
-    "UnitGate",
     "VitsRunner",
     "VoiceInfo",
     "check_tts",
     "espeak",
     "load_tts",
+    "speech_metadata",
     "split_sentences",
+    "voice_problem",
 ]

@@ -2,8 +2,9 @@
 
 Requests run one after another (the library is process-global and not
 thread-safe, `ESPEAK_LOCK`), one sentence per unit: ``gate.next_unit()`` comes
-before each sentence, so realtime ticks run in between and a withdrawn batch
-stops at the next sentence.
+between sentences (the first unit is granted before the call), so realtime
+ticks run in between and a withdrawn batch stops at the next sentence. A
+request with an unknown voice fails alone (its result is the `UnknownVoice`).
 
 ``speed`` becomes espeak's rate (175 words per minute at 1.0). espeak-ng
 speaks no slower than 80 words per minute, so below ``speed = 80 / 175`` the
@@ -12,8 +13,8 @@ rest of the slowdown is a longer gap between words (`_slow`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import final
+from collections.abc import Mapping, Sequence
+from typing import Any, final
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from duplex.exceptions import UnknownVoice
 
 from ._espeak import ESPEAK_RATE_WPM, MIN_RATE_WPM, Espeak, espeak
 from ._sentences import split_sentences
-from ._speech import SpeechAudio, SpeechRequest, UnitGate, VoiceInfo
+from ._speech import SpeechAudio, SpeechRequest, UnitGate, VoiceInfo, speech_metadata
 from ._voices import OPENAI_TO_ESPEAK
 
 __all__ = ["EspeakRunner"]
@@ -90,6 +91,10 @@ class EspeakRunner:
     def voices(self) -> tuple[VoiceInfo, ...]:
         return self._voices
 
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return speech_metadata(self.sample_rate, self._voices, self.variants)
+
     def _resolve(self, voice: str) -> str | None:
         """What espeak is asked for (``en-GB-x-rp+m7``) for ``voice``: an OpenAI name, a
         language tag (``en-gb``), or ``language+variant``; ``None``: not installed."""
@@ -102,23 +107,38 @@ class EspeakRunner:
 
     def check_voice(self, voice: str) -> None:
         if self._resolve(voice) is None:
-            names = ", ".join(OPENAI_TO_ESPEAK)
-            raise UnknownVoice(
-                f"unknown voice {voice!r}: use one of {names}, an installed espeak language "
-                "(GET /v1/audio/voices), or language+variant"
-            )
+            raise self._unknown(voice)
 
-    def run_batch(self, requests: Sequence[SpeechRequest], gate: UnitGate) -> list[SpeechAudio]:
-        return [self._speak(request, gate) for request in requests]
+    def _unknown(self, voice: str) -> UnknownVoice:
+        names = ", ".join(OPENAI_TO_ESPEAK)
+        return UnknownVoice(
+            f"unknown voice {voice!r}: use one of {names}, an installed espeak language "
+            "(GET /v1/audio/voices), or language+variant"
+        )
 
-    def _speak(self, request: SpeechRequest, gate: UnitGate) -> SpeechAudio:
-        self.check_voice(request.voice)
-        voice = self._resolve(request.voice)
-        assert voice is not None
+    def run_batch(
+        self, requests: Sequence[SpeechRequest], gate: UnitGate
+    ) -> list[SpeechAudio | Exception]:
+        out: list[SpeechAudio | Exception] = []
+        first = True
+        for request in requests:
+            voice = self._resolve(request.voice)
+            if voice is None:  # fails this request alone
+                out.append(self._unknown(request.voice))
+                continue
+            out.append(self._speak(request, voice, gate, first=first))
+            first = False
+        return out
+
+    def _speak(
+        self, request: SpeechRequest, voice: str, gate: UnitGate, *, first: bool
+    ) -> SpeechAudio:
         wpm = ESPEAK_RATE_WPM * request.speed
         parts: list[np.ndarray] = []
         for sentence in split_sentences(request.text):
-            gate.next_unit()
+            if not first:  # the batch's first unit was granted before the call
+                gate.next_unit()
+            first = False
             if wpm < MIN_RATE_WPM:
                 parts.append(_slow(self._engine, sentence, voice, request.speed))
             else:

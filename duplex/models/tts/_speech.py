@@ -1,7 +1,7 @@
 """What a speech runner takes and returns, and the contract it keeps.
 
 A `SpeechRequest` is one text to speak; its runner splits it into sentences
-(`split_sentences`) and calls ``gate.next_unit()`` before each one, so a long
+(`split_sentences`) and calls ``gate.next_unit()`` between them, so a long
 text is one request whose units let realtime work run in between. Streaming
 callers (``WS /v1/audio/speech/stream``, the voice agent) send one request per
 sentence instead, and get each sentence's audio as soon as it is made.
@@ -14,23 +14,30 @@ HTTP surface needs to validate a request before queueing it (voices, rates).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, final, runtime_checkable
+from typing import Any, Protocol, final, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+
+from .._requests import UnitGate
 
 __all__ = [
     "MAX_SPEED",
     "MIN_SPEED",
     "NO_GATE",
+    "TTS_RUNNER",
     "SpeechAudio",
     "SpeechRequest",
     "SpeechRunner",
-    "UnitGate",
     "VoiceInfo",
+    "speech_metadata",
+    "voice_problem",
 ]
+
+TTS_RUNNER = "tts"
+"""The name a TTS runner is served under (``RequestEngines.get("tts")``, metrics' ``runner``)."""
 
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
@@ -94,15 +101,6 @@ class VoiceInfo:
     language: str | None = None
 
 
-class UnitGate(Protocol):
-    """The request engine's gate (``duplex.models._requests.UnitGate``): `next_unit` is
-    called from the worker thread before each unit (one sentence) and blocks until the
-    realtime engine sharing the process leaves slack; it raises ``RequestCancelled`` when
-    every request of the batch was withdrawn."""
-
-    def next_unit(self) -> None: ...
-
-
 @final
 class _NoGate:
     """A gate for direct calls: never waits, never cancels."""
@@ -112,6 +110,43 @@ class _NoGate:
 
 
 NO_GATE: UnitGate = _NoGate()
+
+
+def speech_metadata(
+    sample_rate: int, voices: Sequence[VoiceInfo], variants: Sequence[str] = ()
+) -> dict[str, Any]:
+    """What a TTS runner tells the endpoints (``RequestEngine.metadata``), as plain data: it
+    crosses the engine link when the engine runs in an engine process."""
+    return {
+        "sample_rate": sample_rate,
+        "voices": [
+            {
+                "name": v.name,
+                "engine_voice": v.engine_voice,
+                "alias": v.alias,
+                "language": v.language,
+            }
+            for v in voices
+        ],
+        "variants": list(variants),
+    }
+
+
+def voice_problem(metadata: Mapping[str, Any], voice: str) -> str | None:
+    """Why ``voice`` is not one the runner of ``metadata`` speaks (``None``: it is). A name
+    from its voices, or, where it has variants, ``language+variant`` (``en-us+Andy``)."""
+    names = [v["name"] for v in metadata.get("voices", ())]
+    if voice in names:
+        return None
+    language, plus, variant = voice.partition("+")
+    variants = metadata.get("variants", ())
+    languages = {v["name"] for v in metadata.get("voices", ()) if not v["alias"]}
+    if plus and variants and language in languages and variant in variants:
+        return None
+    aliases = [v["name"] for v in metadata.get("voices", ()) if v["alias"]]
+    more = ", or language+variant" if variants else ""
+    listed = ", ".join(aliases or names[:20])
+    return f"unknown voice {voice!r}: use one of {listed}, or see GET /v1/audio/voices{more}"
 
 
 @runtime_checkable
@@ -130,11 +165,18 @@ class SpeechRunner(Protocol):
         """Every voice a request may name, OpenAI's names first."""
         ...
 
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """`speech_metadata` of this runner."""
+        ...
+
     def check_voice(self, voice: str) -> None:
         """Raise ``UnknownVoice`` (listing the valid names) unless ``voice`` is one."""
         ...
 
-    def run_batch(self, requests: Sequence[SpeechRequest], gate: UnitGate) -> list[SpeechAudio]:
-        """Blocking: one `SpeechAudio` per request, in order; ``gate.next_unit()`` before
-        each sentence."""
+    def run_batch(
+        self, requests: Sequence[SpeechRequest], gate: UnitGate
+    ) -> list[SpeechAudio | Exception]:
+        """Blocking: one `SpeechAudio` per request, in order (an ``UnknownVoice`` instance
+        for a request whose voice it lacks); ``gate.next_unit()`` between units."""
         ...

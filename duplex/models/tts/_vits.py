@@ -5,8 +5,8 @@ Loaded from a local folder (``VitsModel`` + ``VitsTokenizer``, as
 splits every request into sentences and runs the sentences of all its
 requests together, padded, in forwards of at most ``max_sentences``, grouped by
 speed and speaker (VITS takes one of each per forward); each sentence's audio is cut
-to its own length (``sequence_lengths``). ``gate.next_unit()`` comes before
-each forward.
+to its own length (``sequence_lengths``). ``gate.next_unit()`` comes between
+forwards (the first is granted before the call).
 
 Voices: a multi-speaker checkpoint offers ``speaker-0`` … and maps OpenAI's
 names onto distinct speakers while there are enough; a single-speaker one has
@@ -16,7 +16,7 @@ one voice, which every OpenAI name speaks with.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, final
 
@@ -26,7 +26,7 @@ from duplex.exceptions import SpeechError, UnknownVoice
 from duplex.pcm import float_to_pcm16
 
 from ._sentences import split_sentences
-from ._speech import SpeechAudio, SpeechRequest, UnitGate, VoiceInfo
+from ._speech import SpeechAudio, SpeechRequest, UnitGate, VoiceInfo, speech_metadata
 from ._voices import OPENAI_VOICES
 
 __all__ = ["VitsRunner"]
@@ -87,14 +87,26 @@ class VitsRunner:
     def voices(self) -> tuple[VoiceInfo, ...]:
         return self._voices
 
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return speech_metadata(self.sample_rate, self._voices)
+
     def check_voice(self, voice: str) -> None:
         if voice not in self._ids:
-            names = ", ".join(self._ids)
-            raise UnknownVoice(f"unknown voice {voice!r}: use one of {names}")
+            raise self._unknown(voice)
 
-    def run_batch(self, requests: Sequence[SpeechRequest], gate: UnitGate) -> list[SpeechAudio]:
-        for request in requests:
-            self.check_voice(request.voice)
+    def _unknown(self, voice: str) -> UnknownVoice:
+        return UnknownVoice(f"unknown voice {voice!r}: use one of {', '.join(self._ids)}")
+
+    def run_batch(
+        self, requests: Sequence[SpeechRequest], gate: UnitGate
+    ) -> list[SpeechAudio | Exception]:
+        known = [r for r in requests if r.voice in self._ids]
+        spoken = iter(self._run(known, gate))
+        # a request with an unknown voice fails alone (its result is the `UnknownVoice`)
+        return [next(spoken) if r.voice in self._ids else self._unknown(r.voice) for r in requests]
+
+    def _run(self, requests: Sequence[SpeechRequest], gate: UnitGate) -> list[SpeechAudio]:
         # Every sentence of every request, in order; a forward takes sentences of one speed
         # and one speaker (VITS takes one of each per forward).
         units = [
@@ -103,11 +115,14 @@ class VitsRunner:
             for text in split_sentences(r.text)
         ]
         waves: list[np.ndarray] = [np.zeros(0, dtype=np.int16)] * len(units)
+        forwards = 0
         for key in dict.fromkeys(key for key, _, _ in units):
             same = [k for k, unit in enumerate(units) if unit[0] == key]
             for start in range(0, len(same), self.max_sentences):
                 chunk = same[start : start + self.max_sentences]
-                gate.next_unit()
+                if forwards:  # the batch's first unit was granted before the call
+                    gate.next_unit()
+                forwards += 1
                 texts = [units[k][2] for k in chunk]
                 for k, wave in zip(chunk, self._forward(texts, *key), strict=True):
                     waves[k] = wave

@@ -17,6 +17,7 @@ from duplex.models.tts import (
     SpeechRequest,
     SpeechRunner,
     load_tts,
+    voice_problem,
 )
 from duplex.sessions import VOICES
 
@@ -30,6 +31,7 @@ def runner() -> EspeakRunner:
 
 def _speak(runner: EspeakRunner, **kwargs: object) -> np.ndarray:
     (audio,) = runner.run_batch([SpeechRequest(**kwargs)], NO_GATE)  # type: ignore[arg-type]
+    assert not isinstance(audio, Exception)
     assert audio.sample_rate == runner.sample_rate == 22050
     assert audio.pcm.dtype == np.int16 and audio.pcm.ndim == 1
     return audio.pcm
@@ -55,6 +57,25 @@ def test_openai_names_are_the_sessions_and_map_to_distinct_voices(runner: Espeak
     assert {"en-us", "en-gb", "de", "fr-fr"} <= set(names)
 
 
+def test_the_metadata_accepts_exactly_the_voices_the_runner_speaks(runner: EspeakRunner) -> None:
+    import pickle
+
+    metadata = pickle.loads(pickle.dumps(runner.metadata))  # it crosses the engine link
+    assert metadata["sample_rate"] == 22050 and "Andy" in metadata["variants"]
+    names = ["alloy", "cedar", "en-us", "de", "en-gb+m3", "fr-fr+Andy", "nova", "en-us+x",
+             "x+Andy", "alloy+Andy", "", "+", "en-us+"]  # fmt: skip
+    for voice in names:
+        speaks = True
+        try:
+            runner.check_voice(voice)
+        except UnknownVoice:
+            speaks = False
+        problem = voice_problem(metadata, voice)
+        assert (problem is None) == speaks, voice
+        if problem is not None:
+            assert "alloy, ash, ballad" in problem
+
+
 def test_installed_voices_and_variants_speak(runner: EspeakRunner) -> None:
     assert "Andy" in runner.variants
     german = _speak(runner, text="Guten Tag.", voice="de")
@@ -68,9 +89,11 @@ def test_an_unknown_voice_is_refused_with_the_valid_names(runner: EspeakRunner, 
     with pytest.raises(UnknownVoice, match="alloy, ash, ballad") as info:
         runner.check_voice(voice)
     assert isinstance(info.value, ValueError)
-    with pytest.raises(UnknownVoice):
-        runner.run_batch([SpeechRequest("Hi.", voice=voice)], NO_GATE)
-    assert _speak(runner, text="Still here.").size > 0  # the runner stays usable
+    bad, good = runner.run_batch(
+        [SpeechRequest("Hi.", voice=voice), SpeechRequest("Still here.")], NO_GATE
+    )
+    assert isinstance(bad, UnknownVoice)  # fails alone: the batch's other request speaks
+    assert not isinstance(good, Exception) and good.pcm.size > 0
 
 
 @pytest.mark.parametrize("speed", [0.25, 0.5, 2.0, 4.0])
@@ -100,11 +123,11 @@ class CountingGate:
 def test_one_unit_per_sentence_and_a_raising_gate_stops_the_batch(runner: EspeakRunner) -> None:
     gate = CountingGate()
     out = runner.run_batch([SpeechRequest("One. Two. Three."), SpeechRequest("Four!")], gate)
-    assert gate.units == 4 and len(out) == 2
-    stopping = CountingGate(cancel_after=2)
+    assert gate.units == 3 and len(out) == 2  # the first unit is granted before the call
+    stopping = CountingGate(cancel_after=1)
     with pytest.raises(RuntimeError, match="withdrawn"):
         runner.run_batch([SpeechRequest("One. Two. Three. Four.")], stopping)
-    assert stopping.units == 2
+    assert stopping.units == 1
 
 
 def test_batch_results_are_in_request_order(runner: EspeakRunner) -> None:
