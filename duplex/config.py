@@ -111,8 +111,6 @@ class ServerConfig:
     agent_asr: str = "pocketsphinx"
     """``pocketsphinx`` (its model ships in its wheel), or a local Whisper checkpoint
     folder (transformers)."""
-    agent_tts: str = "espeak"
-    """The agent's voice: ``espeak`` (espeak-ng, no weights) or a local VITS checkpoint folder."""
     agent_asr_grammar: str = ""
     """A JSGF grammar file pocketsphinx decodes with instead of its language model
     (deterministic tests); empty: the language model."""
@@ -280,6 +278,8 @@ class ServerConfig:
             raise ConfigError(
                 f"tts: must be espeak, none or a VITS checkpoint folder, got {self.tts!r}"
             )
+        if self.agent and self.tts == "none":
+            raise ConfigError("agent: the voice agent speaks through the TTS: tts must not be none")
         if not 1 <= self.tts_max_batch <= 256:
             raise ConfigError(f"tts_max_batch: must be 1..256, got {self.tts_max_batch}")
         if not 0 <= self.tts_batch_wait_ms <= 1000:

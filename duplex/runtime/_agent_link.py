@@ -178,7 +178,7 @@ class AgentLink:
         end = stream.end_ms
         if end is not None and self._input_ms >= end:  # (the resampler may hold a few ms)
             pcm = self._slice(stream.cursor_ms, end)
-            result = await self.models.asr.submit(AsrChunk(stream.key, pcm, final=True))
+            result = await self.models.hear(AsrChunk(stream.key, pcm, final=True))
             self._streams.pop(stream.item_id, None)
             await self._deliver(AsrResult(stream.item_id, result.text, final=True))
             return
@@ -188,7 +188,7 @@ class AgentLink:
                 break
             pcm = self._slice(stream.cursor_ms, until)
             stream.cursor_ms = until
-            result = await self.models.asr.submit(AsrChunk(stream.key, pcm))
+            result = await self.models.hear(AsrChunk(stream.key, pcm))
             if result.text and result.text != stream.text:
                 stream.text = result.text
                 await self._deliver(AsrResult(stream.item_id, result.text))
@@ -198,7 +198,7 @@ class AgentLink:
         for stream in streams:
             empty = np.zeros(0, np.int16)
             try:
-                await self.models.asr.submit(AsrChunk(stream.key, empty, final=True, abort=True))
+                await self.models.hear(AsrChunk(stream.key, empty, final=True, abort=True))
             except Exception:  # the engine is going away too: nothing left to free
                 self._log.debug("asr stream abort failed", exc_info=True)
 

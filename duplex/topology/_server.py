@@ -41,7 +41,7 @@ from duplex.models import (
     get_model,
     policy_factory,
 )
-from duplex.models.agent import AgentOptions, build_agent
+from duplex.models.agent import AgentModels, AgentOptions, build_replier
 from duplex.progress import Startup
 from duplex.runtime import RequestEngines, SessionHub
 from duplex.sessions import Capabilities, SessionConfig, VadMode
@@ -295,7 +295,9 @@ async def open_backend(
         system,
         hub_spec,
         config=session_cfg,
-        capabilities=dataclasses.replace(capabilities_for(spec), agent_cascade=server.agent),
+        capabilities=dataclasses.replace(
+            capabilities_for(spec), agent_cascade=server.agent and requests is not None
+        ),
         max_sessions=max_sessions,
         registry=registry,
         shard=shard,
@@ -356,21 +358,12 @@ async def open_backend(
                 refs.append(
                     await system.spawn(VadActor, build_vad, hub.vad_started, name="vad-silero")
                 )
-        if server.agent:
-            options = AgentOptions(
-                llm=server.agent_llm,
-                asr=server.agent_asr,
-                asr_grammar=server.agent_asr_grammar,
-                tts=server.agent_tts,
-                seed=server.model_seed,
-            )
-            with startup.step("agent", "loading the agent's ASR, reply model and TTS"):
-                # no slack: the agent's stages are its sessions' realtime path, and a unit
-                # longer than a tick (a 240 ms ASR chunk, a TTS clause) would never fit
-                # between the ticks of the frame engine, whose output agent sessions ignore
-                agent = await trio.to_thread.run_sync(build_agent, options)
-                await nursery.start(agent.run)
-            hub.agent = agent
+        if server.agent and requests is not None:  # (session shards have no request engines)
+            options = AgentOptions(llm=server.agent_llm, seed=server.model_seed)
+            with startup.step("agent", "loading the agent's reply model"):
+                replier = await trio.to_thread.run_sync(build_replier, options)
+                await nursery.start(replier.run)
+            hub.agent = AgentModels(requests, replier)
             log.info("agent started", llm=server.agent_llm or "echo", asr=server.agent_asr)
         freeze_startup_objects()
         frozen = True

@@ -2,11 +2,12 @@
 (`PocketSphinxRunner`), a reply model (`EchoReplier` without weights, `VllmReplier` with a
 local checkpoint) and TTS (``duplex.models.tts``), each behind a batching engine."""
 
-from ._agent import AgentModels, AgentOptions, build_agent
+from ._agent import ASR_RUNNER, AgentModels, AgentOptions, build_asr, build_replier
 from ._asr import ASR_SAMPLE_RATE, AsrChunk, AsrText, PocketSphinxRunner
 from ._reply import ChatMessage, EchoReplier, Replier, ReplyDelta, ReplyRequest, ToolSpec
 
 __all__ = [
+    "ASR_RUNNER",
     "ASR_SAMPLE_RATE",
     "AgentModels",
     "AgentOptions",
@@ -19,5 +20,6 @@ __all__ = [
     "ReplyDelta",
     "ReplyRequest",
     "ToolSpec",
-    "build_agent",
+    "build_asr",
+    "build_replier",
 ]

@@ -1,28 +1,40 @@
-"""The agent's shared engines: one ASR, one reply model and one TTS per process.
+"""The agent's shared stages: its ASR and TTS are request engines of the process (looked up
+by name, ``asr`` and ``tts``, in its registry: built in this process or in an engine
+process, restarted by their supervisor); its reply model is one per process.
 
 Every session of the process uses the same `AgentModels` (the hub hands it to each
-session's agent link); their requests batch together. Built off the trio thread
-(`build_agent`: loading decoders and voices takes seconds), run in the server's nursery
-(`AgentModels.run`).
+session's agent link), so their requests batch together.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, final
+from typing import Any, Protocol, final
 
 import numpy as np
 import numpy.typing as npt
-import trio
 
-from duplex.exceptions import ConfigError
-from duplex.models import RequestEngine, Slack
+from duplex.exceptions import ConfigError, ModelError
 
 from ._asr import AsrChunk, AsrText, PocketSphinxRunner
 from ._reply import EchoReplier, Replier
 
-__all__ = ["AgentModels", "AgentOptions", "build_agent"]
+__all__ = ["ASR_RUNNER", "AgentModels", "AgentOptions", "build_asr", "build_replier"]
+
+ASR_RUNNER = "asr"
+"""The ASR's name among the process's request engines (and its metrics' ``runner``)."""
+
+
+class _Service(Protocol):
+    async def submit(self, request: Any) -> Any: ...
+
+
+class _Engines(Protocol):
+    """The process's request engines by name (``duplex.runtime.RequestEngines``)."""
+
+    def get(self, name: str) -> Any: ...
 
 
 @final
@@ -33,49 +45,46 @@ class AgentOptions:
     llm: str = ""
     asr: str = "pocketsphinx"
     asr_grammar: str = ""
-    tts: str = "espeak"
     seed: int = 0
 
 
 @final
 class AgentModels:
-    """The shared stages. ``speak(text, voice)`` makes speech (float32, at its own rate)."""
+    """The shared stages: ``requests`` holds the ``asr`` and ``tts`` engines."""
 
-    def __init__(
-        self,
-        asr: RequestEngine[AsrChunk, AsrText],
-        replier: Replier,
-        tts: RequestEngine[Any, Any],
-    ) -> None:
-        self.asr = asr
+    def __init__(self, requests: _Engines, replier: Replier) -> None:
+        self.requests = requests
         self.replier = replier
-        self.tts = tts
+
+    def _engine(self, name: str) -> _Service:
+        engine = self.requests.get(name)
+        if engine is None:
+            raise ModelError(f"the {name} engine is not running (starting or restarting)")
+        return engine  # type: ignore[no-any-return]
+
+    async def hear(self, chunk: AsrChunk) -> AsrText:
+        """One chunk of a stream through the shared ASR."""
+        result: AsrText = await self._engine(ASR_RUNNER).submit(chunk)
+        return result
 
     async def speak(self, text: str, voice: str) -> tuple[npt.NDArray[np.float32], int]:
         """``text`` spoken in ``voice``: samples and their rate (the caller resamples)."""
-        from duplex.models.tts import SpeechRequest
+        from duplex.models.tts import TTS_RUNNER, SpeechRequest
 
-        audio = await self.tts.submit(SpeechRequest(text, voice=voice))
+        audio = await self._engine(TTS_RUNNER).submit(SpeechRequest(text, voice=voice))
         return np.asarray(audio.pcm, dtype=np.float32) / 32768.0, audio.sample_rate
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the engines' loops until cancelled."""
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.asr.run)
-            await nursery.start(self.tts.run)
-            await nursery.start(self.replier.run)
-            task_status.started()
+    @property
+    def metadata(self) -> Mapping[str, str]:
+        return {"llm": self.replier.name}
 
 
-def build_agent(options: AgentOptions, slack: Slack | None = None) -> AgentModels:
-    """Load the agent's models (blocking: seconds; run it off the trio thread); their
-    engines run their units in ``slack``, the windows the process's realtime engine leaves.
+def build_asr(options: AgentOptions, *, max_batch: int = 32) -> PocketSphinxRunner:
+    """The ASR runner (blocking: loads its warm decoders; run it off the trio thread).
 
     Raises:
-        ConfigError: a named checkpoint or grammar does not exist.
+        ConfigError: an unknown ASR, or a grammar file that does not exist.
     """
-    from duplex.models.tts import load_tts
-
     if options.asr != "pocketsphinx":
         raise ConfigError(
             f"server.agent_asr: {options.asr!r}: only pocketsphinx is supported so far",
@@ -90,25 +99,26 @@ def build_agent(options: AgentOptions, slack: Slack | None = None) -> AgentModel
                 key="server.agent_asr_grammar",
             )
         grammar = path.read_text()
-    runner = PocketSphinxRunner(grammar=grammar)
+    runner = PocketSphinxRunner(grammar=grammar, max_batch=max_batch)
     runner.prepare()
-    replier: Replier = EchoReplier()
-    if options.llm:
-        from ._vllm import VllmReplier
+    return runner
 
-        if not (Path(options.llm) / "config.json").is_file():
-            raise ConfigError(
-                f"server.agent_llm: {options.llm!r} is not a checkpoint folder (no config.json)",
-                key="server.agent_llm",
-            )
-        vllm = VllmReplier(options.llm, seed=options.seed)
-        vllm.load()
-        replier = vllm
-    speech = load_tts(options.tts)
-    if speech is None:
-        raise ConfigError("server.agent_tts: the agent needs a TTS (espeak or a VITS folder)")
-    return AgentModels(
-        RequestEngine(runner, slack=slack),
-        replier,
-        RequestEngine(speech, slack=slack),  # type: ignore[arg-type]
-    )
+
+def build_replier(options: AgentOptions) -> Replier:
+    """The reply model (blocking: vllm loads for seconds; run it off the trio thread).
+
+    Raises:
+        ConfigError: ``llm`` is not a checkpoint folder.
+    """
+    if not options.llm:
+        return EchoReplier()
+    from ._vllm import VllmReplier
+
+    if not (Path(options.llm) / "config.json").is_file():
+        raise ConfigError(
+            f"server.agent_llm: {options.llm!r} is not a checkpoint folder (no config.json)",
+            key="server.agent_llm",
+        )
+    vllm = VllmReplier(options.llm, seed=options.seed)
+    vllm.load()
+    return vllm
