@@ -175,17 +175,19 @@ class AgentLink:
                     await self._deliver(AsrResult(stream.item_id, "", final=True))
 
     async def _advance(self, stream: _Stream) -> None:
-        end = stream.end_ms
-        if end is not None and self._input_ms >= end:  # (the resampler may hold a few ms)
-            pcm = self._slice(stream.cursor_ms, end)
-            result = await self.models.hear(AsrChunk(stream.key, pcm, final=True))
-            self._streams.pop(stream.item_id, None)
-            await self._deliver(AsrResult(stream.item_id, result.text, final=True))
-            return
-        while self._end_ms - stream.cursor_ms >= ASR_CHUNK_MS:
+        """Hear what the stream has gathered; its end may come while a chunk is heard, so
+        it is read again before each."""
+        while True:
+            end = stream.end_ms
+            if end is not None and self._input_ms >= end:  # (the resampler may hold a few ms)
+                pcm = self._slice(stream.cursor_ms, end)
+                result = await self.models.hear(AsrChunk(stream.key, pcm, final=True))
+                self._streams.pop(stream.item_id, None)
+                await self._deliver(AsrResult(stream.item_id, result.text, final=True))
+                return
             until = self._end_ms if end is None else min(self._end_ms, end)
             if until - stream.cursor_ms < ASR_CHUNK_MS:
-                break
+                return
             pcm = self._slice(stream.cursor_ms, until)
             stream.cursor_ms = until
             result = await self.models.hear(AsrChunk(stream.key, pcm))
