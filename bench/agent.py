@@ -2,7 +2,7 @@
 and how many concurrent agent sessions keep first audio under a second.
 
     python bench/agent.py [--turns 20] [--barge-ins 10] [--sessions 1,2,4,8]
-        [--out bench/results/agent] [-- duplex serve ARGS]
+        [--silence-ms MS] [--out bench/results/agent] [-- duplex serve ARGS]
 
 Runs a real ``duplex serve`` (the default agent: silero VAD, pocketsphinx, the echo
 responder, espeak-ng) and talks to ``/v1/realtime`` like a microphone: the espeak-ng
@@ -58,6 +58,10 @@ def _wav(name: str) -> tuple[bytes, float, float]:
 
 def _pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)) * 1000.0, 1) if values else None
+
+
+SILENCE_MS: int | None = None
+"""The sessions' ``silence_duration_ms`` (``--silence-ms``; ``None``: the server's 500)."""
 
 
 class Talker:
@@ -116,6 +120,11 @@ async def talkers(url: str, count: int) -> AsyncIterator[list[Talker]]:
             for talker in out:
                 nursery.start_soon(talker.read)
                 await talker.next("session.created", 0.0)
+                if SILENCE_MS is not None:
+                    detection = {"type": "server_vad", "silence_duration_ms": SILENCE_MS}
+                    update = {"type": "realtime", "audio": {"input": {"turn_detection": detection}}}
+                    await talker.ws.send(json.dumps({"type": "session.update", "session": update}))
+                    await talker.next("session.updated", 0.0)
                 nursery.start_soon(talker.microphone)
             yield out
             nursery.cancel_scope.cancel()
@@ -227,6 +236,7 @@ async def main(args: argparse.Namespace, serve_args: list[str]) -> None:
             "machine": machine(),
             "commit": commit(),
             "serve_args": serve_args,
+            "silence_duration_ms": SILENCE_MS or 500,
         }
         report["latency"] = await latency(url, args.turns)
         print(json.dumps(report["latency"]), flush=True)
@@ -252,5 +262,8 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", default="1,2,4,8,12,16")
     parser.add_argument("--capacity-turns", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--silence-ms", type=int, help="the sessions' silence_duration_ms")
     parser.add_argument("--out", default="bench/results/agent")
-    trio.run(main, parser.parse_args(argv), rest)
+    parsed = parser.parse_args(argv)
+    SILENCE_MS = parsed.silence_ms
+    trio.run(main, parsed, rest)

@@ -3,7 +3,7 @@
 local checkpoint) and TTS (``duplex.models.tts``), each behind a batching engine."""
 
 from ._agent import ASR_RUNNER, AgentModels, AgentOptions, build_asr, build_replier
-from ._asr import ASR_SAMPLE_RATE, AsrChunk, AsrText, PocketSphinxRunner
+from ._asr import ASR_SAMPLE_RATE, AsrChunk, AsrProcess, AsrText, PocketSphinxRunner
 from ._reply import ChatMessage, EchoReplier, Replier, ReplyDelta, ReplyRequest, ToolSpec
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "AgentModels",
     "AgentOptions",
     "AsrChunk",
+    "AsrProcess",
     "AsrText",
     "ChatMessage",
     "EchoReplier",

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from duplex.exceptions import ConfigError, ModelError
 
-from ._asr import AsrChunk, AsrText, PocketSphinxRunner
+from ._asr import AsrChunk, AsrProcess, AsrText
 from ._reply import EchoReplier, Replier
 
 __all__ = ["ASR_RUNNER", "AgentModels", "AgentOptions", "build_asr", "build_replier"]
@@ -79,8 +79,9 @@ class AgentModels:
         return {"llm": self.replier.name}
 
 
-def build_asr(options: AgentOptions, *, max_batch: int = 32) -> PocketSphinxRunner:
-    """The ASR runner (blocking: loads its warm decoders; run it off the trio thread).
+def build_asr(options: AgentOptions, *, max_batch: int = 32) -> AsrProcess:
+    """The ASR runner, in its own process (blocking: starts it and loads its warm decoders;
+    run it off the trio thread).
 
     Raises:
         ConfigError: an unknown ASR, or a grammar file that does not exist.
@@ -99,7 +100,7 @@ def build_asr(options: AgentOptions, *, max_batch: int = 32) -> PocketSphinxRunn
                 key="server.agent_asr_grammar",
             )
         grammar = path.read_text()
-    runner = PocketSphinxRunner(grammar=grammar, max_batch=max_batch)
+    runner = AsrProcess(grammar=grammar, max_batch=max_batch)
     runner.prepare()
     return runner
 

@@ -29,6 +29,7 @@ __all__ = [
     "FAST_SEARCH",
     "FEED_SAMPLES",
     "AsrChunk",
+    "AsrProcess",
     "AsrText",
     "PocketSphinxRunner",
 ]
@@ -145,3 +146,79 @@ class PocketSphinxRunner:
         hyp = decoder.hyp()
         self._free.append(decoder)
         return hyp.hypstr if hyp is not None else ""
+
+
+class AsrProcess:
+    """A `PocketSphinxRunner` in a child process: the same runner shape, but its decoding
+    never holds this process's GIL (pocketsphinx holds it for each call, which stalls the
+    event loop and inflates the realtime engine's measured step time: its admission then
+    refuses sessions). Requests and results cross a pipe; the wait releases the GIL.
+
+    Args:
+        grammar, max_batch, warm, max_streams: as `PocketSphinxRunner`'s.
+    """
+
+    name = "asr"
+
+    def __init__(self, **options: Any) -> None:
+        self.max_batch = int(options.get("max_batch", 32))
+        self._options = options
+        self._conn: Any = None
+        self._process: Any = None
+        self._lock = threading.Lock()
+
+    def prepare(self) -> None:
+        """Start the child and wait for its warm decoders (blocking)."""
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe()
+        self._process = context.Process(
+            target=_serve_asr, args=(child, self._options), name="duplex-asr", daemon=True
+        )
+        self._process.start()
+        child.close()
+        self._conn = parent
+        ready = parent.recv()
+        if isinstance(ready, BaseException):
+            raise ready
+
+    def run_batch(self, requests: Sequence[AsrChunk], gate: UnitGate) -> list[AsrText]:
+        with self._lock:
+            self._conn.send(list(requests))
+            answer = self._conn.recv()
+        if isinstance(answer, BaseException):
+            raise answer
+        results: list[AsrText] = answer
+        return results
+
+    def close(self) -> None:
+        """Stop the child (it also ends with this process: it is a daemon)."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.join(5)
+
+
+def _serve_asr(conn: Any, options: dict[str, Any]) -> None:
+    """The child's loop: a batch in, its results out, until the pipe closes."""
+    try:
+        runner = PocketSphinxRunner(**options)
+        runner.prepare()
+    except Exception as exc:
+        conn.send(exc)
+        return
+    conn.send(True)
+    while True:
+        try:
+            batch = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send(runner.run_batch(batch, _NoGate()))
+        except Exception as exc:  # the batch fails; the parent raises it for every request
+            conn.send(exc)
+
+
+class _NoGate:
+    def next_unit(self) -> None:
+        return None
