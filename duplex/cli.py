@@ -36,6 +36,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--model-seed", type=int, help="base sampling seed of the model")
     serve.add_argument(
+        "--llm",
+        metavar="PATH",
+        help="a local chat checkpoint the voice agent replies with (through vllm); default: "
+        'a deterministic responder ("You said: ...")',
+    )
+    serve.add_argument(
+        "--asr", metavar="NAME|PATH", help="the agent's ASR: pocketsphinx, or a Whisper folder"
+    )
+    serve.add_argument(
         "--random-weights",
         action="store_true",
         default=None,
@@ -184,6 +193,8 @@ def _serve(args: argparse.Namespace) -> int:
             ("model", args.model),
             ("model_device", args.model_device),
             ("model_seed", args.model_seed),
+            ("agent_llm", args.llm),
+            ("agent_asr", args.asr),
             ("random_weights", args.random_weights),
             ("kv_cache_dtype", args.kv_cache_dtype),
             ("connection_workers", args.connection_workers),

@@ -101,6 +101,19 @@ class ServerConfig:
     """The VAD behind ``server_vad`` in Realtime turn-based sessions (``/v1/realtime``
     without ``?duplex=1``): the shared silero model, or the built-in energy VAD.
     Native ``/v1/duplex`` sessions use ``session.vad`` (``energy`` by default)."""
+    agent: bool = True
+    """Answer Realtime turn-based sessions with the voice agent: ASR, a reply model and
+    TTS on engines shared by every session (docs/agent.md). Off: the turn responder
+    replays the user's audio (tests of the session surface)."""
+    agent_llm: str = ""
+    """A local chat checkpoint (folder) the agent replies with, through vllm; empty: the
+    deterministic responder ("You said: ..."), which needs no weights."""
+    agent_asr: str = "pocketsphinx"
+    """``pocketsphinx`` (its model ships in its wheel), or a local Whisper checkpoint
+    folder (transformers)."""
+    agent_asr_grammar: str = ""
+    """A JSGF grammar file pocketsphinx decodes with instead of its language model
+    (deterministic tests); empty: the language model."""
     vad_streams: int = 256
     """Stream pool of the shared silero VAD: sessions using it at once (more are refused)."""
     first_event_timeout_s: float = 30.0
@@ -306,6 +319,8 @@ class ServerConfig:
             raise ConfigError(
                 f"tts: must be espeak, none or a VITS checkpoint folder, got {self.tts!r}"
             )
+        if self.agent and self.tts == "none":
+            raise ConfigError("agent: the voice agent speaks through the TTS: tts must not be none")
         if not 1 <= self.tts_max_batch <= 256:
             raise ConfigError(f"tts_max_batch: must be 1..256, got {self.tts_max_batch}")
         if not 0 <= self.tts_batch_wait_ms <= 1000:

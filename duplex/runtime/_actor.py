@@ -40,6 +40,7 @@ from duplex.models import (
     VadWindow,
 )
 from duplex.sessions import (
+    AgentReply,
     AudioDelta,
     ClientEvent,
     CloseConnection,
@@ -64,9 +65,11 @@ from duplex.sessions import (
     SessionResume,
     SessionResumed,
     Tick,
+    Transcribe,
     VideoAppend,
 )
 
+from ._agent_link import AgentLink
 from ._input_times import InputTimes
 from ._vad_link import VadLink
 
@@ -110,6 +113,14 @@ class FromEngine:
 class FromVad:
     window: VadWindow
     sink: MailboxSink[VadWindow]
+
+
+@final
+@dataclass(frozen=True, slots=True, eq=False)
+class FromAgent:
+    """What the agent cascade made for the session (`AsrResult`, `AgentChunk`)."""
+
+    event: Event
 
 
 @final
@@ -252,6 +263,7 @@ class SessionResources:
     sink: MailboxSink[SlotOutput]
     released: bool = field(default=False)
     vad: VadResources | None = None
+    agent: AgentLink | None = None
 
 
 @final
@@ -281,7 +293,7 @@ class SessionActor(Actor[Any]):
     def route(cls, message: object) -> str:
         if isinstance(message, ControlMessage):
             return "control"
-        if isinstance(message, FromEngine | FromVad):
+        if isinstance(message, FromEngine | FromVad | FromAgent):
             return "model"
         if isinstance(message, FromClient) and isinstance(message.event, VideoAppend):
             return "video"
@@ -305,6 +317,13 @@ class SessionActor(Actor[Any]):
         self.resources.sink.bind(ctx.self)
         if self.resources.vad is not None:
             self.resources.vad.sink.bind(ctx.self)
+        agent = self.resources.agent
+        if agent is not None:
+
+            async def deliver(event: Event) -> None:
+                await ctx.self.tell(FromAgent(event))
+
+            ctx.start_soon(agent.run, deliver)
         ctx.start_soon(self._guard, ctx)
 
     async def on_stop(self, ctx: ActorContext) -> None:
@@ -344,7 +363,7 @@ class SessionActor(Actor[Any]):
             ctx.log.error("no slot on the restarted engine; ending the session")
             self._end_lost(ctx, "engine_restart_no_slot")
             return
-        self.resources = SessionResources(driver, handle, sink, vad=res.vad)
+        self.resources = SessionResources(driver, handle, sink, vad=res.vad, agent=res.agent)
         self.input_times.clear()  # the old engine's queue is gone
         sink.bind(ctx.self)
         # told again even after `EngineLost`: the new slot takes the session's next epoch
@@ -391,6 +410,9 @@ class SessionActor(Actor[Any]):
                         await self._apply(ctx, _model_frame(output))
                     finally:
                         self.input_at = None
+            case FromAgent(event):
+                if not self.resources.released:
+                    await self._apply(ctx, event)
             case FromVad(window, sink):
                 sink.handled()
                 vad = self.resources.vad
@@ -453,6 +475,8 @@ class SessionActor(Actor[Any]):
                 pcm = np.asarray(pcm, dtype=np.float32)
                 if res.vad is not None:
                     self._push_vad(ctx, res.vad, pcm, start_ms)
+                if res.agent is not None:
+                    res.agent.push(pcm, start_ms)
                 push = res.driver.push_input(res.handle, pcm)
                 self.input_times.push(
                     len(pcm) - push.frames_rejected * res.driver.spec.frame_samples,
@@ -465,12 +489,22 @@ class SessionActor(Actor[Any]):
                 res.driver.push_video(res.handle, frame.frame_id, frame.pts_ms, frame.frame)
             case ModelReset(epoch, _, clear_input):
                 res.driver.reset(res.handle, epoch, clear_input=clear_input)
+                if res.agent is not None:  # the reply of the old epoch stops, end to end
+                    res.agent.cancel_reply(epoch)
+                    if clear_input:
+                        res.agent.clear_input()
                 if clear_input:
                     self.input_times.clear()
                 if clear_input and res.vad is not None:  # the machine forgot the speech too
                     res.vad.link.restart()
             case ModelSignal():
                 pass  # frame-synchronous models take turns from the audio itself
+            case Transcribe():
+                if res.agent is not None:
+                    res.agent.transcribe(effect)
+            case AgentReply():
+                if res.agent is not None:
+                    res.agent.reply(effect)
             case ReleaseResources(reason, expired):
                 if expired:
                     ctx.log.info(

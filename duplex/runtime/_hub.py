@@ -38,6 +38,7 @@ from duplex.models import (
     SlotEngine,
     VadDriver,
 )
+from duplex.models.agent import AgentModels
 from duplex.sessions import (
     Admission,
     Capabilities,
@@ -62,6 +63,7 @@ from ._actor import (
     slot_prompt,
     vad_sink,
 )
+from ._agent_link import AgentLink
 from ._vad_link import VadLink
 
 ENGINE_OUTPUT_BUFFER = 8
@@ -108,6 +110,8 @@ class SessionHub:
         processes: one engine's figures are exported once."""
         self.vad: VadDriver | None = None
         self.vad_starts = 0
+        self.agent: AgentModels | None = None
+        """The agent's shared stages, once they run (with ``Capabilities.agent_cascade``)."""
         self.config = config
         self.capabilities = capabilities
         capacity = spec.max_slots
@@ -389,7 +393,10 @@ class SessionHub:
                 raise self._refusal(RefusalReason.VAD, str(exc)) from None
             if vad is not None:
                 undo.callback(vad.link.close)
-            resources = SessionResources(driver, handle, sink, vad=vad)
+            agent = None
+            if self.agent is not None:
+                agent = AgentLink(self.agent, session_id, config.model_sample_rate)
+            resources = SessionResources(driver, handle, sink, vad=vad, agent=agent)
             ref = await self.system.spawn(
                 SessionActor,
                 machine,

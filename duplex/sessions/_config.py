@@ -658,6 +658,11 @@ class Capabilities:
     supports_model_native_turn_policy: bool = False
     supports_prompts: bool = False
     """``session.prompt`` is accepted (PersonaPlex)."""
+    agent_cascade: bool = False
+    """Turn-based responses come from the server's agent cascade (ASR, a reply model, TTS:
+    ``duplex.runtime``'s agent link), not from the built-in replay; user audio is
+    transcribed, and speech over a reply follows ``overlap_policy`` (a backchannel does
+    not interrupt)."""
 
     def __post_init__(self) -> None:
         _ranged("chunk_period_ms", self.chunk_period_ms, POSITIVE)

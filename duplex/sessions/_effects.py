@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import final
 
 from ._events import Pcm, ServerEvent, VideoAppend
+from ._generation import FunctionTool, ResponseSettings
+from ._items import HistoryItem
 
 # WebSocket close codes the machine asks for.
 CLOSE_NORMAL = 1000
@@ -100,7 +102,36 @@ class ReleaseResources:
     expired: bool = False
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class Transcribe:
+    """The agent's ASR stage: hear the user item ``item_id`` from ``start_ms`` on the
+    input clock (audio arrives with ``ModelAppendAudio``); ``end_ms`` set: the turn ends
+    there, so finish it and answer with a final `AsrResult`."""
+
+    item_id: str
+    start_ms: float
+    end_ms: float | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AgentReply:
+    """The agent's reply stages (LLM, TTS) answer ``response_id`` from ``context`` (the
+    conversation it sees, oldest first) with ``settings`` and ``tools``, as `AgentChunk` s.
+    A `ModelReset` of a later epoch cancels it end to end."""
+
+    epoch: int
+    response_id: str
+    settings: ResponseSettings
+    context: tuple[HistoryItem, ...] = field(repr=False)
+    tools: tuple[FunctionTool, ...] = ()
+
+
 Effect = (
-    Send | CloseConnection | ModelAppendAudio | ModelAppendVideo | ModelSignal | ModelReset
-) | ReleaseResources
+    (Send | CloseConnection | ModelAppendAudio | ModelAppendVideo | ModelSignal | ModelReset)
+    | ReleaseResources
+    | Transcribe
+    | AgentReply
+)
 EFFECT_TYPES: tuple[type, ...] = Effect.__args__  # type: ignore[attr-defined]

@@ -36,6 +36,8 @@ from ._server_events import (
     InputAudioTimeout,
     InputSpeechStarted,
     InputSpeechStopped,
+    InputTranscriptionCompleted,
+    InputTranscriptionDelta,
     ItemAdded,
     ItemDeleted,
     ItemRetrieved,
@@ -477,9 +479,37 @@ class ModelFailed:
     message: str = "engine failure"
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class AsrResult:
+    """The agent's ASR stage heard ``text`` in the user item ``item_id`` so far
+    (``final``: the whole turn, after `Transcribe` closed it)."""
+
+    item_id: str
+    text: str
+    final: bool = False
+
+
+@final
+@dataclass(frozen=True, slots=True, eq=False)
+class AgentChunk:
+    """A piece of the agent's reply to ``response_id``: ``pcm`` (model rate, float32 or
+    PCM16 bytes; none for a text-only reply) with the ``text`` it speaks; ``final``: the
+    reply is over (``reason`` says why: ``stop``, ``length``, ``error``)."""
+
+    response_id: str
+    pcm: Pcm | bytes = field(default=b"", repr=False)
+    text: str = ""
+    final: bool = False
+    reason: str = "stop"
+
+
 RuntimeEvent = (
-    ModelFrame | SpeechStarted | SpeechStopped | ConnectionAttached | ConnectionDetached | Tick
-) | ModelFailed
+    (ModelFrame | SpeechStarted | SpeechStopped | ConnectionAttached | ConnectionDetached | Tick)
+    | ModelFailed
+    | AsrResult
+    | AgentChunk
+)
 RUNTIME_EVENT_TYPES: tuple[type, ...] = RuntimeEvent.__args__  # type: ignore[attr-defined]
 Event = ClientEvent | RuntimeEvent
 
@@ -491,6 +521,8 @@ __all__ = [
     "SERVER_EVENT_TYPES",
     "TURN_SIGNALS",
     "VIDEO_FORMATS",
+    "AgentChunk",
+    "AsrResult",
     "AudioAppend",
     "AudioClear",
     "AudioCommit",
@@ -506,6 +538,8 @@ __all__ = [
     "InputAudioTimeout",
     "InputSpeechStarted",
     "InputSpeechStopped",
+    "InputTranscriptionCompleted",
+    "InputTranscriptionDelta",
     "ItemAdded",
     "ItemCreate",
     "ItemDelete",

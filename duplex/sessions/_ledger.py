@@ -6,6 +6,7 @@ nothing here sends or knows about sockets.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
 from typing import final
@@ -122,6 +123,15 @@ class History:
     def insert(self, item: HistoryItem) -> None:
         """Place an item at its ``order`` (client-created items)."""
         self._put(item)
+
+    def set_text(self, item_id: str, text: str) -> bool:
+        """Give the item with that id its text (a user audio item's transcript); ``False``
+        if there is none (deleted, or dropped from a full history)."""
+        for index, existing in enumerate(self._items):
+            if existing.item_id == item_id:
+                self._items[index] = dataclasses.replace(existing, text=text)
+                return True
+        return False
 
     def remove(self, item_id: str) -> bool:
         """Delete the item with that id; ``False`` if there is none."""
@@ -242,3 +252,5 @@ class SessionStatistics:
     history_dropped: int
     input: InputStatistics
     journal: JournalStatistics
+    agent_chunks_dropped: int = 0
+    transcripts_dropped: int = 0

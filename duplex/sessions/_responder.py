@@ -51,19 +51,56 @@ class TurnResponder:
         self._frame_ms = frame_ms
         self._frames: deque[ModelFrame] = deque()
         self._started = 0.0
-        self._sent = 0
+        self._played_ms = 0.0  # audio of the frames released since `_started`
+        self._streaming = False
+        self._epoch = 0
         self.response_id: str | None = None
 
     @property
     def active(self) -> bool:
-        """Frames are still to come."""
-        return bool(self._frames)
+        """Frames are still to come (queued, or a stream not yet finished)."""
+        return bool(self._frames) or self._streaming
+
+    @property
+    def streaming(self) -> bool:
+        """A stream is open: `feed` takes its chunks."""
+        return self._streaming
+
+    def start_stream(self, epoch: int, response_id: str, now: float) -> None:
+        """Open a stream for ``response_id``; its chunks come with `feed`."""
+        self._frames.clear()
+        self.response_id = response_id
+        self._epoch = epoch
+        self._started, self._played_ms = now, 0.0
+        self._streaming = True
+
+    def feed(self, pcm: Pcm | bytes, text: str, final: bool, now: float) -> None:
+        """Queue one chunk of the open stream (``text`` rides its first frame); ``final``
+        ends the stream with an end-of-turn frame."""
+        if not self._streaming:
+            return
+        if not self._frames and self._started + self._played_ms / 1000.0 < now:
+            self._started, self._played_ms = now, 0.0  # it ran dry: play on from now
+        samples = _float(pcm)
+        step = self._rate * self._frame_ms // 1000
+        count = -(-samples.size // step)
+        for index in range(count):
+            chunk = samples[index * step : (index + 1) * step]
+            last = final and index == count - 1
+            self._frames.append(
+                ModelFrame(self._epoch, chunk, text if index == 0 else "", True, last)
+            )
+        if count == 0 and (text or final):
+            self._frames.append(ModelFrame(self._epoch, b"", text, True, final))
+        if final:
+            self._streaming = False
 
     def start(self, source: ResponderSource, epoch: int, response_id: str, now: float) -> None:
         """Queue the frames of ``source`` for ``response_id``; the first is due at ``now``."""
         self._frames.clear()
         self.response_id = response_id
-        self._started, self._sent = now, 0
+        self._streaming = False
+        self._started, self._played_ms = now, 0.0
         if source.pcm is None or source.pcm.size == 0:
             text = source.text or f"[{round(source.start_ms)}]"
             self._frames.append(ModelFrame(epoch, b"", text, True, True))
@@ -80,6 +117,7 @@ class TurnResponder:
         """Drop the frames not yet played; returns how many."""
         dropped = len(self._frames)
         self._frames.clear()
+        self._streaming = False
         self.response_id = None
         return dropped
 
@@ -87,14 +125,22 @@ class TurnResponder:
         """When the next frame is due, if any."""
         if not self._frames:
             return None
-        return self._started + self._sent * self._frame_ms / 1000.0
+        return self._started + self._played_ms / 1000.0
 
     def due(self, now: float) -> list[ModelFrame]:
         """The frames due by ``now``, in order (catching up if ticks came late)."""
         out: list[ModelFrame] = []
-        while self._frames and self._started + self._sent * self._frame_ms / 1000.0 <= now:
-            out.append(self._frames.popleft())
-            self._sent += 1
-        if not self._frames:
+        while self._frames and self._started + self._played_ms / 1000.0 <= now:
+            frame = self._frames.popleft()
+            out.append(frame)
+            self._played_ms += len(frame.pcm) / 2 * 1000.0 / self._rate
+        if not self._frames and not self._streaming:
             self.response_id = None
         return out
+
+
+def _float(pcm: Pcm | bytes) -> np.ndarray:
+    """Model-rate samples as float32 (PCM16 bytes are scaled to [-1, 1))."""
+    if isinstance(pcm, bytes | bytearray):
+        return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+    return np.asarray(pcm, dtype=np.float32)

@@ -162,6 +162,28 @@ class InputAudioTimeout:
 
 @final
 @dataclass(frozen=True, slots=True)
+class InputTranscriptionDelta:
+    """``conversation.item.input_audio_transcription.delta``: more of the user item's
+    transcript, as the ASR stage hears it (appended, never revised)."""
+
+    item_id: str
+    delta: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class InputTranscriptionCompleted:
+    """``conversation.item.input_audio_transcription.completed``: the user item's final
+    transcript (it may differ from the deltas' concatenation: the final pass decides)."""
+
+    item_id: str
+    transcript: str
+    audio_seconds: float = 0.0
+    """How long the transcribed audio is (the ``usage`` of a duration-billed ASR)."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class ItemAdded:
     """``conversation.item.created`` (beta) / ``.added`` + ``.done`` (GA): a client-created
     item is in the history after ``previous_item_id`` (``None``: first)."""
@@ -351,6 +373,8 @@ ServerEvent = (
     | InputSpeechStarted
     | InputSpeechStopped
     | InputAudioTimeout
+    | InputTranscriptionDelta
+    | InputTranscriptionCompleted
     | ItemAdded
     | ItemRetrieved
     | ItemDeleted

@@ -55,6 +55,8 @@ from ._effects import (
 )
 from ._events import (
     CLIENT_EVENT_TYPES,
+    AgentChunk,
+    AsrResult,
     AudioAppend,
     AudioClear,
     AudioCommit,
@@ -179,8 +181,10 @@ _LIVE_RUNTIME: dict[type, Rule] = {
     ConnectionDetached: Handle("_on_detach"),
     Tick: Handle("_on_tick"),
     ModelFailed: Handle("_on_model_failed"),
+    AsrResult: Handle("_on_asr_result"),
+    AgentChunk: Handle("_on_agent_chunk"),
 }
-_MODEL_EVENTS = (ModelFrame, SpeechStarted, SpeechStopped, ModelFailed)
+_MODEL_EVENTS = (ModelFrame, SpeechStarted, SpeechStopped, ModelFailed, AsrResult, AgentChunk)
 _NO_SOCKET: dict[type, Rule] = {t: Ignore("no_connection") for t in CLIENT_EVENT_TYPES}
 _CLOSED: dict[type, Rule] = {
     t: Reject(errors.SessionClosed, "the session is closed") for t in CLIENT_EVENT_TYPES
@@ -608,6 +612,12 @@ class SessionMachine:
 
     def _on_playback_ack(self, event: PlaybackAck, out: list[Effect]) -> None:
         self._turns.ack(out, event)
+
+    def _on_asr_result(self, event: AsrResult, out: list[Effect]) -> None:
+        self._user.asr_result(out, event)
+
+    def _on_agent_chunk(self, event: AgentChunk, out: list[Effect]) -> None:
+        self._user.agent_chunk(out, event, now=self._now)
 
     def _on_model_failed(self, event: ModelFailed, out: list[Effect]) -> None:
         self._turns.finish(out, "failed", "engine_error")

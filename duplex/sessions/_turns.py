@@ -200,7 +200,9 @@ class TurnTaking:
         self._emit(out, InputSpeechStarted(at_ms if shown_ms is None else shown_ms, item_id))
         if self._response is None:
             return True
-        if not self.turn_based:
+        if not self.turn_based or (
+            self.capabilities.agent_cascade and self.config.vad_interrupt_response
+        ):  # the agent's replies follow the overlap policy: a backchannel does not interrupt
             self._start_overlap(out, at_ms, now=now)
         elif self.config.vad_interrupt_response:
             self.counts["barge_ins"] += 1

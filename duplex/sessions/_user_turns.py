@@ -21,6 +21,13 @@ Turn detection (``SessionConfig.turn_detection``):
 
 A response request is a `ModelSignal` for the model; under ``turn_based`` the
 turn responder (``_responder``) answers the newest user item itself.
+
+With the agent cascade (``Capabilities.agent_cascade``, turn-based sessions) the runtime
+hears and answers instead: speech start asks it to transcribe the pending user item
+(`Transcribe`), the commit closes that transcript, and its `AsrResult` s become the
+item's transcript (and ``input_audio_transcription`` events when transcription is on).
+A response opens at once; its `AgentReply` goes out once the transcript it answers is
+final, and the reply's `AgentChunk` s stream through the responder, paced in real time.
 """
 
 from __future__ import annotations
@@ -31,12 +38,16 @@ from duplex import exceptions as errors
 
 from ._config import Capabilities, SessionConfig, TurnPolicy
 from ._conversation import Conversation
-from ._effects import Effect, ModelAppendAudio, ModelSignal
+from ._effects import AgentReply, Effect, ModelAppendAudio, ModelSignal, Transcribe
 from ._events import (
+    AgentChunk,
+    AsrResult,
     AudioAppend,
     InputAudioCleared,
     InputAudioCommitted,
     InputAudioTimeout,
+    InputTranscriptionCompleted,
+    InputTranscriptionDelta,
     ItemCreate,
     ItemDelete,
     ItemDeleted,
@@ -47,17 +58,27 @@ from ._events import (
     SpeechStarted,
     SpeechStopped,
 )
-from ._generation import ResponseOptions
+from ._generation import FunctionTool, ResponseOptions, ResponseSettings
 from ._input import InputPath
 from ._responder import TurnResponder
 from ._turns import TurnTaking
 
 __all__ = ["USER_TURN_COUNTERS", "ItemEvent", "UserTurns"]
 
-USER_TURN_COUNTERS = ("ignored_events", "auto_turns_skipped", "responder_frames_dropped")
+USER_TURN_COUNTERS = (
+    "ignored_events",
+    "auto_turns_skipped",
+    "responder_frames_dropped",
+    "agent_chunks_dropped",
+    "transcripts_dropped",
+)
+MAX_TRANSCRIBING = 16
+"""User items whose transcript may be pending at once; beyond it the oldest is forgotten
+(its late result is dropped and counted)."""
 """Counted here; the machine adds ``ignored_events`` to its own in `SessionMachine.statistics`."""
 
 Emit = Callable[[list[Effect], ServerEvent], None]
+_Awaiting = tuple[str, str, ResponseSettings, tuple[str, ...] | None, tuple[FunctionTool, ...]]
 ItemEvent = ItemCreate | ItemRetrieve | ItemDelete | ItemTruncate
 
 
@@ -98,6 +119,16 @@ class UserTurns:
         self._pending_item: str | None = None  # the user item the current speech becomes
         self._speech_start_ms = 0.0  # padded start of the current speech (input clock)
         self._idle_from_ms = 0.0  # the idle timeout counts input audio from here
+        self._agent = capabilities.agent_cascade
+        self._heard: dict[str, str] = {}  # item id -> transcript sent as deltas (pending ASR)
+        self._awaiting: _Awaiting | None = None
+        """(item id, response id, settings, input ids, tools): a response waiting on the
+        item's transcript."""
+
+    @property
+    def hears(self) -> bool:
+        """The agent cascade transcribes this session's user turns."""
+        return self._agent and self.turn_based
 
     @property
     def turn_based(self) -> bool:
@@ -150,6 +181,8 @@ class UserTurns:
         previous = self.conversation.last_item_id()
         self.conversation.add_user_audio(item_id, end - start, pcm, start)
         self._emit(out, InputAudioCommitted(item_id, self.turn_id, end, previous))
+        if self.hears:
+            self._transcribe(out, Transcribe(item_id, start, end))
         out.append(ModelSignal(self.turns.epoch, "commit", self.turn_id))
         self._idle_from_ms = max(self._idle_from_ms, end)
         if self.turns.speech_active:  # speech goes on: it becomes another item
@@ -161,6 +194,8 @@ class UserTurns:
         self.turns.finish(out, "cancelled", "input_cleared")
         self.turns.advance_epoch(out, "input_cleared", clear_input=True)
         self.inputs.clear()
+        if self._pending_item is not None:  # its speech is gone: no transcript comes
+            self._heard.pop(self._pending_item, None)
         self._pending_item = None
         self._idle_from_ms = self.inputs.input_ms
         self._emit(out, InputAudioCleared(self.turns.epoch))
@@ -192,6 +227,8 @@ class UserTurns:
         self.turns.speech_started(
             out, event.audio_ms, shown_ms=self._speech_start_ms, item_id=self._pending_item, now=now
         )
+        if self.hears:
+            self._transcribe(out, Transcribe(self._pending_item, self._speech_start_ms))
 
     def speech_stopped(self, out: list[Effect], event: SpeechStopped, *, now: float) -> None:
         """A VAD saw speech end; with ``vad_create_response`` the turn is committed and answered."""
@@ -264,7 +301,92 @@ class UserTurns:
             return
         response_id = self.turns.open_response(out, settings, now=now)
         self.inputs.ledger.answered()
-        self.responder.start(source, self.turns.epoch, response_id, now)
+        if not self._agent:
+            self.responder.start(source, self.turns.epoch, response_id, now)
+            self.play(out, now=now)
+            return
+        self.responder.start_stream(self.turns.epoch, response_id, now)
+        only = options.input if options is not None else None
+        tools = self.config.tools
+        if options is not None and options.tools is not None:
+            tools = options.tools
+        if settings.tool_choice == "none":
+            tools = ()
+        if source.item_id in self._heard:  # its transcript is still coming
+            self._awaiting = (source.item_id, response_id, settings, only, tools)
+        else:
+            self._reply(out, response_id, settings, only, tools)
+
+    # ------------------------------------------------------------------- agent
+
+    def _transcribe(self, out: list[Effect], effect: Transcribe) -> None:
+        self._heard.setdefault(effect.item_id, "")
+        while len(self._heard) > MAX_TRANSCRIBING:
+            del self._heard[next(iter(self._heard))]
+        out.append(effect)
+
+    def _reply(
+        self,
+        out: list[Effect],
+        response_id: str,
+        settings: ResponseSettings,
+        only: tuple[str, ...] | None,
+        tools: tuple[FunctionTool, ...],
+    ) -> None:
+        """Ask the cascade for the reply, with the conversation it answers as context."""
+        self._awaiting = None
+        items = self.turns.history.items
+        if only is not None:
+            wanted = set(only)
+            items = tuple(item for item in items if item.item_id in wanted)
+        out.append(AgentReply(self.turns.epoch, response_id, settings, items, tools))
+
+    def asr_result(self, out: list[Effect], event: AsrResult) -> None:
+        """The cascade heard (some of) a user item: transcript events, and the reply that
+        waited on it."""
+        sent = self._heard.get(event.item_id)
+        if sent is None:  # cleared, deleted or forgotten meanwhile
+            self.counts["transcripts_dropped"] += 1
+            return
+        events = self.config.input_transcription is not None
+        if not event.final:
+            if event.text.startswith(sent) and len(event.text) > len(sent):  # append-only
+                self._heard[event.item_id] = event.text
+                if events:
+                    delta = event.text[len(sent) :]
+                    self._emit(out, InputTranscriptionDelta(event.item_id, delta))
+            return
+        del self._heard[event.item_id]
+        self.turns.history.set_text(event.item_id, event.text)
+        if events:
+            seconds = next(
+                (
+                    i.audio_ms / 1000.0
+                    for i in self.turns.history.items
+                    if i.item_id == event.item_id
+                ),
+                0.0,
+            )
+            self._emit(out, InputTranscriptionCompleted(event.item_id, event.text, seconds))
+        waiting = self._awaiting
+        if waiting is not None and waiting[0] == event.item_id:
+            _, response_id, settings, only, tools = waiting
+            if response_id == self.turns.response_id:
+                self._reply(out, response_id, settings, only, tools)
+            else:
+                self._awaiting = None
+
+    def agent_chunk(self, out: list[Effect], event: AgentChunk, *, now: float) -> None:
+        """A piece of the cascade's reply: into the responder, which paces it out."""
+        responder = self.responder
+        if not responder.streaming or responder.response_id != event.response_id:
+            self.counts["agent_chunks_dropped"] += 1  # its response ended (barge-in, cancel)
+            return
+        if responder.response_id != self.turns.response_id:
+            self.counts["responder_frames_dropped"] += responder.stop()
+            self.counts["agent_chunks_dropped"] += 1
+            return
+        responder.feed(event.pcm, event.text, event.final, now)
         self.play(out, now=now)
 
     def play(self, out: list[Effect], *, now: float) -> None:

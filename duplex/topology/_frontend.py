@@ -306,6 +306,7 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
         backend,
         max_frame_bytes=settings.max_frame_bytes,
         realtime_vad=settings.realtime_vad,
+        realtime_agent=settings.agent,
         access=settings.access,
         client_secret_ttl_s=settings.client_secret_ttl_s,
     )

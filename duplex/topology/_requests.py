@@ -31,6 +31,7 @@ from duplex.models import (
     Slack,
     load_policy,
 )
+from duplex.models.agent import ASR_RUNNER, AgentOptions, build_asr
 from duplex.models.diffusion import load_image_runner, load_video_runner, resolve_diffusion
 from duplex.models.tts import TTS_RUNNER, SpeechRunner, load_tts
 from duplex.runtime import RequestEngines
@@ -49,12 +50,17 @@ class RunnerSpec:
         build: makes the runner.
         max_wait_s: how long a request waits for others before its batch runs.
         max_queue: the most requests waiting at once; more are refused (429, or an error frame).
+        realtime: run its units ungated by the slack (see the field).
     """
 
     name: str
     build: Callable[[], BatchRunner[Any, Any]]
     max_wait_s: float = 0.002
     max_queue: int = 64
+    realtime: bool = False
+    """Its units are a realtime path themselves (the voice agent's ASR and TTS): they run
+    when they come, not in the windows between another engine's ticks (a unit longer than
+    a tick would never fit one)."""
 
 
 def _policy(config: Config, device: str) -> RunnerSpec:
@@ -99,7 +105,19 @@ def _tts(config: Config, device: str) -> RunnerSpec:
         return runner
 
     wait_s = server.tts_batch_wait_ms / 1000.0
-    return RunnerSpec(TTS_RUNNER, build, wait_s, max_queue=server.tts_max_queue)
+    return RunnerSpec(
+        TTS_RUNNER, build, wait_s, max_queue=server.tts_max_queue, realtime=server.agent
+    )
+
+
+def _asr(config: Config) -> RunnerSpec:
+    server = config.server
+    options = AgentOptions(asr=server.agent_asr, asr_grammar=server.agent_asr_grammar)
+
+    def build() -> BatchRunner[Any, Any]:
+        return build_asr(options)
+
+    return RunnerSpec(ASR_RUNNER, build, 0.002, max_queue=1024, realtime=True)
 
 
 def runner_specs(config: Config, device: str | None = None) -> list[RunnerSpec]:
@@ -115,6 +133,8 @@ def runner_specs(config: Config, device: str | None = None) -> list[RunnerSpec]:
         specs.append(_diffusion(config, device, "video"))
     if config.server.tts != "none":
         specs.append(_tts(config, device))
+    if config.server.agent:
+        specs.append(_asr(config))
     return specs
 
 
@@ -131,7 +151,10 @@ async def start_request_engines(
 
         def build(spec: RunnerSpec = spec) -> RequestEngine[Any, Any]:
             return RequestEngine(
-                spec.build(), max_wait_s=spec.max_wait_s, max_queue=spec.max_queue, slack=slack
+                spec.build(),
+                max_wait_s=spec.max_wait_s,
+                max_queue=spec.max_queue,
+                slack=None if spec.realtime else slack,
             )
 
         refs.append(

@@ -41,6 +41,7 @@ from duplex.models import (
     get_model,
     policy_factory,
 )
+from duplex.models.agent import AgentModels, AgentOptions, build_replier
 from duplex.progress import Startup, TerminalBar, render_line
 from duplex.runtime import RequestEngines, SessionHub
 from duplex.sessions import Capabilities, SessionConfig, VadMode
@@ -321,7 +322,9 @@ async def open_backend(
         system,
         hub_spec,
         config=session_cfg,
-        capabilities=capabilities_for(spec),
+        capabilities=dataclasses.replace(
+            capabilities_for(spec), agent_cascade=server.agent and requests is not None
+        ),
         max_sessions=max_sessions,
         registry=registry,
         shard=shard,
@@ -383,6 +386,13 @@ async def open_backend(
                 refs.append(
                     await system.spawn(VadActor, build_vad, hub.vad_started, name="vad-silero")
                 )
+        if server.agent and requests is not None:  # (session shards have no request engines)
+            options = AgentOptions(llm=server.agent_llm, seed=server.model_seed)
+            with startup.step("agent", "loading the agent's reply model"):
+                replier = await trio.to_thread.run_sync(build_replier, options)
+                await nursery.start(replier.run)
+            hub.agent = AgentModels(requests, replier)
+            log.info("agent started", llm=server.agent_llm or "echo", asr=server.agent_asr)
         freeze_startup_objects()
         frozen = True
         backend.ready.set()
@@ -595,6 +605,7 @@ async def _serve_here(
         backend,
         max_frame_bytes=server.max_frame_bytes,
         realtime_vad=server.realtime_vad,
+        realtime_agent=server.agent,
         access=access,
         client_secret_ttl_s=server.client_secret_ttl_s,
         registry=registry,
@@ -643,6 +654,7 @@ async def serve_with_workers(
             settings = WorkerSettings(
                 max_frame_bytes=server.max_frame_bytes,
                 realtime_vad=server.realtime_vad,
+                agent=server.agent,
                 shutdown_grace_s=server.shutdown_grace_s,
                 log_format=server.log_format,
                 log_level=server.log_level,

@@ -56,6 +56,8 @@ class WorkerSettings:
     log_level: str
     fingerprint: str
     """The server process's ``CODE_FINGERPRINT``."""
+    agent: bool = False
+    """``server.agent``: ``?duplex=1`` Realtime sessions open turn-based (the agent answers)."""
     shard_paths: tuple[str, ...] = ()
     """The Unix sockets of session shards 1.. (shard 0 is the server, over the worker's link)."""
     first_event_timeout_s: float = 0.0

@@ -546,6 +546,7 @@ def build_app(
     *,
     max_frame_bytes: int,
     realtime_vad: str | None = None,
+    realtime_agent: bool = False,
     access: AccessSettings | None = None,
     client_secret_ttl_s: int = 600,
     registry: MetricsRegistry | None = None,
@@ -557,6 +558,8 @@ def build_app(
 
     ``realtime_vad`` backs ``server_vad`` in Realtime turn-based sessions
     (``server.realtime_vad``); ``None`` leaves it to the session defaults.
+    ``realtime_agent``: the voice agent answers, so ``?duplex=1`` Realtime sessions open
+    turn-based too (the agent's replies follow their overlap policy; ``server.agent``).
     ``access``: who may connect (``None``: anyone on loopback, same-origin browsers).
     ``client_secret_ttl_s``: a client secret's lifetime when its request names none.
     ``registry``: where refusals are counted (``None`` in a worker, whose metrics no one reads).
@@ -674,6 +677,7 @@ def build_app(
             model=params.get("model"),
             max_size=max_frame_bytes,
             vad=realtime_vad,
+            agent=realtime_agent,
         )
         events = WebSocketEvents(websocket, projection)
         await backend.connect(events, autostart=not resume_only, peer=peer, endpoint="/v1/realtime")

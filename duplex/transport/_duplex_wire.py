@@ -52,6 +52,8 @@ from duplex.sessions import (
     InputAudioTimeout,
     InputSpeechStarted,
     InputSpeechStopped,
+    InputTranscriptionCompleted,
+    InputTranscriptionDelta,
     ItemAdded,
     ItemDeleted,
     ItemRetrieved,
@@ -399,6 +401,18 @@ def _body(event: ServerEvent) -> tuple[str, dict[str, Any]]:
                 "audio_end_ms": event.audio_end_ms,
                 "item_id": event.item_id,
             }
+        case InputTranscriptionDelta():
+            return "conversation.item.input_audio_transcription.delta", {
+                "item_id": event.item_id,
+                "content_index": 0,
+                "delta": event.delta,
+            }
+        case InputTranscriptionCompleted():
+            return "conversation.item.input_audio_transcription.completed", {
+                "item_id": event.item_id,
+                "content_index": 0,
+                "transcript": event.transcript,
+            }
         case ItemAdded():
             return "conversation.item.created", {
                 "previous_item_id": event.previous_item_id,
@@ -541,6 +555,8 @@ SERVER_EVENT_NAMES: tuple[str, ...] = (
     "input_audio_buffer.cleared",
     "input_audio_buffer.speech_started",
     "input_audio_buffer.speech_stopped",
+    "conversation.item.input_audio_transcription.delta",
+    "conversation.item.input_audio_transcription.completed",
     "input_audio_buffer.timeout_triggered",
     "conversation.item.created",
     "conversation.item.retrieved",

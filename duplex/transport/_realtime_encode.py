@@ -35,6 +35,8 @@ from duplex.sessions import (
     InputAudioTimeout,
     InputSpeechStarted,
     InputSpeechStopped,
+    InputTranscriptionCompleted,
+    InputTranscriptionDelta,
     ItemAdded,
     ItemDeleted,
     ItemRetrieved,
@@ -215,6 +217,21 @@ class RealtimeEncoder:
                         item_id=event.item_id,
                     )
                 ]
+            case InputTranscriptionDelta():
+                kind = "conversation.item.input_audio_transcription.delta"
+                return [self._new(kind, item_id=event.item_id, content_index=0, delta=event.delta)]
+            case InputTranscriptionCompleted():
+                kind = "conversation.item.input_audio_transcription.completed"
+                usage = {"type": "duration", "seconds": round(event.audio_seconds, 3)}
+                return [
+                    self._new(
+                        kind,
+                        item_id=event.item_id,
+                        content_index=0,
+                        transcript=event.transcript,
+                        usage=usage,
+                    )
+                ]
             case ItemAdded():
                 item = self._history_item(event.item)
                 previous = event.previous_item_id
@@ -379,7 +396,7 @@ class RealtimeEncoder:
             else:
                 part = {"type": self._name("output_text", "text"), "text": item.text}
         elif item.content == "audio":
-            part = {"type": "input_audio", "transcript": None}
+            part = {"type": "input_audio", "transcript": item.text or None}
         else:
             part = {"type": "input_text", "text": item.text}
         return {

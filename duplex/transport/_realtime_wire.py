@@ -440,6 +440,8 @@ class RealtimeProjection:
         random_bytes: randomness for the ``event_<hex>`` ids.
         vad: the VAD behind ``server_vad`` in a turn-based session (``SessionOptions.vad``;
             the server passes ``server.realtime_vad``); ``None``: the server's session default.
+        agent: the voice agent answers (``server.agent``): ``?duplex=1`` sessions open
+            turn-based too.
     """
 
     def __init__(
@@ -452,12 +454,14 @@ class RealtimeProjection:
         formats: WireFormats | None = None,
         random_bytes: Callable[[int], bytes] = os.urandom,
         vad: str | None = None,
+        agent: bool = False,
     ) -> None:
         if schema not in ("ga", "beta"):
             raise ValueError(f"schema must be 'ga' or 'beta', got {schema!r}")
         self.schema: Schema = schema
         self.duplex = duplex
         self.model = model
+        self.agent = agent
         self.max_size = max_size
         self._turn_based = (
             TURN_BASED_OPTIONS if vad is None else replace(TURN_BASED_OPTIONS, vad=vad)
@@ -481,9 +485,10 @@ class RealtimeProjection:
 
         Without the duplex extensions the session is OpenAI's turn-based API
         (`TURN_BASED_OPTIONS`, with the projection's ``vad``); with them, ``None``:
-        the server's own defaults.
+        the server's own defaults, unless the voice agent answers (``agent``): then
+        turn-based too.
         """
-        return None if self.duplex else self._turn_based
+        return None if self.duplex and not self.agent else self._turn_based
 
     @property
     def formats(self) -> WireFormats:

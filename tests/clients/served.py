@@ -57,21 +57,24 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(tmp_path: Path, *args: str) -> Iterator[Served]:
-    """``python -m duplex.cli serve`` (this checkout's code), until it answers ``/health``."""
+def serve(
+    tmp_path: Path, *args: str, python: str = sys.executable, start_s: float = 90
+) -> Iterator[Served]:
+    """``python -m duplex.cli serve`` (this checkout's code), until it answers ``/health``;
+    ``python``: the interpreter (another environment's, e.g. the one with vllm)."""
     port = free_port()
     log_path = tmp_path / "serve.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "duplex.cli", "serve", "--port", str(port), *args],
+            [python, "-m", "duplex.cli", "serve", "--port", str(port), *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
         )
     served = Served(port, process, log_path)
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + start_s
         while True:
             assert process.poll() is None, served.log()
             with contextlib.suppress(OSError):

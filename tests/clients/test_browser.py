@@ -2,7 +2,7 @@
 
 Debian's ``chromium`` (``scripts/bootstrap.sh`` installs it), driven by playwright with
 its ``executable_path`` (playwright's own browser download is never used). The fake
-microphone plays a WAV of speech then silence, in a loop; the loopback model echoes it.
+microphone plays a WAV of speech then silence, in a loop; the voice agent answers it.
 The page must get the reply, play it through its jitter buffer, ack what it played (the
 server answers each ack with ``playback.acknowledged``), and survive a closed WebSocket
 by resuming the same session.
@@ -43,14 +43,15 @@ def chromium_flags(mic: Path) -> list[str]:
 
 
 def microphone_wav(path: Path) -> Path:
-    """The test's speech, then 4 s of silence: the reply has room to play before it loops."""
+    """The test's speech, then 10 s of silence: the agent's reply (heard, answered, spoken:
+    longer than the speech) has room to play before it loops."""
     with wave.open(str(SPEECH), "rb") as wav:
         rate, pcm = wav.getframerate(), wav.readframes(wav.getnframes())
     with wave.open(str(path), "wb") as out:
         out.setnchannels(1)
         out.setsampwidth(2)
         out.setframerate(rate)
-        out.writeframes(pcm + bytes(2 * rate * 4))
+        out.writeframes(pcm + bytes(2 * rate * 10))
     return path
 
 

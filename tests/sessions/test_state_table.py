@@ -22,6 +22,8 @@ from duplex.exceptions import (
 from duplex.sessions import (
     CLIENT_EVENT_TYPES,
     RUNTIME_EVENT_TYPES,
+    AgentChunk,
+    AsrResult,
     AudioAppend,
     AudioClear,
     AudioCommit,
@@ -100,6 +102,8 @@ EXPECTED_SESSION: dict[type, tuple[object, object, object, object]] = {
     SpeechStarted:      (NOT_STARTED, H("_on_speech"),       H("_on_speech"),       OVER),
     SpeechStopped:      (NOT_STARTED, H("_on_speech"),       H("_on_speech"),       OVER),
     ModelFailed:        (NOT_STARTED, H("_on_model_failed"), H("_on_model_failed"), OVER),
+    AsrResult:          (NOT_STARTED, H("_on_asr_result"),   H("_on_asr_result"),   OVER),
+    AgentChunk:         (NOT_STARTED, H("_on_agent_chunk"),  H("_on_agent_chunk"),  OVER),
     ConnectionAttached: (FIRST,       RESUME,                RESUME,                LATE),
     ConnectionDetached: (NOT_STARTED, H("_on_detach"),       H("_on_detach"),       OVER),
     Tick:               (TICK,        TICK,                  TICK,                  TICK),
@@ -170,6 +174,8 @@ SAMPLES: dict[type, Event] = {
     ConnectionDetached: ConnectionDetached(1),
     Tick: Tick(),
     ModelFailed: ModelFailed("boom"),
+    AsrResult: AsrResult("item_x", "hello", final=True),
+    AgentChunk: AgentChunk("resp_x", b"\x00\x00" * 10, "hi"),
     ItemCreate: ItemCreate("user", "hello", item_id="item_c", event_id="ev_icreate"),
     ItemRetrieve: ItemRetrieve("item_x", "ev_iretrieve"),
     ItemDelete: ItemDelete("item_x", "ev_idelete"),
@@ -219,7 +225,13 @@ def observe(m: SessionMachine, event: Event, now: float = 1.0) -> tuple[str, ...
         seen.append(f"turn={m.turn_state.value}")
     if m.input_ms != input_ms:
         seen.append(f"input_ms+{m.input_ms - input_ms:g}")
-    for name in ("ignored_events", "errors", "events_journaled"):
+    for name in (
+        "ignored_events",
+        "errors",
+        "events_journaled",
+        "transcripts_dropped",
+        "agent_chunks_dropped",
+    ):
         moved = getattr(after, name) - getattr(before, name)
         if moved:
             seen.append(f"{name}+{moved}")
@@ -445,6 +457,17 @@ HANDLED: dict[str, tuple[Case, tuple[str, ...]]] = {
         ("error:session_resume_expired", "CloseConnection"),
     ),
     "closed-tick": ((CLOSED, LISTENING, (), Tick()), ()),
+    # no agent cascade here: nothing is being transcribed or answered, so both are dropped
+    "asr-result": ((ACTIVE, LISTENING, (), SAMPLES[AsrResult]), ("transcripts_dropped+1",)),
+    "agent-chunk": ((ACTIVE, LISTENING, (), SAMPLES[AgentChunk]), ("agent_chunks_dropped+1",)),
+    "detached-asr-result": (
+        (DETACHED, LISTENING, (), SAMPLES[AsrResult]),
+        ("transcripts_dropped+1",),
+    ),
+    "detached-agent-chunk": (
+        (DETACHED, LISTENING, (), SAMPLES[AgentChunk]),
+        ("agent_chunks_dropped+1",),
+    ),
 }
 
 

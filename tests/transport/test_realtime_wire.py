@@ -150,6 +150,8 @@ def session_story(config: ds.SessionConfig | None = None) -> list:
         ds.SessionUpdated("duplex-abc", turn_based),
         ds.InputSpeechStarted(120.4, "item_u1"),
         ds.InputSpeechStopped(980.6, "item_u1"),
+        ds.InputTranscriptionDelta("item_u1", "hello"),
+        ds.InputTranscriptionCompleted("item_u1", "hello there", 0.98),
         ds.InputAudioCommitted("item_u1", 1, 980.6),
         ds.InputAudioCommitted("item_u2", 2, 1980.6, "item_u1"),
         ds.InputAudioTimeout(1980.6, 6980.6, "item_u3"),

@@ -42,7 +42,13 @@ async def running_server(
     ``dead_letters``: how many the actor system keeps (by default as ``duplex serve``)."""
     registry = MetricsRegistry()
     config = load_config(
-        env={}, overrides={"server.port": 0, "server.shutdown_grace_s": 0.5, **overrides}
+        env={},
+        overrides={
+            "server.port": 0,
+            "server.shutdown_grace_s": 0.5,
+            "server.agent": False,  # the session surface's tests: the replaying responder
+            **overrides,
+        },
     )
     async with (
         open_actor_system(registry=registry, dead_letter_capacity=dead_letters) as system,

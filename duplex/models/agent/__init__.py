@@ -1,0 +1,26 @@
+"""The voice agent's model stages, shared by every session of a process: streaming ASR
+(`PocketSphinxRunner`), a reply model (`EchoReplier` without weights, `VllmReplier` with a
+local checkpoint) and TTS (``duplex.models.tts``), each behind a batching engine."""
+
+from ._agent import ASR_RUNNER, AgentModels, AgentOptions, build_asr, build_replier
+from ._asr import ASR_SAMPLE_RATE, AsrChunk, AsrProcess, AsrText, PocketSphinxRunner
+from ._reply import ChatMessage, EchoReplier, Replier, ReplyDelta, ReplyRequest, ToolSpec
+
+__all__ = [
+    "ASR_RUNNER",
+    "ASR_SAMPLE_RATE",
+    "AgentModels",
+    "AgentOptions",
+    "AsrChunk",
+    "AsrProcess",
+    "AsrText",
+    "ChatMessage",
+    "EchoReplier",
+    "PocketSphinxRunner",
+    "Replier",
+    "ReplyDelta",
+    "ReplyRequest",
+    "ToolSpec",
+    "build_asr",
+    "build_replier",
+]

@@ -1,0 +1,125 @@
+"""The agent's shared stages: its ASR and TTS are request engines of the process (looked up
+by name, ``asr`` and ``tts``, in its registry: built in this process or in an engine
+process, restarted by their supervisor); its reply model is one per process.
+
+Every session of the process uses the same `AgentModels` (the hub hands it to each
+session's agent link), so their requests batch together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, final
+
+import numpy as np
+import numpy.typing as npt
+
+from duplex.exceptions import ConfigError, ModelError
+
+from ._asr import AsrChunk, AsrProcess, AsrText
+from ._reply import EchoReplier, Replier
+
+__all__ = ["ASR_RUNNER", "AgentModels", "AgentOptions", "build_asr", "build_replier"]
+
+ASR_RUNNER = "asr"
+"""The ASR's name among the process's request engines (and its metrics' ``runner``)."""
+
+
+class _Service(Protocol):
+    async def submit(self, request: Any) -> Any: ...
+
+
+class _Engines(Protocol):
+    """The process's request engines by name (``duplex.runtime.RequestEngines``)."""
+
+    def get(self, name: str) -> Any: ...
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AgentOptions:
+    """Which models the agent runs (``server.agent_*``)."""
+
+    llm: str = ""
+    asr: str = "pocketsphinx"
+    asr_grammar: str = ""
+    seed: int = 0
+
+
+@final
+class AgentModels:
+    """The shared stages: ``requests`` holds the ``asr`` and ``tts`` engines."""
+
+    def __init__(self, requests: _Engines, replier: Replier) -> None:
+        self.requests = requests
+        self.replier = replier
+
+    def _engine(self, name: str) -> _Service:
+        engine = self.requests.get(name)
+        if engine is None:
+            raise ModelError(f"the {name} engine is not running (starting or restarting)")
+        return engine  # type: ignore[no-any-return]
+
+    async def hear(self, chunk: AsrChunk) -> AsrText:
+        """One chunk of a stream through the shared ASR."""
+        result: AsrText = await self._engine(ASR_RUNNER).submit(chunk)
+        return result
+
+    async def speak(self, text: str, voice: str) -> tuple[npt.NDArray[np.float32], int]:
+        """``text`` spoken in ``voice``: samples and their rate (the caller resamples)."""
+        from duplex.models.tts import TTS_RUNNER, SpeechRequest
+
+        audio = await self._engine(TTS_RUNNER).submit(SpeechRequest(text, voice=voice))
+        return np.asarray(audio.pcm, dtype=np.float32) / 32768.0, audio.sample_rate
+
+    @property
+    def metadata(self) -> Mapping[str, str]:
+        return {"llm": self.replier.name}
+
+
+def build_asr(options: AgentOptions, *, max_batch: int = 32) -> AsrProcess:
+    """The ASR runner, in its own process (blocking: starts it and loads its warm decoders;
+    run it off the trio thread).
+
+    Raises:
+        ConfigError: an unknown ASR, or a grammar file that does not exist.
+    """
+    if options.asr != "pocketsphinx":
+        raise ConfigError(
+            f"server.agent_asr: {options.asr!r}: only pocketsphinx is supported so far",
+            key="server.agent_asr",
+        )
+    grammar = None
+    if options.asr_grammar:
+        path = Path(options.asr_grammar)
+        if not path.is_file():
+            raise ConfigError(
+                f"server.agent_asr_grammar: no file {options.asr_grammar!r}",
+                key="server.agent_asr_grammar",
+            )
+        grammar = path.read_text()
+    runner = AsrProcess(grammar=grammar, max_batch=max_batch)
+    runner.prepare()
+    return runner
+
+
+def build_replier(options: AgentOptions) -> Replier:
+    """The reply model (blocking: vllm loads for seconds; run it off the trio thread).
+
+    Raises:
+        ConfigError: ``llm`` is not a checkpoint folder.
+    """
+    if not options.llm:
+        return EchoReplier()
+    from ._vllm import VllmReplier
+
+    if not (Path(options.llm) / "config.json").is_file():
+        raise ConfigError(
+            f"server.agent_llm: {options.llm!r} is not a checkpoint folder (no config.json)",
+            key="server.agent_llm",
+        )
+    vllm = VllmReplier(options.llm, seed=options.seed)
+    vllm.load()
+    return vllm

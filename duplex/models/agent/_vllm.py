@@ -1,0 +1,214 @@
+"""The agent's LLM stage on vllm: one `AsyncLLM` shared by every session of the process.
+
+vllm's engine is asyncio; the server is trio. The engine lives on its own thread with its
+own asyncio loop (`VllmReplier.load` starts both); each reply is one ``generate`` call
+scheduled onto that loop, whose outputs come back to trio through the trio token
+(``run_sync_soon``: the vllm loop never waits for trio). Continuous batching is vllm's:
+every session's requests share the engine. Cancelling the trio side cancels the asyncio
+task, and vllm aborts the request (a barge-in frees its KV blocks at once).
+
+The conversation becomes a prompt through the checkpoint's own chat template (tools
+included); with tools, the reply is read by vllm's ``hermes`` tool parser, and a parsed
+call comes back as a tool-call `ReplyDelta` instead of text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import trio
+
+from ._reply import ChatMessage, ReplyDelta, ReplyRequest
+
+__all__ = ["VllmReplier"]
+
+TOOL_TAG = "<tool_call>"
+
+
+class VllmReplier:
+    """A local chat checkpoint served by vllm.
+
+    Args:
+        path: the checkpoint folder (``config.json``, weights, tokenizer with a chat template).
+        seed: the base sampling seed (a reply's seed is this plus its number).
+        gpu_memory_utilization: vllm's share of device memory (of RAM on the CPU build).
+        max_model_len: the longest prompt plus reply.
+        tool_parser: vllm's tool-call parser for the checkpoint's format.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.2,
+        max_model_len: int = 2048,
+        tool_parser: str = "hermes",
+    ) -> None:
+        self.path = path
+        self._seed = seed
+        self._memory = gpu_memory_utilization
+        self._max_len = max_model_len
+        self._parser_name = tool_parser
+        self._count = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._llm: Any = None
+        self._tokenizer: Any = None
+
+    def load(self) -> None:
+        """Start the engine thread and load the model (blocking: seconds)."""
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="vllm-loop", daemon=True)
+        thread.start()
+        self._loop = loop
+        future = asyncio.run_coroutine_threadsafe(self._make(), loop)
+        self._llm, self._tokenizer = future.result()
+
+    async def _make(self) -> tuple[Any, Any]:
+        from transformers import AutoTokenizer
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=self.path,
+            gpu_memory_utilization=self._memory,
+            max_model_len=self._max_len,
+            seed=self._seed,
+            enforce_eager=True,
+        )
+        return AsyncLLM.from_engine_args(args), AutoTokenizer.from_pretrained(self.path)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Hold the engine until cancelled, then shut it down."""
+        task_status.started()
+        try:
+            await trio.sleep_forever()
+        finally:
+            if self._llm is not None and self._loop is not None:
+                self._llm.shutdown()
+                self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def prompt(self, request: ReplyRequest) -> str:
+        """The conversation as the checkpoint's chat template renders it."""
+        messages: list[dict[str, Any]] = []
+        if request.instructions:
+            messages.append({"role": "system", "content": request.instructions})
+        messages.extend(_chat(m) for m in request.messages)
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": json.loads(t.parameters_json),
+                },
+            }
+            for t in request.tools
+        ]
+        text: str = self._tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+        )
+        return text
+
+    async def stream(self, request: ReplyRequest) -> AsyncIterator[ReplyDelta]:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        assert self._loop is not None and self._llm is not None, "load() first"
+        number = next(self._count)
+        params = SamplingParams(
+            temperature=request.temperature,
+            max_tokens=request.max_tokens,
+            seed=self._seed + number if request.seed is None else request.seed,
+            output_kind=RequestOutputKind.DELTA,
+            skip_special_tokens=not request.tools,
+        )
+        prompt = self.prompt(request)
+        send, recv = trio.open_memory_channel[tuple[str, str | None] | BaseException](math.inf)
+        token = trio.lowlevel.current_trio_token()
+        llm = self._llm
+
+        async def produce() -> None:
+            try:
+                async for output in llm.generate(prompt, params, f"reply-{number}"):
+                    piece = output.outputs[0]
+                    token.run_sync_soon(send.send_nowait, (piece.text, piece.finish_reason))
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # the engine failed: the reply fails with it
+                token.run_sync_soon(send.send_nowait, exc)
+            finally:
+                token.run_sync_soon(send.close)
+
+        future = asyncio.run_coroutine_threadsafe(produce(), self._loop)
+        text, held, finish = "", "", "stop"
+        try:
+            async with recv:
+                async for item in recv:
+                    if isinstance(item, BaseException):
+                        raise item
+                    piece, reason = item
+                    finish = reason or finish
+                    text += piece
+                    if not request.tools:
+                        if piece:
+                            yield ReplyDelta(piece)
+                        continue
+                    held += piece  # with tools: hold what may be the start of a call
+                    if TOOL_TAG in text or TOOL_TAG.startswith(held.lstrip()):
+                        continue
+                    yield ReplyDelta(held)
+                    held = ""
+        finally:
+            future.cancel()  # cancels the asyncio task: vllm aborts the request
+        if request.tools and TOOL_TAG in text:
+            calls = self._tool_calls(text, request)
+            if calls:
+                unsent = held[: held.find(TOOL_TAG)] if TOOL_TAG in held else ""
+                if unsent.strip():
+                    yield ReplyDelta(unsent)
+                for index, (name, arguments) in enumerate(calls):
+                    yield ReplyDelta(arguments, f"call_{number}_{index}", name)
+                yield ReplyDelta(finish="tool_calls")
+                return
+        if held:
+            yield ReplyDelta(held)
+        yield ReplyDelta(finish="length" if finish == "length" else "stop")
+
+    def _tool_calls(self, text: str, request: ReplyRequest) -> list[tuple[str, str]]:
+        """The calls vllm's tool parser finds in ``text`` (name, JSON arguments)."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.tool_parsers import ToolParserManager
+
+        tools = [
+            {"type": "function", "function": {"name": t.name, "description": t.description,
+             "parameters": json.loads(t.parameters_json)}}
+            for t in request.tools
+        ]  # fmt: skip
+        chat = ChatCompletionRequest(messages=[], model=self.path, tools=tools)
+        parser = ToolParserManager.get_tool_parser(self._parser_name)(self._tokenizer, chat.tools)
+        found = parser.extract_tool_calls(text, chat)
+        if not found.tools_called:
+            return []
+        return [(call.function.name, call.function.arguments) for call in found.tool_calls]
+
+
+def _chat(message: ChatMessage) -> dict[str, Any]:
+    if message.kind == "function_call":
+        call = {"name": message.name, "arguments": json.loads(message.text or "{}")}
+        return {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": message.call_id, "type": "function", "function": call}],
+        }
+    if message.kind == "function_call_output":
+        return {"role": "tool", "tool_call_id": message.call_id, "content": message.text}
+    return {"role": message.role if message.role != "tool" else "user", "content": message.text}
