@@ -36,6 +36,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--model-seed", type=int, help="base sampling seed of the model")
     serve.add_argument(
+        "--agent",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="answer Realtime turn-based sessions with the voice agent (default: on); "
+        "--no-agent: the turn responder replays the user's turn",
+    )
+    serve.add_argument(
         "--llm",
         metavar="PATH",
         help="a local chat checkpoint the voice agent replies with (through vllm); default: "
@@ -193,6 +200,7 @@ def _serve(args: argparse.Namespace) -> int:
             ("model", args.model),
             ("model_device", args.model_device),
             ("model_seed", args.model_seed),
+            ("agent", args.agent),
             ("agent_llm", args.llm),
             ("agent_asr", args.asr),
             ("random_weights", args.random_weights),

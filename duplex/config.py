@@ -320,7 +320,11 @@ class ServerConfig:
                 f"tts: must be espeak, none or a VITS checkpoint folder, got {self.tts!r}"
             )
         if self.agent and self.tts == "none":
-            raise ConfigError("agent: the voice agent speaks through the TTS: tts must not be none")
+            raise ConfigError(
+                "agent: the voice agent speaks through the TTS, so tts must not be none "
+                "(or turn the agent off: --no-agent, DUPLEX_AGENT=false)",
+                key="agent",
+            )
         if not 1 <= self.tts_max_batch <= 256:
             raise ConfigError(f"tts_max_batch: must be 1..256, got {self.tts_max_batch}")
         if not 0 <= self.tts_batch_wait_ms <= 1000:

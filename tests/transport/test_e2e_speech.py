@@ -274,7 +274,10 @@ async def test_a_full_queue_refuses_429_then_recovers_and_a_client_that_leaves_f
 
 
 async def test_without_a_tts_every_speech_route_says_so() -> None:
-    async with served("--tts", "none") as url, httpx.AsyncClient(base_url=url) as http:
+    async with (
+        served("--tts", "none", "--no-agent") as url,
+        httpx.AsyncClient(base_url=url) as http,
+    ):
         for response in [
             await http.post(SPEECH, json={"input": "x"}),
             await http.post(SPEECH + "/batch", json={"input": ["x"]}),
