@@ -98,7 +98,9 @@ def test_same_seed_same_images_other_seed_other_images(image_runner: ImageRunner
     assert all(image.dtype == np.uint8 for image in first.images)
     assert all(np.array_equal(a, b) for a, b in zip(first.images, again.images, strict=True))
     assert not np.array_equal(first.images[0], first.images[1])  # image i: seed + i
-    assert np.array_equal(first.images[1], other.images[0])  # seed 11 + 1 is seed 12
+    # seed 11 + 1 is seed 12: the same noise; run in a batch of 2 rather than alone, the
+    # floats may differ in the last bits, so a pixel may round one step apart
+    assert np.abs(first.images[1].astype(int) - other.images[0].astype(int)).max() <= 2
     assert gate.units == 3 * 2  # after each step: the engine holds the first unit
 
 
