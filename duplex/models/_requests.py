@@ -197,13 +197,11 @@ class _Gate:
         self.unit_started = timer()
 
     def next_unit(self) -> None:
-        on_loop = trio.lowlevel.in_trio_run()
         if all(waiting.gone for waiting in self._batch):
             raise RequestCancelled("every request of the batch was withdrawn")
-        if self._slack is None or on_loop:
-            self.end_unit(on_loop=on_loop)
-        else:  # one hop to the event loop: hand the window back and wait for the next
-            self._estimate.record(self._timer() - self.unit_started)
+        self._estimate.record(self._timer() - self.unit_started)
+        if self._slack is not None and not trio.lowlevel.in_trio_run():
+            # one hop to the event loop: hand the window back and wait for the next
             trio.from_thread.run(self._next_window, self._slack)
         self.unit_started = self._timer()
 
@@ -214,15 +212,14 @@ class _Gate:
         await slack.acquire(self._estimate)
         self.holding = True
 
-    def end_unit(self, *, on_loop: bool) -> None:
+    def end(self) -> None:
+        """The runner call returned (on the event loop): its last unit's time, and the window
+        back."""
         self._estimate.record(self._timer() - self.unit_started)
         if self.holding:
             assert self._slack is not None
-            if on_loop:
-                self._slack.release()
-            else:
-                trio.from_thread.run_sync(self._slack.release)
             self.holding = False
+            self._slack.release()
 
 
 @final
@@ -364,7 +361,7 @@ class RequestEngine(Generic[Req, Res]):
             self._failed_batches += 1
             results = [exc] * len(requests)
         finally:
-            gate.end_unit(on_loop=True)
+            gate.end()
         run_ms = (self._timer() - start) * 1000.0
         self._last_run_ms = run_ms
         for ticket, waiting, result in zip(tickets, batch, results, strict=True):

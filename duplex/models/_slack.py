@@ -180,7 +180,7 @@ class Slack:
         Cancellable while it waits."""
         await trio.lowlevel.checkpoint_if_cancelled()
         deferred = False
-        while not self.fits(estimate if isinstance(estimate, float) else estimate.seconds):
+        while not self.fits(estimate.seconds if isinstance(estimate, UnitEstimate) else estimate):
             if not deferred and not self._stepping and not self._running:
                 self._deferred += 1  # a window is open but too short for this unit
                 deferred = True
