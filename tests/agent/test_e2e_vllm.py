@@ -14,7 +14,6 @@ and says so.
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -23,15 +22,9 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.clients.served import ROOT, serve
-from tests.transport.test_realtime_wire import check_wire
+from tests.transport.test_e2e_openai_app import weather_turns
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city now.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-}
 
 pytestmark = pytest.mark.skipif(
     not VLLM_PYTHON.exists(),
@@ -49,59 +42,11 @@ def tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-async def _until(conn: Any, kind: str, seen: list[dict[str, Any]]) -> dict[str, Any]:
-    async with asyncio.timeout(60):
-        while True:
-            event = json.loads(await conn.recv_bytes())
-            check_wire(event, schema="ga", duplex=False)
-            conn.parse_event(json.dumps(event))
-            seen.append(event)
-            if event["type"] in (kind, "error"):
-                return event
-
-
 async def _app(base_url: str) -> list[dict[str, Any]]:
     client = AsyncOpenAI(api_key="unused", websocket_base_url=base_url)
     seen: list[dict[str, Any]] = []
     async with client.realtime.connect(model="gpt-realtime") as conn:
-        await _until(conn, "session.created", seen)
-        await conn.session.update(
-            session={
-                "type": "realtime",
-                "instructions": "You are a terse weather assistant.",
-                "output_modalities": ["text"],
-                "audio": {
-                    "input": {"transcription": {"model": "whisper-1"}, "turn_detection": None},
-                    "output": {"voice": "marin"},
-                },
-                "tools": [WEATHER],  # type: ignore[list-item]
-                "tool_choice": "auto",
-                "max_output_tokens": 12,
-            }
-        )
-        await _until(conn, "session.updated", seen)
-        await conn.conversation.item.create(
-            item={
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "Weather in Paris?"}],
-            }
-        )
-        await conn.response.create()
-        await _until(conn, "response.done", seen)
-        await conn.conversation.item.create(
-            item={
-                "type": "function_call",
-                "call_id": "call_1",
-                "name": "get_weather",
-                "arguments": '{"city": "Paris"}',
-            }
-        )
-        await conn.conversation.item.create(
-            item={"type": "function_call_output", "call_id": "call_1", "output": "21 C, sunny"}
-        )
-        await conn.response.create()
-        await _until(conn, "response.done", seen)
+        await weather_turns(conn, seen, max_output_tokens=12, timeout_s=60)
     return seen
 
 

@@ -27,9 +27,11 @@ WEATHER = {
 }
 
 
-async def _until(conn: Any, kind: str, seen: list[dict[str, Any]]) -> dict[str, Any]:
+async def until(
+    conn: Any, kind: str, seen: list[dict[str, Any]], *, timeout_s: float = 10.0
+) -> dict[str, Any]:
     """Read events (each validated strictly) until one of ``kind``; returns it."""
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(timeout_s):
         while True:
             event = json.loads(await conn.recv_bytes())
             check_wire(event, schema="ga", duplex=False)
@@ -39,48 +41,55 @@ async def _until(conn: Any, kind: str, seen: list[dict[str, Any]]) -> dict[str, 
                 return event
 
 
+async def weather_turns(
+    conn: Any, seen: list[dict[str, Any]], *, max_output_tokens: int, timeout_s: float = 10.0
+) -> None:
+    """The app's session and its two turns: configure, ask, feed a tool result, ask again."""
+    await until(conn, "session.created", seen, timeout_s=timeout_s)
+    await conn.session.update(
+        session={
+            "type": "realtime",
+            "instructions": "You are a terse weather assistant.",
+            "output_modalities": ["text"],
+            "audio": {
+                "input": {"transcription": {"model": "whisper-1"}, "turn_detection": None},
+                "output": {"voice": "marin"},
+            },
+            "tools": [WEATHER],  # type: ignore[list-item]
+            "tool_choice": "auto",
+            "max_output_tokens": max_output_tokens,
+        }
+    )
+    await until(conn, "session.updated", seen, timeout_s=timeout_s)
+    await conn.conversation.item.create(
+        item={
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Weather in Paris?"}],
+        }
+    )
+    await conn.response.create()
+    await until(conn, "response.done", seen, timeout_s=timeout_s)
+    await conn.conversation.item.create(
+        item={
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+        }
+    )
+    await conn.conversation.item.create(
+        item={"type": "function_call_output", "call_id": "call_1", "output": "21 C, sunny"}
+    )
+    await conn.response.create()
+    await until(conn, "response.done", seen, timeout_s=timeout_s)
+
+
 async def _app(base_url: str) -> list[dict[str, Any]]:
     client = AsyncOpenAI(api_key="unused", websocket_base_url=base_url)
     seen: list[dict[str, Any]] = []
     async with client.realtime.connect(model="gpt-realtime") as conn:
-        await _until(conn, "session.created", seen)
-        await conn.session.update(
-            session={
-                "type": "realtime",
-                "instructions": "You are a terse weather assistant.",
-                "output_modalities": ["text"],
-                "audio": {
-                    "input": {"transcription": {"model": "whisper-1"}, "turn_detection": None},
-                    "output": {"voice": "marin"},
-                },
-                "tools": [WEATHER],  # type: ignore[list-item]
-                "tool_choice": "auto",
-                "max_output_tokens": 512,
-            }
-        )
-        await _until(conn, "session.updated", seen)
-        await conn.conversation.item.create(
-            item={
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "Weather in Paris?"}],
-            }
-        )
-        await conn.response.create()
-        await _until(conn, "response.done", seen)
-        await conn.conversation.item.create(
-            item={
-                "type": "function_call",
-                "call_id": "call_1",
-                "name": "get_weather",
-                "arguments": '{"city": "Paris"}',
-            }
-        )
-        await conn.conversation.item.create(
-            item={"type": "function_call_output", "call_id": "call_1", "output": "21 C, sunny"}
-        )
-        await conn.response.create()
-        await _until(conn, "response.done", seen)
+        await weather_turns(conn, seen, max_output_tokens=512)
         await conn.response.create(
             response={
                 "conversation": "none",
@@ -89,7 +98,7 @@ async def _app(base_url: str) -> list[dict[str, Any]]:
                 "input": [{"type": "item_reference", "id": seen_user_item(seen)}],
             }
         )
-        await _until(conn, "response.done", seen)
+        await until(conn, "response.done", seen)
     return seen
 
 
