@@ -887,14 +887,34 @@ async def fuzz(args: argparse.Namespace) -> dict[str, Any]:
     _served.HEADERS.update(AUTH)
     results: dict[str, Any] = {}
     started = time.monotonic()
-    async with serve(["--model", "loopback"], env=env, log=out.with_suffix(".log")) as served:
+    import _fuzz_media  # here: it imports this module's generators
+
+    media = {"media", "video_stream"} & set(args.endpoints)
+    flags = ["--image-model", "tiny", "--video-model", "tiny"] if media else []
+    async with serve(
+        ["--model", "loopback", *flags], env=env, log=out.with_suffix(".log")
+    ) as served:
         endpoints: dict[str, Any] = {
             "duplex": JsonEndpoint("duplex", served.ws("/v1/duplex")),
             "realtime": JsonEndpoint("realtime", served.ws("/v1/realtime")),
             "chat": ChatEndpoint(served.ws("/api/chat")),
             "pcm": PcmEndpoint(served.ws("/v1/audio/duplex")),
+            "speech_stream": _fuzz_media.SpeechStreamEndpoint(
+                served.ws("/v1/audio/speech/stream"), LIMIT
+            ),
+            "video_stream": _fuzz_media.VideoStreamEndpoint(served.ws("/v1/realtime/video"), LIMIT),
         }
         for name in args.endpoints:
+            if name in ("speech", "media"):
+                t = time.monotonic()
+                found: dict[str, Any] = {}
+                await _fuzz_media.fuzz_http_routes(served.http, name, args.frames, args.seed,
+                                                   found)  # fmt: skip
+                for route, result in found.items():
+                    results[route] = result
+                    print(route, json.dumps({k: v for k, v in result.items()
+                                             if k != "examples"}), file=sys.stderr)  # fmt: skip
+                continue
             if name == "http":
                 continue
             endpoint = endpoints[name]
