@@ -1,7 +1,8 @@
 """Fuzz every endpoint of a real ``duplex serve``: generated frames in, typed answers out?
 
     .venv/bin/python bench/fuzz_endpoints.py [--frames 2000] [--seed 0] [--lanes 4]
-        [--endpoints duplex,realtime,chat,pcm,http] [--out bench/results/fuzz]
+        [--endpoints duplex,realtime,chat,pcm,http,speech,speech_stream,media,video_stream]
+        [--out bench/results/fuzz]
 
 Starts ``duplex serve`` (loopback model, an API key, ``max_frame_bytes`` 65,536 so that
 frames at and over the limit are cheap) and sends ``--frames`` generated frames to each
@@ -50,6 +51,26 @@ and the four WebSocket paths without an upgrade) get random methods, query strin
 headers, credentials and bodies (mutated JSON, deep nesting, binary, huge), and one frame
 in ten is raw bytes on a TCP socket (a broken request line, bad headers, a truncated
 body). Writes ``OUT.json``.
+
+The text-to-speech, image and video endpoints (``bench/_fuzz_media.py``; with ``media`` or
+``video_stream`` the server also runs ``--image-model tiny --video-model tiny``):
+
+- ``speech`` (``POST /v1/audio/speech``, ``POST /v1/audio/speech/batch``,
+  ``GET /v1/audio/voices``) and ``media`` (``POST /v1/images/generations``,
+  ``POST``/``GET /v1/videos``, ``GET``/``DELETE /v1/videos/{id}``,
+  ``GET /v1/videos/{id}/content``): per route ``--frames`` requests of the kinds above
+  (mutated valid bodies, wrong types, numbers, deep nesting, garbage, binary, bodies at and
+  over the route's limit) plus wrong content types, multipart garbage and bad path ids.
+  Every answer must be a success or OpenAI's ``{"error": {message, type, param, code}}``
+  (a 5xx other than a typed 503 is untyped); after each request a barrier (``GET
+  /v1/audio/voices``, ``GET /v1/videos?limit=1``) must answer 200.
+- ``speech_stream`` (``WS /v1/audio/speech/stream``): after a valid ``session.config``,
+  mutated ``session.config`` / ``input.text`` / ``input.done``, binary frames, frames at and
+  over 128 KiB; barrier: an unknown event named for the frame (its ``unknown_event`` error).
+- ``video_stream`` (``WS /v1/realtime/video``): half the sockets get the frame as their
+  first message (a mutated ``session.start``), half a valid tiny start first and then
+  mutated ``session.ping`` / ``session.interaction``; barrier: ``session.ping``
+  (``session.pong``). A finished generation closes with 1000 and a new socket follows.
 """
 
 from __future__ import annotations
@@ -887,14 +908,34 @@ async def fuzz(args: argparse.Namespace) -> dict[str, Any]:
     _served.HEADERS.update(AUTH)
     results: dict[str, Any] = {}
     started = time.monotonic()
-    async with serve(["--model", "loopback"], env=env, log=out.with_suffix(".log")) as served:
+    import _fuzz_media  # here: it imports this module's generators
+
+    media = {"media", "video_stream"} & set(args.endpoints)
+    flags = ["--image-model", "tiny", "--video-model", "tiny"] if media else []
+    async with serve(
+        ["--model", "loopback", *flags], env=env, log=out.with_suffix(".log")
+    ) as served:
         endpoints: dict[str, Any] = {
             "duplex": JsonEndpoint("duplex", served.ws("/v1/duplex")),
             "realtime": JsonEndpoint("realtime", served.ws("/v1/realtime")),
             "chat": ChatEndpoint(served.ws("/api/chat")),
             "pcm": PcmEndpoint(served.ws("/v1/audio/duplex")),
+            "speech_stream": _fuzz_media.SpeechStreamEndpoint(
+                served.ws("/v1/audio/speech/stream"), LIMIT
+            ),
+            "video_stream": _fuzz_media.VideoStreamEndpoint(served.ws("/v1/realtime/video"), LIMIT),
         }
         for name in args.endpoints:
+            if name in ("speech", "media"):
+                t = time.monotonic()
+                found: dict[str, Any] = {}
+                await _fuzz_media.fuzz_http_routes(served.http, name, args.frames, args.seed,
+                                                   found)  # fmt: skip
+                for route, result in found.items():
+                    results[route] = result
+                    print(route, json.dumps({k: v for k, v in result.items()
+                                             if k != "examples"}), file=sys.stderr)  # fmt: skip
+                continue
             if name == "http":
                 continue
             endpoint = endpoints[name]

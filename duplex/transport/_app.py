@@ -734,6 +734,7 @@ def build_app(
         error = {
             "message": f"{request.method} {request.url.path}: {exc.detail}",
             "type": "invalid_request_error",
+            "param": None,  # OpenAI's shape has all four keys (the media routes' own do)
             "code": HTTP_ERROR_CODES.get(exc.status_code, "invalid_request"),
         }
         response = HttpAnswer.json({"error": error}, exc.status_code).response()
@@ -745,7 +746,12 @@ def build_app(
         get_logger(component="http").error(
             "request failed", method=request.method, path=request.url.path, exc_info=exc
         )
-        error = {"message": "internal error", "type": "server_error", "code": "internal_error"}
+        error = {
+            "message": "internal error",
+            "type": "server_error",
+            "param": None,
+            "code": "internal_error",
+        }
         return HttpAnswer.json({"error": error}, 500).response()
 
     app = Starlette(

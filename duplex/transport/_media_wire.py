@@ -208,7 +208,8 @@ class _Fields:
                 raise InvalidType(f"'{name}' must be a number.", param=name) from None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidType(f"'{name}' must be a number.", param=name)
-        if not (math.isfinite(value) and low <= value <= high):
+        # an int is compared exactly (math.isfinite overflows on one past a float's range)
+        if (isinstance(value, float) and not math.isfinite(value)) or not low <= value <= high:
             raise InvalidValue(f"'{name}' must be from {low:g} to {high:g}.", param=name)
         return float(value)
 

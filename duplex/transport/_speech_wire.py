@@ -202,7 +202,9 @@ def _common(fields: Mapping[str, Any], check_voice: VoiceCheck) -> dict[str, Any
         )
     out["response_format"] = fmt
     speed = fields.get("speed", 1.0)
-    if isinstance(speed, bool) or not isinstance(speed, int | float) or not math.isfinite(speed):
+    if isinstance(speed, bool) or not isinstance(speed, int | float):
+        raise _fail("speed must be a number.", "speed", "invalid_type")
+    if isinstance(speed, float) and not math.isfinite(speed):  # isfinite(int) overflows
         raise _fail("speed must be a number.", "speed", "invalid_type")
     if not MIN_SPEED <= speed <= MAX_SPEED:
         raise _fail(f"speed must be {MIN_SPEED} to {MAX_SPEED}; got {speed}.", "speed")

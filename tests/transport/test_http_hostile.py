@@ -350,6 +350,8 @@ def test_routing_refusals_are_typed_errors(
     assert int(head.split(b" ")[1]) == status, data[:300]
     assert b"content-type: application/json" in head.lower()
     assert json.loads(body)["error"]["code"] == code
+    # OpenAI's whole shape, as the speech and media routes answer (fuzz: `param` was missing)
+    assert set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
     if status == 405:
         assert b"\r\nallow: " in head.lower()
 

@@ -73,6 +73,8 @@ def test_image_defaults_and_fields() -> None:
         ({"num_inference_steps": 0}, "num_inference_steps", "invalid_value"),
         ({"num_inference_steps": 501}, "num_inference_steps", "invalid_value"),
         ({"guidance_scale": -1}, "guidance_scale", "invalid_value"),
+        ({"guidance_scale": 10**400}, "guidance_scale", "invalid_value"),  # was a 500 (fuzz)
+        ({"guidance_scale": float("inf")}, "guidance_scale", "invalid_value"),
         ({"seed": -1}, "seed", "invalid_value"),
         ({"seed": 2**63}, "seed", "invalid_value"),
         ({"response_format": "url"}, "response_format", "unsupported_parameter"),
