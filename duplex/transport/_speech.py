@@ -215,6 +215,20 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
             return _answer(LOADING, 1.0)
         return None
 
+    async def attempt(endpoint: str, what: str, work: Callable[[], Awaitable[Any]]) -> Any:
+        """``work``'s result, or the answer to its refusal (429) or failure (500, logged as
+        ``what``), counted either way."""
+        assert service is not None
+        try:
+            return await work()
+        except RequestsOverloaded as exc:
+            service.count(endpoint, "refused")
+            return _overloaded(exc)
+        except RequestFailed as exc:
+            service.count(endpoint, "failed")
+            log.error(what, exc_info=exc)
+            return _answer(FAILED)
+
     async def parsed_body(
         request: Request, endpoint: str, parse: Callable[..., Any]
     ) -> Any | Response:
@@ -239,15 +253,14 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
             return params
         if params.stream:
             return await stream_http(request, params)
-        try:
-            done, pcm = await _unless_gone(request, lambda: service.speak(params.input, params))
-        except RequestsOverloaded as exc:
-            service.count(endpoint, "refused")
-            return _overloaded(exc)
-        except RequestFailed as exc:
-            service.count(endpoint, "failed")
-            log.error("speech failed", exc_info=exc)
-            return _answer(FAILED)
+        outcome = await attempt(
+            endpoint,
+            "speech failed",
+            lambda: _unless_gone(request, lambda: service.speak(params.input, params)),
+        )
+        if isinstance(outcome, Response):
+            return outcome
+        done, pcm = outcome
         if not done:
             service.count(endpoint, "cancelled")
             return Response(status_code=499)  # nobody reads it
@@ -261,15 +274,11 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
         assert service is not None
         endpoint = "speech_stream"
         sentences = split_sentences(params.input)
-        try:
-            first = await service.speak(sentences[0], params)
-        except RequestsOverloaded as exc:
-            service.count(endpoint, "refused")
-            return _overloaded(exc)
-        except RequestFailed as exc:
-            service.count(endpoint, "failed")
-            log.error("speech failed", exc_info=exc)
-            return _answer(FAILED)
+        first = await attempt(
+            endpoint, "speech failed", lambda: service.speak(sentences[0], params)
+        )
+        if isinstance(first, Response):
+            return first
         encoder = AudioStream(params.response_format, service.output_rate(params))
 
         async def body() -> AsyncIterator[bytes]:
@@ -327,15 +336,12 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
             if failed:
                 raise failed[0]
 
-        try:
-            done, _ = await _unless_gone(request, all_items)
-        except RequestsOverloaded as exc:
-            service.count(endpoint, "refused")
-            return _overloaded(exc)
-        except RequestFailed as exc:
-            service.count(endpoint, "failed")
-            log.error("speech batch failed", exc_info=exc)
-            return _answer(FAILED)
+        outcome = await attempt(
+            endpoint, "speech batch failed", lambda: _unless_gone(request, all_items)
+        )
+        if isinstance(outcome, Response):
+            return outcome
+        done, _ = outcome
         if not done:
             service.count(endpoint, "cancelled")
             return Response(status_code=499)
