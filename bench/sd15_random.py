@@ -12,9 +12,7 @@ real checkpoint: the work per step is a real pipeline's, the pictures are noise.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,18 +29,11 @@ def build(out: Path, seed: int, dtype_name: str) -> None:
         UNet2DConditionModel,
     )
     from slack import SD15_UNET
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from transformers import CLIPTextConfig, CLIPTextModel
 
-    from duplex.models.diffusion._tiny import write_tokenizer_files
+    from duplex.models.diffusion._tiny import byte_clip_tokenizer
 
-    scratch = Path(tempfile.mkdtemp(prefix="tokenizer-"))
-    try:
-        vocab_size = write_tokenizer_files(scratch)
-        tokenizer = CLIPTokenizer(
-            str(scratch / "vocab.json"), str(scratch / "merges.txt"), model_max_length=77
-        )
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    tokenizer, vocab_size = byte_clip_tokenizer()
     torch.manual_seed(seed)
     dtype = getattr(torch, dtype_name)
     unet = UNet2DConditionModel(**SD15_UNET).to(dtype)

@@ -18,7 +18,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from duplex.progress import note
 
@@ -57,6 +57,22 @@ def write_tokenizer_files(folder: Path) -> int:
     return len(vocab)
 
 
+def byte_clip_tokenizer(scratch_parent: Path | None = None) -> tuple[Any, int]:
+    """A CLIP tokenizer over `write_tokenizer_files`' vocabulary (its files written to a
+    scratch folder under ``scratch_parent`` and removed), and the vocabulary's size."""
+    from transformers import CLIPTokenizer
+
+    scratch = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=scratch_parent))
+    try:
+        vocab_size = write_tokenizer_files(scratch)
+        tokenizer = CLIPTokenizer(
+            str(scratch / "vocab.json"), str(scratch / "merges.txt"), model_max_length=77
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return tokenizer, vocab_size
+
+
 def build_tiny_pipeline(folder: Path, kind: TinyKind, seed: int) -> None:
     """Build the tiny ``kind`` pipeline with weights drawn from ``seed`` and save it to
     ``folder`` (``save_pretrained``)."""
@@ -70,18 +86,11 @@ def build_tiny_pipeline(folder: Path, kind: TinyKind, seed: int) -> None:
         UNet2DConditionModel,
     )
     from diffusers.utils import logging as diffusers_logging
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from transformers import CLIPTextConfig, CLIPTextModel
 
     diffusers_logging.set_verbosity_error()
     diffusers_logging.disable_progress_bar()
-    scratch = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=folder.parent))
-    try:
-        vocab_size = write_tokenizer_files(scratch)
-        tokenizer = CLIPTokenizer(
-            str(scratch / "vocab.json"), str(scratch / "merges.txt"), model_max_length=77
-        )
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    tokenizer, vocab_size = byte_clip_tokenizer(folder.parent)
     torch.manual_seed(seed)
     # attention only at the lower resolution: CPU attention over the full latent dominates
     unet = UNet2DConditionModel(
