@@ -32,6 +32,14 @@ memory (``nvidia-smi``), and from ``/metrics`` the engine's step-time p99, late
 ticks, underruns and dropped outputs over the window. With ``--engine-bench``
 (one H200), ``bench/duplex_engine.py --phases ours-fp8-staggered`` runs first,
 at the same batch sizes, and each N's served step p99 is given as a ratio to it.
+
+With ``--beside-images K`` (a server started with ``--image-model``), the images'
+share is measured in the same run: ``bench/images_load.py`` (K clients posting one
+``--image-size`` image of ``--image-steps`` steps back to back) alone for the same
+span as one N, then each N alone as above, then each N again with the image clients
+running beside it; each row gains the images per minute alone and beside, the
+realtime delay p99 beside, and both as ratios to alone (issue: realtime p99 ratio
+at most 1.1, images at least 0.8 of alone).
 """
 
 from __future__ import annotations
@@ -319,6 +327,49 @@ def _engine_bench(args: argparse.Namespace) -> dict[int, float]:
     return {int(b): float(row["p99_ms"]) for b, row in per_batch.items() if "p99_ms" in row}
 
 
+async def _images(http: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``bench/images_load.py`` for one N's span (warm-up included)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import images_load
+
+    load = argparse.Namespace(
+        url=http,
+        clients=args.beside_images,
+        seconds=args.warmup + args.seconds,
+        size=args.image_size,
+        steps=args.image_steps,
+    )
+    return await images_load.main(load)
+
+
+async def _beside_images(
+    args: argparse.Namespace, http: str, n: int, server_pid: int | None, alone: dict[str, Any]
+) -> dict[str, Any]:
+    """N sessions with the image clients running beside them, as ratios to each alone."""
+    realtime = await _one_count(args, http, n, server_pid)
+    beside: dict[str, Any] = {}
+
+    async def images() -> None:
+        beside.update(await _images(http, args))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(images)
+        both = await _one_count(args, http, n, server_pid)
+    alone_rate = alone["images_per_min"]
+    return {
+        **realtime,
+        "images_alone": alone,
+        "beside": both,
+        "images_beside": beside,
+        "realtime_p99_ratio": (
+            round(both["delay_p99_ms"] / realtime["delay_p99_ms"], 2)
+            if both["delay_p99_ms"] and realtime["delay_p99_ms"]
+            else None
+        ),
+        "images_ratio": round(beside["images_per_min"] / alone_rate, 2) if alone_rate else None,
+    }
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     server = None
     http = args.url
@@ -339,8 +390,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"serve_args": args.serve_args, "rows": []}
     try:
         report["ready_after_s"] = round(await _wait_ready(http, args.start_timeout_s, server), 1)
+        alone = await _images(http, args) if args.beside_images else {}
         for n in args.counts:
-            row = await _one_count(args, http, n, server.pid if server else None)
+            pid = server.pid if server else None
+            if args.beside_images:
+                row = await _beside_images(args, http, n, pid, alone)
+            else:
+                row = await _one_count(args, http, n, pid)
             if n in engine:
                 row["engine_only_step_p99_ms"] = engine[n]
                 row["served_over_engine_step"] = round(row["step_p99_ms"] / engine[n], 2)
@@ -376,6 +432,9 @@ def main() -> int:
     parser.add_argument("--engine-bench", action="store_true")
     parser.add_argument("--engine-out", default="out/served_engine")
     parser.add_argument("--out", help="also write the JSON report here")
+    parser.add_argument("--beside-images", type=int, default=0, metavar="K")
+    parser.add_argument("--image-size", default="512x512")
+    parser.add_argument("--image-steps", type=int, default=30)
     parser.add_argument("--load", help=argparse.SUPPRESS)
     parser.add_argument("--load-range", help=argparse.SUPPRESS)
     parser.add_argument("serve_args", nargs="*", help="after --: duplex serve arguments")
