@@ -339,7 +339,9 @@ async def _images(http: str, args: argparse.Namespace) -> dict[str, Any]:
         size=args.image_size,
         steps=args.image_steps,
     )
-    return await images_load.main(load)
+    result = await images_load.main(load)
+    print(json.dumps({"images": result}), file=sys.stderr)
+    return result
 
 
 async def _beside_images(

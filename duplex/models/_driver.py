@@ -256,12 +256,16 @@ class EngineDriver:
         if self._slack is not None:
             self._slack.step_started()
         try:
-            outputs = await self._offload(partial(self._engine.step, scheduled, phase))
+            try:
+                outputs = await self._offload(partial(self._engine.step, scheduled, phase))
+            finally:
+                self._stepping_since = None
+            for handle, output in outputs.items():
+                self._delivery.deliver(handle, output)
+            if self.on_tick is not None:
+                self.on_tick()
         finally:
-            self._stepping_since = None
+            # the window opens once the tick's outputs are handed on: a batch unit's
+            # thread would otherwise hold the GIL while they are encoded and posted
             if self._slack is not None:
                 self._slack.step_ended(scheduled + self._ticker.period_s)
-        for handle, output in outputs.items():
-            self._delivery.deliver(handle, output)
-        if self.on_tick is not None:
-            self.on_tick()

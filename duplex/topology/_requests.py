@@ -10,6 +10,7 @@ process builds them here (`open_request_engines`), in its own slack.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -36,7 +37,16 @@ from duplex.models.diffusion import load_image_runner, load_video_runner, resolv
 from duplex.models.tts import TTS_RUNNER, SpeechRunner, load_tts
 from duplex.runtime import RequestEngines
 
-__all__ = ["RunnerSpec", "open_request_engines", "runner_specs", "start_request_engines"]
+__all__ = [
+    "BATCH_SWITCH_INTERVAL_S",
+    "RunnerSpec",
+    "open_request_engines",
+    "runner_specs",
+    "start_request_engines",
+]
+
+BATCH_SWITCH_INTERVAL_S = 0.001
+"""The GIL switch interval of a process that hosts request runners (Python's default: 5 ms)."""
 
 
 @final
@@ -145,7 +155,15 @@ async def start_request_engines(
     slack: Slack | None,
 ) -> list[ActorRef[Any]]:
     """Spawn one supervised `RequestEngine` per spec (each told to ``engines`` when it runs,
-    and again after a crash); their batches run in ``slack``. Returns the actors."""
+    and again after a crash); their batches run in ``slack``. Returns the actors.
+
+    A runner's thread runs Python between its kernels (a diffusion pipeline launches
+    hundreds per step): at the default 5 ms switch interval the tick loop could wait that
+    long for the GIL each time it wakes to hand outputs on, so the process switches at
+    `BATCH_SWITCH_INTERVAL_S` while it hosts runners.
+    """
+    if specs:
+        sys.setswitchinterval(min(sys.getswitchinterval(), BATCH_SWITCH_INTERVAL_S))
     refs = []
     for spec in specs:
 
