@@ -28,6 +28,7 @@ from duplex.progress import note
 
 from .._options import ModelOptions
 from .._requests import UnitGate
+from ._graphs import GraphedDenoiser
 from ._tiny import tiny_pipeline
 
 __all__ = [
@@ -154,7 +155,12 @@ def _load(model: DiffusionModel, device: str) -> Any:
             f"{model.kind}_model: {type(pipeline).__name__} takes no {', '.join(sorted(missing))}"
         )
     pipeline.set_progress_bar_config(disable=True)
-    return pipeline.to(device)
+    pipeline = pipeline.to(device)
+    if device.startswith("cuda") and model.kind == "image" and hasattr(pipeline, "unet"):
+        GraphedDenoiser(pipeline.unet)
+        note(f"capturing the {model.id} denoiser's CUDA graph at the default size")
+        pipeline(prompt="", num_inference_steps=2, output_type="np")
+    return pipeline
 
 
 def _uint8(values: Any) -> np.ndarray:

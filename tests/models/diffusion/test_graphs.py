@@ -1,0 +1,61 @@
+"""The CUDA-graphed denoiser: the same pictures as the eager pipeline, replayed per shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from duplex.models import ModelOptions
+from duplex.models.diffusion import resolve_diffusion
+from duplex.models.diffusion._graphs import GraphedDenoiser
+
+
+def _pipeline(cache: Path, device: str) -> Any:  # a diffusers pipeline
+    from diffusers import DiffusionPipeline
+
+    model = resolve_diffusion("tiny", "image", ModelOptions(cache_dir=cache))
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    pipeline = DiffusionPipeline.from_pretrained(model.folder, dtype=dtype)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline.to(device)
+
+
+def _image(pipeline: Any, seed: int, size: int = 32) -> np.ndarray:
+    generator = torch.Generator("cpu").manual_seed(seed)
+    out = pipeline(
+        prompt="a red cat",
+        width=size,
+        height=size,
+        num_inference_steps=4,
+        generator=generator,
+        output_type="np",
+    )
+    return np.asarray(out.images[0])
+
+
+def test_on_the_cpu_every_call_runs_eagerly_with_the_same_result(tmp_path: Path) -> None:
+    pipeline = _pipeline(tmp_path, "cpu")
+    eager = _image(pipeline, seed=3)
+    graphed = GraphedDenoiser(pipeline.unet)
+    assert np.array_equal(_image(pipeline, seed=3), eager)
+    assert graphed.captures == 0 and graphed.replays == 0
+    assert graphed.eager_calls == 4  # one per step: CPU tensors are never captured
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_steps_replay_graphs_keyed_by_shape_and_match_eager(tmp_path: Path) -> None:
+    pipeline = _pipeline(tmp_path, "cuda")
+    eager = [_image(pipeline, seed=3), _image(pipeline, seed=4, size=48)]
+    graphed = GraphedDenoiser(pipeline.unet, max_graphs=1)
+    first = _image(pipeline, seed=3)
+    assert graphed.captures == 1 and graphed.replays == 4
+    np.testing.assert_allclose(first, eager[0], atol=2e-2)
+    assert np.array_equal(_image(pipeline, seed=3), first)  # a replay is deterministic
+    assert graphed.replays == 8
+    # a second shape finds the table full: eager, the same picture as before
+    np.testing.assert_allclose(_image(pipeline, seed=4, size=48), eager[1], atol=2e-2)
+    assert graphed.captures == 1 and graphed.eager_calls == 4
