@@ -202,6 +202,9 @@ async def _metrics(http: str) -> dict[str, float]:
         "duplex_engine_underruns_total",
         "duplex_engine_outputs_dropped_total",
         "duplex_engine_ticks_total",
+        "duplex_engine_slack_units_total",
+        "duplex_engine_slack_deferred_total",
+        "duplex_engine_slack_overran_total",
     )
     values: dict[str, float] = {}
     for name in wanted:
@@ -301,6 +304,11 @@ async def _one_count(
         - before.get("duplex_engine_underruns_total", 0),
         "outputs_dropped": after.get("duplex_engine_outputs_dropped_total", 0)
         - before.get("duplex_engine_outputs_dropped_total", 0),
+        **{
+            f"slack_{kind}": after.get(f"duplex_engine_slack_{kind}_total", 0)
+            - before.get(f"duplex_engine_slack_{kind}_total", 0)
+            for kind in ("units", "deferred", "overran")
+        },
     }
     print(json.dumps(row), file=sys.stderr)
     return row
