@@ -192,6 +192,34 @@ async def test_batches_run_only_in_the_windows_and_no_tick_is_late(
     assert figures.metric("duplex_engine_slack_overran_total") == 0
 
 
+async def test_the_window_opens_only_after_a_ticks_outputs_are_handed_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Delivery and the tick's hook run with the slack still closed: a batch unit's thread
+    would otherwise take the GIL while the outputs are encoded and posted."""
+    slack = Slack()
+    seen: list[bool] = []
+    delivered: list[object] = []
+
+    class Recording:
+        def send_nowait(self, output: object, /) -> None:
+            delivered.append(output)
+            seen.append(slack.fits(0.001))
+
+    driver = EngineDriver(loopback_engine(), slack=slack)
+    driver.on_tick = lambda: seen.append(slack.fits(0.001))
+    handle = driver.attach("a", Recording())
+    assert handle is not None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        for k in range(6):
+            driver.push_input(handle, tone(1, k))
+            await trio.sleep(PERIOD)
+        nursery.cancel_scope.cancel()
+    assert delivered and len(seen) >= 6  # an output, and the hook of every tick
+    assert not any(seen)
+
+
 async def test_a_unit_too_long_for_any_window_waits_probes_and_runs_when_realtime_ends(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
