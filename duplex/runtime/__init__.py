@@ -18,12 +18,13 @@ connection actor exchanges with its session actor, and the registry of
 request-batched engines (`RequestEngines`) the batch endpoints submit to.
 """
 
-from ._actor import Attach, CloseSocket, Detach, FromClient, Outbound
+from ._actor import Attach, ClientNotReading, CloseSocket, Detach, FromClient, Outbound
 from ._hub import Opened, SessionHub
 from ._requests import RequestEngines, RequestService
 
 __all__ = [
     "Attach",
+    "ClientNotReading",
     "CloseSocket",
     "Detach",
     "FromClient",

@@ -21,6 +21,7 @@ expired`` (reason) and ``session closed`` (reason), each with ``session_id`` and
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, final
@@ -182,10 +183,21 @@ class CloseSocket:
     reason: str
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class ClientNotReading(ControlMessage):
+    """The session let this socket go: its writer's queue was full (the client read nothing
+    while that many events waited). Close it (1013 ``client_not_reading``) once the writer
+    is free; what it had queued is in the session's journal, for a resume."""
+
+
 class Releaser(Protocol):
-    """Told once a session's resources are freed, so its capacity returns (the hub)."""
+    """The session's owner (the hub): told once its resources are freed, so its capacity
+    returns, and of each socket it let go, so they are counted."""
 
     def released(self, session_id: str) -> None: ...
+
+    def let_go(self, session_id: str) -> None: ...
 
 
 VAD_WINDOW_BUFFER = 32
@@ -390,6 +402,39 @@ class SessionActor(Actor[Any]):
         for event in ended:
             await self._apply(ctx, event)
 
+    @staticmethod
+    def _post(connection: ActorRef[Any], message: Outbound | CloseSocket) -> bool:
+        """Queue ``message`` for the socket's writer; False if its queue is full.
+
+        A session never waits on a socket: a client that reads nothing would otherwise
+        hold the session, its engine slot's output and the reader that waits on the
+        session's own full mailbox, each waiting on the other.
+        """
+        try:
+            connection.tell_nowait(message)
+        except (trio.WouldBlock, MailboxFull):
+            return False
+        return True
+
+    async def _let_go(self, ctx: ActorContext, generation: int, connection: ActorRef[Any]) -> None:
+        """Detach a socket whose client stopped reading; the session stays, resumable."""
+        if self.connections.pop(generation, None) is None:
+            return
+        self._tell_not_reading(ctx, generation, connection)
+        await self._apply(ctx, ConnectionDetached(generation))
+
+    def _tell_not_reading(
+        self, ctx: ActorContext, generation: int, connection: ActorRef[Any]
+    ) -> None:
+        self.owner.let_go(self.machine.session_id)
+        ctx.log.warning(
+            "client not reading: its socket is let go, the session stays resumable",
+            session_id=self.machine.session_id,
+            connection=generation,
+        )
+        with contextlib.suppress(trio.WouldBlock, MailboxFull):
+            connection.tell_nowait(ClientNotReading())
+
     def _notify_lost(self, connection: ActorRef[Any]) -> None:
         err = ErrorEvent.from_exception(InternalError("the session ended unexpectedly"))
         for message in (Outbound(err, None), CloseSocket(1011, "internal_error")):
@@ -465,12 +510,13 @@ class SessionActor(Actor[Any]):
                 connection = self.connections.get(generation)
                 if connection is not None:
                     input_at = self.input_at if isinstance(event, AudioDelta) else None
-                    await connection.tell_eager(Outbound(event, seq, input_at))
+                    if not self._post(connection, Outbound(event, seq, input_at)):
+                        await self._let_go(ctx, generation, connection)
             case CloseConnection(generation, code, reason):
                 self.closed = generation
                 connection = self.connections.pop(generation, None)
-                if connection is not None:
-                    await connection.tell(CloseSocket(code, reason))
+                if connection is not None and not self._post(connection, CloseSocket(code, reason)):
+                    self._tell_not_reading(ctx, generation, connection)
             case ModelAppendAudio(_, pcm, start_ms):
                 pcm = np.asarray(pcm, dtype=np.float32)
                 if res.vad is not None:

@@ -132,6 +132,10 @@ class SessionHub:
         self._refused = registry.counter(
             "duplex_sessions_refused_total", "Sessions refused for capacity, by reason", ["reason"]
         )
+        self._let_go = registry.counter(
+            "duplex_sessions_sockets_let_go_total",
+            "Sockets a session let go: their client read nothing while the writer's queue filled",
+        )
         self._refusal_log = RefusalLog()
         self._log = get_logger(component="admission", model=spec.name)
         registry.add_collector(
@@ -422,6 +426,9 @@ class SessionHub:
         self._placed.pop(session_id, None)
         self.admission.release(session_id)
         self._load_changed()
+
+    def let_go(self, session_id: str) -> None:
+        self._let_go.inc()
 
     def _load_changed(self) -> None:
         if self.on_load is not None:

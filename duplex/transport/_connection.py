@@ -37,7 +37,15 @@ import trio
 
 from duplex import exceptions as errors
 from duplex.actors import Actor, ActorContext, ActorRef, ControlMessage, LaneSpec
-from duplex.runtime import Attach, CloseSocket, Detach, FromClient, Outbound, SessionHub
+from duplex.runtime import (
+    Attach,
+    ClientNotReading,
+    CloseSocket,
+    Detach,
+    FromClient,
+    Outbound,
+    SessionHub,
+)
 from duplex.sessions import (
     ErrorEvent,
     ServerEvent,
@@ -183,6 +191,9 @@ class ConnectionActor(Actor[Any]):
             case CloseSocket(code, reason):
                 self.session = None  # the session closed us: it needs no Detach
                 await self._close(ctx, code, reason)
+            case ClientNotReading():  # the session let us go: it needs no Detach
+                self.session = None
+                await self._close(ctx, 1013, "client_not_reading")
             case _Refuse(code, reason):  # the reader detaches the session as it stops
                 await self._close(ctx, code, reason)
             case ShutDown():

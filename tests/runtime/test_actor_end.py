@@ -61,9 +61,13 @@ class Hub:
     """Stands for the hub: the sessions it was told are released."""
 
     released_ids: list[str] = field(default_factory=list)
+    let_go_ids: list[str] = field(default_factory=list)
 
     def released(self, session_id: str) -> None:
         self.released_ids.append(session_id)
+
+    def let_go(self, session_id: str) -> None:
+        self.let_go_ids.append(session_id)
 
 
 @dataclass

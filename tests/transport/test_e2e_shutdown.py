@@ -48,17 +48,10 @@ async def _stalled_peer(port: int) -> trio.SocketStream:
     return stream
 
 
-@pytest.mark.xfail(
-    reason=(
-        "known bug: a stalled peer's session and connection actors can block on each "
-        "other's full mailboxes, and the actor system then stops the sessions one by one "
-        "(5 s each); `duplex serve` itself still exits at shutdown_grace_s + 1 s (run_server "
-        "cancels). Exposed since the Realtime projection parses updates faster (no replay)."
-    ),
-    strict=False,
-)
 async def test_stalled_peers_do_not_delay_the_healthy_ones_or_the_shutdown() -> None:
-    """Before: one stop after another, 5 s per stalled socket, and healthy peers saw 1006."""
+    """Before: one stop after another, 5 s per stalled socket, and healthy peers saw 1006.
+    Then: a stalled peer's session waited on its socket's full queue while the socket's
+    reader waited on the session's: now the session lets such a socket go."""
     config = load_config(
         env={},
         overrides={
@@ -136,8 +129,6 @@ def test_a_server_that_loaded_triton_stops_without_nanobind_leak_lines() -> None
     import subprocess
     import sys
     from pathlib import Path
-
-    import pytest
 
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
