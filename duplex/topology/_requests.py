@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, final
+from typing import Any, Final, Literal, final
 
 import trio
 
@@ -36,7 +36,13 @@ from duplex.models.diffusion import load_image_runner, load_video_runner, resolv
 from duplex.models.tts import TTS_RUNNER, SpeechRunner, load_tts
 from duplex.runtime import RequestEngines
 
-__all__ = ["RunnerSpec", "open_request_engines", "runner_specs", "start_request_engines"]
+__all__ = [
+    "RunnerSpec",
+    "model_cards",
+    "open_request_engines",
+    "runner_specs",
+    "start_request_engines",
+]
 
 
 @final
@@ -188,3 +194,49 @@ async def open_request_engines(
         with trio.CancelScope(shield=True):
             for ref in reversed(refs):
                 await system.stop(ref)
+
+
+_KINDS: Final = {"image": "image", "video": "video", TTS_RUNNER: "speech",
+                 ASR_RUNNER: "transcription", "policy": "policy"}  # fmt: skip
+"""Each request engine's ``kind`` on its model card, in the order ``/v1/models`` lists them."""
+
+
+def _shown(name: str) -> str:
+    """A model's name as clients see it: a checkpoint folder by its last part only."""
+    return Path(name).name if "/" in name else name
+
+
+def model_cards(
+    config: Config, requests: RequestEngines, agent_llm: Callable[[], str | None]
+) -> list[dict[str, Any]]:
+    """OpenAI's model cards of the request-batched models ``config`` serves, and of the
+    agent's reply model: the running engine's own name for its model (``metadata["model"]``)
+    where it says one, else the configured one; ``ready`` is false while it starts.
+    ``agent_llm``: the running agent's reply model (``None``: not running yet)."""
+    server = config.server
+    configured = {
+        "image": server.image_model, "video": server.video_model, TTS_RUNNER: server.tts,
+        ASR_RUNNER: server.agent_asr, "policy": server.policy,
+    }  # fmt: skip
+    cards = []
+    for name, kind in _KINDS.items():
+        if name not in requests.configured:
+            continue
+        engine = requests.get(name)
+        model = engine.metadata.get("model") if engine is not None else None
+        cards.append(_card(str(model or _shown(configured[name])), kind, engine is not None))
+    if server.agent:
+        llm = agent_llm()
+        cards.append(_card(llm or _shown(server.agent_llm or "echo"), "chat", llm is not None))
+    return cards
+
+
+def _card(model: str, kind: str, ready: bool) -> dict[str, Any]:
+    return {
+        "id": model,
+        "object": "model",
+        "owned_by": "duplex",
+        "created": 0,
+        "kind": kind,
+        "ready": ready,
+    }

@@ -64,7 +64,7 @@ from . import _link
 from ._engine_client import EngineConnection, engine_spec, export_engine_histograms
 from ._engines import EngineProcesses
 from ._media import open_media
-from ._requests import open_request_engines, runner_specs
+from ._requests import model_cards, open_request_engines, runner_specs
 from ._shards import ShardProcesses
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
 
@@ -533,6 +533,10 @@ async def _serve_sessions(
     ):
         robots = robot_service(config, system, registry, backend, requests)
         speech = speech_service(config, registry, requests)
+        hub = backend.hub
+        backend.more_models = partial(
+            model_cards, config, requests, lambda: hub.agent.metadata["llm"] if hub.agent else None
+        )
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
         hyper = hypercorn_config(

@@ -284,6 +284,9 @@ class HubBackend:
         if self.wait_queue is not None:
             self._export_wait_queue(self.wait_queue)
         self.shards: Shards | None = None
+        self.more_models: Callable[[], list[dict[str, Any]]] = list
+        """The cards of the other models this process serves (the request engines', the
+        agent's), listed by ``GET /v1/models`` after the realtime model's."""
 
     def _export_wait_queue(self, queue: WaitQueue) -> None:
         for name, kind, help_text, field in _WAIT_QUEUE_METRICS:
@@ -333,9 +336,10 @@ class HubBackend:
                 "object": "model",
                 "owned_by": "duplex",
                 "created": 0,
+                "kind": "realtime",
                 "capabilities": hub.capabilities.as_dict(),
             }
-            return HttpAnswer.json({"object": "list", "data": [card]})
+            return HttpAnswer.json({"object": "list", "data": [card, *self.more_models()]})
         return HttpAnswer(200, PROMETHEUS_CONTENT_TYPE, self.registry.render().encode())
 
     def mint(self, body: bytes) -> HttpAnswer:

@@ -25,6 +25,7 @@ from .test_e2e_media import IMAGES, frames_of, png, receive_stream, refused, wai
 from .test_e2e_media import metric as runner_metric
 from .test_e2e_openpi import served
 from .test_e2e_speech import LONG, SPEECH, loud, metric, wav_of
+from .wsclient import running_server
 
 CONFIG = """
 [server]
@@ -176,3 +177,35 @@ async def test_images_and_videos_through_workers(tmp_path: Path) -> None:
             assert json.loads(await ws.recv())["type"] == "video.start"
             await wait_metric(http, url, "duplex_request_batches_total", "video", batches + 1)
         await wait_metric(http, url, "duplex_request_batches_stopped_total", "video", stopped + 1)
+
+
+async def test_models_lists_every_loaded_model() -> None:
+    """``GET /v1/models``: the realtime model, then each request engine's and the agent's
+    reply model, in OpenAI's list shape (through a worker, from the server process)."""
+    overrides = {
+        "server.connection_workers": 1,
+        "server.image_model": "tiny",
+        "server.video_model": "tiny",
+        "server.agent": True,
+    }
+    async with running_server(**overrides) as server, httpx.AsyncClient() as http:
+        with trio.fail_after(120):
+            while True:
+                listed = (await http.get(server.http + "/v1/models")).json()
+                if all(card.get("ready", True) for card in listed["data"]):
+                    break
+                await trio.sleep(0.2)
+    assert listed["object"] == "list"
+    cards = listed["data"]
+    assert [(card["id"], card["kind"]) for card in cards] == [
+        ("loopback", "realtime"),
+        ("tiny-image", "image"),
+        ("tiny-video", "video"),
+        ("espeak", "speech"),
+        ("pocketsphinx", "transcription"),
+        ("reference", "policy"),
+        ("echo", "chat"),
+    ]
+    for card in cards:
+        assert {"id", "object", "owned_by", "created"} <= set(card) and card["object"] == "model"
+    assert "capabilities" in cards[0]
