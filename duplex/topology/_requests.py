@@ -55,18 +55,18 @@ class RunnerSpec:
         name: what endpoints ask for (``policy``, ...) and the metrics' ``runner`` label.
         build: makes the runner.
         max_wait_s: how long a request waits for others before its batch runs.
-        max_queue: the most requests waiting at once; more are refused (429, or an error frame).
-        realtime: run its units ungated by the slack (see the field).
+        max_queue: the most requests of one priority class waiting at once; more are
+            refused (429, or an error frame).
+
+    Every engine runs in the process's slack; a live session's requests (the voice agent's,
+    ``Priority.REALTIME``) run first and ungated, so one TTS engine serves the agent's
+    sentences and HTTP speech (in the slack) alike.
     """
 
     name: str
     build: Callable[[], BatchRunner[Any, Any]]
     max_wait_s: float = 0.002
     max_queue: int = 64
-    realtime: bool = False
-    """Its units are a realtime path themselves (the voice agent's ASR and TTS): they run
-    when they come, not in the windows between another engine's ticks (a unit longer than
-    a tick would never fit one)."""
 
 
 def _policy(config: Config, device: str) -> RunnerSpec:
@@ -111,9 +111,7 @@ def _tts(config: Config, device: str) -> RunnerSpec:
         return runner
 
     wait_s = server.tts_batch_wait_ms / 1000.0
-    return RunnerSpec(
-        TTS_RUNNER, build, wait_s, max_queue=server.tts_max_queue, realtime=server.agent
-    )
+    return RunnerSpec(TTS_RUNNER, build, wait_s, max_queue=server.tts_max_queue)
 
 
 def _asr(config: Config) -> RunnerSpec:
@@ -123,7 +121,7 @@ def _asr(config: Config) -> RunnerSpec:
     def build() -> BatchRunner[Any, Any]:
         return build_asr(options)
 
-    return RunnerSpec(ASR_RUNNER, build, 0.002, max_queue=1024, realtime=True)
+    return RunnerSpec(ASR_RUNNER, build, 0.002, max_queue=1024)
 
 
 def runner_specs(config: Config, device: str | None = None) -> list[RunnerSpec]:
@@ -160,7 +158,7 @@ async def start_request_engines(
                 spec.build(),
                 max_wait_s=spec.max_wait_s,
                 max_queue=spec.max_queue,
-                slack=None if spec.realtime else slack,
+                slack=slack,
             )
 
         refs.append(
