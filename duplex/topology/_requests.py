@@ -85,8 +85,9 @@ def _policy(config: Config, device: str) -> RunnerSpec:
 
 
 def _diffusion(config: Config, device: str, kind: Literal["image", "video"]) -> RunnerSpec:
-    """``--image-model`` / ``--video-model``: one request a batch (a diffusion step is the
-    unit of preemption), no wait for others."""
+    """``--image-model`` / ``--video-model``: a diffusion step is the unit of preemption, and
+    no request waits for others; images batch up to ``image_max_batch`` (the requests that
+    gathered while a call ran), videos one chunk a call."""
     server = config.server
     name = server.image_model if kind == "image" else server.video_model
     options = ModelOptions(
@@ -94,10 +95,12 @@ def _diffusion(config: Config, device: str, kind: Literal["image", "video"]) -> 
         seed=server.model_seed,
         cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None,
     )
-    load = load_image_runner if kind == "image" else load_video_runner
 
     def build() -> BatchRunner[Any, Any]:
-        return load(resolve_diffusion(name, kind, options), device)  # type: ignore[arg-type]
+        model = resolve_diffusion(name, kind, options)
+        if kind == "image":
+            return load_image_runner(model, device, server.image_max_batch)
+        return load_video_runner(model, device)
 
     return RunnerSpec(kind, build, 0.0, max_queue=server.media_max_queue)
 
