@@ -190,6 +190,9 @@ class ServerConfig:
     (a folder whose pipeline takes ``num_frames`` and ``callback_on_step_end``, or ``tiny``)."""
     media_max_queue: int = 16
     """Image or video requests that may wait for their pipeline; more are refused 429."""
+    image_max_batch: int = 1
+    """The most image requests (and images) one pipeline call denoises together: queued
+    requests of one size, steps and guidance share a call."""
     video_chunk_frames: int = 16
     """Frames one video request generates: a job's and a stream's chunk."""
     video_max_jobs: int = 64
@@ -296,6 +299,7 @@ class ServerConfig:
     def _check_media(self) -> None:
         counts = (
             ("media_max_queue", self.media_max_queue, 1, 10_000),
+            ("image_max_batch", self.image_max_batch, 1, 64),
             ("video_chunk_frames", self.video_chunk_frames, 1, 1024),
             ("video_max_jobs", self.video_max_jobs, 1, 100_000),
             ("video_max_active_jobs", self.video_max_active_jobs, 1, self.video_max_jobs),

@@ -21,7 +21,7 @@ seeded model; `load_policy` reads ``--policy``); `PolicyRunner` serves it.
 """
 
 from ._actor import EngineActor
-from ._batcher import BatcherStatistics, RequestBatcher
+from ._batcher import BatcherStatistics, Priority, RequestBatcher
 from ._delivery import STALL_PERIODS, SlotDelivery, SlotEngine
 from ._driver import ENGINE_METRICS, DriverStatistics, EngineDriver, Offload
 from ._engine import (
@@ -132,6 +132,7 @@ __all__ = [
     "PolicyRequest",
     "PolicyResult",
     "PolicyRunner",
+    "Priority",
     "RecorderSnapshot",
     "ReferencePolicy",
     "RequestActor",

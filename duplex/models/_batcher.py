@@ -11,17 +11,34 @@ at most ``max_wait_s`` for company, and while a batch runs the next one
 gathers: its oldest request has usually waited ``max_wait_s`` by the time the
 runner is free, and it runs at once with everything that arrived meanwhile.
 The queue is bounded (``max_queue``): a full queue refuses, and counts it.
+
+Requests come in two priority classes (`Priority`): a live session's work
+(``REALTIME``: the voice agent's sentences and its speech recognition) and
+everything else (``BATCH``: HTTP speech, images, robots). Each class has its own
+FIFO and its own bound, so batch work never fills the queue against a live
+session; a batch holds one class only, and the runner takes the realtime FIFO
+first whenever it has anything, due or not (it would only wait for company).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import final
 
 from duplex.exceptions import ConfigError
 
-__all__ = ["BatcherStatistics", "RequestBatcher"]
+__all__ = ["BatcherStatistics", "Priority", "RequestBatcher"]
+
+
+class Priority(IntEnum):
+    """A request's class: lower runs first."""
+
+    REALTIME = 0
+    """A live session's work: first in the queue, and run without waiting for slack."""
+    BATCH = 1
+    """Everything else: after the realtime work, in the slack between realtime ticks."""
 
 
 @final
@@ -52,12 +69,13 @@ class BatcherStatistics:
 
 @final
 class RequestBatcher:
-    """A bounded FIFO of request tickets and the rule that cuts it into batches.
+    """A bounded FIFO of request tickets per `Priority` and the rule that cuts them into
+    batches.
 
     Args:
         max_batch: the most requests one batch holds (>= 1).
         max_wait_s: the longest the oldest request waits for others (>= 0).
-        max_queue: the most requests waiting at once (>= ``max_batch``).
+        max_queue: the most requests of one class waiting at once (>= ``max_batch``).
 
     Raises:
         ConfigError: a bound out of range.
@@ -73,8 +91,8 @@ class RequestBatcher:
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.max_queue = max_queue
-        self._queue: OrderedDict[int, float] = OrderedDict()
-        """ticket -> the time it was submitted, oldest first."""
+        self._queues: dict[Priority, OrderedDict[int, float]] = {p: OrderedDict() for p in Priority}
+        """class -> ticket -> the time it was submitted, oldest first."""
         self._peak = 0
         self._submitted = 0
         self._refused = 0
@@ -84,38 +102,52 @@ class RequestBatcher:
         self._largest = 0
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return sum(len(queue) for queue in self._queues.values())
 
-    def submit(self, ticket: int, now: float) -> bool:
-        """Queue ``ticket`` (unique among the queued); ``False``: the queue is full."""
-        if len(self._queue) >= self.max_queue:
+    def submit(self, ticket: int, now: float, priority: Priority = Priority.BATCH) -> bool:
+        """Queue ``ticket`` (unique among the queued) in its class; ``False``: that class's
+        queue is full."""
+        queue = self._queues[priority]
+        if len(queue) >= self.max_queue:
             self._refused += 1
             return False
-        self._queue[ticket] = now
+        queue[ticket] = now
         self._submitted += 1
-        self._peak = max(self._peak, len(self._queue))
+        self._peak = max(self._peak, len(self))
         return True
 
     def cancel(self, ticket: int) -> bool:
         """Withdraw a queued ticket; ``False``: it is not queued (taken, or never was)."""
-        if self._queue.pop(ticket, None) is None:
-            return False
-        self._cancelled += 1
-        return True
+        for queue in self._queues.values():
+            if queue.pop(ticket, None) is not None:
+                self._cancelled += 1
+                return True
+        return False
 
     def due(self) -> float | None:
         """When the next batch is due (it may be in the past); ``None``: nothing waits."""
-        if not self._queue:
-            return None
-        oldest = next(iter(self._queue.values()))
-        if len(self._queue) >= self.max_batch:
+        dues = [self._due(queue) for queue in self._queues.values() if queue]
+        return min(dues) if dues else None
+
+    def _due(self, queue: OrderedDict[int, float]) -> float:
+        oldest = next(iter(queue.values()))
+        if len(queue) >= self.max_batch:
             return oldest
         return oldest + self.max_wait_s
 
+    def next_class(self) -> Priority | None:
+        """The class `take` takes from now: the first that has anything (``None``: none)."""
+        return next((p for p, queue in self._queues.items() if queue), None)
+
     def take(self) -> list[int]:
-        """The oldest ``max_batch`` tickets, removed from the queue (may be empty)."""
-        count = min(self.max_batch, len(self._queue))
-        batch = [self._queue.popitem(last=False)[0] for _ in range(count)]
+        """The oldest ``max_batch`` tickets of `next_class`, removed from its queue (may be
+        empty)."""
+        priority = self.next_class()
+        if priority is None:
+            return []
+        queue = self._queues[priority]
+        count = min(self.max_batch, len(queue))
+        batch = [queue.popitem(last=False)[0] for _ in range(count)]
         if batch:
             self._batches += 1
             self._batched += len(batch)
@@ -124,7 +156,7 @@ class RequestBatcher:
 
     def statistics(self) -> BatcherStatistics:
         return BatcherStatistics(
-            queued=len(self._queue),
+            queued=len(self),
             peak_queued=self._peak,
             submitted=self._submitted,
             refused=self._refused,

@@ -15,6 +15,16 @@ them from its thread. A batch whose requests have all been withdrawn stops
 at its next unit (`RequestCancelled`), so a client that leaves frees the
 engine within one unit.
 
+Two priority classes share one engine (`Priority`): a live session's requests
+(``REALTIME``: the voice agent's sentences and speech recognition) and the rest
+(``BATCH``: HTTP speech, images, robots). The realtime FIFO is taken first, and
+its batches run at once, ungated (they are a realtime path themselves, and a unit
+longer than a tick would never fit a window); batch-class batches run unit by unit
+in the slack. A batch-class batch waiting for its first window gives way to
+realtime requests that arrive meanwhile; one already running is not interrupted
+(its runner is mid-call), so a realtime request waits at most for the batch it
+finds running.
+
 A request whose client leaves while it waits is withdrawn; one whose batch
 is already running finishes and its result is dropped (counted as orphaned).
 A runner that raises fails only its batch: each request in it gets
@@ -35,7 +45,7 @@ import trio
 
 from duplex.exceptions import RequestCancelled, RequestFailed, RequestsOverloaded
 
-from ._batcher import BatcherStatistics, RequestBatcher
+from ._batcher import BatcherStatistics, Priority, RequestBatcher
 from ._driver import Offload
 from ._slack import Slack, UnitEstimate
 
@@ -168,6 +178,7 @@ labelled ``runner`` by whoever exports them."""
 @dataclass(slots=True, eq=False)
 class _Waiting(Generic[Req, Res]):
     request: Req
+    priority: Priority = Priority.BATCH
     done: trio.Event = field(default_factory=trio.Event)
     reply: Completed[Res] | None = None
     error: RequestFailed | None = None
@@ -230,7 +241,8 @@ class RequestEngine(Generic[Req, Res]):
         runner: the batched model.
         max_wait_s: how long a request waits for others before its batch runs.
         max_queue: the most requests waiting at once; more raise `RequestsOverloaded`.
-        slack: the process's realtime windows (``None``: no realtime work shares it).
+        slack: the process's realtime windows (``None``: no realtime work shares it), which
+            batch-class requests run in.
         offload: how a runner call leaves the trio thread (``None``:
             ``trio.to_thread.run_sync``); tests pass `inline` for ``MockClock``
             (units then are not gated one by one: only the first waits for slack).
@@ -259,6 +271,7 @@ class RequestEngine(Generic[Req, Res]):
         self._tickets = itertools.count()
         self._waiting: dict[int, _Waiting[Req, Res]] = {}
         self._submitted = trio.Event()
+        self._realtime_submitted = trio.Event()
         self._failed_batches = 0
         self._failed_requests = 0
         self._orphaned = 0
@@ -282,27 +295,31 @@ class RequestEngine(Generic[Req, Res]):
         per_batch = (self._last_run_ms or 0.0) / 1000.0
         return max(1.0, batches * per_batch)
 
-    async def submit(self, request: Req) -> Res:
+    async def submit(self, request: Req, *, priority: Priority = Priority.BATCH) -> Res:
         """Queue ``request`` and wait for its result (see `submit_timed`)."""
-        return (await self.submit_timed(request)).result
+        return (await self.submit_timed(request, priority=priority)).result
 
-    async def submit_timed(self, request: Req) -> Completed[Res]:
-        """Queue ``request`` and wait for its result and its batch's cost.
+    async def submit_timed(
+        self, request: Req, *, priority: Priority = Priority.BATCH
+    ) -> Completed[Res]:
+        """Queue ``request`` in its class and wait for its result and its batch's cost.
 
         Raises:
-            RequestsOverloaded: the queue is full (the request did not run).
+            RequestsOverloaded: its class's queue is full (the request did not run).
             RequestFailed: the runner raised for its batch, or returned an exception,
                 or nothing, for it.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         ticket = next(self._tickets)
-        if not self._batcher.submit(ticket, trio.current_time()):
+        if not self._batcher.submit(ticket, trio.current_time(), priority):
             raise RequestsOverloaded(
                 f"{self.name}: {self._batcher.max_queue} requests already wait",
                 retry_after_s=self.retry_after_s(),
             )
-        waiting = self._waiting[ticket] = _Waiting[Req, Res](request)
+        waiting = self._waiting[ticket] = _Waiting[Req, Res](request, priority)
         self._submitted.set()
+        if priority is Priority.REALTIME:
+            self._realtime_submitted.set()
         try:
             await waiting.done.wait()
         except BaseException:
@@ -327,9 +344,39 @@ class RequestEngine(Generic[Req, Res]):
                     with trio.move_on_at(due if due is not None else float("inf")):
                         await self._submitted.wait()
                     continue
-                await self._run_batch(self._batcher.take())
+                if self._slack is None or self._batcher.next_class() is Priority.REALTIME:
+                    await self._run_batch(self._batcher.take(), gated=False)
+                    continue
+                if not await self._window_unless_realtime():
+                    continue  # realtime work came first; or the batch's clients all left
+                tickets = self._batcher.take()
+                if not tickets:
+                    self._slack.release()
+                    continue
+                await self._run_batch(tickets, gated=True)
         finally:  # stopped or crashed: no request is left waiting on a dead loop
             self._fail_all(f"the {self.name} engine stopped")
+
+    async def _window_unless_realtime(self) -> bool:
+        """Hold a slack window for the next batch-class batch; ``False`` (no window held):
+        a realtime request arrived while it waited, and goes first."""
+        assert self._slack is not None
+        self._realtime_submitted = trio.Event()
+        held = False
+        async with trio.open_nursery() as nursery:
+
+            async def give_way() -> None:
+                await self._realtime_submitted.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(give_way)
+            await self._slack.acquire(self._estimate)
+            held = True  # (no checkpoint since the acquire: the window is ours)
+            nursery.cancel_scope.cancel()
+        if held and self._batcher.next_class() is Priority.REALTIME:
+            self._slack.release()  # it came in the same instant: it goes first
+            return False
+        return held
 
     def _fail_all(self, reason: str) -> None:
         for ticket, waiting in list(self._waiting.items()):
@@ -340,13 +387,12 @@ class RequestEngine(Generic[Req, Res]):
                 waiting.error = RequestFailed(reason)
                 waiting.done.set()
 
-    async def _run_batch(self, tickets: Sequence[int]) -> None:
+    async def _run_batch(self, tickets: Sequence[int], *, gated: bool) -> None:
+        """Run one batch; ``gated``: a batch-class batch, its first window already held."""
         batch = [self._waiting[ticket] for ticket in tickets]
         requests = [waiting.request for waiting in batch]
-        gate = _Gate(batch, self._slack, self._estimate, self._timer)
-        if self._slack is not None:
-            await self._slack.acquire(self._estimate)
-            gate.holding = True
+        gate = _Gate(batch, self._slack if gated else None, self._estimate, self._timer)
+        gate.holding = gated
         start = gate.unit_started = self._timer()
         results: list[Res | BaseException]
         try:

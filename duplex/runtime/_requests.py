@@ -22,7 +22,7 @@ from typing import Any, Protocol, final
 import trio
 
 from duplex.metrics import MetricsRegistry, Sample
-from duplex.models import REQUEST_METRICS, Completed, RequestEngineStatistics
+from duplex.models import REQUEST_METRICS, Completed, Priority, RequestEngineStatistics
 
 __all__ = ["RequestEngines", "RequestService"]
 
@@ -36,9 +36,11 @@ class RequestService(Protocol):
     @property
     def metadata(self) -> Mapping[str, Any]: ...
 
-    async def submit(self, request: Any) -> Any: ...
+    async def submit(self, request: Any, *, priority: Priority = Priority.BATCH) -> Any: ...
 
-    async def submit_timed(self, request: Any) -> Completed[Any]: ...
+    async def submit_timed(
+        self, request: Any, *, priority: Priority = Priority.BATCH
+    ) -> Completed[Any]: ...
 
     def retry_after_s(self) -> float: ...
 

@@ -45,6 +45,7 @@ from duplex.models import (
     InputPush,
     ModelSpec,
     PcmFrame,
+    Priority,
     RecorderSnapshot,
     RequestEngineStatistics,
     SlotDelivery,
@@ -191,7 +192,9 @@ class RemoteEngine:
 
     # -- the request engines hosted by the engine process ----------------------
 
-    async def submit_request(self, runner: str, payload: Any) -> Completed[Any]:
+    async def submit_request(
+        self, runner: str, payload: Any, priority: Priority = Priority.BATCH
+    ) -> Completed[Any]:
         """One request to ``runner`` in the engine process; cancelling withdraws it there.
 
         Raises:
@@ -204,7 +207,7 @@ class RemoteEngine:
         answered = trio.Event()
         box: list[RequestDone] = []
         self._answers[request] = (answered, box)
-        self.link.post(SubmitRequest(request, runner, payload))
+        self.link.post(SubmitRequest(request, runner, payload, priority))
         try:
             await answered.wait()
         except BaseException:
@@ -305,11 +308,13 @@ class RemoteRequests:
     def metadata(self) -> Mapping[str, Any]:
         return self._info.metadata
 
-    async def submit(self, request: Any) -> Any:
-        return (await self.submit_timed(request)).result
+    async def submit(self, request: Any, *, priority: Priority = Priority.BATCH) -> Any:
+        return (await self.submit_timed(request, priority=priority)).result
 
-    async def submit_timed(self, request: Any) -> Completed[Any]:
-        return await self.engine.submit_request(self.name, request)
+    async def submit_timed(
+        self, request: Any, *, priority: Priority = Priority.BATCH
+    ) -> Completed[Any]:
+        return await self.engine.submit_request(self.name, request, priority)
 
     def retry_after_s(self) -> float:
         return 1.0

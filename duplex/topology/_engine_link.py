@@ -33,6 +33,7 @@ from duplex.models import (
     DriverStatistics,
     FrameOutput,
     ModelSpec,
+    Priority,
     RecorderSnapshot,
     RequestEngineStatistics,
     SlotHandle,
@@ -72,6 +73,7 @@ class SubmitRequest:
     request: int
     runner: str
     payload: Any
+    priority: Priority = Priority.BATCH
 
 
 @final

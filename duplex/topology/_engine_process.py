@@ -202,7 +202,7 @@ class SessionLink:
                 if service is None:  # restarting after a crash
                     answer = RequestDone(request, error=f"{message.runner} is restarting")
                 else:
-                    done = await service.submit_timed(message.payload)
+                    done = await service.submit_timed(message.payload, priority=message.priority)
                     answer = RequestDone(request, done.result, done.run_ms, done.batch_size)
             except RequestsOverloaded as exc:
                 answer = RequestDone(request, error=str(exc), retry_after_s=exc.retry_after_s)

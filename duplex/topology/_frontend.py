@@ -5,7 +5,9 @@
 Spawned by ``ConnectionWorkers`` (``_workers.py``), never by hand. It runs the
 same Starlette app as a single-process server over a ``LinkBackend``: each
 WebSocket is decoded and encoded here by its wire projection, and its events
-cross the link; HTTP routes are answered by the session process. The worker
+cross the link; HTTP routes are answered by the session process, and the
+generation routes (speech, images, videos) are relayed whole to the server
+process as ASGI messages (``_relay.py``). The worker
 owns no session state: when the session process goes away it closes its
 sockets with 1011 and exits; SIGINT and SIGTERM are left to the session process, which
 stops the workers in order (sockets closed with 1001 first).
@@ -39,6 +41,9 @@ from duplex.transport import (
 from ._link import (
     CODE_FINGERPRINT,
     EXIT_STALE_CODE,
+    AsgiEnd,
+    AsgiOut,
+    AsgiPull,
     CloseRemoteSocket,
     Connected,
     Consumed,
@@ -55,6 +60,7 @@ from ._link import (
     Window,
     Written,
 )
+from ._relay import RelayClient
 from ._workers import WorkerSettings
 
 HTTP_TIMEOUT_S = 5.0
@@ -115,6 +121,8 @@ class LinkBackend:
         self.held: set[EventSocket] = set()
         """Sockets held for their first event: no shard has them yet, so we close them."""
         self.answers: dict[int, _Answer] = {}
+        self.relay = RelayClient(link)
+        """The generation routes, run in the server process (shard 0)."""
         self._next_conn = 0
         self._next_request = 0
 
@@ -242,6 +250,8 @@ class LinkBackend:
                     answer.done.set()
             case Load(live, capacity):
                 self.shards[shard].live, self.shards[shard].capacity = live, capacity
+            case AsgiPull() | AsgiOut() | AsgiEnd() if shard == 0:
+                self.relay.on_message(message)
 
     async def close_held(self, code: int, reason: str) -> None:
         """Close the sockets still waiting for their first event (shutdown, server gone)."""
@@ -249,10 +259,13 @@ class LinkBackend:
             await held.close(code, reason)
 
     def shard_gone(self, shard: int | None = None) -> None:
-        """Close the sockets of ``shard`` (``None``: of every shard) with 1011."""
+        """Close the sockets of ``shard`` (``None``: of every shard) with 1011; the server
+        process (shard 0) gone ends the requests relayed to it too."""
         for conn, relay in self.relays.items():
             if shard is None or relay.shard == shard:
                 relay.post.send_nowait(CloseRemoteSocket(conn, 1011, "internal_error"))
+        if not shard:
+            self.relay.end_all()
 
     async def _receive(self, link: Link, index: int) -> None:
         """Route shard ``index``'s messages until its link ends."""
@@ -309,6 +322,7 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
         realtime_agent=settings.agent,
         access=settings.access,
         client_secret_ttl_s=settings.client_secret_ttl_s,
+        generation=backend.relay,
     )
     hyper = hypercorn_config(
         f"fd://{listen_fd}",

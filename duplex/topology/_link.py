@@ -176,6 +176,63 @@ class Stop:
     """Shut down: stop accepting, let open sockets finish, exit."""
 
 
+# -- messages of a relayed request (``_relay.py``), either way -------------------
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AsgiOpen:
+    """Worker to server: run the route of ``scope`` (an HTTP request or a WebSocket) there."""
+
+    stream: int
+    scope: dict[str, Any]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AsgiPull:
+    """Server to worker: the route awaits its next ASGI ``receive()`` message."""
+
+    stream: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AsgiIn:
+    """Worker to server: what ``receive()`` gave (a body part, a WebSocket message, a
+    disconnect)."""
+
+    stream: int
+    message: dict[str, Any]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AsgiOut:
+    """Server to worker: one ASGI ``send()`` message of the route, for the client."""
+
+    stream: int
+    message: dict[str, Any]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AsgiWritten:
+    """Worker to server: ``count`` more ``AsgiOut`` were handed to the client: credits."""
+
+    stream: int
+    count: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AsgiEnd:
+    """This side is done with ``stream``: the route returned (server), or the client can no
+    longer be written to (worker)."""
+
+    stream: int
+
+
 # -- messages between the server process and a session shard ------------------
 # (the shard posts ``Ready`` once its socket listens; the server posts ``Stop``)
 

@@ -4,7 +4,8 @@ The pipelines themselves are request engines named ``image`` and ``video``
 (`runner_specs` in ``_requests.py``), built here or in the engine processes like
 every request-batched model; the `MediaService` submits to them through the
 process's `RequestEngines` and runs the video jobs' tasks. With connection workers
-the routes are not relayed yet: they answer ``model_not_loaded`` (a warning says so).
+the routes run here too: the workers relay them whole (``_relay.py``), so one job
+store serves every worker.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from pathlib import Path
 import trio
 
 from duplex.config import Config
-from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry
 from duplex.models import ModelOptions
 from duplex.models.diffusion import resolve_diffusion
@@ -60,12 +60,6 @@ async def open_media(
     """The generation routes' service with its jobs' nursery; ``None``: nothing served here."""
     server = config.server
     if not (server.image_model or server.video_model):
-        yield None
-        return
-    if server.connection_workers:
-        get_logger(component="server").warning(
-            "image and video routes not served: they need connection_workers = 0"
-        )
         yield None
         return
     service = MediaService(requests, settings=media_settings(config), registry=registry)

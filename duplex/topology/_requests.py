@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, final
+from typing import Any, Final, Literal, final
 
 import trio
 
@@ -40,6 +40,7 @@ from duplex.runtime import RequestEngines
 __all__ = [
     "BATCH_SWITCH_INTERVAL_S",
     "RunnerSpec",
+    "model_cards",
     "open_request_engines",
     "runner_specs",
     "start_request_engines",
@@ -59,18 +60,18 @@ class RunnerSpec:
         name: what endpoints ask for (``policy``, ...) and the metrics' ``runner`` label.
         build: makes the runner.
         max_wait_s: how long a request waits for others before its batch runs.
-        max_queue: the most requests waiting at once; more are refused (429, or an error frame).
-        realtime: run its units ungated by the slack (see the field).
+        max_queue: the most requests of one priority class waiting at once; more are
+            refused (429, or an error frame).
+
+    Every engine runs in the process's slack; a live session's requests (the voice agent's,
+    ``Priority.REALTIME``) run first and ungated, so one TTS engine serves the agent's
+    sentences and HTTP speech (in the slack) alike.
     """
 
     name: str
     build: Callable[[], BatchRunner[Any, Any]]
     max_wait_s: float = 0.002
     max_queue: int = 64
-    realtime: bool = False
-    """Its units are a realtime path themselves (the voice agent's ASR and TTS): they run
-    when they come, not in the windows between another engine's ticks (a unit longer than
-    a tick would never fit one)."""
 
 
 def _policy(config: Config, device: str) -> RunnerSpec:
@@ -89,8 +90,9 @@ def _policy(config: Config, device: str) -> RunnerSpec:
 
 
 def _diffusion(config: Config, device: str, kind: Literal["image", "video"]) -> RunnerSpec:
-    """``--image-model`` / ``--video-model``: one request a batch (a diffusion step is the
-    unit of preemption), no wait for others."""
+    """``--image-model`` / ``--video-model``: a diffusion step is the unit of preemption, and
+    no request waits for others; images batch up to ``image_max_batch`` (the requests that
+    gathered while a call ran), videos one chunk a call."""
     server = config.server
     name = server.image_model if kind == "image" else server.video_model
     options = ModelOptions(
@@ -98,10 +100,12 @@ def _diffusion(config: Config, device: str, kind: Literal["image", "video"]) -> 
         seed=server.model_seed,
         cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None,
     )
-    load = load_image_runner if kind == "image" else load_video_runner
 
     def build() -> BatchRunner[Any, Any]:
-        return load(resolve_diffusion(name, kind, options), device)  # type: ignore[arg-type]
+        model = resolve_diffusion(name, kind, options)
+        if kind == "image":
+            return load_image_runner(model, device, server.image_max_batch)
+        return load_video_runner(model, device)
 
     return RunnerSpec(kind, build, 0.0, max_queue=server.media_max_queue)
 
@@ -115,9 +119,7 @@ def _tts(config: Config, device: str) -> RunnerSpec:
         return runner
 
     wait_s = server.tts_batch_wait_ms / 1000.0
-    return RunnerSpec(
-        TTS_RUNNER, build, wait_s, max_queue=server.tts_max_queue, realtime=server.agent
-    )
+    return RunnerSpec(TTS_RUNNER, build, wait_s, max_queue=server.tts_max_queue)
 
 
 def _asr(config: Config) -> RunnerSpec:
@@ -127,7 +129,7 @@ def _asr(config: Config) -> RunnerSpec:
     def build() -> BatchRunner[Any, Any]:
         return build_asr(options)
 
-    return RunnerSpec(ASR_RUNNER, build, 0.002, max_queue=1024, realtime=True)
+    return RunnerSpec(ASR_RUNNER, build, 0.002, max_queue=1024)
 
 
 def runner_specs(config: Config, device: str | None = None) -> list[RunnerSpec]:
@@ -172,7 +174,7 @@ async def start_request_engines(
                 spec.build(),
                 max_wait_s=spec.max_wait_s,
                 max_queue=spec.max_queue,
-                slack=None if spec.realtime else slack,
+                slack=slack,
             )
 
         refs.append(
@@ -206,3 +208,49 @@ async def open_request_engines(
         with trio.CancelScope(shield=True):
             for ref in reversed(refs):
                 await system.stop(ref)
+
+
+_KINDS: Final = {"image": "image", "video": "video", TTS_RUNNER: "speech",
+                 ASR_RUNNER: "transcription", "policy": "policy"}  # fmt: skip
+"""Each request engine's ``kind`` on its model card, in the order ``/v1/models`` lists them."""
+
+
+def _shown(name: str) -> str:
+    """A model's name as clients see it: a checkpoint folder by its last part only."""
+    return Path(name).name if "/" in name else name
+
+
+def model_cards(
+    config: Config, requests: RequestEngines, agent_llm: Callable[[], str | None]
+) -> list[dict[str, Any]]:
+    """OpenAI's model cards of the request-batched models ``config`` serves, and of the
+    agent's reply model: the running engine's own name for its model (``metadata["model"]``)
+    where it says one, else the configured one; ``ready`` is false while it starts.
+    ``agent_llm``: the running agent's reply model (``None``: not running yet)."""
+    server = config.server
+    configured = {
+        "image": server.image_model, "video": server.video_model, TTS_RUNNER: server.tts,
+        ASR_RUNNER: server.agent_asr, "policy": server.policy,
+    }  # fmt: skip
+    cards = []
+    for name, kind in _KINDS.items():
+        if name not in requests.configured:
+            continue
+        engine = requests.get(name)
+        model = engine.metadata.get("model") if engine is not None else None
+        cards.append(_card(str(model or _shown(configured[name])), kind, engine is not None))
+    if server.agent:
+        llm = agent_llm()
+        cards.append(_card(llm or _shown(server.agent_llm or "echo"), "chat", llm is not None))
+    return cards
+
+
+def _card(model: str, kind: str, ready: bool) -> dict[str, Any]:
+    return {
+        "id": model,
+        "object": "model",
+        "owned_by": "duplex",
+        "created": 0,
+        "kind": kind,
+        "ready": ready,
+    }

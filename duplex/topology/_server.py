@@ -55,6 +55,7 @@ from duplex.transport import (
     SpeechService,
     build_app,
     digest,
+    generation_app,
     hypercorn_config,
     serve_http,
 )
@@ -63,7 +64,7 @@ from . import _link
 from ._engine_client import EngineConnection, engine_spec, export_engine_histograms
 from ._engines import EngineProcesses
 from ._media import open_media
-from ._requests import open_request_engines, runner_specs
+from ._requests import model_cards, open_request_engines, runner_specs
 from ._shards import ShardProcesses
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
 
@@ -466,17 +467,10 @@ def robot_service(
 
 def speech_service(
     config: Config, registry: MetricsRegistry, requests: RequestEngines
-) -> SpeechService | None:
+) -> SpeechService:
     """The speech routes' service over the process's request engines (the TTS is the one
-    named ``tts``, the engine the voice agent speaks with too); ``None``: connection workers
-    serve HTTP (they do not reach the engines yet), so the routes answer ``tts_not_loaded``."""
-    if config.server.connection_workers:
-        if config.server.tts != "none":
-            get_logger(component="server").warning(
-                "speech endpoints not served: they need connection_workers = 0",
-                tts=config.server.tts,
-            )
-        return None
+    named ``tts``, the engine the voice agent speaks with too). With connection workers it
+    serves the routes they relay here (``_relay.py``)."""
     return SpeechService(requests, registry)
 
 
@@ -539,6 +533,10 @@ async def _serve_sessions(
     ):
         robots = robot_service(config, system, registry, backend, requests)
         speech = speech_service(config, registry, requests)
+        hub = backend.hub
+        backend.more_models = partial(
+            model_cards, config, requests, lambda: hub.agent.metadata["llm"] if hub.agent else None
+        )
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
         hyper = hypercorn_config(
@@ -551,8 +549,16 @@ async def _serve_sessions(
         )
         async with trio.open_nursery() as nursery:
             if server.connection_workers:
+                relayed = generation_app(media, speech)
                 urls = await nursery.start(
-                    serve_with_workers, config, backend, hyper, registry, access, engine_paths
+                    serve_with_workers,
+                    config,
+                    backend,
+                    hyper,
+                    registry,
+                    access,
+                    engine_paths,
+                    relayed,
                 )
             else:
                 urls = await nursery.start(
@@ -581,7 +587,7 @@ async def _serve_sessions(
                 engine_processes=len(engine_paths),
                 startup_s=round(backend.startup.elapsed(), 2) if backend.startup else None,
                 policy=server.policy if robots is not None else None,
-                tts=server.tts if speech is not None else None,
+                tts=server.tts if server.tts != "none" else None,
             )
             task_status.started(urls)
 
@@ -631,10 +637,14 @@ async def serve_with_workers(
     registry: MetricsRegistry,
     access: AccessSettings,
     engine_paths: Sequence[str] = (),
+    relayed: Any | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Bind here, serve in connection workers (and shards); returns once all have exited.
+
+    ``relayed``: the generation routes' app (speech, images, videos), which the workers
+    relay whole to this process (``_relay.py``).
 
     Shards start first, so each worker finds every shard's socket when it starts.
     On shutdown this process's sockets close (1001), then every shard closes its
@@ -645,7 +655,7 @@ async def serve_with_workers(
     (listener,) = sockets.secure_sockets or sockets.insecure_sockets  # TLS: the workers speak it
     try:
         listener.listen(hyper.backlog)
-        links = LinkServer(backend, registry)
+        links = LinkServer(backend, registry, relayed)
         shard_processes = ShardProcesses(config, registry, engine_paths=engine_paths)
         async with shard_processes as shards, trio.open_nursery() as nursery:
             if shards.count:

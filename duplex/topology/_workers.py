@@ -18,6 +18,7 @@ import math
 import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import trio
 
@@ -28,6 +29,10 @@ from duplex.transport import AccessSettings, HttpRoute, HubBackend, Received, So
 
 from ._children import Children, spawn_linked
 from ._link import (
+    AsgiEnd,
+    AsgiIn,
+    AsgiOpen,
+    AsgiWritten,
     CloseRemoteSocket,
     Connected,
     Consumed,
@@ -43,6 +48,7 @@ from ._link import (
     Window,
     Written,
 )
+from ._relay import RelayServer
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,10 +193,16 @@ class LinkServer:
     The server process serves its workers' links; a session shard serves the links
     its workers open to it. Every link hears the process's ``Load`` whenever the
     number of admitted sessions changes, so workers can place new sessions.
+
+    ``relayed``: the ASGI app of the routes workers relay whole (``_relay.py``: speech,
+    images, videos), on the server process; ``None`` on a shard (workers relay none there).
     """
 
-    def __init__(self, backend: HubBackend, registry: MetricsRegistry) -> None:
+    def __init__(
+        self, backend: HubBackend, registry: MetricsRegistry, relayed: Any | None = None
+    ) -> None:
         self.backend = backend
+        self.relayed = relayed
         self.links: set[Link] = set()
         self.log = get_logger(component="links")
         self._link_ended = trio.lowlevel.ParkingLot()
@@ -249,6 +261,7 @@ class LinkServer:
         link.post(self.load())
         try:
             async with trio.open_nursery() as nursery:
+                relay = RelayServer(self.relayed, link, nursery) if self.relayed else None
                 try:
                     async for message in link.messages():
                         match message:
@@ -265,6 +278,8 @@ class LinkServer:
                                 )
                             case HttpRequest(request, route, body):
                                 nursery.start_soon(answer, request, route, body)
+                            case AsgiOpen() | AsgiIn() | AsgiWritten() | AsgiEnd() if relay:
+                                relay.on_message(message)
                             case Ready() if on_ready is not None:
                                 on_ready()
                 except LinkBroken as exc:
@@ -273,6 +288,8 @@ class LinkServer:
                 finally:
                     for linked in sockets.values():
                         linked.peer_left()
+                    if relay is not None:
+                        relay.end_all()
         finally:
             self.links.discard(link)
             self._link_ended.unpark_all()

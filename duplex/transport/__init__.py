@@ -5,7 +5,7 @@ other package imports a ``_`` module of this one.
 """
 
 from ._access import AccessSettings, ResumeGuard, digest
-from ._app import HttpAnswer, HttpRoute, HubBackend, build_app, hypercorn_config
+from ._app import HttpAnswer, HttpRoute, HubBackend, build_app, generation_app, hypercorn_config
 from ._duplex_wire import (
     CLIENT_EVENT_NAMES,
     DEFAULT_MAX_EVENT_BYTES,
@@ -42,6 +42,7 @@ __all__ = [
     "build_app",
     "digest",
     "encode_server_event",
+    "generation_app",
     "hypercorn_config",
     "parse_client_event",
     "serve_http",

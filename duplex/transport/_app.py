@@ -31,7 +31,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from duplex import __version__
@@ -284,6 +284,9 @@ class HubBackend:
         if self.wait_queue is not None:
             self._export_wait_queue(self.wait_queue)
         self.shards: Shards | None = None
+        self.more_models: Callable[[], list[dict[str, Any]]] = list
+        """The cards of the other models this process serves (the request engines', the
+        agent's), listed by ``GET /v1/models`` after the realtime model's."""
 
     def _export_wait_queue(self, queue: WaitQueue) -> None:
         for name, kind, help_text, field in _WAIT_QUEUE_METRICS:
@@ -333,9 +336,10 @@ class HubBackend:
                 "object": "model",
                 "owned_by": "duplex",
                 "created": 0,
+                "kind": "realtime",
                 "capabilities": hub.capabilities.as_dict(),
             }
-            return HttpAnswer.json({"object": "list", "data": [card]})
+            return HttpAnswer.json({"object": "list", "data": [card, *self.more_models()]})
         return HttpAnswer(200, PROMETHEUS_CONTENT_TYPE, self.registry.render().encode())
 
     def mint(self, body: bytes) -> HttpAnswer:
@@ -541,6 +545,57 @@ async def _deny(scope: dict[str, Any], receive: Any, send: Any, denied: Denied) 
         await send({"type": "websocket.close", "code": denied.close_code})
 
 
+async def _http_refused(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such route, a method the route does not take), in
+    the error shape of every other answer."""
+    assert isinstance(exc, HTTPException)
+    error = {
+        "message": f"{request.method} {request.url.path}: {exc.detail}",
+        "type": "invalid_request_error",
+        "param": None,  # OpenAI's shape has all four keys (the media routes' own do)
+        "code": HTTP_ERROR_CODES.get(exc.status_code, "invalid_request"),
+    }
+    response = HttpAnswer.json({"error": error}, exc.status_code).response()
+    response.headers.update(exc.headers or {})
+    return response
+
+
+async def _http_failed(request: Request, exc: Exception) -> Response:
+    """A route that raised: logged with its traceback, answered 500 in the error shape."""
+    get_logger(component="http").error(
+        "request failed", method=request.method, path=request.url.path, exc_info=exc
+    )
+    error = {
+        "message": "internal error",
+        "type": "server_error",
+        "param": None,
+        "code": "internal_error",
+    }
+    return HttpAnswer.json({"error": error}, 500).response()
+
+
+EXCEPTION_HANDLERS: Final[dict[Any, Any]] = {HTTPException: _http_refused, Exception: _http_failed}
+
+
+def generation_app(media: MediaService | None, speech: SpeechService | None) -> Starlette:
+    """The generation routes alone (speech, images, videos), as a server process runs them
+    for its connection workers, which relay them whole (``topology/_relay.py``)."""
+    routes = [*media_routes(media), *speech_routes(speech)]
+    return Starlette(exception_handlers=EXCEPTION_HANDLERS, routes=routes)
+
+
+def _relayed(routes: list[BaseRoute], relay: Any) -> list[BaseRoute]:
+    """``routes``' paths and methods, each answered by the ASGI app ``relay``."""
+    relayed: list[BaseRoute] = []
+    for route in routes:
+        if isinstance(route, WebSocketRoute):
+            relayed.append(WebSocketRoute(route.path, relay))
+        else:
+            assert isinstance(route, Route)
+            relayed.append(Route(route.path, relay, methods=route.methods))
+    return relayed
+
+
 def build_app(
     backend: Backend,
     *,
@@ -553,6 +608,7 @@ def build_app(
     robots: RobotService | None = None,
     media: MediaService | None = None,
     speech: SpeechService | None = None,
+    generation: Any | None = None,
 ) -> Starlette:
     """The routes, over ``backend``, behind ``Guard``.
 
@@ -566,6 +622,9 @@ def build_app(
     ``robots``: the robot policy endpoint's service (``None``: ``Robot policy not available``).
     ``media``: image and video generation (``None``: those routes answer ``model_not_loaded``).
     ``speech``: the TTS engine of the speech routes (``None``: they answer ``tts_not_loaded``).
+    ``generation``: in a connection worker, the ASGI app that relays the generation routes
+    (speech, images, videos) to the server process, which runs them (``media`` and
+    ``speech`` are then unused).
     """
     policy = AccessPolicy(access or AccessSettings())
     refused = None
@@ -727,35 +786,11 @@ def build_app(
             return
         await robots.connect(WebSocketFrames(websocket), peer=peer)
 
-    async def http_refused(request: Request, exc: Exception) -> Response:
-        """Starlette's own refusals (no such route, a method the route does not take), in
-        the error shape of every other answer."""
-        assert isinstance(exc, HTTPException)
-        error = {
-            "message": f"{request.method} {request.url.path}: {exc.detail}",
-            "type": "invalid_request_error",
-            "param": None,  # OpenAI's shape has all four keys (the media routes' own do)
-            "code": HTTP_ERROR_CODES.get(exc.status_code, "invalid_request"),
-        }
-        response = HttpAnswer.json({"error": error}, exc.status_code).response()
-        response.headers.update(exc.headers or {})
-        return response
-
-    async def http_failed(request: Request, exc: Exception) -> Response:
-        """A route that raised: logged with its traceback, answered 500 in the error shape."""
-        get_logger(component="http").error(
-            "request failed", method=request.method, path=request.url.path, exc_info=exc
-        )
-        error = {
-            "message": "internal error",
-            "type": "server_error",
-            "param": None,
-            "code": "internal_error",
-        }
-        return HttpAnswer.json({"error": error}, 500).response()
-
+    generated = [media_routes(media), speech_routes(speech)]
+    if generation is not None:
+        generated = [_relayed(routes, generation) for routes in generated]
     app = Starlette(
-        exception_handlers={HTTPException: http_refused, Exception: http_failed},
+        exception_handlers=EXCEPTION_HANDLERS,
         routes=[
             Route("/", web),
             Route("/index.html", web),
@@ -775,9 +810,9 @@ def build_app(
             Route("/api/chat", upgrade_required),
             Route("/v1/audio/duplex", upgrade_required),
             Route(ROBOT_PATH, upgrade_required),
-            *media_routes(media),
+            *generated[0],
             Route("/v1/realtime/video", upgrade_required),
-            *speech_routes(speech),
+            *generated[1],
             Route("/v1/audio/speech/stream", upgrade_required),
         ],
     )

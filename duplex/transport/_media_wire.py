@@ -266,24 +266,47 @@ def _json_object(body: bytes) -> dict[str, Any]:
     return parsed
 
 
-_IMAGE_FIELDS: Final = frozenset(
-    {
-        "prompt",
-        "model",
-        "n",
-        "size",
-        "seed",
-        "num_inference_steps",
-        "guidance_scale",
-        "negative_prompt",
-        "response_format",
-        "output_format",
-        "user",
-    }
+_SAMPLING_FIELDS: Final = frozenset(
+    {"prompt", "model", "seed", "num_inference_steps", "guidance_scale", "negative_prompt"}
 )
-DEFAULT_IMAGE_SIZE: Final = "512x512"
+"""The fields of every generation request (images, video jobs, streamed video)."""
+_HTTP_FIELDS: Final = _SAMPLING_FIELDS | {"size", "user"}
+"""... and of the HTTP ones."""
 DEFAULT_STEPS: Final = 20
 DEFAULT_GUIDANCE: Final = 7.5
+
+
+def _opened(
+    source: Mapping[str, Any], allowed: frozenset[str], model: str, limits: MediaLimits, *,
+    strings: bool = False,
+) -> tuple[_Fields, str]:  # fmt: skip
+    """A request's fields (unknown ones refused) and its prompt, its ``model`` checked."""
+    fields = _Fields(source, allowed, strings=strings)
+    prompt = fields.text("prompt", limit=limits.max_prompt_chars, required=True)
+    fields.model(model)
+    return fields, prompt
+
+
+def _sampling(fields: _Fields, limits: MediaLimits) -> dict[str, Any]:
+    """The sampling fields every generation request shares, read last, in this order."""
+    return {
+        "seed": fields.seed(),
+        "steps": fields.integer("num_inference_steps", DEFAULT_STEPS, 1, limits.max_steps),
+        "guidance_scale": fields.number(
+            "guidance_scale", DEFAULT_GUIDANCE, 0.0, limits.max_guidance
+        ),
+        "negative_prompt": fields.text("negative_prompt", limit=limits.max_prompt_chars),
+    }
+
+
+def _http_size(fields: _Fields, default: str, limits: MediaLimits) -> tuple[int, int]:
+    """The HTTP requests' ``user`` (checked, unused) and ``size``."""
+    fields.text("user", limit=256)
+    return parse_size(fields.raw.get("size") or default, limits)
+
+
+_IMAGE_FIELDS: Final = _HTTP_FIELDS | {"n", "response_format", "output_format"}
+DEFAULT_IMAGE_SIZE: Final = "512x512"
 
 
 def parse_image_request(body: bytes, model: str, limits: MediaLimits) -> ImageGeneration:
@@ -292,39 +315,20 @@ def parse_image_request(body: bytes, model: str, limits: MediaLimits) -> ImageGe
     Raises:
         ProtocolError: the first field refused (``param`` names it).
     """
-    fields = _Fields(_json_object(body), _IMAGE_FIELDS, strings=False)
-    prompt = fields.text("prompt", limit=limits.max_prompt_chars, required=True)
-    fields.model(model)
+    fields, prompt = _opened(_json_object(body), _IMAGE_FIELDS, model, limits)
     fields.choice("response_format", "b64_json", ("b64_json",))
     fields.choice("output_format", "png", ("png",))
-    fields.text("user", limit=256)
-    width, height = parse_size(fields.raw.get("size") or DEFAULT_IMAGE_SIZE, limits)
+    width, height = _http_size(fields, DEFAULT_IMAGE_SIZE, limits)
     return ImageGeneration(
         prompt=prompt,
         n=fields.integer("n", 1, 1, limits.max_images),
         width=width,
         height=height,
-        seed=fields.seed(),
-        steps=fields.integer("num_inference_steps", DEFAULT_STEPS, 1, limits.max_steps),
-        guidance_scale=fields.number("guidance_scale", DEFAULT_GUIDANCE, 0.0, limits.max_guidance),
-        negative_prompt=fields.text("negative_prompt", limit=limits.max_prompt_chars),
+        **_sampling(fields, limits),
     )
 
 
-_VIDEO_FIELDS: Final = frozenset(
-    {
-        "prompt",
-        "model",
-        "size",
-        "seconds",
-        "fps",
-        "seed",
-        "num_inference_steps",
-        "guidance_scale",
-        "negative_prompt",
-        "user",
-    }
-)
+_VIDEO_FIELDS: Final = _HTTP_FIELDS | {"seconds", "fps"}
 DEFAULT_VIDEO_SIZE: Final = "512x512"
 DEFAULT_SECONDS: Final = "4"
 DEFAULT_FPS: Final = 8
@@ -340,11 +344,8 @@ def parse_video_request(
     """
     form = not isinstance(raw, bytes)
     source = raw if not isinstance(raw, bytes) else _json_object(raw)
-    fields = _Fields(source, _VIDEO_FIELDS, strings=form)
-    prompt = fields.text("prompt", limit=limits.max_prompt_chars, required=True)
-    fields.model(model)
-    fields.text("user", limit=256)
-    width, height = parse_size(fields.raw.get("size") or DEFAULT_VIDEO_SIZE, limits)
+    fields, prompt = _opened(source, _VIDEO_FIELDS, model, limits, strings=form)
+    width, height = _http_size(fields, DEFAULT_VIDEO_SIZE, limits)
     seconds_raw = fields.raw.get("seconds")
     seconds = fields.number("seconds", float(DEFAULT_SECONDS), 0.0, limits.max_seconds)
     fps = fields.integer("fps", DEFAULT_FPS, 1, limits.max_fps)
@@ -361,29 +362,11 @@ def parse_video_request(
         seconds=DEFAULT_SECONDS if seconds_raw is None else f"{seconds:g}",
         fps=fps,
         frames=frames,
-        seed=fields.seed(),
-        steps=fields.integer("num_inference_steps", DEFAULT_STEPS, 1, limits.max_steps),
-        guidance_scale=fields.number("guidance_scale", DEFAULT_GUIDANCE, 0.0, limits.max_guidance),
-        negative_prompt=fields.text("negative_prompt", limit=limits.max_prompt_chars),
+        **_sampling(fields, limits),
     )
 
 
-_START_FIELDS: Final = frozenset(
-    {
-        "type",
-        "model",
-        "prompt",
-        "format",
-        "width",
-        "height",
-        "fps",
-        "num_frames",
-        "seed",
-        "num_inference_steps",
-        "guidance_scale",
-        "negative_prompt",
-    }
-)
+_START_FIELDS: Final = _SAMPLING_FIELDS | {"type", "format", "width", "height", "fps", "num_frames"}
 DEFAULT_STREAM_FRAMES: Final = 32
 
 
@@ -395,9 +378,7 @@ def parse_realtime_video_start(
     Raises:
         ProtocolError: the first field refused (``param`` names it).
     """
-    fields = _Fields(event, _START_FIELDS, strings=False)
-    prompt = fields.text("prompt", limit=limits.max_prompt_chars, required=True)
-    fields.model(model)
+    fields, prompt = _opened(event, _START_FIELDS, model, limits)
     fields.choice("format", "m4s", ("m4s",))
     width = fields.integer("width", 512, limits.min_side, limits.max_side)
     height = fields.integer("height", 512, limits.min_side, limits.max_side)
@@ -409,8 +390,5 @@ def parse_realtime_video_start(
         height=height,
         fps=fields.integer("fps", DEFAULT_FPS, 1, limits.max_fps),
         frames=fields.integer("num_frames", DEFAULT_STREAM_FRAMES, 1, limits.max_frames),
-        seed=fields.seed(),
-        steps=fields.integer("num_inference_steps", DEFAULT_STEPS, 1, limits.max_steps),
-        guidance_scale=fields.number("guidance_scale", DEFAULT_GUIDANCE, 0.0, limits.max_guidance),
-        negative_prompt=fields.text("negative_prompt", limit=limits.max_prompt_chars),
+        **_sampling(fields, limits),
     )

@@ -10,7 +10,7 @@ across clients and runs them in the slack a realtime engine leaves.
 Overload is ``429`` with ``Retry-After``; a client that leaves withdraws its
 requests (HTTP: the handler watches for ``http.disconnect``; a stream: the
 socket's reader ends the connection's nursery). Without a TTS engine
-(``--tts none``, or connection workers) every speech route answers ``404``
+(``--tts none``) every speech route answers ``404``
 ``tts_not_loaded``; while it loads, ``503`` with ``Retry-After``.
 """
 
@@ -65,7 +65,7 @@ OVERLOAD_RETRY_S: Final = 30.0
 NOT_LOADED = Refusal(
     404,
     "No text-to-speech model is loaded on this server (start it with --tts espeak, or "
-    "--tts PATH for a VITS checkpoint; connection workers do not serve speech yet).",
+    "--tts PATH for a VITS checkpoint).",
     None,
     "tts_not_loaded",
 )

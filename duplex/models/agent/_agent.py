@@ -3,7 +3,9 @@ by name, ``asr`` and ``tts``, in its registry: built in this process or in an en
 process, restarted by their supervisor); its reply model is one per process.
 
 Every session of the process uses the same `AgentModels` (the hub hands it to each
-session's agent link), so their requests batch together.
+session's agent link), so their requests batch together. They are a live session's
+work: submitted as ``Priority.REALTIME``, first in their engine's queue and run
+without waiting for slack, ahead of the HTTP speech the same TTS engine serves.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy.typing as npt
 
 from duplex.exceptions import ConfigError, ModelError
 
+from .._batcher import Priority
 from ._asr import AsrChunk, AsrProcess, AsrText
 from ._reply import EchoReplier, Replier
 
@@ -28,7 +31,7 @@ ASR_RUNNER = "asr"
 
 
 class _Service(Protocol):
-    async def submit(self, request: Any) -> Any: ...
+    async def submit(self, request: Any, *, priority: Priority = Priority.BATCH) -> Any: ...
 
 
 class _Engines(Protocol):
@@ -64,14 +67,15 @@ class AgentModels:
 
     async def hear(self, chunk: AsrChunk) -> AsrText:
         """One chunk of a stream through the shared ASR."""
-        result: AsrText = await self._engine(ASR_RUNNER).submit(chunk)
+        result: AsrText = await self._engine(ASR_RUNNER).submit(chunk, priority=Priority.REALTIME)
         return result
 
     async def speak(self, text: str, voice: str) -> tuple[npt.NDArray[np.float32], int]:
         """``text`` spoken in ``voice``: samples and their rate (the caller resamples)."""
         from duplex.models.tts import TTS_RUNNER, SpeechRequest
 
-        audio = await self._engine(TTS_RUNNER).submit(SpeechRequest(text, voice=voice))
+        request = SpeechRequest(text, voice=voice)
+        audio = await self._engine(TTS_RUNNER).submit(request, priority=Priority.REALTIME)
         return np.asarray(audio.pcm, dtype=np.float32) / 32768.0, audio.sample_rate
 
     @property

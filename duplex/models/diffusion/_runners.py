@@ -39,6 +39,7 @@ __all__ = [
     "VideoRequest",
     "VideoResult",
     "VideoRunner",
+    "image_calls",
     "load_image_runner",
     "load_video_runner",
     "resolve_diffusion",
@@ -182,36 +183,80 @@ def _step_callback(gate: UnitGate) -> Any:
     return on_step_end
 
 
+def image_calls(requests: Sequence[ImageRequest], max_images: int) -> list[list[int]]:
+    """Which requests share a pipeline call: the indexes of each call, in order.
+
+    Requests of one `ImageRequest.batch_key` (size, steps, guidance) go together, oldest
+    first, up to ``max_images`` images a call (a request of more images runs alone).
+    """
+    calls: list[list[int]] = []
+    open_calls: dict[tuple[int, int, int, float], tuple[list[int], int]] = {}
+    for index, request in enumerate(requests):
+        key = request.batch_key
+        call, images = open_calls.get(key, ([], 0))
+        if call and images + request.n > max_images:
+            call, images = [], 0
+        if not call:
+            calls.append(call)
+        call.append(index)
+        open_calls[key] = (call, images + request.n)
+    return calls
+
+
 @final
 class ImageRunner:
-    """Text to image over a diffusers pipeline (``.images`` output); one request a call."""
+    """Text to image over a diffusers pipeline (``.images`` output).
+
+    A batch of requests runs as few pipeline calls as their sizes, steps and guidance
+    allow (`image_calls`): one call denoises every image of its requests together, each
+    image from its own seed's noise, so an image is the one it would be alone (up to the
+    rounding of a batched forward). One step of a call is one unit.
+
+    Args:
+        max_batch: the most requests, and images, one call takes.
+    """
 
     name = "image"
-    max_batch = 1
 
-    def __init__(self, pipeline: Any, model: DiffusionModel) -> None:
+    def __init__(self, pipeline: Any, model: DiffusionModel, max_batch: int = 1) -> None:
         self.pipeline = pipeline
         self.model = model
+        self.max_batch = max_batch
         self.metadata = {"model": model.id}
         """What clients are told: the model id they may name."""
 
     def run_batch(self, requests: Sequence[ImageRequest], gate: UnitGate) -> list[ImageResult]:
-        return [self._run(request, gate) for request in requests]
+        results: list[ImageResult | None] = [None] * len(requests)
+        for call in image_calls(requests, self.max_batch):
+            done = self._run([requests[i] for i in call], gate)
+            for index, result in zip(call, done, strict=True):
+                results[index] = result
+        assert all(result is not None for result in results)
+        return results  # type: ignore[return-value]
 
-    def _run(self, request: ImageRequest, gate: UnitGate) -> ImageResult:
+    def _run(self, requests: Sequence[ImageRequest], gate: UnitGate) -> list[ImageResult]:
+        """One pipeline call for ``requests`` (one batch key): their images, each request's
+        in order, each from ``seed + i``."""
+        first = requests[0]
+        prompts, negatives, generators = [], [], []
+        for request in requests:
+            prompts += [request.prompt] * request.n
+            negatives += [request.negative_prompt] * request.n
+            generators += [_generator(request.seed + i) for i in range(request.n)]
         output = self.pipeline(
-            prompt=request.prompt,
-            negative_prompt=request.negative_prompt or None,
-            width=request.width,
-            height=request.height,
-            num_images_per_prompt=request.n,
-            num_inference_steps=request.steps,
-            guidance_scale=request.guidance_scale,
-            generator=[_generator(request.seed + i) for i in range(request.n)],
+            prompt=prompts,
+            negative_prompt=negatives if any(negatives) else None,
+            width=first.width,
+            height=first.height,
+            num_images_per_prompt=1,
+            num_inference_steps=first.steps,
+            guidance_scale=first.guidance_scale,
+            generator=generators,
             output_type="np",
             callback_on_step_end=_step_callback(gate),
         )
-        return ImageResult(tuple(_uint8(image) for image in output.images))
+        images = iter(_uint8(image) for image in output.images)
+        return [ImageResult(tuple(next(images) for _ in range(r.n))) for r in requests]
 
 
 @final
@@ -247,9 +292,9 @@ class VideoRunner:
         return VideoResult(frames.reshape(-1, *frames.shape[-3:])[: request.frames])
 
 
-def load_image_runner(model: DiffusionModel, device: str) -> ImageRunner:
+def load_image_runner(model: DiffusionModel, device: str, max_batch: int = 1) -> ImageRunner:
     """Load ``model`` (seconds for a real checkpoint): call off the event loop."""
-    return ImageRunner(_load(model, device), model)
+    return ImageRunner(_load(model, device), model, max_batch)
 
 
 def load_video_runner(model: DiffusionModel, device: str) -> VideoRunner:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from duplex.exceptions import ConfigError, RequestCancelled, RequestsOverloaded
 from duplex.models import ModelOptions, RequestEngine
@@ -17,6 +20,7 @@ from duplex.models.diffusion import (
     ImageRunner,
     VideoRequest,
     VideoRunner,
+    image_calls,
     load_image_runner,
     load_video_runner,
     resolve_diffusion,
@@ -102,6 +106,42 @@ def test_same_seed_same_images_other_seed_other_images(image_runner: ImageRunner
     # floats may differ in the last bits, so a pixel may round one step apart
     assert np.abs(first.images[1].astype(int) - other.images[0].astype(int)).max() <= 2
     assert gate.units == 3 * 2  # after each step: the engine holds the first unit
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from([(32, 24), (16, 16)]), st.sampled_from([2, 3]),
+                       st.integers(1, 3)), max_size=12),
+    st.integers(1, 6),
+)  # fmt: skip
+def test_calls_hold_one_key_in_order_within_the_image_bound(
+    asked: list[tuple[tuple[int, int], int, int]], max_images: int
+) -> None:
+    requests = [request(width=w, height=h, steps=steps, n=n) for (w, h), steps, n in asked]
+    calls = image_calls(requests, max_images)
+    assert sorted(i for call in calls for i in call) == list(range(len(requests)))
+    for call in calls:
+        assert call == sorted(call) and len({requests[i].batch_key for i in call}) == 1
+        images = sum(requests[i].n for i in call)
+        assert images <= max_images or len(call) == 1
+    for a, b in itertools.pairwise(calls):  # a key's next call only once it is full
+        if requests[a[0]].batch_key == requests[b[0]].batch_key:
+            assert sum(requests[i].n for i in a) + requests[b[0]].n > max_images
+
+
+def test_requests_of_one_size_and_steps_share_one_call(cache: Path) -> None:
+    """Three requests, two of one key: two pipeline calls (the steps say so), and each image
+    is the one it is alone (up to a batched forward's rounding)."""
+    model = resolve_diffusion("tiny", "image", ModelOptions(cache_dir=cache))
+    runner = load_image_runner(model, "cpu", max_batch=4)
+    asked = [request(seed=1, n=2), request(seed=5, steps=3), request(seed=9, prompt="a dog")]
+    gate = Open()
+    batched = runner.run_batch(asked, gate)
+    assert gate.units == 2 + 3  # one call of 2 steps (requests 0 and 2), one of 3
+    for one, result in zip(asked, batched, strict=True):
+        (alone,) = runner.run_batch([one], Open())
+        assert len(result.images) == len(alone.images) == one.n
+        for a, b in zip(result.images, alone.images, strict=True):
+            assert np.abs(a.astype(int) - b.astype(int)).max() <= 2
 
 
 def test_a_withdrawn_request_stops_at_its_next_step(image_runner: ImageRunner) -> None:
