@@ -2,12 +2,13 @@
 
     .venv/bin/python bench/vad.py [--streams 1,16,64,256] [--threads 1,2] [--steps 200]
 
-For each torch thread count and stream count N: one `SileroVad` with N
-streams, each fed one 512-sample (32 ms) window of white noise and voiced
-audio mixes before every step, so each step is one forward over N windows.
-Prints the step's compute time (median, p90, min, in ms) and the share of the
-32 ms real-time budget the median uses. The first steps are warm-up and not
-counted. ``torch.set_num_threads`` is process-wide: the server sets it once.
+For each torch thread count and stream count N: the VAD's engine
+(`silero_engine`: an `Engine` over a `SileroRunner`) with N slots, each fed one
+512-sample (32 ms) window of white noise before every step, so each step is one
+forward over N windows. Prints the time of `Engine.step` (its scheduling, the
+forward and the outputs; median, p90, min, in ms) and the share of the 32 ms
+real-time budget the median uses. The first steps are warm-up and not counted.
+``torch.set_num_threads`` is process-wide: the server sets it once.
 """
 
 from __future__ import annotations
@@ -18,21 +19,21 @@ import time
 import numpy as np
 import torch
 
-from duplex.models import VAD_WINDOW_MS, VAD_WINDOW_SAMPLES, SileroVad
+from duplex.models import VAD_WINDOW_MS, VAD_WINDOW_SAMPLES, silero_engine
 
 
 def measure(streams: int, steps: int, warmup: int = 10) -> list[float]:
-    vad = SileroVad(max_streams=streams)
-    handles = [vad.acquire(f"s{i}") for i in range(streams)]
+    vad = silero_engine(streams)
+    handles = [vad.acquire_slot(f"s{i}") for i in range(streams)]
     rng = np.random.default_rng(0)
     audio = (0.1 * rng.standard_normal((streams, VAD_WINDOW_SAMPLES))).astype(np.float32)
     times: list[float] = []
     for k in range(warmup + steps):
         for handle, row in zip(handles, audio, strict=True):
             assert handle is not None
-            vad.push(handle, row)
+            vad.push_input(handle, row)
         started = time.perf_counter()
-        windows = vad.step()
+        windows = vad.step(float(k))
         elapsed = time.perf_counter() - started
         assert len(windows) == streams
         if k >= warmup:
