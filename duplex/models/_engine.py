@@ -630,7 +630,13 @@ class Engine:
                     continue
                 if self._on_input:  # a scoring model: only slots with a frame step
                     if slot.queue:
-                        inputs.append(self._take_frame(slot, plan_slots, tags))
+                        plan_slots.enter(slot)
+                        slot.consumed += frame_samples
+                        slot.ticks += 1
+                        tags.append((slot.handle, slot.epoch, frame_samples))
+                        inputs.append(
+                            SlotInput(slot_id, slot.queue.popleft(), slot.starts.popleft())
+                        )
                     continue
                 plan_slots.enter(slot)
                 if slot.holding:  # a prompt replay tick: the input waits, nothing is owed
@@ -669,21 +675,6 @@ class Engine:
             self._ticks += 1
             return plan, released, to_reset, tags
 
-    def _take_frame(
-        self,
-        slot: _Slot,
-        plan_slots: _PlanSlots,
-        tags: list[tuple[SlotHandle, int, int]],
-    ) -> SlotInput:
-        """A ``steps_on_input`` slot's oldest frame, at the sample where it starts."""
-        slot_id = slot.handle.slot
-        plan_slots.enter(slot)
-        frame_samples = self._spec.frame_samples
-        slot.consumed += frame_samples
-        slot.ticks += 1
-        tags.append((slot.handle, slot.epoch, frame_samples))
-        return SlotInput(slot_id, slot.queue.popleft(), slot.starts.popleft())
-
     @staticmethod
     def _due_video(slot: _Slot, *, idle: bool) -> tuple[VideoFrame, ...]:
         """The waiting frames whose audio this tick has reached (all of them when idle)."""
@@ -719,7 +710,10 @@ class Engine:
         """Record the step (unless it was warm-up), learn which slots hold their next
         input, and return the released slot ids to the pool."""
         with self._lock:
+            # only a prompted slot ever holds (a spec without prompts has none)
             for (handle, epoch, _), out in zip(tags, outputs, strict=True):
+                if not self._spec.supports_prompts:
+                    break
                 slot = self._live(handle)
                 if slot is not None and slot.epoch == epoch and not slot.reset_pending:
                     slot.holding = slot.replays and out.holds_input

@@ -333,11 +333,15 @@ class StepOutput:
         """
         if tuple(o.slot for o in self.outputs) != plan.live_slots:
             raise ValueError("step output slots do not match the plan's live slots")
-        samples = plan.frame_samples if audio else 0
+        if not audio:
+            for out in self.outputs:
+                if out.pcm is not NO_AUDIO:  # the shared empty frame: nothing to check
+                    _check_frame(out.pcm, 0, f"output frame of slot {out.slot}")
+                if out.score is None:
+                    raise ValueError(f"output of slot {out.slot} of a scoring model has no score")
+            return
         for out in self.outputs:
-            _check_frame(out.pcm, samples, f"output frame of slot {out.slot}")
-            if not audio and out.score is None:
-                raise ValueError(f"output of slot {out.slot} of a scoring model has no score")
+            _check_frame(out.pcm, plan.frame_samples, f"output frame of slot {out.slot}")
 
 
 class ModelRunner(Protocol):

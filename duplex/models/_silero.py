@@ -214,10 +214,13 @@ class SileroRunner:
     def execute(self, plan: StepPlan) -> StepOutput:
         import torch
 
-        slots = np.fromiter((item.slot for item in plan.inputs), dtype=np.int64)
-        frames = np.stack([item.frame for item in plan.inputs])  # steps_on_input: all whole
-        rows = np.concatenate([self._context[slots], frames], axis=1)
-        self._context[slots] = frames[:, -_CONTEXT:]
+        ids = [item.slot for item in plan.inputs]
+        slots = np.array(ids, dtype=np.int64)
+        rows = np.empty((len(ids), _CONTEXT + VAD_WINDOW_SAMPLES), dtype=np.float32)
+        rows[:, :_CONTEXT] = self._context[slots]
+        for row, item in zip(rows, plan.inputs, strict=True):
+            row[_CONTEXT:] = item.frame  # steps_on_input: every input is a whole window
+        self._context[slots] = rows[:, -_CONTEXT:]
         index = torch.from_numpy(slots)
         with torch.no_grad():
             h, c = self._h.index_select(0, index), self._c.index_select(0, index)
@@ -226,8 +229,8 @@ class SileroRunner:
             self._c.index_copy_(0, index, c)
         return StepOutput(
             tuple(
-                FrameOutput(int(slot), NO_AUDIO, score=p)
-                for slot, p in zip(slots, prob.tolist(), strict=True)
+                FrameOutput(slot, NO_AUDIO, score=p)
+                for slot, p in zip(ids, prob.tolist(), strict=True)
             )
         )
 

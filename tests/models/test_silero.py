@@ -559,6 +559,40 @@ async def test_driver_detaches_closed_subscribers_and_counts_orphans(
     assert stats.engine.live_slots == 0
 
 
+async def test_driver_counts_a_late_tick_and_keeps_the_grid(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A tick whose steps end after the next tick's time is late; the next runs at once,
+    the windows keep their stream clock, and the loop is back on its grid after it."""
+    calls = 0
+
+    async def slow_first(sync_fn: Callable[[], T]) -> T:
+        nonlocal calls
+        calls += 1
+        await trio.sleep(1.5 * PERIOD if calls == 1 else 0.0)  # tick 0 overruns tick 1
+        return sync_fn()
+
+    driver = EngineDriver(silero_engine(1), offload=slow_first)
+    send, recv = _channel(8)
+    handle = driver.attach("a", send)
+    assert handle is not None
+    got: list[tuple[int, float]] = []
+    async with trio.open_nursery() as nursery:
+        start = trio.current_time()
+        await nursery.start(driver.run)
+        driver.push_input(handle, noise(W / SR))
+        await trio.sleep(0.5 * PERIOD)
+        driver.push_input(handle, noise(W / SR))  # lands while tick 0 is still running
+        for _ in range(2):
+            out = await recv.receive()
+            got.append((out.position, trio.current_time() - start))
+        await trio.sleep(PERIOD)  # idle ticks: on the grid again
+        nursery.cancel_scope.cancel()
+    assert got == [(0, pytest.approx(1.5 * PERIOD)), (W, pytest.approx(1.5 * PERIOD))]
+    stats = driver.statistics()
+    assert stats.late_ticks == 1 and stats.engine.ticks == 2
+
+
 async def test_driver_steps_run_on_a_worker_thread(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
