@@ -201,13 +201,14 @@ async def test_a_tick_catches_a_backlog_up_in_bounded_steps(
     steady = driver.attach("steady", steady_send)
     assert burst is not None and steady is not None
     period = SPEC.frame_period_s
+    driver.push_input(burst, frames(*range(8)))
+    driver.push_input(steady, frames(0, 0))
     async with trio.open_nursery() as nursery:
+        start = trio.current_time()
         await nursery.start(driver.run)
-        driver.push_input(burst, frames(*range(8)))
-        driver.push_input(steady, frames(0, 0))
         per_tick = []
-        for _ in range(5):
-            await trio.sleep(period)
+        for k in range(5):
+            await trio.sleep_until(start + (k + 0.5) * period)  # between ticks k and k + 1
             got = []
             while True:
                 try:

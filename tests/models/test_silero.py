@@ -577,10 +577,10 @@ async def test_driver_counts_a_late_tick_and_keeps_the_grid(
     handle = driver.attach("a", send)
     assert handle is not None
     got: list[tuple[int, float]] = []
+    driver.push_input(handle, noise(W / SR))  # before the loop: tick 0 has it
     async with trio.open_nursery() as nursery:
         start = trio.current_time()
         await nursery.start(driver.run)
-        driver.push_input(handle, noise(W / SR))
         await trio.sleep(0.5 * PERIOD)
         driver.push_input(handle, noise(W / SR))  # lands while tick 0 is still running
         for _ in range(2):
