@@ -710,13 +710,11 @@ class Engine:
         """Record the step (unless it was warm-up), learn which slots hold their next
         input, and return the released slot ids to the pool."""
         with self._lock:
-            # only a prompted slot ever holds (a spec without prompts has none)
-            for (handle, epoch, _), out in zip(tags, outputs, strict=True):
-                if not self._spec.supports_prompts:
-                    break
-                slot = self._live(handle)
-                if slot is not None and slot.epoch == epoch and not slot.reset_pending:
-                    slot.holding = slot.replays and out.holds_input
+            if self._spec.supports_prompts:  # only a prompted slot ever holds its input
+                for (handle, epoch, _), out in zip(tags, outputs, strict=True):
+                    slot = self._live(handle)
+                    if slot is not None and slot.epoch == epoch and not slot.reset_pending:
+                        slot.holding = slot.replays and out.holds_input
             for slot_id in released:
                 self._releasing.remove(slot_id)
                 self._scheduler.free(slot_id)
