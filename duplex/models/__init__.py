@@ -6,10 +6,12 @@ the `EngineDriver` ticks it on trio's clock and fans outputs out to sessions.
 `get_model` maps a ``--model`` value (and `ModelOptions`: device, seed, cache
 folder) to a spec and runner factory; Moshi models live in ``duplex.models.moshi``.
 
-Voice activity: `SileroVad` scores 32 ms windows of every session's 16 kHz
-input in one batched silero-vad forward per step; the `VadDriver` steps it on
-trio's clock and delivers `VadWindow`s; a per-session `SpeechSegmenter` turns
-them into OpenAI server_vad events; the `VadActor` supervises the driver.
+Voice activity: the silero VAD is one more runner on the same core
+(`silero_engine`: an `Engine` over a `SileroRunner`, driven by an `EngineDriver`
+and supervised by an `EngineActor`): it scores 32 ms windows of every session's
+16 kHz input in one batched forward per step, only for slots with a window
+queued, and each output's score is a `VadWindow`; a per-session
+`SpeechSegmenter` turns them into OpenAI server_vad events.
 
 Request-batched models (robot policies, TTS, diffusion, ASR): a `BatchRunner`
 answers a batch of requests in one call; the `RequestEngine` batches concurrent
@@ -33,6 +35,7 @@ from ._engine import (
     SlotStatistics,
 )
 from ._interface import (
+    NO_AUDIO,
     FrameOutput,
     ModelRunner,
     ModelSpec,
@@ -79,28 +82,29 @@ from ._segmenter import (
     SpeechSegmenter,
 )
 from ._silero import (
+    VAD_MAX_STEPS_PER_TICK,
+    VAD_METRICS,
     VAD_SAMPLE_RATE,
     VAD_WINDOW_MS,
     VAD_WINDOW_SAMPLES,
-    SileroVad,
-    VadHandle,
-    VadPush,
-    VadStatistics,
-    VadStreamStatistics,
+    SileroRunner,
     VadWindow,
+    silero_engine,
+    silero_spec,
     silero_weights_path,
+    vad_metric,
 )
 from ._slack import Slack, SlackStatistics, UnitEstimate
 from ._ticker import Fanout, Subscriber
-from ._vad_actor import VadActor
-from ._vad_driver import VAD_METRICS, VadDriver, VadDriverStatistics
 
 __all__ = [
     "ENGINE_HISTOGRAMS",
     "ENGINE_METRICS",
     "LOOPBACK_SPEC",
+    "NO_AUDIO",
     "REQUEST_METRICS",
     "STALL_PERIODS",
+    "VAD_MAX_STEPS_PER_TICK",
     "VAD_METRICS",
     "VAD_SAMPLE_RATE",
     "VAD_WINDOW_MS",
@@ -147,7 +151,7 @@ __all__ = [
     "SegmentStopped",
     "SegmenterEvent",
     "ServerVadConfig",
-    "SileroVad",
+    "SileroRunner",
     "Slack",
     "SlackStatistics",
     "SlotDelivery",
@@ -164,13 +168,6 @@ __all__ = [
     "Subscriber",
     "UnitEstimate",
     "UnitGate",
-    "VadActor",
-    "VadDriver",
-    "VadDriverStatistics",
-    "VadHandle",
-    "VadPush",
-    "VadStatistics",
-    "VadStreamStatistics",
     "VadWindow",
     "VideoFrame",
     "default_cache_dir",
@@ -179,5 +176,8 @@ __all__ = [
     "model_names",
     "policy_factory",
     "register_model",
+    "silero_engine",
+    "silero_spec",
     "silero_weights_path",
+    "vad_metric",
 ]

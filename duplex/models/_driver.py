@@ -10,6 +10,12 @@ frame, so catching up keeps latency instead of skipping frames). Outputs go to
 each slot's subscriber (a bounded memory channel or a sink into the session's
 mailbox) with ``send_nowait``: a full one drops the output and counts it, so
 one slow session never holds up the tick.
+
+A scoring model (``spec.steps_on_input``, the silero VAD) ticks only while some
+slot has a whole frame queued, and one tick runs up to ``spec.max_steps_per_tick``
+steps in one trip off the trio thread (each takes one frame of every slot that has
+one), so a slot with a backlog catches up that many frames a tick; their outputs
+go out in step order.
 """
 
 from __future__ import annotations
@@ -151,6 +157,7 @@ class EngineDriver:
             offload = inline if engine.spec.steps_inline else trio.to_thread.run_sync
         self._offload = offload
         self._phases = engine.spec.tick_phases
+        self._steps_per_tick = engine.spec.max_steps_per_tick
         self._stepping_since: float | None = None
         self.on_tick: Callable[[], None] | None = None
         """Called after each step's outputs are handed out: the engine process sends each
@@ -257,11 +264,15 @@ class EngineDriver:
             self._slack.step_started()
         try:
             try:
-                outputs = await self._offload(partial(self._engine.step, scheduled, phase))
+                if self._steps_per_tick == 1:
+                    steps = [await self._offload(partial(self._engine.step, scheduled, phase))]
+                else:
+                    steps = await self._offload(partial(self._catch_up, scheduled))
             finally:
                 self._stepping_since = None
-            for handle, output in outputs.items():
-                self._delivery.deliver(handle, output)
+            for outputs in steps:
+                for handle, output in outputs.items():
+                    self._delivery.deliver(handle, output)
             if self.on_tick is not None:
                 self.on_tick()
         finally:
@@ -269,3 +280,13 @@ class EngineDriver:
             # thread would otherwise hold the GIL while they are encoded and posted
             if self._slack is not None:
                 self._slack.step_ended(scheduled + self._ticker.period_s)
+
+    def _catch_up(self, scheduled: float) -> list[dict[SlotHandle, SlotOutput]]:
+        """Off the trio thread: up to ``max_steps_per_tick`` steps, while any input is queued."""
+        steps = []
+        for _ in range(self._steps_per_tick):
+            outputs = self._engine.step(scheduled)
+            if not outputs:
+                break
+            steps.append(outputs)
+        return steps

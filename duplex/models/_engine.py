@@ -40,6 +40,12 @@ are a G-th of the whole (one CPU core sends them before the next group's are
 due, instead of all sessions' at one instant). Queued commands (releases,
 resets) are applied at whichever step comes first.
 
+Scoring models (``spec.steps_on_input``, the silero VAD): a step takes only the
+slots with a whole frame queued; a slot with none is skipped (no underrun, no
+output), and its queued commands (a reset, its first state) reach the runner
+before its next frame does. Each queued frame keeps the sample where it starts
+in everything pushed to the slot, which its output carries as ``position``.
+
 Video is aligned to the audio clock: a frame is stamped with the number of
 input samples pushed before it, and reaches the model with the tick whose
 audio covers that instant (not before its audio, not a tick late). When the
@@ -217,6 +223,8 @@ class _Slot:
     """Held ticks since the input was last cleared: the queue may exceed its bound by
     this many frames, the backlog a replay leaves (so input sent meanwhile is kept)."""
     queue: deque[PcmFrame] = field(init=False)
+    starts: deque[int] = field(init=False)
+    """Where each queued frame starts among the samples pushed (``steps_on_input`` only)."""
     partial: PcmFrame = field(init=False)
     filled: int = 0
     video: deque[tuple[int, VideoFrame]] = field(init=False)
@@ -235,6 +243,7 @@ class _Slot:
 
     def __post_init__(self) -> None:
         self.queue = deque()  # bounded by push_input: max_input_frames + held
+        self.starts = deque()
         self.partial = np.zeros(self.frame_samples, dtype=np.float32)
         self.video = deque(maxlen=self.max_video_frames)
 
@@ -245,11 +254,33 @@ class _Slot:
 
     def clear_input(self) -> None:
         self.queue.clear()
+        self.starts.clear()
         self.filled = 0
         self.consumed = self.pushed  # nothing before this point will be consumed
         self.held = 0
         self.lag = 0  # nothing is waiting, so nothing runs late
         self.video.clear()
+
+
+@dataclass(slots=True)
+class _PlanSlots:
+    """The slots one plan steps: new or continuing, their prompts, the ones to reset."""
+
+    to_reset: list[int]
+    new: list[int] = field(default_factory=list)
+    continuing: list[int] = field(default_factory=list)
+    prompts: dict[int, SlotPrompt] = field(default_factory=dict)
+
+    def enter(self, slot: _Slot) -> None:
+        """``slot`` steps in this plan: its first step (with its prompt) or a later one,
+        with its runner state reset first if it is new or was reset."""
+        slot_id = slot.handle.slot
+        (self.new if slot.fresh else self.continuing).append(slot_id)
+        if slot.fresh and slot.prompt is not None:
+            self.prompts[slot_id] = slot.prompt
+        if slot.fresh or slot.reset_pending:
+            self.to_reset.append(slot_id)
+        slot.fresh = slot.reset_pending = False
 
 
 @final
@@ -294,6 +325,7 @@ class Engine:
         self._max_video_frames = max_video_frames
         self._max_lag = max_lag_frames
         self._silence_energy = silence_rms * silence_rms * self._spec.frame_samples
+        self._on_input = self._spec.steps_on_input
         self._timer = timer
         self._recorder = recorder
         self._lock = threading.Lock()
@@ -407,6 +439,8 @@ class Engine:
                     frame = slot.partial
                 if len(slot.queue) < slot.max_input_frames + slot.held:
                     slot.queue.append(frame.copy())
+                    if self._on_input:
+                        slot.starts.append(slot.pushed - frame_samples)
                     queued += 1
                 else:
                     rejected += 1
@@ -458,9 +492,14 @@ class Engine:
             slot.holding = slot.replays
 
     def has_work(self) -> bool:
-        """A step would do something: a slot is live or a release awaits the runner."""
+        """A step would do something: a slot is live (with ``steps_on_input``: has a whole
+        frame queued) or a release awaits the runner."""
         with self._lock:
-            return bool(self._slots or self._releasing)
+            if self._releasing:
+                return True
+            if self._on_input:
+                return any(slot.queue for slot in self._slots.values())
+            return bool(self._slots)
 
     def step(self, now: float, phase: int | None = None) -> dict[SlotHandle, SlotOutput]:
         """Run one tick over the live slots of ``phase`` (``None``: every live slot);
@@ -550,10 +589,17 @@ class Engine:
         result = self._runner.execute(plan)
         duration = self._timer() - started
         try:
-            result.check(plan)
+            result.check(plan, audio=self._spec.outputs_audio)
         except (TypeError, ValueError) as exc:
             raise RunnerContractError(f"runner {self._spec.name!r}: {exc}") from exc
         self._update(now, plan, released, duration, tags, result.outputs, warmup=result.warmup)
+        if not self._spec.outputs_audio:
+            return {
+                handle: SlotOutput(handle, epoch, plan.tick, now, item.position, consumed, out)
+                for (handle, epoch, consumed), item, out in zip(
+                    tags, plan.inputs, result.outputs, strict=True
+                )
+            }
         # np.array of the equal-shaped rows is np.stack without its per-row Python work
         pcm = np.array([out.pcm for out in result.outputs], dtype=np.float32)
         pcm16 = float_to_pcm16(pcm).astype("<i2", copy=False)
@@ -574,21 +620,25 @@ class Engine:
         with self._lock:
             released = tuple(self._releasing)
             to_reset = list(released)
-            new: list[int] = []
-            prompts: dict[int, SlotPrompt] = {}
-            continuing: list[int] = []
+            plan_slots = _PlanSlots(to_reset)
+            new, continuing, prompts = plan_slots.new, plan_slots.continuing, plan_slots.prompts
             inputs: list[SlotInput] = []
             tags: list[tuple[SlotHandle, int, int]] = []
             for slot_id in sorted(self._slots):
                 slot = self._slots[slot_id]
                 if phase is not None and slot.phase != phase:
                     continue
-                (new if slot.fresh else continuing).append(slot_id)
-                if slot.fresh and slot.prompt is not None:
-                    prompts[slot_id] = slot.prompt
-                if slot.fresh or slot.reset_pending:
-                    to_reset.append(slot_id)
-                slot.fresh = slot.reset_pending = False
+                if self._on_input:  # a scoring model: only slots with a frame step
+                    if slot.queue:
+                        plan_slots.enter(slot)
+                        slot.consumed += frame_samples
+                        slot.ticks += 1
+                        tags.append((slot.handle, slot.epoch, frame_samples))
+                        inputs.append(
+                            SlotInput(slot_id, slot.queue.popleft(), slot.starts.popleft())
+                        )
+                    continue
+                plan_slots.enter(slot)
                 if slot.holding:  # a prompt replay tick: the input waits, nothing is owed
                     inputs.append(SlotInput(slot_id, None, slot.ticks * frame_samples, held=True))
                     tags.append((slot.handle, slot.epoch, 0))
@@ -660,10 +710,11 @@ class Engine:
         """Record the step (unless it was warm-up), learn which slots hold their next
         input, and return the released slot ids to the pool."""
         with self._lock:
-            for (handle, epoch, _), out in zip(tags, outputs, strict=True):
-                slot = self._live(handle)
-                if slot is not None and slot.epoch == epoch and not slot.reset_pending:
-                    slot.holding = slot.replays and out.holds_input
+            if self._spec.supports_prompts:  # only a prompted slot ever holds its input
+                for (handle, epoch, _), out in zip(tags, outputs, strict=True):
+                    slot = self._live(handle)
+                    if slot is not None and slot.epoch == epoch and not slot.reset_pending:
+                        slot.holding = slot.replays and out.holds_input
             for slot_id in released:
                 self._releasing.remove(slot_id)
                 self._scheduler.free(slot_id)

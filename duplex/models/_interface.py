@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "NO_AUDIO",
     "FrameOutput",
     "ModelRunner",
     "ModelSpec",
@@ -34,6 +35,10 @@ __all__ = [
 
 PcmFrame = npt.NDArray[np.float32]
 """Mono float32 PCM in [-1, 1], exactly ``ModelSpec.frame_samples`` long."""
+
+NO_AUDIO: PcmFrame = np.zeros(0, dtype=np.float32)
+"""The ``pcm`` of a `FrameOutput` of a model that outputs no audio (``outputs_audio=False``)."""
+NO_AUDIO.flags.writeable = False
 
 
 def _check_frame(pcm: PcmFrame, frame_samples: int, what: str) -> None:
@@ -70,6 +75,18 @@ class ModelSpec:
         steps_inline: a step is so cheap (the loopback's numpy copies, well under a
             millisecond for 64 rows) that it runs on the event loop: handing it to a
             thread and waking the loop for its result costs more than the step.
+        steps_on_input: a scoring model (the silero VAD): a step takes only the slots
+            with a whole input frame queued (no silence filler for the others, no
+            output for them, no underruns), and each output's ``position`` is where its
+            frame starts in everything pushed to the slot, so frames refused on
+            overflow or cleared by a reset leave a gap in the clock, never a shift.
+            Moshi-style models (``False``) step every live slot every frame.
+        max_steps_per_tick: with ``steps_on_input``, one tick runs up to this many
+            steps while input is queued, so a slot with a backlog catches up that many
+            frames per tick; a clocked model takes exactly one step a tick (1).
+        outputs_audio: the runner's outputs carry a frame of audio; ``False`` (a
+            scoring model): their ``pcm`` is empty (`NO_AUDIO`) and the result is in
+            ``FrameOutput.score``.
     """
 
     name: str
@@ -81,6 +98,9 @@ class ModelSpec:
     supports_prompts: bool = False
     tick_phases: int = 1
     steps_inline: bool = False
+    steps_on_input: bool = False
+    max_steps_per_tick: int = 1
+    outputs_audio: bool = True
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -90,11 +110,16 @@ class ModelSpec:
             ("frame_samples", self.frame_samples),
             ("max_slots", self.max_slots),
             ("tick_phases", self.tick_phases),
+            ("max_steps_per_tick", self.max_steps_per_tick),
         ):
             if value <= 0:
                 raise ValueError(f"ModelSpec.{key} must be positive, got {value}")
         if (self.frame_samples * 1000) % self.sample_rate:
             raise ValueError("ModelSpec frame period must be a whole number of milliseconds")
+        if self.max_steps_per_tick > 1 and not self.steps_on_input:
+            raise ValueError("ModelSpec.max_steps_per_tick > 1 needs steps_on_input")
+        if self.steps_on_input and self.tick_phases > 1:
+            raise ValueError("ModelSpec.steps_on_input steps every slot with input: one phase")
 
     @property
     def frame_period_s(self) -> float:
@@ -271,6 +296,8 @@ class FrameOutput:
         holds_input: the slot's next tick is still a prompt replay: the engine keeps
             its input queued and sends ``held`` instead (no input is lost, none is
             counted as an underrun; the session just hears silence meanwhile).
+        score: what a scoring model found in this frame (the silero VAD: the speech
+            probability in [0, 1]); ``None`` for a model that outputs audio.
     """
 
     slot: int
@@ -281,6 +308,7 @@ class FrameOutput:
     video_frame_ids: tuple[str, ...] = ()
     latest_video_pts_ms: int | None = None
     holds_input: bool = False
+    score: float | None = None
 
 
 @final
@@ -296,14 +324,22 @@ class StepOutput:
     outputs: tuple[FrameOutput, ...]
     warmup: bool = False
 
-    def check(self, plan: StepPlan) -> None:
-        """Validate against the plan it answers.
+    def check(self, plan: StepPlan, *, audio: bool = True) -> None:
+        """Validate against the plan it answers; ``audio``: the spec's ``outputs_audio``
+        (``False``: every ``pcm`` is empty and every ``score`` set).
 
         Raises:
             ValueError, TypeError: slots or frames do not match the plan.
         """
         if tuple(o.slot for o in self.outputs) != plan.live_slots:
             raise ValueError("step output slots do not match the plan's live slots")
+        if not audio:
+            for out in self.outputs:
+                if out.pcm is not NO_AUDIO:  # the shared empty frame: nothing to check
+                    _check_frame(out.pcm, 0, f"output frame of slot {out.slot}")
+                if out.score is None:
+                    raise ValueError(f"output of slot {out.slot} of a scoring model has no score")
+            return
         for out in self.outputs:
             _check_frame(out.pcm, plan.frame_samples, f"output frame of slot {out.slot}")
 

@@ -1,4 +1,4 @@
-"""`SileroVad`: one batched silero-vad forward per step over every session's stream.
+"""`SileroRunner`: the silero VAD as a runner of the engine, one batched forward per step.
 
 The weights are silero-vad's own TorchScript file, read from the installed
 ``silero-vad`` wheel (``silero_vad/data/silero_vad.jit``) by path, through the
@@ -9,64 +9,74 @@ the TorchScript module into `_SileroNet`, which runs the same network as
 silero's 16 kHz model written as batched matrix products; the tests check it
 against silero's own streaming model to 1e-6.
 
-Streams (one per session, like engine slots) share one pool of recurrent
-state: rows of an ``(max_streams, 128)`` LSTM ``h`` and ``c``. A step takes the
-oldest full window of every stream that has one, gathers those rows, runs one
-forward, and scatters the rows back, the way vllm's runner keeps a persistent
-batch. Each window is 512 samples at 16 kHz (32 ms) plus the 64 samples before
-it as context, as silero's streaming model does.
+The VAD is one more model behind the same `Engine` and `EngineDriver` as
+Moshi and the loopback (`silero_engine`): a session's stream is an engine slot,
+a window is a frame of 512 samples at 16 kHz (32 ms), and its speech
+probability comes back as ``FrameOutput.score``. Its spec (`silero_spec`) is a
+scoring model's: the engine steps only the slots with a whole window queued
+(``steps_on_input``), a tick catches a backlog up by up to 8 windows
+(``max_steps_per_tick``), and no audio comes out (``outputs_audio=False``).
+
+Slots share one pool of recurrent state: rows of an ``(max_slots, 128)`` LSTM
+``h`` and ``c``. A step gathers the rows of the slots in its plan, runs one
+forward, and scatters them back, the way vllm's runner keeps a persistent
+batch. Each window is fed with the 64 samples before it as context, as silero's
+streaming model does.
 
 Input is mono float32 PCM at 16 kHz; the caller resamples (the session layer
-owns `StreamingResampler`, and models may not import sessions). Window ``k``
-of a stream covers samples ``[512 k, 512 k + 512)`` of everything pushed to it,
-so its times are exact milliseconds on that stream's clock; windows dropped by
-overflow or by a reset keep their index, and the clock never drifts.
+owns `StreamingResampler`, and models may not import sessions). An output's
+``position`` is where its window starts among the samples pushed to the slot,
+so its times are exact on that stream's clock; windows refused on overflow or
+cleared by a reset leave a gap, and the clock never drifts.
 
-Threading is the engine's: the trio thread calls `acquire`, `push`, `reset`
-and `release` while `step` runs on a worker thread. Bookkeeping is under a
-short lock; the state tensors are touched by `step` alone. Importing this
-module does not import torch; building a `SileroVad` does.
+Threading is the engine's: the runner is touched by the step alone. Importing
+this module does not import torch; building a `SileroRunner` does.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import threading
 import time
 import warnings
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, final
 
 import numpy as np
-import numpy.typing as npt
 
-from duplex.exceptions import ModelError, SlotReleased
+from duplex.exceptions import ModelError
+
+from ._engine import Engine, SlotHandle, SlotOutput
+from ._interface import NO_AUDIO, FrameOutput, ModelSpec, StepOutput, StepPlan
 
 if TYPE_CHECKING:
     import torch
 
+    from ._driver import DriverStatistics
+
 __all__ = [
+    "VAD_MAX_STEPS_PER_TICK",
+    "VAD_METRICS",
     "VAD_SAMPLE_RATE",
     "VAD_WINDOW_MS",
     "VAD_WINDOW_SAMPLES",
-    "SileroVad",
-    "VadHandle",
-    "VadPush",
-    "VadStatistics",
-    "VadStreamStatistics",
+    "SileroRunner",
     "VadWindow",
+    "silero_engine",
+    "silero_spec",
     "silero_weights_path",
+    "vad_metric",
 ]
 
 VAD_SAMPLE_RATE = 16_000
-"""Input sample rate of `SileroVad` streams, in Hz."""
+"""Input sample rate of the VAD (`silero_spec`), in Hz."""
 VAD_WINDOW_SAMPLES = 512
 """Samples per window: the unit of one probability."""
 VAD_WINDOW_MS = VAD_WINDOW_SAMPLES * 1000 // VAD_SAMPLE_RATE
 """Window length in milliseconds (32)."""
+VAD_MAX_STEPS_PER_TICK = 8
+"""Windows a stream with a backlog catches up per tick (8x real time)."""
 _CONTEXT = 64
 """Samples before each window that the model also sees (silero's ``context_size_samples``)."""
 _HIDDEN = 128
@@ -157,375 +167,161 @@ class _SileroNet:
         return prob[:, 0], h, c
 
 
-@final
-@dataclass(frozen=True, slots=True)
-class VadHandle:
-    """A claim on one VAD stream; ``generation`` tells a stale handle from the next owner."""
+def silero_spec(max_streams: int = 256) -> ModelSpec:
+    """The silero VAD as an engine model: 16 kHz, one 512-sample window a frame, a score
+    per window, stepped only on input."""
+    return ModelSpec(
+        "silero",
+        sample_rate=VAD_SAMPLE_RATE,
+        frame_samples=VAD_WINDOW_SAMPLES,
+        max_slots=max_streams,
+        steps_on_input=True,
+        max_steps_per_tick=VAD_MAX_STEPS_PER_TICK,
+        outputs_audio=False,
+    )
 
-    slot: int
-    owner: str
-    generation: int
+
+@final
+class SileroRunner:
+    """silero-vad over a pool of slots: one batched forward over the plan's windows.
+
+    Args:
+        spec: a `silero_spec` (its ``max_slots`` sizes the state pool).
+        weights: a silero-vad TorchScript file; the wheel's by default.
+    """
+
+    def __init__(self, spec: ModelSpec, *, weights: Path | None = None) -> None:
+        import torch
+
+        if spec.sample_rate != VAD_SAMPLE_RATE or spec.frame_samples != VAD_WINDOW_SAMPLES:
+            raise ValueError(f"silero runs {VAD_WINDOW_SAMPLES} samples at {VAD_SAMPLE_RATE} Hz")
+        self._spec = spec
+        self._net = _SileroNet(weights if weights is not None else silero_weights_path())
+        self._h = torch.zeros(spec.max_slots, _HIDDEN)
+        self._c = torch.zeros(spec.max_slots, _HIDDEN)
+        self._context = np.zeros((spec.max_slots, _CONTEXT), dtype=np.float32)
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self._spec
+
+    def reset_slot(self, slot: int) -> None:
+        """Fresh recurrent state and no context: the window after this one starts a stream."""
+        self._h[slot].zero_()
+        self._c[slot].zero_()
+        self._context[slot] = 0.0
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        import torch
+
+        ids = [item.slot for item in plan.inputs]
+        slots = np.array(ids, dtype=np.int64)
+        rows = np.empty((len(ids), _CONTEXT + VAD_WINDOW_SAMPLES), dtype=np.float32)
+        rows[:, :_CONTEXT] = self._context[slots]
+        for row, item in zip(rows, plan.inputs, strict=True):
+            row[_CONTEXT:] = item.frame  # steps_on_input: every input is a whole window
+        self._context[slots] = rows[:, -_CONTEXT:]
+        index = torch.from_numpy(slots)
+        with torch.no_grad():
+            h, c = self._h.index_select(0, index), self._c.index_select(0, index)
+            prob, h, c = self._net(torch.from_numpy(rows), h, c)
+            self._h.index_copy_(0, index, h)
+            self._c.index_copy_(0, index, c)
+        return StepOutput(
+            tuple(
+                FrameOutput(slot, NO_AUDIO, score=p)
+                for slot, p in zip(ids, prob.tolist(), strict=True)
+            )
+        )
+
+
+def silero_engine(
+    max_streams: int = 256,
+    *,
+    max_pending_ms: int = 1024,
+    weights: Path | None = None,
+    timer: Callable[[], float] = time.perf_counter,
+) -> Engine:
+    """An engine over a `SileroRunner`: the shared VAD of a session process.
+
+    Args:
+        max_streams: size of the slot pool (concurrent sessions).
+        max_pending_ms: bound of each slot's queue of unscored windows: a window that
+            finds it full is refused (counted, and reported to the pusher).
+        weights: a silero-vad TorchScript file; the wheel's by default.
+        timer: monotonic seconds, used only to measure step compute time.
+    """
+    if max_pending_ms < VAD_WINDOW_MS:
+        raise ValueError(f"max_pending_ms must be at least one window ({VAD_WINDOW_MS} ms)")
+    spec = silero_spec(max_streams)
+    return Engine(
+        SileroRunner(spec, weights=weights),
+        max_input_frames=max_pending_ms // VAD_WINDOW_MS,
+        max_lag_frames=0,
+        timer=timer,
+    )
 
 
 @final
 @dataclass(frozen=True, slots=True)
 class VadWindow:
-    """One window's speech probability, on its stream's clock.
+    """One scored window of a VAD engine's output, on its stream's clock (the session side
+    reads these from a `SlotOutput`).
 
     Args:
-        handle: the stream.
-        epoch: the stream's epoch when the window was taken (see `SileroVad.reset`).
-        index: window number: it covers samples ``[512 index, 512 index + 512)``
-            of everything pushed to the stream.
+        handle: the slot (stream) it was scored on.
+        epoch: the slot's epoch when the window was taken.
+        start: where the window starts among the samples pushed to the slot.
         probability: silero's speech probability in [0, 1].
     """
 
-    handle: VadHandle
+    handle: SlotHandle
     epoch: int
-    index: int
+    start: int
     probability: float
+
+    @classmethod
+    def of(cls, output: SlotOutput) -> VadWindow:
+        """The window a VAD engine's output scored.
+
+        Raises:
+            ValueError: the output carries no score (not a VAD's).
+        """
+        if output.frame.score is None:
+            raise ValueError("not a VAD output: no score")
+        return cls(output.handle, output.epoch, output.position, output.frame.score)
 
     @property
     def start_ms(self) -> int:
         """Start of the window, in ms of audio pushed to the stream."""
-        return self.index * VAD_WINDOW_MS
+        return self.start * 1000 // VAD_SAMPLE_RATE
 
     @property
     def end_ms(self) -> int:
         """End of the window, in ms of audio pushed to the stream."""
-        return (self.index + 1) * VAD_WINDOW_MS
+        return (self.start + VAD_WINDOW_SAMPLES) * 1000 // VAD_SAMPLE_RATE
 
 
-@final
-@dataclass(frozen=True, slots=True)
-class VadPush:
-    """What `SileroVad.push` did with a chunk; overflow is reported, never silent.
-
-    Args:
-        windows_queued: whole windows this call completed and queued.
-        windows_dropped: queued windows dropped (oldest first) to make room.
-        buffered_samples: samples waiting for the next whole window.
-        queue_depth: windows waiting for a step after this call.
-    """
-
-    windows_queued: int
-    windows_dropped: int
-    buffered_samples: int
-    queue_depth: int
-
-    @property
-    def overflowed(self) -> bool:
-        """Some audio was never scored: the caller pushes faster than steps run."""
-        return self.windows_dropped > 0
+VAD_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("duplex_vad_streams", "gauge", "Sessions holding a stream on the shared VAD"),
+    ("duplex_vad_capacity_streams", "gauge", "Size of the shared VAD's stream pool"),
+    ("duplex_vad_late_ticks_total", "counter", "VAD ticks whose steps ended after the next tick"),
+    ("duplex_vad_windows_dropped_total", "counter", "VAD windows dropped (queue or mailbox full)"),
+    ("duplex_vad_step_seconds", "gauge", "Compute time of the last VAD forward"),
+)
+"""The shared VAD's metrics (name, kind, help), read from its driver's statistics by
+`vad_metric`; the VAD's engine figures keep these names, apart from the model's."""
 
 
-@final
-@dataclass(frozen=True, slots=True)
-class VadStreamStatistics:
-    """Counters of one live stream."""
-
-    handle: VadHandle
-    epoch: int
-    windows_pushed: int
-    windows_scored: int
-    windows_dropped: int
-    queue_depth: int
-    peak_queue_depth: int
-    max_windows: int
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class VadStatistics:
-    """Counters of the whole VAD; step times are measured compute time.
-
-    Args:
-        streams: live streams.
-        max_streams: size of the stream pool.
-        steps: steps that ran a forward.
-        windows_scored: windows that got a probability.
-        windows_dropped: windows dropped by queue overflow or by a clearing reset.
-        last_batch: streams in the last forward.
-        peak_batch: most streams in one forward.
-        last_step_s: compute time of the last forward.
-        total_step_s: compute time of all forwards.
-    """
-
-    streams: int
-    max_streams: int
-    steps: int
-    windows_scored: int
-    windows_dropped: int
-    last_batch: int
-    peak_batch: int
-    last_step_s: float
-    total_step_s: float
-
-
-@dataclass(slots=True)
-class _Stream:
-    """Per-stream bookkeeping; its recurrent state is row ``handle.slot`` of the pool."""
-
-    handle: VadHandle
-    max_windows: int
-    epoch: int = 0
-    partial: npt.NDArray[np.float32] = field(
-        default_factory=lambda: np.zeros(VAD_WINDOW_SAMPLES, dtype=np.float32)
-    )
-    filled: int = 0
-    context: npt.NDArray[np.float32] = field(
-        default_factory=lambda: np.zeros(_CONTEXT, dtype=np.float32)
-    )
-    queue: deque[tuple[int, npt.NDArray[np.float32]]] = field(default_factory=deque)
-    pushed: int = 0
-    scored: int = 0
-    dropped: int = 0
-    peak_queue_depth: int = 0
-
-
-@final
-class SileroVad:
-    """Batched silero VAD over a pool of streams; synchronous, trio-free.
-
-    Args:
-        max_streams: size of the stream pool (concurrent sessions).
-        max_pending_ms: bound of each stream's queue of unscored windows; a
-            window that finds it full drops the oldest one (counted), so the
-            stream stays near real time.
-        weights: a silero-vad TorchScript file; the wheel's by default.
-        timer: monotonic seconds, used only to measure step compute time.
-    """
-
-    def __init__(
-        self,
-        *,
-        max_streams: int = 256,
-        max_pending_ms: int = 1024,
-        weights: Path | None = None,
-        timer: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        import torch
-
-        if max_streams <= 0:
-            raise ValueError("max_streams must be positive")
-        if max_pending_ms < VAD_WINDOW_MS:
-            raise ValueError(f"max_pending_ms must be at least one window ({VAD_WINDOW_MS} ms)")
-        self._net = _SileroNet(weights if weights is not None else silero_weights_path())
-        self._max_streams = max_streams
-        self._max_windows = max_pending_ms // VAD_WINDOW_MS
-        self._timer = timer
-        self._h = torch.zeros(max_streams, _HIDDEN)
-        self._c = torch.zeros(max_streams, _HIDDEN)
-        self._lock = threading.Lock()
-        self._stepping = threading.Lock()
-        self._streams: dict[int, _Stream] = {}
-        self._fresh: set[int] = set()
-        """Slots whose state rows the next step zeroes (new streams and resets)."""
-        self._generation = 0
-        self._steps = 0
-        self._scored = 0
-        self._dropped = 0
-        self._last_batch = 0
-        self._peak_batch = 0
-        self._last_step_s = 0.0
-        self._total_step_s = 0.0
-
-    @property
-    def max_streams(self) -> int:
-        """Size of the stream pool."""
-        return self._max_streams
-
-    def acquire(self, owner: str) -> VadHandle | None:
-        """Open a stream with fresh state for ``owner``; ``None`` when the pool is full."""
-        with self._lock:
-            free = next((i for i in range(self._max_streams) if i not in self._streams), None)
-            if free is None:
-                return None
-            self._generation += 1
-            handle = VadHandle(free, owner, self._generation)
-            self._streams[free] = _Stream(handle, self._max_windows)
-            self._fresh.add(free)
-            return handle
-
-    def release(self, handle: VadHandle) -> bool:
-        """Close a stream; a step already running may still score its last window.
-
-        Returns:
-            ``True`` if released now, ``False`` if it already was.
-        """
-        with self._lock:
-            if self._live(handle) is None:
-                return False
-            del self._streams[handle.slot]
-            return True
-
-    def push(self, handle: VadHandle, pcm: npt.NDArray[np.float32]) -> VadPush:
-        """Append mono float32 16 kHz audio of any length; it is cut into 512-sample windows.
-
-        Raises:
-            SlotReleased: the handle was released.
-            TypeError: ``pcm`` is not a 1-D float32 array.
-        """
-        if not isinstance(pcm, np.ndarray) or pcm.dtype != np.float32 or pcm.ndim != 1:
-            raise TypeError("pcm must be a 1-D float32 numpy array")
-        with self._lock:
-            stream = self._require(handle)
-            queued = dropped = pos = 0
-            while pos < len(pcm):
-                take = min(VAD_WINDOW_SAMPLES - stream.filled, len(pcm) - pos)
-                stream.partial[stream.filled : stream.filled + take] = pcm[pos : pos + take]
-                stream.filled += take
-                pos += take
-                if stream.filled < VAD_WINDOW_SAMPLES:
-                    break
-                stream.filled = 0
-                if len(stream.queue) == stream.max_windows:
-                    _, oldest = stream.queue.popleft()
-                    stream.context = oldest[-_CONTEXT:].copy()
-                    dropped += 1
-                stream.queue.append((stream.pushed, stream.partial.copy()))
-                stream.pushed += 1
-                queued += 1
-            stream.dropped += dropped
-            self._dropped += dropped
-            stream.peak_queue_depth = max(stream.peak_queue_depth, len(stream.queue))
-            return VadPush(queued, dropped, stream.filled, len(stream.queue))
-
-    def reset(self, handle: VadHandle, epoch: int, *, clear_input: bool = True) -> None:
-        """Start a new epoch: zero the stream's recurrent state and context at the next step.
-
-        With ``clear_input`` the queued windows are dropped (counted; their
-        indices stay used, so the clock keeps counting pushed audio). Samples of
-        an incomplete window are kept either way. Windows of a step already
-        running carry the previous epoch.
-
-        Raises:
-            SlotReleased: the handle was released.
-        """
-        with self._lock:
-            stream = self._require(handle)
-            if clear_input:
-                stream.dropped += len(stream.queue)
-                self._dropped += len(stream.queue)
-                stream.queue.clear()
-            stream.context = np.zeros(_CONTEXT, dtype=np.float32)
-            stream.epoch = epoch
-            self._fresh.add(handle.slot)
-
-    def has_pending(self) -> bool:
-        """Some stream has a full window waiting: `step` would run a forward."""
-        with self._lock:
-            return any(s.queue for s in self._streams.values())
-
-    def step(self) -> tuple[VadWindow, ...]:
-        """Score the oldest pending window of every stream that has one, in one forward.
-
-        Returns:
-            One `VadWindow` per scored stream (none when nothing was pending).
-
-        Raises:
-            RuntimeError: another step is already running.
-        """
-        if not self._stepping.acquire(blocking=False):
-            raise RuntimeError("SileroVad.step is not reentrant")
-        try:
-            return self._step()
-        finally:
-            self._stepping.release()
-
-    def statistics(self) -> VadStatistics:
-        """Snapshot of the counters."""
-        with self._lock:
-            return VadStatistics(
-                streams=len(self._streams),
-                max_streams=self._max_streams,
-                steps=self._steps,
-                windows_scored=self._scored,
-                windows_dropped=self._dropped,
-                last_batch=self._last_batch,
-                peak_batch=self._peak_batch,
-                last_step_s=self._last_step_s,
-                total_step_s=self._total_step_s,
-            )
-
-    def stream_statistics(self, handle: VadHandle) -> VadStreamStatistics:
-        """Counters of one live stream.
-
-        Raises:
-            SlotReleased: the handle was released.
-        """
-        with self._lock:
-            s = self._require(handle)
-            return VadStreamStatistics(
-                handle=handle,
-                epoch=s.epoch,
-                windows_pushed=s.pushed,
-                windows_scored=s.scored,
-                windows_dropped=s.dropped,
-                queue_depth=len(s.queue),
-                peak_queue_depth=s.peak_queue_depth,
-                max_windows=s.max_windows,
-            )
-
-    # -- internals ---------------------------------------------------------
-
-    def _live(self, handle: VadHandle) -> _Stream | None:
-        stream = self._streams.get(handle.slot)
-        return stream if stream is not None and stream.handle == handle else None
-
-    def _require(self, handle: VadHandle) -> _Stream:
-        stream = self._live(handle)
-        if stream is None:
-            raise SlotReleased(f"VAD stream {handle} was released")
-        return stream
-
-    def _schedule(
-        self,
-    ) -> tuple[list[int], npt.NDArray[np.float32], list[tuple[VadHandle, int, int]]]:
-        """Under the lock: take one window per ready stream, and the slots to zero."""
-        with self._lock:
-            fresh = sorted(self._fresh)
-            self._fresh.clear()
-            ready = [s for _, s in sorted(self._streams.items()) if s.queue]
-            rows = np.empty((len(ready), _CONTEXT + VAD_WINDOW_SAMPLES), dtype=np.float32)
-            tags: list[tuple[VadHandle, int, int]] = []
-            for row, stream in zip(rows, ready, strict=True):
-                index, window = stream.queue.popleft()
-                row[:_CONTEXT] = stream.context
-                row[_CONTEXT:] = window
-                stream.context = window[-_CONTEXT:].copy()
-                stream.scored += 1
-                tags.append((stream.handle, stream.epoch, index))
-            return fresh, rows, tags
-
-    def _step(self) -> tuple[VadWindow, ...]:
-        import torch
-
-        fresh, rows, tags = self._schedule()
-        with torch.no_grad():
-            if fresh:
-                zero = torch.tensor(fresh, dtype=torch.long)
-                self._h.index_fill_(0, zero, 0.0)
-                self._c.index_fill_(0, zero, 0.0)
-            if not tags:
-                return ()
-            started = self._timer()
-            slots = torch.tensor([handle.slot for handle, _, _ in tags], dtype=torch.long)
-            h = self._h.index_select(0, slots)
-            c = self._c.index_select(0, slots)
-            prob, h, c = self._net(torch.from_numpy(rows), h, c)
-            self._h.index_copy_(0, slots, h)
-            self._c.index_copy_(0, slots, c)
-            probs = prob.tolist()
-            duration = self._timer() - started
-        with self._lock:
-            self._steps += 1
-            self._scored += len(tags)
-            self._last_batch = len(tags)
-            self._peak_batch = max(self._peak_batch, len(tags))
-            self._last_step_s = duration
-            self._total_step_s += duration
-        return tuple(
-            VadWindow(handle, epoch, index, p)
-            for (handle, epoch, index), p in zip(tags, probs, strict=True)
-        )
+def vad_metric(statistics: DriverStatistics, name: str) -> float:
+    """The value of ``VAD_METRICS`` entry ``name`` from the VAD engine driver's statistics."""
+    engine = statistics.engine
+    last = engine.scheduler.last_step_s
+    values: dict[str, float] = {
+        "duplex_vad_streams": engine.live_slots,
+        "duplex_vad_capacity_streams": engine.scheduler.max_slots,
+        "duplex_vad_late_ticks_total": statistics.late_ticks,
+        "duplex_vad_windows_dropped_total": engine.frames_rejected + statistics.dropped_full,
+        "duplex_vad_step_seconds": 0.0 if last is None else last,
+    }
+    return values[name]

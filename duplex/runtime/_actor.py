@@ -2,16 +2,17 @@
 
 It holds no session facts of its own. Everything from a connection (attach,
 client events, detach) arrives on one ``client`` lane, so wire order is kept
-(a close never overtakes an earlier append); engine output and the shared
-VAD's windows arrive on the ``model`` lane; the lease timer on ``control``.
+(a close never overtakes an earlier append); engine output (the model's and
+the shared VAD's) arrives on the ``model`` lane; the lease timer on ``control``.
 
-A session with ``vad="silero"`` holds a stream on the shared VAD for its whole
-life (taken at admission, like its engine slot): every ``ModelAppendAudio``
-chunk also goes to its `VadLink`, the scored windows come back into the mailbox
-the way engine output does (a `MailboxSink`, no pump task: `FromVad`), and
-the link turns them into the machine's ``SpeechStarted`` /
-``SpeechStopped``. A clearing ``ModelReset`` or a turn-detection change restarts
-the stream; a VAD restart moves it onto the new VAD (`VadReplaced`).
+A session with ``vad="silero"`` holds a slot on the shared VAD, one more
+engine, for its whole life (taken at admission, like its model slot): every
+``ModelAppendAudio`` chunk also goes to its `VadLink`, the scored windows come
+back into the mailbox as that slot's `FromEngine` (its own `MailboxSink`, which
+tells the two engines apart), and the link turns them into the machine's
+``SpeechStarted`` / ``SpeechStopped``. A clearing ``ModelReset`` or a
+turn-detection change restarts the stream; a VAD restart moves it onto the new
+VAD (`VadReplaced`).
 
 Logs, at info, from the effects it performs (the machine itself logs nothing):
 ``session created``, ``session resumed``, ``session replaced``, ``session
@@ -32,12 +33,12 @@ import trio
 from duplex.actors import Actor, ActorContext, ActorRef, ControlMessage, LaneSpec, Overflow
 from duplex.exceptions import InternalError, MailboxFull, PromptUnsupported
 from duplex.models import (
+    EngineDriver,
     SamplingRequest,
     SlotEngine,
     SlotHandle,
     SlotOutput,
     SlotPrompt,
-    VadDriver,
     VadWindow,
 )
 from duplex.sessions import (
@@ -111,13 +112,6 @@ class FromEngine:
 
 @final
 @dataclass(frozen=True, slots=True, eq=False)
-class FromVad:
-    window: VadWindow
-    sink: MailboxSink[VadWindow]
-
-
-@final
-@dataclass(frozen=True, slots=True, eq=False)
 class FromAgent:
     """What the agent cascade made for the session (`AsrResult`, `AgentChunk`)."""
 
@@ -153,7 +147,7 @@ class EngineLost(ControlMessage):
 class VadReplaced(ControlMessage):
     """The shared VAD crashed and restarted: move the session's stream onto ``driver``."""
 
-    driver: VadDriver
+    driver: EngineDriver
 
 
 @final
@@ -206,16 +200,16 @@ VAD_WINDOW_BUFFER = 32
 
 @final
 class MailboxSink(Generic[T]):
-    """One stream's output (an engine slot's frames, a VAD stream's windows), straight into
+    """One engine slot's output (the model's frames, the VAD's windows), straight into
     its session's mailbox (``model`` lane).
 
     A driver calls `send_nowait` on the trio thread after each step; no pump
-    task sits between a driver and the session, and both drivers deliver the
-    same way. Bounded like a channel: at most ``limit`` items queued and not
-    yet handled, and beyond that (or before the session is bound)
-    ``trio.WouldBlock``: the driver drops the item and counts it. A closed sink
-    (session released, driver replaced) raises ``trio.ClosedResourceError``,
-    and items it already queued are ignored by the session.
+    task sits between a driver and the session. Bounded like a channel: at most
+    ``limit`` items queued and not yet handled, and beyond that (or before the
+    session is bound) ``trio.WouldBlock``: the driver drops the item and counts
+    it. A closed sink (session released, driver replaced) raises
+    ``trio.ClosedResourceError``, and items it already queued are ignored by the
+    session.
     """
 
     __slots__ = ("_ref", "_wrap", "closed", "limit", "queued")
@@ -252,17 +246,18 @@ def engine_sink(limit: int) -> MailboxSink[SlotOutput]:
     return MailboxSink(limit, FromEngine)
 
 
-def vad_sink(limit: int = VAD_WINDOW_BUFFER) -> MailboxSink[VadWindow]:
-    """Where a VAD stream's windows go: its session's mailbox, as `FromVad`."""
-    return MailboxSink(limit, FromVad)
+def vad_sink(limit: int = VAD_WINDOW_BUFFER) -> MailboxSink[SlotOutput]:
+    """Where a VAD slot's windows go: its session's mailbox, as `FromEngine` (the sink
+    says which engine they came from)."""
+    return MailboxSink(limit, FromEngine)
 
 
 @dataclass(eq=False)
 class VadResources:
-    """A session's stream on the shared VAD and where its windows arrive."""
+    """A session's slot on the shared VAD and where its windows arrive."""
 
     link: VadLink
-    sink: MailboxSink[VadWindow]
+    sink: MailboxSink[SlotOutput]
     overflow_logged: bool = False
 
 
@@ -305,7 +300,7 @@ class SessionActor(Actor[Any]):
     def route(cls, message: object) -> str:
         if isinstance(message, ControlMessage):
             return "control"
-        if isinstance(message, FromEngine | FromVad | FromAgent):
+        if isinstance(message, FromEngine | FromAgent):
             return "model"
         if isinstance(message, FromClient) and isinstance(message.event, VideoAppend):
             return "video"
@@ -383,7 +378,7 @@ class SessionActor(Actor[Any]):
         self.engine_lost = False
         await self._apply(ctx, ModelFailed(f"the engine restarted ({reason})"))
 
-    async def _replace_vad(self, ctx: ActorContext, driver: VadDriver) -> None:
+    async def _replace_vad(self, ctx: ActorContext, driver: EngineDriver) -> None:
         vad = self.resources.vad
         if vad is None or self.resources.released:
             return
@@ -449,21 +444,19 @@ class SessionActor(Actor[Any]):
                 await self._apply(ctx, event, generation)
             case FromEngine(output, sink):
                 sink.handled()
+                vad = self.resources.vad
                 if sink is self.resources.sink and not sink.closed:  # else: an old engine's
                     self.input_at = self.input_times.consume(output.input_samples)
                     try:
                         await self._apply(ctx, _model_frame(output))
                     finally:
                         self.input_at = None
+                elif vad is not None and sink is vad.sink and not sink.closed:  # the VAD's
+                    for event in vad.link.on_window(VadWindow.of(output)):
+                        await self._apply(ctx, event)
             case FromAgent(event):
                 if not self.resources.released:
                     await self._apply(ctx, event)
-            case FromVad(window, sink):
-                sink.handled()
-                vad = self.resources.vad
-                if vad is not None and sink is vad.sink and not sink.closed:  # else: an old VAD's
-                    for event in vad.link.on_window(window):
-                        await self._apply(ctx, event)
             case Attach(generation, connection, resume):
                 self.connections[generation] = connection
                 await self._apply(ctx, ConnectionAttached(generation, resume))
@@ -604,7 +597,7 @@ class SessionActor(Actor[Any]):
         push = vad.link.push(pcm, start_ms)
         if push is not None and push.overflowed and not vad.overflow_logged:
             vad.overflow_logged = True  # counted in the link's statistics from here on
-            ctx.log.warning("VAD stream fell behind; oldest windows dropped (scored as silence)")
+            ctx.log.warning("VAD stream fell behind; windows refused (a gap, taken as silence)")
 
     def _release(self) -> None:
         if not self.resources.released:

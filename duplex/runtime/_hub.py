@@ -2,7 +2,7 @@
 
 Sessions take an engine slot when they are admitted and give it back when
 the session actor releases its resources; only then does capacity return.
-A session with ``vad="silero"`` also takes a stream on the shared VAD at
+A session with ``vad="silero"`` also takes a slot on the shared VAD (one more engine) at
 admission (held for its whole life, so a later ``session.update`` that turns
 detection on never waits on capacity); no stream refuses the session with
 ``resource_exhausted``, never a silent fall-back to another VAD.
@@ -34,9 +34,10 @@ from duplex.models import (
     VAD_METRICS,
     CapacityLimit,
     CapacityReport,
+    EngineDriver,
     ModelSpec,
     SlotEngine,
-    VadDriver,
+    vad_metric,
 )
 from duplex.models.agent import AgentModels
 from duplex.sessions import (
@@ -108,7 +109,8 @@ class SessionHub:
         self.export_engine_metrics = True
         """Off in every session process but the first when engines run in their own
         processes: one engine's figures are exported once."""
-        self.vad: VadDriver | None = None
+        self.vad: EngineDriver | None = None
+        """The shared silero VAD's engine, once it runs (sessions with ``vad="silero"``)."""
         self.vad_starts = 0
         self.agent: AgentModels | None = None
         """The agent's shared stages, once they run (with ``Capabilities.agent_cascade``)."""
@@ -189,7 +191,7 @@ class SessionHub:
         def collect() -> list[Sample]:
             if self.vad is None:
                 return []
-            return [Sample(name, {"model": "silero"}, self.vad.statistics().metric(name))]
+            return [Sample(name, {"model": "silero"}, vad_metric(self.vad.statistics(), name))]
 
         return collect
 
@@ -312,7 +314,7 @@ class SessionHub:
                 best = (room, index, engine, report)
         return None if best is None else best[1:]
 
-    async def vad_started(self, driver: VadDriver) -> None:
+    async def vad_started(self, driver: EngineDriver) -> None:
         """A (new) shared VAD runs; after a crash, every live session moves onto it
         (sessions without a VAD stream ignore the message)."""
         previous, self.vad = self.vad, driver
@@ -323,10 +325,11 @@ class SessionHub:
             await ref.tell(VadReplaced(driver))
 
     def _attach_vad(self, session_id: str, config: SessionConfig) -> VadResources | None:
-        """A stream on the shared VAD when the session's config uses it.
+        """A slot on the shared VAD when the session's config uses it.
 
         Raises:
-            ResourceExhausted: the VAD is not running, or its stream pool is full.
+            ResourceExhausted: the VAD is not running, or its admission says no (its slot
+                pool is full, or its measured step time allows no more).
         """
         if config.vad is not VadMode.SILERO:
             return None
@@ -336,7 +339,7 @@ class SessionHub:
         sink = vad_sink()
         handle = vad.attach(session_id, sink)
         if handle is None:
-            limit = vad.statistics().vad.max_streams
+            limit = vad.capacity().slots
             raise errors.ResourceExhausted(f"duplex_vad_capacity_exhausted: limit={limit}")
         return VadResources(VadLink(vad, handle, config), sink)
 

@@ -1,26 +1,34 @@
 """One session's stream on the shared silero VAD (``SessionConfig.vad="silero"``).
 
+The VAD is an engine like the model's (`duplex.models.silero_engine` behind an
+`EngineDriver`): the session's stream is a slot on it, its 16 kHz input that
+slot's input, and each scored window an output whose ``score`` is the speech
+probability. What is per session and no engine's business stays here: the
+resampler, the clock mapping and the segmenter (session policy).
+
 The session actor owns a `VadLink` next to its engine slot. It is synchronous
 and trio-free; the actor feeds it and applies what it returns:
 
 - `push`: every ``ModelAppendAudio`` chunk (model rate, on the session's input
   clock) is resampled to 16 kHz by a per-session `StreamingResampler` and
   pushed to the stream, while turn detection is on.
-- `on_window`: each `VadWindow` the VAD scores goes through a per-session
-  `SpeechSegmenter` (threshold ``vad_threshold``, silence ``vad_hangover_ms``,
-  no prefix padding: the machine pads) and comes back as the machine's
-  runtime `SpeechStarted`/`SpeechStopped`, unpadded, on the input clock.
+- `on_window`: each scored window (`VadWindow.of` the VAD engine's output)
+  goes through a per-session `SpeechSegmenter` (threshold ``vad_threshold``,
+  silence ``vad_hangover_ms``, no prefix padding: the machine pads) and comes
+  back as the machine's runtime `SpeechStarted`/`SpeechStopped`, unpadded, on
+  the input clock.
 - `restart`: the machine forgot the speech in progress (input cleared, engine
   failure, a turn-detection setting changed): a new epoch for the stream.
-- `replace`: the VAD crashed and restarted: a new stream on the new driver.
+- `replace`: the VAD crashed and restarted: a new slot on the new driver.
 
-Clocks. Window ``k`` covers stream samples ``[512 k, 512 k + 512)`` of all
-audio pushed to the stream. A *run* is audio pushed without a gap; it starts
-on a window boundary (`restart` pads the partial window with zeros, then
-drops it with the reset) at stream sample ``base``, with the input-clock time
-of its first chunk ``base_ms`` and a fresh resampler whose output lags its
-input by ``delay_samples``. So stream time ``t`` ms maps to input time
-``base_ms + (t - base / 16) - delay / 16``, never before ``base_ms``.
+Clocks. A window's ``start`` is where it starts among all the samples pushed
+to the stream (a refused window leaves a gap, never a shift). A *run* is audio
+pushed without a gap; it starts on a window boundary (`restart` pads the
+partial window with zeros, then drops it with the reset) at stream sample
+``base``, with the input-clock time of its first chunk ``base_ms`` and a fresh
+resampler whose output lags its input by ``delay_samples``. So stream time
+``t`` ms maps to input time ``base_ms + (t - base / 16) - delay / 16``, never
+before ``base_ms``.
 """
 
 from __future__ import annotations
@@ -33,12 +41,12 @@ import numpy as np
 from duplex.models import (
     VAD_SAMPLE_RATE,
     VAD_WINDOW_SAMPLES,
+    InputPush,
     SegmentStarted,
     SegmentStopped,
     ServerVadConfig,
+    SlotHandle,
     SpeechSegmenter,
-    VadHandle,
-    VadPush,
     VadWindow,
 )
 from duplex.sessions import (
@@ -57,13 +65,13 @@ SpeechEvent = SpeechStarted | SpeechStopped
 
 
 class VadStreams(Protocol):
-    """What a link needs of the shared VAD (`duplex.models.VadDriver`)."""
+    """What a link needs of the shared VAD (its `duplex.models.EngineDriver`)."""
 
-    def push(self, handle: VadHandle, pcm: Pcm) -> VadPush: ...
+    def push_input(self, handle: SlotHandle, pcm: Pcm) -> InputPush: ...
 
-    def reset(self, handle: VadHandle, epoch: int, *, clear_input: bool = True) -> None: ...
+    def reset(self, handle: SlotHandle, epoch: int, *, clear_input: bool = True) -> None: ...
 
-    def detach(self, handle: VadHandle) -> bool: ...
+    def detach(self, handle: SlotHandle) -> bool: ...
 
 
 @final
@@ -74,7 +82,8 @@ class VadLinkStatistics:
     Args:
         windows: windows that reached the segmenter.
         stale_windows: windows dropped: an earlier epoch or stream, or turn detection off.
-        overflow_windows: windows the VAD dropped because this stream fell a second behind.
+        overflow_windows: windows the VAD refused because this stream's queue was full
+            (it fell ``VAD_MAX_PENDING_MS`` behind).
         restarts: new epochs (input cleared, settings changed, turn detection re-enabled).
         replacements: new streams after a VAD restart.
     """
@@ -101,12 +110,12 @@ class VadLink:
     """A session's silero stream: resampler, clock mapping, segmenter (module docstring).
 
     Args:
-        streams: the shared VAD's driver.
-        handle: the stream this session holds (``streams.attach``).
+        streams: the shared VAD's engine driver.
+        handle: the slot this session holds on it (``streams.attach``).
         config: the session's config.
     """
 
-    def __init__(self, streams: VadStreams, handle: VadHandle, config: SessionConfig) -> None:
+    def __init__(self, streams: VadStreams, handle: SlotHandle, config: SessionConfig) -> None:
         self.streams = streams
         self.handle = handle
         self.config = config
@@ -135,7 +144,7 @@ class VadLink:
             self._windows, self._stale, self._overflow, self._restarts, self._replacements
         )
 
-    def push(self, pcm: Pcm, audio_start_ms: float) -> VadPush | None:
+    def push(self, pcm: Pcm, audio_start_ms: float) -> InputPush | None:
         """Resample one model-rate chunk starting at ``audio_start_ms`` and queue it.
 
         Returns:
@@ -153,9 +162,9 @@ class VadLink:
         out = self._resampler.process(pcm)
         if out.size == 0:
             return None
-        result = self.streams.push(self.handle, out)
+        result = self.streams.push_input(self.handle, out)
         self._pushed += out.size
-        self._overflow += result.windows_dropped
+        self._overflow += result.frames_rejected
         return result
 
     def on_window(self, window: VadWindow) -> tuple[SpeechEvent, ...]:
@@ -195,15 +204,15 @@ class VadLink:
         """
         pad = -self._pushed % VAD_WINDOW_SAMPLES
         if pad:
-            self.streams.push(self.handle, np.zeros(pad, dtype=np.float32))
+            self.streams.push_input(self.handle, np.zeros(pad, dtype=np.float32))
             self._pushed += pad
         self.epoch += 1
         self._restarts += 1
         self.streams.reset(self.handle, self.epoch, clear_input=True)
         self._begin_run()
 
-    def replace(self, streams: VadStreams, handle: VadHandle) -> tuple[SpeechEvent, ...]:
-        """Move onto a restarted VAD's new stream.
+    def replace(self, streams: VadStreams, handle: SlotHandle) -> tuple[SpeechEvent, ...]:
+        """Move onto a restarted VAD's new slot.
 
         Returns:
             A `SpeechStopped` at the last scored window when speech was in

@@ -1,4 +1,4 @@
-"""Server assembly: actor system, engine, shared VAD, hub and hypercorn in one trio process.
+"""Server assembly: actor system, engine, shared VAD engine, hub and hypercorn in one trio process.
 
 With ``server.connection_workers`` the WebSocket I/O moves to worker processes
 (``_workers.py``); with ``server.session_shards`` too, sessions (each shard with
@@ -34,12 +34,10 @@ from duplex.models import (
     ModelOptions,
     ModelSpec,
     RunnerFactory,
-    SileroVad,
     Slack,
-    VadActor,
-    VadDriver,
     get_model,
     policy_factory,
+    silero_engine,
 )
 from duplex.models.agent import AgentModels, AgentOptions, build_replier
 from duplex.progress import Startup, TerminalBar, render_line
@@ -148,9 +146,11 @@ def capabilities_for(spec: ModelSpec) -> Capabilities:
 
 
 VAD_MAX_PENDING_MS = 4096
-"""Unscored audio one VAD stream may queue before its oldest windows drop (counted). A
+"""Unscored audio one VAD stream may queue before further windows are refused (counted). A
 client may send faster than real time (a file, a reconnect's backlog); the driver catches
-up at 8 windows a tick (8x real time). 4 s is 256 KiB a stream, 64 MiB if all 256 burst."""
+up at 8 windows a tick (8x real time). 4 s is 256 KiB a stream, 64 MiB if all 256 burst.
+A window that finds the queue full is refused (the engine's overflow policy): the stream's
+clock keeps it as a gap, which the segmenter takes as silence."""
 
 
 def uses_silero(config: Config) -> bool:
@@ -380,12 +380,13 @@ async def open_backend(
             limit_torch_threads()
             streams = server.vad_streams
 
-            def build_vad() -> VadDriver:
-                return VadDriver(SileroVad(max_streams=streams, max_pending_ms=VAD_MAX_PENDING_MS))
+            def build_vad() -> EngineDriver:
+                engine = silero_engine(streams, max_pending_ms=VAD_MAX_PENDING_MS)
+                return EngineDriver(engine)
 
             with startup.step("vad", "loading the silero VAD"):
                 refs.append(
-                    await system.spawn(VadActor, build_vad, hub.vad_started, name="vad-silero")
+                    await system.spawn(EngineActor, build_vad, hub.vad_started, name="vad-silero")
                 )
         if server.agent and requests is not None:  # (session shards have no request engines)
             options = AgentOptions(llm=server.agent_llm, seed=server.model_seed)

@@ -23,12 +23,12 @@ SANS_TRIO = (
     "_batcher.py",
     "_policy_reference.py",
 )
-# The trio loops: the engine's and the shared VAD's tick drivers, and the tick grid and
-# fan-out they share (`_ticker.py`), the request engines' batching loop (`_requests.py`,
+# The trio loops: the engines' tick driver (the model's and the shared VAD's), the tick
+# grid and fan-out (`_ticker.py`), the request engines' batching loop (`_requests.py`,
 # around the trio-free `RequestBatcher`) and the windows between ticks they share with the
 # tick driver (`_slack.py`). Each driver wraps a synchronous, trio-free core (`Engine`,
-# `SileroVad`, a `BatchRunner`) that is tested without trio.
-TRIO_DRIVERS = {"_driver.py", "_vad_driver.py", "_ticker.py", "_requests.py", "_slack.py"}
+# with any runner, the silero VAD's among them; a `BatchRunner`) that is tested without trio.
+TRIO_DRIVERS = {"_driver.py", "_ticker.py", "_requests.py", "_slack.py"}
 
 
 def _imports(path: Path) -> set[str]:

@@ -23,7 +23,7 @@ from duplex.actors import (
     Restart,
     open_actor_system,
 )
-from duplex.models import EngineDriver, ModelSpec, SileroVad, VadDriver, VadWindow
+from duplex.models import EngineDriver, ModelSpec, SlotOutput, silero_engine
 from duplex.models._driver import inline
 from duplex.runtime._actor import (
     Attach,
@@ -76,14 +76,14 @@ class Running:
     told: list[object]
     hub: Hub
     driver: EngineDriver
-    vad: VadDriver
+    vad: EngineDriver
     session_id: str
 
 
 async def start(system: ActorSystem) -> Running:
-    """A silero session on a one-slot loopback engine and a one-stream VAD, one socket."""
+    """A silero session on a one-slot loopback engine and a one-slot VAD engine, one socket."""
     driver = EngineDriver(loopback_engine(spec=SPEC), offload=inline)
-    vad_driver = VadDriver(SileroVad(max_streams=1), offload=inline)
+    vad_driver = EngineDriver(silero_engine(1), offload=inline)
     machine = ds.SessionMachine(ds.SessionConfig(vad="silero"))
     sid = machine.session_id
     sink = engine_sink(8)
@@ -115,9 +115,9 @@ def full_engine() -> EngineDriver:
     return driver  # no slot left for the session
 
 
-def full_vad() -> VadDriver:
-    vad = VadDriver(SileroVad(max_streams=1), offload=inline)
-    send, _ = trio.open_memory_channel[VadWindow](1)
+def full_vad() -> EngineDriver:
+    vad = EngineDriver(silero_engine(1), offload=inline)
+    send, _ = trio.open_memory_channel[SlotOutput](1)
     assert vad.attach("someone else", send) is not None
     return vad
 
@@ -145,7 +145,7 @@ async def test_every_lost_session_ends_the_same_way(
                 await trio.sleep(0.01)
     assert s.hub.released_ids == [s.session_id]  # told once
     assert s.driver.statistics().engine.live_slots == 0  # its slot was given back
-    assert s.vad.statistics().vad.streams == 0  # and its VAD stream
+    assert s.vad.statistics().engine.live_slots == 0  # and its VAD slot
     *_, error, close = s.told
     assert isinstance(error, Outbound) and error.seq is None
     assert isinstance(error.event, ds.ErrorEvent) and error.event.code == "internal_error"

@@ -1,8 +1,9 @@
 """A session's stream on the shared silero VAD (`VadLink`): clocks, epochs, settings.
 
 The link is synchronous; most tests drive it with a recording fake VAD and
-hand-made windows. The last one runs the real `VadDriver` under ``MockClock``
-with the pure session machine, as the session actor composes them.
+hand-made windows. The last ones run the real VAD engine (`silero_engine` behind
+an `EngineDriver`) under ``MockClock`` with the pure session machine, as the
+session actor composes them.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from duplex import sessions as ds
 from duplex.exceptions import BadEvent
 from duplex.models import (
     VAD_WINDOW_SAMPLES,
-    SileroVad,
-    VadDriver,
-    VadHandle,
-    VadPush,
+    EngineDriver,
+    InputPush,
+    SlotHandle,
+    SlotOutput,
     VadWindow,
+    silero_engine,
 )
 from duplex.models._driver import inline
 from duplex.runtime._vad_link import VadLink
@@ -28,7 +30,7 @@ from duplex.runtime._vad_link import VadLink
 from ..signals import voiced
 
 RATE = 24_000
-HANDLE = VadHandle(0, "s", 1)
+HANDLE = SlotHandle(0, "s", 1)
 TURN_BASED = ds.SessionOptions(
     turn_policy="turn_based",
     turn_detection="server_vad",
@@ -48,15 +50,15 @@ class FakeVad:
         self.resets: list[tuple[int, bool]] = []
         self.detached = 0
 
-    def push(self, handle: VadHandle, pcm: np.ndarray) -> VadPush:
+    def push_input(self, handle: SlotHandle, pcm: np.ndarray) -> InputPush:
         assert pcm.dtype == np.float32
         self.pushed += pcm.size
-        return VadPush(0, 0, self.pushed % VAD_WINDOW_SAMPLES, 0)
+        return InputPush(0, 0, self.pushed % VAD_WINDOW_SAMPLES, 0)
 
-    def reset(self, handle: VadHandle, epoch: int, *, clear_input: bool = True) -> None:
+    def reset(self, handle: SlotHandle, epoch: int, *, clear_input: bool = True) -> None:
         self.resets.append((epoch, clear_input))
 
-    def detach(self, handle: VadHandle) -> bool:
+    def detach(self, handle: SlotHandle) -> bool:
         self.detached += 1
         return True
 
@@ -69,10 +71,15 @@ def chunk(ms: int) -> np.ndarray:
     return np.zeros(RATE * ms // 1000, dtype=np.float32)
 
 
+def window(handle: SlotHandle, epoch: int, index: int, probability: float) -> VadWindow:
+    """Window ``index`` of a stream (it starts at sample ``512 index``)."""
+    return VadWindow(handle, epoch, index * VAD_WINDOW_SAMPLES, probability)
+
+
 def windows(link: VadLink, probs: list[float], first: int = 0) -> list[object]:
     out: list[object] = []
     for i, p in enumerate(probs):
-        out.extend(link.on_window(VadWindow(link.handle, link.epoch, first + i, p)))
+        out.extend(link.on_window(window(link.handle, link.epoch, first + i, p)))
     return out
 
 
@@ -94,9 +101,9 @@ def test_windows_map_to_the_input_clock_from_the_first_chunk() -> None:
 def test_stale_windows_are_dropped_and_counted() -> None:
     link = VadLink(FakeVad(), HANDLE, config())
     link.push(chunk(80), 0.0)
-    other = VadHandle(1, "t", 2)
-    assert link.on_window(VadWindow(other, 0, 0, 1.0)) == ()
-    assert link.on_window(VadWindow(HANDLE, 7, 0, 1.0)) == ()
+    other = SlotHandle(1, "t", 2)
+    assert link.on_window(window(other, 0, 0, 1.0)) == ()
+    assert link.on_window(window(HANDLE, 7, 0, 1.0)) == ()
     assert link.statistics().stale_windows == 2 and not link.segmenter.speaking
 
 
@@ -109,7 +116,7 @@ def test_restart_pads_to_a_window_and_starts_a_new_run() -> None:
     link.restart()  # input cleared
     assert fake.pushed == 4 * VAD_WINDOW_SAMPLES and fake.resets == [(1, True)]
     assert not link.segmenter.speaking and link.epoch == 1
-    assert link.on_window(VadWindow(HANDLE, 0, 3, 0.9)) == ()  # the old epoch
+    assert link.on_window(window(HANDLE, 0, 3, 0.9)) == ()  # the old epoch
     link.push(chunk(80), 100.0)
     (started,) = windows(link, [0.9], first=4)  # the run's first window
     assert isinstance(started, ds.SpeechStarted)
@@ -143,7 +150,7 @@ def test_replace_ends_speech_in_progress_at_the_last_window() -> None:
     link.push(chunk(160), 0.0)
     windows(link, [0.9, 0.9, 0.9])
     fresh = FakeVad()
-    (stopped,) = link.replace(fresh, VadHandle(0, "s", 9))
+    (stopped,) = link.replace(fresh, SlotHandle(0, "s", 9))
     assert isinstance(stopped, ds.SpeechStopped) and stopped.audio_ms == pytest.approx(96, abs=1)
     assert not link.segmenter.speaking and link.statistics().replacements == 1
     link.push(chunk(80), 160.0)
@@ -162,8 +169,8 @@ def test_the_vad_is_fixed_for_the_session() -> None:
 
 async def test_silero_turn_through_the_machine(autojump_clock: trio.testing.MockClock) -> None:
     """Speech 0.5-1.7 s in 80 ms appends: speech events near the truth, a turn, a response."""
-    driver = VadDriver(SileroVad(max_streams=2), offload=inline)
-    send, recv = trio.open_memory_channel[VadWindow](32)
+    driver = EngineDriver(silero_engine(2), offload=inline)
+    send, recv = trio.open_memory_channel[SlotOutput](32)
     handle = driver.attach("s", send)
     assert handle is not None
     machine = ds.SessionMachine(config())
@@ -186,10 +193,10 @@ async def test_silero_turn_through_the_machine(autojump_clock: trio.testing.Mock
             await trio.sleep(0.08)
             while True:
                 try:
-                    window = recv.receive_nowait()
+                    output = recv.receive_nowait()
                 except trio.WouldBlock:
                     break
-                for event in link.on_window(window):
+                for event in link.on_window(VadWindow.of(output)):
                     apply(event)
         nursery.cancel_scope.cancel()
     (started,) = [e for e in sent if isinstance(e, ds.InputSpeechStarted)]
@@ -199,3 +206,30 @@ async def test_silero_turn_through_the_machine(autojump_clock: trio.testing.Mock
     assert any(isinstance(e, ds.InputAudioCommitted) for e in sent)
     assert any(isinstance(e, ds.ResponseCreated) for e in sent)
     assert link.statistics().stale_windows == 0 and driver.statistics().dropped_full == 0
+
+
+def test_a_stream_that_falls_behind_is_refused_counted_and_keeps_its_clock() -> None:
+    """On the real VAD engine: a burst past the stream's queue is refused (the link counts
+    it), and the windows after the gap still map to the input time they were spoken at."""
+    engine = silero_engine(1, max_pending_ms=4 * 32)
+    handle = engine.acquire_slot("s")
+    assert handle is not None
+    link = VadLink(engine, handle, config(vad_hangover_ms=100))
+    push = link.push(chunk(400), 0.0)  # 12.5 windows at once: 4 fit
+    assert push is not None and push.overflowed
+    assert link.statistics().overflow_windows == push.frames_rejected == 8
+    starts = []
+    while outputs := engine.step(0.0):
+        starts.extend(VadWindow.of(o).start for o in outputs.values())
+    assert starts == [k * VAD_WINDOW_SAMPLES for k in range(4)]
+    speech = voiced(0.4, seed=2, rate=RATE)
+    events: list[object] = []
+    for k in range(0, speech.size, 1920):  # in real time again: 80 ms chunks, all scored
+        pushed = link.push(speech[k : k + 1920], 400.0 + k / 24)
+        assert pushed is not None and not pushed.overflowed
+        while outputs := engine.step(0.0):
+            for output in outputs.values():
+                events.extend(link.on_window(VadWindow.of(output)))
+    (started,) = [e for e in events if isinstance(e, ds.SpeechStarted)]
+    assert 400 <= started.audio_ms <= 400 + 96  # after the gap, on the input clock
+    assert link.statistics().stale_windows == 0 and link.statistics().overflow_windows == 8
