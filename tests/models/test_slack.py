@@ -14,6 +14,7 @@ import trio.testing
 
 from duplex.exceptions import RequestCancelled, RequestFailed
 from duplex.models import EngineDriver, RequestEngine, Slack, UnitEstimate, UnitGate
+from duplex.models._driver import inline
 
 from .models_support import SPEC, loopback_engine, tone
 
@@ -206,7 +207,7 @@ async def test_the_window_opens_only_after_a_ticks_outputs_are_handed_on(
             delivered.append(output)
             seen.append(slack.fits(0.001))
 
-    driver = EngineDriver(loopback_engine(), slack=slack)
+    driver = EngineDriver(loopback_engine(), offload=inline, slack=slack)  # MockClock: no thread
     driver.on_tick = lambda: seen.append(slack.fits(0.001))
     handle = driver.attach("a", Recording())
     assert handle is not None
