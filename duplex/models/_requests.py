@@ -69,8 +69,10 @@ DEFAULT_MAX_QUEUE: Final = 1024
 class UnitGate(Protocol):
     """What a runner's thread calls between its units of preemption."""
 
-    def next_unit(self) -> None:
-        """Block until there is slack for another unit.
+    def next_unit(self, kind: str = "step") -> None:
+        """Block until there is slack for another unit; ``kind``: what that unit is. Each
+        kind has its own cost estimate, so a unit unlike the rest (an image's final VAE
+        decode after its denoising steps) waits for a window its own cost fits.
 
         Raises:
             RequestCancelled: every request of the batch was withdrawn; let it propagate.
@@ -197,36 +199,39 @@ class _Gate:
         self,
         batch: Sequence[_Waiting[object, object]],
         slack: Slack | None,
-        estimate: UnitEstimate,
+        estimates: Callable[[str], UnitEstimate],
         timer: Callable[[], float],
     ) -> None:
         self._batch = batch
         self._slack = slack
-        self._estimate = estimate
+        self._estimates = estimates
         self._timer = timer
         self.holding = False
         self.unit_started = timer()
+        self.kind = "step"
+        """The running unit's kind (a batch's first unit is a ``step``)."""
 
-    def next_unit(self) -> None:
+    def next_unit(self, kind: str = "step") -> None:
         if all(waiting.gone for waiting in self._batch):
             raise RequestCancelled("every request of the batch was withdrawn")
-        self._estimate.record(self._timer() - self.unit_started)
+        self._estimates(self.kind).record(self._timer() - self.unit_started)
+        self.kind = kind
         if self._slack is not None and not trio.lowlevel.in_trio_run():
             # one hop to the event loop: hand the window back and wait for the next
-            trio.from_thread.run(self._next_window, self._slack)
+            trio.from_thread.run(self._next_window, self._slack, self._estimates(kind))
         self.unit_started = self._timer()
 
-    async def _next_window(self, slack: Slack) -> None:
+    async def _next_window(self, slack: Slack, estimate: UnitEstimate) -> None:
         if self.holding:
             self.holding = False
             slack.release()
-        await slack.acquire(self._estimate)
+        await slack.acquire(estimate)
         self.holding = True
 
     def end(self) -> None:
         """The runner call returned (on the event loop): its last unit's time, and the window
         back."""
-        self._estimate.record(self._timer() - self.unit_started)
+        self._estimates(self.kind).record(self._timer() - self.unit_started)
         if self.holding:
             assert self._slack is not None
             self.holding = False
@@ -267,7 +272,8 @@ class RequestEngine(Generic[Req, Res]):
         self._slack = slack
         self._offload: Offload = offload or trio.to_thread.run_sync
         self._timer = timer
-        self._estimate = UnitEstimate(clock=timer)
+        self._estimates: dict[str, UnitEstimate] = {}
+        self._estimate = self.unit_estimate("step")
         self._tickets = itertools.count()
         self._waiting: dict[int, _Waiting[Req, Res]] = {}
         self._submitted = trio.Event()
@@ -391,7 +397,7 @@ class RequestEngine(Generic[Req, Res]):
         """Run one batch; ``gated``: a batch-class batch, its first window already held."""
         batch = [self._waiting[ticket] for ticket in tickets]
         requests = [waiting.request for waiting in batch]
-        gate = _Gate(batch, self._slack if gated else None, self._estimate, self._timer)
+        gate = _Gate(batch, self._slack if gated else None, self.unit_estimate, self._timer)
         gate.holding = gated
         start = gate.unit_started = self._timer()
         results: list[Res | BaseException]
@@ -423,6 +429,13 @@ class RequestEngine(Generic[Req, Res]):
             else:
                 waiting.reply = Completed(result, run_ms, len(requests))
             waiting.done.set()
+
+    def unit_estimate(self, kind: str) -> UnitEstimate:
+        """What the runner's next unit of ``kind`` will cost (`UnitGate.next_unit`)."""
+        estimate = self._estimates.get(kind)
+        if estimate is None:
+            estimate = self._estimates[kind] = UnitEstimate(clock=self._timer)
+        return estimate
 
     def statistics(self) -> RequestEngineStatistics:
         return RequestEngineStatistics(

@@ -344,3 +344,31 @@ async def test_a_runner_that_raises_request_cancelled_for_live_clients_fails_the
         with pytest.raises(RequestFailed):
             await engine.submit(1)
         nursery.cancel_scope.cancel()
+
+
+async def test_each_kind_of_unit_has_its_own_estimate(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two 1 ms steps, then a 5 ms decode: the decode's cost does not raise the steps'
+    estimate (so steps keep fitting narrow windows), and the decode waits for its own."""
+    now = [0.0]
+
+    class Kinds:
+        name = "kinds"
+        max_batch = 1
+
+        def run_batch(self, requests: Sequence[int], gate: UnitGate) -> list[int]:
+            now[0] += 0.001  # the first unit: a step
+            gate.next_unit("step")
+            now[0] += 0.001
+            gate.next_unit("decode")
+            now[0] += 0.005
+            return list(requests)
+
+    engine = RequestEngine(Kinds(), max_wait_s=0.0, offload=inline, timer=lambda: now[0])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        assert [await engine.submit(k) for k in range(4)] == [0, 1, 2, 3]
+        nursery.cancel_scope.cancel()
+    assert engine.unit_estimate("step").seconds == pytest.approx(0.001)
+    assert engine.unit_estimate("decode").seconds == pytest.approx(0.005)

@@ -220,5 +220,5 @@ def _serve_asr(conn: Any, options: dict[str, Any]) -> None:
 
 
 class _NoGate:
-    def next_unit(self) -> None:
+    def next_unit(self, kind: str = "step") -> None:
         return None

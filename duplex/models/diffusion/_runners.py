@@ -16,6 +16,7 @@ the request and result classes cross into the transport without them.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,7 +178,9 @@ def _generator(seed: int) -> Any:
 
 def _step_callback(gate: UnitGate) -> Any:
     def on_step_end(pipeline: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> Any:
-        gate.next_unit()
+        # after the last step comes the VAE decode: its own kind of unit, wider than a step
+        last = step + 1 >= getattr(pipeline, "num_timesteps", math.inf)
+        gate.next_unit("decode" if last else "step")
         return tensors
 
     return on_step_end

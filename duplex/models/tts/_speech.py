@@ -105,7 +105,7 @@ class VoiceInfo:
 class _NoGate:
     """A gate for direct calls: never waits, never cancels."""
 
-    def next_unit(self) -> None:
+    def next_unit(self, kind: str = "step") -> None:
         return None
 
 

@@ -29,13 +29,15 @@ from duplex.models.diffusion import (
 
 
 class Open:
-    """A gate that always lets the next step run, counting them."""
+    """A gate that always lets the next step run, counting them by kind."""
 
     def __init__(self) -> None:
         self.units = 0
+        self.kinds: list[str] = []
 
-    def next_unit(self) -> None:
+    def next_unit(self, kind: str = "step") -> None:
         self.units += 1
+        self.kinds.append(kind)
 
 
 class CancelAfter:
@@ -44,7 +46,7 @@ class CancelAfter:
     def __init__(self, units: int) -> None:
         self.left = units
 
-    def next_unit(self) -> None:
+    def next_unit(self, kind: str = "step") -> None:
         if self.left == 0:
             raise RequestCancelled("withdrawn")
         self.left -= 1
@@ -106,6 +108,8 @@ def test_same_seed_same_images_other_seed_other_images(image_runner: ImageRunner
     # floats may differ in the last bits, so a pixel may round one step apart
     assert np.abs(first.images[1].astype(int) - other.images[0].astype(int)).max() <= 2
     assert gate.units == 3 * 2  # after each step: the engine holds the first unit
+    # the unit after an image's last step is its VAE decode, estimated on its own
+    assert gate.kinds == ["step", "decode"] * 3
 
 
 @given(

@@ -114,7 +114,7 @@ class CountingGate:
         self.units = 0
         self.cancel_after = cancel_after
 
-    def next_unit(self) -> None:
+    def next_unit(self, kind: str = "step") -> None:
         if self.cancel_after is not None and self.units >= self.cancel_after:
             raise RuntimeError("withdrawn")
         self.units += 1

@@ -86,7 +86,7 @@ def test_one_unit_per_forward(runner: VitsRunner) -> None:
     class Gate:
         units = 0
 
-        def next_unit(self) -> None:
+        def next_unit(self, kind: str = "step") -> None:
             self.units += 1
 
     gate = Gate()
