@@ -12,9 +12,10 @@ the session what came back, as `AsrResult` and `AgentChunk` runtime events.
 - Answering: an `AgentReply` starts one reply task: the reply model's tokens are cut
   into clauses (the first as soon as it has a few words, so the first audio does not
   wait for the whole reply), each spoken by the shared TTS and sent as it is made.
-  Text-only replies send the tokens as they come. A `ModelReset` of a later epoch
-  cancels the task: the reply model's request is aborted with it, a TTS request is
-  withdrawn, and the machine drops what it had queued.
+  Text-only replies send the tokens as they come; a tool call the reply model makes
+  goes to the session as an `AgentToolCall` (after the speech before it). A
+  `ModelReset` of a later epoch cancels the task: the reply model's request is aborted
+  with it, a TTS request is withdrawn, and the machine drops what it had queued.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from duplex.models.agent import (
 from duplex.sessions import (
     AgentChunk,
     AgentReply,
+    AgentToolCall,
     AsrResult,
     Event,
     HistoryItem,
@@ -255,7 +257,9 @@ class AgentLink:
     async def _answer_text(self, rid: str, request: ReplyRequest) -> str:
         reason = "stop"
         async for delta in self.models.replier.stream(request):
-            if delta.text and not delta.call_name:
+            if delta.call_name:
+                await self._deliver(AgentToolCall(rid, delta.call_name, delta.text, delta.call_id))
+            elif delta.text:
                 await self._deliver(AgentChunk(rid, text=delta.text))
             reason = delta.finish or reason
         return reason
@@ -264,7 +268,12 @@ class AgentLink:
         reason, pending, spoken = "stop", "", 0
         async for delta in self.models.replier.stream(request):
             reason = delta.finish or reason
-            if delta.call_name or not delta.text:
+            if delta.call_name:  # what was said before the call is spoken first
+                spoken += await self._speak(rid, pending, voice)
+                pending = ""
+                await self._deliver(AgentToolCall(rid, delta.call_name, delta.text, delta.call_id))
+                continue
+            if not delta.text:
                 continue
             pending += delta.text
             while (cut := _cut(pending, first=spoken == 0)) is not None:

@@ -31,6 +31,7 @@ from ._server_events import (
     SERVER_EVENT_TYPES,
     AudioDelta,
     ErrorEvent,
+    FunctionCallDone,
     InputAudioCleared,
     InputAudioCommitted,
     InputAudioTimeout,
@@ -504,11 +505,25 @@ class AgentChunk:
     reason: str = "stop"
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class AgentToolCall:
+    """The agent's reply to ``response_id`` calls the tool ``name`` with ``arguments`` (JSON
+    text); ``call_id`` names the call (empty: the session makes one). The reply's final
+    `AgentChunk` still ends the response."""
+
+    response_id: str
+    name: str
+    arguments: str
+    call_id: str = ""
+
+
 RuntimeEvent = (
     (ModelFrame | SpeechStarted | SpeechStopped | ConnectionAttached | ConnectionDetached | Tick)
     | ModelFailed
     | AsrResult
     | AgentChunk
+    | AgentToolCall
 )
 RUNTIME_EVENT_TYPES: tuple[type, ...] = RuntimeEvent.__args__  # type: ignore[attr-defined]
 Event = ClientEvent | RuntimeEvent
@@ -522,6 +537,7 @@ __all__ = [
     "TURN_SIGNALS",
     "VIDEO_FORMATS",
     "AgentChunk",
+    "AgentToolCall",
     "AsrResult",
     "AudioAppend",
     "AudioClear",
@@ -533,6 +549,7 @@ __all__ = [
     "ErrorEvent",
     "Event",
     "EventAck",
+    "FunctionCallDone",
     "InputAudioCleared",
     "InputAudioCommitted",
     "InputAudioTimeout",

@@ -56,6 +56,7 @@ from ._effects import (
 from ._events import (
     CLIENT_EVENT_TYPES,
     AgentChunk,
+    AgentToolCall,
     AsrResult,
     AudioAppend,
     AudioClear,
@@ -183,8 +184,12 @@ _LIVE_RUNTIME: dict[type, Rule] = {
     ModelFailed: Handle("_on_model_failed"),
     AsrResult: Handle("_on_asr_result"),
     AgentChunk: Handle("_on_agent_chunk"),
+    AgentToolCall: Handle("_on_agent_tool_call"),
 }
-_MODEL_EVENTS = (ModelFrame, SpeechStarted, SpeechStopped, ModelFailed, AsrResult, AgentChunk)
+_MODEL_EVENTS = (
+    *(ModelFrame, SpeechStarted, SpeechStopped, ModelFailed),
+    *(AsrResult, AgentChunk, AgentToolCall),
+)
 _NO_SOCKET: dict[type, Rule] = {t: Ignore("no_connection") for t in CLIENT_EVENT_TYPES}
 _CLOSED: dict[type, Rule] = {
     t: Reject(errors.SessionClosed, "the session is closed") for t in CLIENT_EVENT_TYPES
@@ -618,6 +623,9 @@ class SessionMachine:
 
     def _on_agent_chunk(self, event: AgentChunk, out: list[Effect]) -> None:
         self._user.agent_chunk(out, event, now=self._now)
+
+    def _on_agent_tool_call(self, event: AgentToolCall, out: list[Effect]) -> None:
+        self._user.agent_tool_call(out, event)
 
     def _on_model_failed(self, event: ModelFailed, out: list[Effect]) -> None:
         self._turns.finish(out, "failed", "engine_error")

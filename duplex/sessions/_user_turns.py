@@ -41,6 +41,7 @@ from ._conversation import Conversation
 from ._effects import AgentReply, Effect, ModelAppendAudio, ModelSignal, Transcribe
 from ._events import (
     AgentChunk,
+    AgentToolCall,
     AsrResult,
     AudioAppend,
     InputAudioCleared,
@@ -388,6 +389,20 @@ class UserTurns:
             return
         responder.feed(event.pcm, event.text, event.final, now)
         self.play(out, now=now)
+
+    def agent_tool_call(self, out: list[Effect], event: AgentToolCall) -> None:
+        """The cascade's reply calls a tool: a ``function_call`` output of its response, sent
+        at once (the reply's audio before it may still be playing; its final chunk, after
+        the call, still ends the response)."""
+        responder = self.responder
+        if (
+            not responder.streaming
+            or responder.response_id != event.response_id
+            or event.response_id != self.turns.response_id
+        ):
+            self.counts["agent_chunks_dropped"] += 1  # its response ended (barge-in, cancel)
+            return
+        self.turns.function_call(out, event.name, event.arguments, event.call_id)
 
     def play(self, out: list[Effect], *, now: float) -> None:
         """Route the responder's due frames; drop them if their response ended."""

@@ -5,20 +5,29 @@ off when speech over it outlasts ``barge_in_ms`` (a backchannel does not)."""
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from duplex.sessions import (
     AgentChunk,
     AgentReply,
+    AgentToolCall,
     AsrResult,
     AudioDelta,
     Capabilities,
+    FunctionCallDone,
+    FunctionTool,
     InputAudioCommitted,
     InputTranscriptionCompleted,
     InputTranscriptionDelta,
+    ItemCreate,
     ModelReset,
     OverlapDecision,
+    ResponseCancel,
+    ResponseCreate,
     ResponseCreated,
     ResponseDone,
+    ResponseOptions,
     SessionOptions,
     SessionUpdate,
     TextDelta,
@@ -178,3 +187,96 @@ def test_a_reply_answers_tools_and_text_items_without_waiting():
     (reply,) = of(effects, AgentReply)
     assert [i.text for i in reply.context] == ["Weather in Paris?"]
     assert m.handle(SessionUpdate(SessionOptions(instructions="Be terse.")), 0.2)
+
+
+WEATHER = FunctionTool.of("get_weather", "Weather now", {"type": "object"})
+
+
+def _tool_session(**extra):
+    m = machine(
+        caps=AGENT, turn_policy="turn_based", turn_detection="none", tools=(WEATHER,), **extra
+    )
+    m.handle(ItemCreate("user", "Weather in Paris?"), 0.0)
+    (reply,) = of(m.handle(ResponseCreate(), 0.1), AgentReply)
+    assert reply.tools == (WEATHER,)
+    return m, reply
+
+
+def test_a_tool_call_is_a_function_call_item_and_a_tool_output_is_answered():
+    m, reply = _tool_session()
+    rid = reply.response_id
+    effects = m.handle(AgentChunk(rid, _speech(160), "Let me check."), 1.0)
+    effects = m.handle(AgentToolCall(rid, "get_weather", '{"city": "Paris"}', "call_7"), 1.01)
+    (call,) = of(effects, FunctionCallDone)
+    assert (call.response_id, call.output_index, call.in_conversation) == (rid, 1, True)
+    item = call.item
+    assert (item.content, item.role, item.name, item.call_id, item.text) == (
+        "function_call", "assistant", "get_weather", "call_7", '{"city": "Paris"}'
+    )  # fmt: skip
+    assert item in m.history  # in the conversation at once
+    effects = m.handle(AgentChunk(rid, final=True, reason="tool_calls"), 1.02)
+    assert of(effects, ResponseDone) == []  # the speech before the call still plays out
+    (done,) = of(m.handle(Tick(), 1.2), ResponseDone)
+    assert done.status == "completed" and done.calls == (item,)
+    assert [(i.role, i.content) for i in m.history] == [
+        ("user", "text"), ("assistant", "audio"), ("assistant", "function_call")
+    ]  # fmt: skip
+    # the app runs the tool and sends its output; the next reply sees the call and output
+    output = ItemCreate("tool", "21 C, sunny", kind="function_call_output", call_id="call_7")
+    m.handle(output, 2.0)
+    (again,) = of(m.handle(ResponseCreate(), 2.1), AgentReply)
+    assert [(i.content, i.call_id, i.text) for i in again.context][-2:] == [
+        ("function_call", "call_7", '{"city": "Paris"}'),
+        ("function_call_output", "call_7", "21 C, sunny"),
+    ]
+
+
+def test_a_call_without_an_id_gets_one_and_an_out_of_band_call_stays_out_of_history():
+    m = machine(caps=AGENT, turn_policy="turn_based", turn_detection="none", tools=(WEATHER,))
+    m.handle(ItemCreate("user", "Weather?"), 0.0)
+    options = ResponseOptions(conversation="none", output_modalities="text")
+    (reply,) = of(m.handle(ResponseCreate(options=options), 0.1), AgentReply)
+    (call,) = of(
+        m.handle(AgentToolCall(reply.response_id, "get_weather", "{}"), 0.2), FunctionCallDone
+    )
+    assert call.item.call_id.startswith("call_") and not call.in_conversation
+    (done,) = of(
+        m.handle(AgentChunk(reply.response_id, final=True, reason="tool_calls"), 0.3), ResponseDone
+    )
+    assert done.calls == (call.item,)
+    assert [i.content for i in m.history] == ["text"]
+
+
+def test_a_tool_call_of_a_cancelled_reply_is_dropped_and_counted():
+    m, reply = _tool_session()
+    m.handle(ResponseCancel(), 0.5)
+    effects = m.handle(AgentToolCall(reply.response_id, "get_weather", "{}", "call_1"), 0.6)
+    assert of(effects, FunctionCallDone) == []
+    assert m.statistics().agent_chunks_dropped == 1
+    assert all(i.content != "function_call" for i in m.history)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["text", "call"]), max_size=8), st.booleans())
+def test_calls_are_numbered_after_the_message_and_listed_in_response_done(steps, text_only):
+    m, reply = _tool_session(output_modalities="text" if text_only else "audio")
+    rid, effects, now = reply.response_id, [], 1.0
+    for index, step in enumerate(steps):
+        now += 0.01
+        if step == "text":
+            effects += m.handle(
+                AgentChunk(rid, b"" if text_only else _speech(80), f"w{index} "), now
+            )
+        else:
+            effects += m.handle(AgentToolCall(rid, "get_weather", f'{{"n": {index}}}'), now)
+    effects += m.handle(AgentChunk(rid, final=True), now)
+    effects += m.handle(Tick(), now + 10.0)
+    calls = of(effects, FunctionCallDone)
+    assert [c.output_index for c in calls] == list(range(1, steps.count("call") + 1))
+    assert len({c.item.call_id for c in calls}) == len(calls)
+    (done,) = of(effects, ResponseDone)
+    assert done.calls == tuple(c.item for c in calls)
+    history_calls = [i for i in m.history if i.content == "function_call"]
+    assert history_calls == [c.item for c in calls]
+    message = [i.order for i in m.history if i.item_id == done.item_id]
+    assert all(message[0] < c.order for c in history_calls) if message else True

@@ -23,6 +23,7 @@ from duplex.sessions import (
     CLIENT_EVENT_TYPES,
     RUNTIME_EVENT_TYPES,
     AgentChunk,
+    AgentToolCall,
     AsrResult,
     AudioAppend,
     AudioClear,
@@ -104,6 +105,7 @@ EXPECTED_SESSION: dict[type, tuple[object, object, object, object]] = {
     ModelFailed:        (NOT_STARTED, H("_on_model_failed"), H("_on_model_failed"), OVER),
     AsrResult:          (NOT_STARTED, H("_on_asr_result"),   H("_on_asr_result"),   OVER),
     AgentChunk:         (NOT_STARTED, H("_on_agent_chunk"),  H("_on_agent_chunk"),  OVER),
+    AgentToolCall:      (NOT_STARTED, H("_on_agent_tool_call"), H("_on_agent_tool_call"),  OVER),
     ConnectionAttached: (FIRST,       RESUME,                RESUME,                LATE),
     ConnectionDetached: (NOT_STARTED, H("_on_detach"),       H("_on_detach"),       OVER),
     Tick:               (TICK,        TICK,                  TICK,                  TICK),
@@ -176,6 +178,7 @@ SAMPLES: dict[type, Event] = {
     ModelFailed: ModelFailed("boom"),
     AsrResult: AsrResult("item_x", "hello", final=True),
     AgentChunk: AgentChunk("resp_x", b"\x00\x00" * 10, "hi"),
+    AgentToolCall: AgentToolCall("resp_x", "get_weather", "{}", "call_x"),
     ItemCreate: ItemCreate("user", "hello", item_id="item_c", event_id="ev_icreate"),
     ItemRetrieve: ItemRetrieve("item_x", "ev_iretrieve"),
     ItemDelete: ItemDelete("item_x", "ev_idelete"),
@@ -466,6 +469,14 @@ HANDLED: dict[str, tuple[Case, tuple[str, ...]]] = {
     ),
     "detached-agent-chunk": (
         (DETACHED, LISTENING, (), SAMPLES[AgentChunk]),
+        ("agent_chunks_dropped+1",),
+    ),
+    "agent-tool-call": (
+        (ACTIVE, LISTENING, (), SAMPLES[AgentToolCall]),
+        ("agent_chunks_dropped+1",),
+    ),
+    "detached-agent-tool-call": (
+        (DETACHED, LISTENING, (), SAMPLES[AgentToolCall]),
         ("agent_chunks_dropped+1",),
     ),
 }
