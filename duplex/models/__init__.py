@@ -73,6 +73,8 @@ from ._scheduler import CapacityLimit, CapacityReport, Scheduler, SchedulerStati
 from ._segmenter import (
     IdleTimeout,
     SegmenterEvent,
+    SegmentPaused,
+    SegmentResumed,
     SegmentStarted,
     SegmentStopped,
     ServerVadConfig,
@@ -142,6 +144,8 @@ __all__ = [
     "SamplingRequest",
     "Scheduler",
     "SchedulerStatistics",
+    "SegmentPaused",
+    "SegmentResumed",
     "SegmentStarted",
     "SegmentStopped",
     "SegmenterEvent",

@@ -42,6 +42,7 @@ from duplex.models import (
 from duplex.sessions import (
     AgentReply,
     AudioDelta,
+    CancelReply,
     ClientEvent,
     CloseConnection,
     ConnectionAttached,
@@ -505,6 +506,9 @@ class SessionActor(Actor[Any]):
             case AgentReply():
                 if res.agent is not None:
                     res.agent.reply(effect)
+            case CancelReply(response_id):
+                if res.agent is not None:
+                    res.agent.cancel(response_id)
             case ReleaseResources(reason, expired):
                 if expired:
                     ctx.log.info(

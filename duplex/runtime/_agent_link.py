@@ -70,11 +70,13 @@ class _Stream:
     end_ms: float | None = None
     text: str = ""
     key: str = ""
+    peek_ms: float | None = None  # a provisional end to answer (a pause), if any
 
 
 @dataclass(eq=False)
 class _Reply:
     epoch: int
+    response_id: str
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 
 
@@ -155,13 +157,17 @@ class AgentLink:
         return self._audio[a:b]
 
     def transcribe(self, effect: Transcribe) -> None:
-        """Open a stream over the item, or close it at ``end_ms``."""
+        """Open a stream over the item, close it at ``end_ms``, or (``provisional``) answer
+        what it holds up to ``end_ms`` and keep it open."""
         stream = self._streams.get(effect.item_id)
         if stream is None:
             self._serial += 1
             stream = _Stream(effect.item_id, effect.start_ms, key=f"{self._session}/{self._serial}")
             self._streams[effect.item_id] = stream
-        stream.end_ms = effect.end_ms
+        if effect.provisional:
+            stream.peek_ms = effect.end_ms
+        else:
+            stream.end_ms = effect.end_ms
         self._wake.set()
 
     async def _hear_loop(self) -> None:
@@ -187,6 +193,17 @@ class AgentLink:
                 self._streams.pop(stream.item_id, None)
                 await self._deliver(AsrResult(stream.item_id, result.text, final=True))
                 return
+            peek, stream.peek_ms = stream.peek_ms, None
+            if peek is not None and end is None:  # a pause: what is heard up to it
+                if self._input_ms < peek:
+                    stream.peek_ms = peek  # its audio is not all here yet
+                else:
+                    pcm = self._slice(stream.cursor_ms, max(stream.cursor_ms, peek))
+                    stream.cursor_ms = max(stream.cursor_ms, peek)
+                    result = await self.models.hear(AsrChunk(stream.key, pcm))
+                    stream.text = result.text or stream.text
+                    await self._deliver(AsrResult(stream.item_id, result.text, until_ms=peek))
+                    continue
             until = self._end_ms if end is None else min(self._end_ms, end)
             if until - stream.cursor_ms < ASR_CHUNK_MS:
                 return
@@ -216,11 +233,13 @@ class AgentLink:
     # --------------------------------------------------------------- answering
 
     def reply(self, effect: AgentReply) -> None:
-        """Start answering (any reply still running is cancelled first)."""
-        self.cancel_reply(effect.epoch)
+        """Start answering (any reply still running is cancelled first: one at a time)."""
+        if self._reply is not None:
+            self._reply.scope.cancel()
+            self._reply = None
         if self._nursery is None:
             return
-        reply = _Reply(effect.epoch)
+        reply = _Reply(effect.epoch, effect.response_id)
         self._reply = reply
         self._nursery.start_soon(self._answer, effect, reply)
 
@@ -228,6 +247,13 @@ class AgentLink:
         """Cancel a reply of an epoch before ``epoch``."""
         reply = self._reply
         if reply is not None and reply.epoch < epoch:
+            reply.scope.cancel()
+            self._reply = None
+
+    def cancel(self, response_id: str) -> None:
+        """Cancel the reply ``response_id`` (a prepared one the turn did not use)."""
+        reply = self._reply
+        if reply is not None and reply.response_id == response_id:
             reply.scope.cancel()
             self._reply = None
 

@@ -451,6 +451,23 @@ class SpeechStopped:
 
 @final
 @dataclass(frozen=True, slots=True)
+class SpeechPaused:
+    """A VAD found speech quiet since ``audio_ms`` for ``vad_prepare_ms`` (not yet the
+    turn's end): the agent may prepare its reply to the turn as it stands."""
+
+    audio_ms: float
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SpeechResumed:
+    """Speech came back at ``audio_ms`` after a `SpeechPaused`: the pause was not the end."""
+
+    audio_ms: float
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class ConnectionAttached:
     """A socket joined: a fresh session (``resume=None``) or a resume/takeover."""
 
@@ -489,6 +506,8 @@ class AsrResult:
     item_id: str
     text: str
     final: bool = False
+    until_ms: float | None = None
+    """Set: the answer to a provisional `Transcribe` (what is heard up to there)."""
 
 
 @final
@@ -524,6 +543,8 @@ RuntimeEvent = (
     | AsrResult
     | AgentChunk
     | AgentToolCall
+    | SpeechPaused
+    | SpeechResumed
 )
 RUNTIME_EVENT_TYPES: tuple[type, ...] = RuntimeEvent.__args__  # type: ignore[attr-defined]
 Event = ClientEvent | RuntimeEvent
@@ -590,6 +611,8 @@ __all__ = [
     "SessionResyncRequired",
     "SessionUpdate",
     "SessionUpdated",
+    "SpeechPaused",
+    "SpeechResumed",
     "SpeechStarted",
     "SpeechStopped",
     "TextDelta",

@@ -14,6 +14,7 @@ from duplex.sessions import (
     AgentToolCall,
     AsrResult,
     AudioDelta,
+    CancelReply,
     Capabilities,
     FunctionCallDone,
     FunctionTool,
@@ -30,6 +31,10 @@ from duplex.sessions import (
     ResponseOptions,
     SessionOptions,
     SessionUpdate,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    SpeechStopped,
     TextDelta,
     Tick,
     Transcribe,
@@ -37,7 +42,7 @@ from duplex.sessions import (
 )
 from duplex.sessions._generation import Transcription
 
-from .sessionkit import RATE, loud, machine, of, silence
+from .sessionkit import RATE, loud, machine, of, sends, silence
 
 AGENT = Capabilities(agent_cascade=True)
 TURNS = {
@@ -280,3 +285,108 @@ def test_calls_are_numbered_after_the_message_and_listed_in_response_done(steps,
     assert history_calls == [c.item for c in calls]
     message = [i.order for i in m.history if i.item_id == done.item_id]
     assert all(message[0] < c.order for c in history_calls) if message else True
+
+
+# ------------------------------------------------ replies prepared at a pause
+
+PREPARED = {**TURNS, "vad": "external", "vad_prepare_ms": 200}
+
+
+def _paused_turn(m, text: str = "hello", *, at: float = 600.0):
+    """1 s of input, speech from 100 ms, a pause at ``at``; the provisional transcript
+    comes back and the prepared reply is asked for. Returns (item id, prepared reply)."""
+    m.handle(silence(1000), 0.0)
+    m.handle(SpeechStarted(100.0), 0.1)
+    (peek,) = of(m.handle(SpeechPaused(at), 0.2), Transcribe)
+    assert peek.provisional and peek.end_ms == at and peek.start_ms == 0.0
+    effects = m.handle(AsrResult(peek.item_id, text, until_ms=at), 0.25)
+    (reply,) = of(effects, AgentReply)
+    assert reply.context[-1].text == text and reply.context[-1].role == "user"
+    assert sends(effects) == [] or all(
+        isinstance(e, InputTranscriptionDelta) for e in sends(effects)
+    )  # nothing of the reply reaches the client
+    return peek.item_id, reply
+
+
+def test_a_reply_prepared_at_a_pause_plays_as_soon_as_the_turn_is_committed():
+    m = machine(caps=AGENT, **PREPARED)
+    item_id, reply = _paused_turn(m)
+    effects = m.handle(AgentChunk(reply.response_id, _speech(240), "You said: hello."), 0.3)
+    assert of(effects, AudioDelta) == [] and of(effects, ResponseCreated) == []  # held
+    effects = m.handle(SpeechStopped(600.0), 0.5)  # the silence reached: committed
+    (created,) = of(effects, ResponseCreated)
+    (end,) = of(effects, Transcribe)
+    assert (end.item_id, end.end_ms, end.provisional) == (item_id, 600.0, False)
+    assert of(effects, AudioDelta) == []  # the final transcript decides
+    effects = m.handle(AsrResult(item_id, "hello", final=True), 0.51)
+    assert of(effects, AgentReply) == []  # no new reply: the prepared one plays at once
+    (delta,) = of(effects, AudioDelta)
+    assert delta.response_id == created.response_id
+    assert [d.delta for d in of(effects, TranscriptDelta)] == ["You said: hello."]
+    effects = m.handle(AgentChunk(reply.response_id, final=True), 0.52)  # later chunks too
+    effects += m.handle(Tick(), 0.59) + m.handle(Tick(), 0.67) + m.handle(Tick(), 0.75)
+    (done,) = of(effects, ResponseDone)
+    assert done.response_id == created.response_id and done.status == "completed"
+    stats = m.statistics()
+    assert (stats.replies_prepared, stats.prepared_replies_used) == (1, 1)
+    assert stats.prepared_replies_discarded == 0 and stats.agent_chunks_dropped == 0
+
+
+def test_speech_that_resumes_after_the_pause_discards_the_prepared_reply():
+    m = machine(caps=AGENT, **PREPARED)
+    item_id, reply = _paused_turn(m)
+    m.handle(AgentChunk(reply.response_id, _speech(80), "You said: hello."), 0.3)
+    effects = m.handle(SpeechResumed(800.0), 0.35)
+    assert of(effects, CancelReply) == [CancelReply(reply.response_id)]
+    late = m.handle(AgentChunk(reply.response_id, _speech(80), " more"), 0.36)
+    assert sends(late) == [] and m.statistics().agent_chunks_dropped == 1
+    m.handle(silence(1000), 0.4)
+    effects = m.handle(SpeechStopped(1500.0), 1.0)  # the turn ends later: answered as usual
+    assert len(of(effects, ResponseCreated)) == 1 and of(effects, AudioDelta) == []
+    assert [t.end_ms for t in of(effects, Transcribe)] == [1500.0]
+    effects = m.handle(AsrResult(item_id, "hello there", final=True), 1.1)
+    (again,) = of(effects, AgentReply)
+    assert again.response_id == m.active_response_id and again.context[-1].text == "hello there"
+    assert m.statistics().prepared_replies_discarded == 1
+
+
+def test_a_final_transcript_unlike_the_prepared_one_gets_a_fresh_reply():
+    m = machine(caps=AGENT, **PREPARED)
+    item_id, reply = _paused_turn(m, "hello")
+    m.handle(AgentChunk(reply.response_id, _speech(80), "You said: hello."), 0.3)
+    m.handle(SpeechStopped(600.0), 0.5)
+    effects = m.handle(AsrResult(item_id, "hello world", final=True), 0.51)
+    assert of(effects, CancelReply) == [CancelReply(reply.response_id)]
+    assert of(effects, AudioDelta) == []  # nothing of the prepared reply was heard
+    (fresh,) = of(effects, AgentReply)
+    assert fresh.response_id == m.active_response_id
+    assert fresh.context[-1].text == "hello world"
+
+
+def test_a_stop_elsewhere_or_a_changed_setting_discards_the_prepared_reply():
+    m = machine(caps=AGENT, **PREPARED)
+    _, reply = _paused_turn(m)
+    effects = m.handle(SpeechStopped(700.0), 0.5)  # not where the pause began
+    assert of(effects, CancelReply) == [CancelReply(reply.response_id)]
+    m2 = machine(caps=AGENT, **PREPARED)
+    _, reply2 = _paused_turn(m2)
+    m2.handle(SessionUpdate(SessionOptions(instructions="Be terse.")), 0.3)
+    effects = m2.handle(SpeechStopped(600.0), 0.5)
+    assert of(effects, CancelReply) == [CancelReply(reply2.response_id)]
+    assert m2.statistics().prepared_replies_discarded == 1
+
+
+def test_pauses_prepare_nothing_without_the_setting_or_during_a_reply():
+    m = machine(caps=AGENT, **{**PREPARED, "vad_prepare_ms": 0})
+    m.handle(silence(1000), 0.0)
+    m.handle(SpeechStarted(100.0), 0.1)
+    assert m.handle(SpeechPaused(600.0), 0.2) == []
+    assert m.statistics().ignored_events == 1
+    m = machine(caps=AGENT, **PREPARED)
+    item_id, reply = _paused_turn(m)
+    m.handle(AgentChunk(reply.response_id, _speech(4000), "A long answer."), 0.3)
+    m.handle(SpeechStopped(600.0), 0.5)
+    m.handle(AsrResult(item_id, "hello", final=True), 0.51)  # the reply plays
+    m.handle(silence(1000), 0.6)
+    m.handle(SpeechStarted(1700.0), 0.7)  # speech over the reply: the overlap policy's
+    assert of(m.handle(SpeechPaused(1900.0), 0.8), Transcribe) == []

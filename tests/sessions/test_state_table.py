@@ -48,6 +48,8 @@ from duplex.sessions import (
     SessionResume,
     SessionState,
     SessionUpdate,
+    SpeechPaused,
+    SpeechResumed,
     SpeechStarted,
     SpeechStopped,
     Tick,
@@ -102,6 +104,8 @@ EXPECTED_SESSION: dict[type, tuple[object, object, object, object]] = {
     ModelFrame:         (H("_on_early_frame"), H("_on_model_frame"), H("_on_model_frame"), OVER),
     SpeechStarted:      (NOT_STARTED, H("_on_speech"),       H("_on_speech"),       OVER),
     SpeechStopped:      (NOT_STARTED, H("_on_speech"),       H("_on_speech"),       OVER),
+    SpeechPaused:       (NOT_STARTED, H("_on_speech_pause"), H("_on_speech_pause"), OVER),
+    SpeechResumed:      (NOT_STARTED, H("_on_speech_pause"), H("_on_speech_pause"), OVER),
     ModelFailed:        (NOT_STARTED, H("_on_model_failed"), H("_on_model_failed"), OVER),
     AsrResult:          (NOT_STARTED, H("_on_asr_result"),   H("_on_asr_result"),   OVER),
     AgentChunk:         (NOT_STARTED, H("_on_agent_chunk"),  H("_on_agent_chunk"),  OVER),
@@ -172,6 +176,8 @@ SAMPLES: dict[type, Event] = {
     ModelFrame: ModelFrame(0, b"\x00\x00" * 10, "hi", True),
     SpeechStarted: SpeechStarted(0.0),
     SpeechStopped: SpeechStopped(10.0),
+    SpeechPaused: SpeechPaused(10.0),
+    SpeechResumed: SpeechResumed(10.0),
     ConnectionAttached: ConnectionAttached(7),
     ConnectionDetached: ConnectionDetached(1),
     Tick: Tick(),
@@ -470,6 +476,17 @@ HANDLED: dict[str, tuple[Case, tuple[str, ...]]] = {
     "detached-agent-chunk": (
         (DETACHED, LISTENING, (), SAMPLES[AgentChunk]),
         ("agent_chunks_dropped+1",),
+    ),
+    # no agent cascade (and no prepare pause) here: pauses prepare nothing
+    "speech-paused": ((ACTIVE, LISTENING, (), SAMPLES[SpeechPaused]), ("ignored_events+1",)),
+    "speech-resumed": ((ACTIVE, LISTENING, (), SAMPLES[SpeechResumed]), ("ignored_events+1",)),
+    "detached-speech-paused": (
+        (DETACHED, LISTENING, (), SAMPLES[SpeechPaused]),
+        ("ignored_events+1",),
+    ),
+    "detached-speech-resumed": (
+        (DETACHED, LISTENING, (), SAMPLES[SpeechResumed]),
+        ("ignored_events+1",),
     ),
     "agent-tool-call": (
         (ACTIVE, LISTENING, (), SAMPLES[AgentToolCall]),
