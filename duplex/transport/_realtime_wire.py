@@ -186,7 +186,6 @@ AGENT_PREPARE_MS = 200
 plays as soon as the silence reaches `AGENT_SILENCE_MS` and the turn is committed."""
 
 
-
 def schema_from_headers(openai_beta: str | None) -> Schema:
     """``beta`` when the ``OpenAI-Beta`` header lists ``realtime=v1`` (the beta SDK sends it)."""
     if openai_beta is None:
