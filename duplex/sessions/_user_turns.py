@@ -164,7 +164,9 @@ class UserTurns:
         """(item id, response id, settings, input ids, tools): a response waiting on the
         item's transcript."""
         self._prepared: _Prepared | None = None
-        self._committed_end: dict[str, float] = {}  # the newest committed item: its end
+        self._committed_end: dict[str, float] = {}
+        """The newest committed item: its end (on a sample: within a millisecond of the
+        VAD's stop, where a prepared reply's pause began)."""
 
     @property
     def hears(self) -> bool:
@@ -397,7 +399,7 @@ class UserTurns:
         if prepared is not None and not (
             options is None
             and prepared.item_id == source.item_id
-            and prepared.end_ms == self._committed_end.get(source.item_id)
+            and abs(prepared.end_ms - self._committed_end.get(source.item_id, -1.0)) < 1.0
             and prepared.epoch == self.turns.epoch
             and prepared.settings == settings
             and prepared.tools == tools
