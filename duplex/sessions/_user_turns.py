@@ -397,7 +397,8 @@ class UserTurns:
             tools = ()
         prepared = self._prepared
         if prepared is not None and not (
-            options is None
+            not prepared.released  # (one already played answers nothing more)
+            and options is None
             and prepared.item_id == source.item_id
             and abs(prepared.end_ms - self._committed_end.get(source.item_id, -1.0)) < 1.0
             and prepared.epoch == self.turns.epoch

@@ -390,3 +390,19 @@ def test_pauses_prepare_nothing_without_the_setting_or_during_a_reply():
     m.handle(silence(1000), 0.6)
     m.handle(SpeechStarted(1700.0), 0.7)  # speech over the reply: the overlap policy's
     assert of(m.handle(SpeechPaused(1900.0), 0.8), Transcribe) == []
+
+
+def test_a_played_prepared_reply_answers_nothing_more():
+    # (ack_only, no acks: the reply is not in the history, which looks as it did then)
+    m = machine(caps=AGENT, **PREPARED, playback_commit_policy="ack_only")
+    item_id, reply = _paused_turn(m)
+    m.handle(SpeechStopped(600.0), 0.5)
+    m.handle(AsrResult(item_id, "hello", final=True), 0.51)
+    effects = m.handle(AgentChunk(reply.response_id, _speech(80), "Hi.", final=True), 0.52)
+    effects += m.handle(Tick(), 0.7)
+    assert len(of(effects, ResponseDone)) == 1
+    (again,) = of(m.handle(ResponseCreate(), 1.0), AgentReply)  # the app asks once more
+    assert again.response_id == m.active_response_id != reply.response_id
+    late = m.handle(AgentChunk(reply.response_id, _speech(80), " late"), 1.1)
+    assert of(late, AudioDelta) == []
+    assert m.statistics().prepared_replies_used == 1
