@@ -61,7 +61,10 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 SILENCE_MS: int | None = None
-"""The sessions' ``silence_duration_ms`` (``--silence-ms``; ``None``: the server's 500)."""
+"""The sessions' ``silence_duration_ms`` (``--silence-ms``; ``None``: the server's, 400 for
+the agent)."""
+SESSION: dict[str, Any] = {}
+"""What the server opened the sessions with (``silence_duration_ms``)."""
 
 
 class Talker:
@@ -119,7 +122,9 @@ async def talkers(url: str, count: int) -> AsyncIterator[list[Talker]]:
             out = [Talker(ws) for ws in sockets]
             for talker in out:
                 nursery.start_soon(talker.read)
-                await talker.next("session.created", 0.0)
+                _, created = await talker.next("session.created", 0.0)
+                detection = created["session"]["audio"]["input"]["turn_detection"]
+                SESSION["silence_duration_ms"] = detection["silence_duration_ms"]
                 if SILENCE_MS is not None:
                     detection = {"type": "server_vad", "silence_duration_ms": SILENCE_MS}
                     update = {"type": "realtime", "audio": {"input": {"turn_detection": detection}}}
@@ -236,9 +241,9 @@ async def main(args: argparse.Namespace, serve_args: list[str]) -> None:
             "machine": machine(),
             "commit": commit(),
             "serve_args": serve_args,
-            "silence_duration_ms": SILENCE_MS or 500,
         }
         report["latency"] = await latency(url, args.turns)
+        report["silence_duration_ms"] = SILENCE_MS or SESSION.get("silence_duration_ms")
         print(json.dumps(report["latency"]), flush=True)
         report["barge_in"] = await barge_in(url, args.barge_ins)
         print(json.dumps(report["barge_in"]), flush=True)

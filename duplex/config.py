@@ -114,6 +114,9 @@ class ServerConfig:
     agent_asr_grammar: str = ""
     """A JSGF grammar file pocketsphinx decodes with instead of its language model
     (deterministic tests); empty: the language model."""
+    agent_asr_workers: int = 2
+    """pocketsphinx processes side by side (each stream decodes in one): speakers at once
+    decode on as many cores. 1: one process."""
     vad_streams: int = 256
     """Stream pool of the shared silero VAD: sessions using it at once (more are refused)."""
     first_event_timeout_s: float = 30.0
@@ -335,6 +338,11 @@ class ServerConfig:
             raise ConfigError(f"tts_batch_wait_ms: must be 0..1000, got {self.tts_batch_wait_ms}")
         if not 1 <= self.tts_max_queue <= 65536:
             raise ConfigError(f"tts_max_queue: must be 1..65536, got {self.tts_max_queue}")
+        if not 1 <= self.agent_asr_workers <= 64:
+            raise ConfigError(
+                f"agent_asr_workers: must be 1..64, got {self.agent_asr_workers}",
+                key="agent_asr_workers",
+            )
 
     def _check_exposure(self) -> None:
         for key in self.api_keys:

@@ -51,6 +51,8 @@ def test_layers_override_in_order(tmp_path: Path) -> None:
         ({"DUPLEX_SESSION__OVERLAP_POLICY": "sometimes"}, "overlap_policy"),
         ({"DUPLEX_SESSION__BARGE_IN_MS": "500"}, "barge_in_ms"),
         ({"DUPLEX_NOPE__X": "1"}, "unknown section [nope]"),
+        ({"DUPLEX_AGENT_ASR_WORKERS": "0"}, "agent_asr_workers: must be 1..64, got 0"),
+        ({"DUPLEX_AGENT_ASR_WORKERS": "65"}, "agent_asr_workers: must be 1..64, got 65"),
     ],
 )
 def test_bad_values_name_the_key(env: dict[str, str], message: str) -> None:
@@ -100,6 +102,13 @@ def test_bad_session_shards_name_the_key(overrides: dict[str, object], message: 
 def test_valid_session_shards_load(overrides: dict[str, object]) -> None:
     config = load_config(env={}, overrides=overrides)
     assert config.server.session_shards == overrides["server.session_shards"]
+
+
+def test_agent_asr_workers_load_at_their_bounds() -> None:
+    assert load_config(env={}).server.agent_asr_workers == 2
+    for workers in ("1", "64"):
+        config = load_config(env={"DUPLEX_AGENT_ASR_WORKERS": workers})
+        assert config.server.agent_asr_workers == int(workers)
 
 
 def test_session_shards_from_env_and_the_cli_flag(capsys: pytest.CaptureFixture[str]) -> None:

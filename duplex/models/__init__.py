@@ -76,6 +76,8 @@ from ._scheduler import CapacityLimit, CapacityReport, Scheduler, SchedulerStati
 from ._segmenter import (
     IdleTimeout,
     SegmenterEvent,
+    SegmentPaused,
+    SegmentResumed,
     SegmentStarted,
     SegmentStopped,
     ServerVadConfig,
@@ -147,6 +149,8 @@ __all__ = [
     "SamplingRequest",
     "Scheduler",
     "SchedulerStatistics",
+    "SegmentPaused",
+    "SegmentResumed",
     "SegmentStarted",
     "SegmentStopped",
     "SegmenterEvent",

@@ -23,6 +23,11 @@ Rules (``ServerVadConfig``):
   and disarms. Detected speech (start or stop) disarms it. It runs on the
   input audio clock, so it fires only while the client keeps sending audio,
   which a realtime client does (silence included).
+- Pauses (``pause_ms``, off when ``None``): while speaking, the first window that
+  ends ``pause_ms`` or more after the last speech window (and less than
+  ``silence_duration_ms``, or the stop decides) yields `SegmentPaused` once; the
+  next speech window of the same segment yields `SegmentResumed`. A voice agent
+  prepares its reply at a pause and speaks it only if the stop follows.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from typing import final
 
 __all__ = [
     "IdleTimeout",
+    "SegmentPaused",
+    "SegmentResumed",
     "SegmentStarted",
     "SegmentStopped",
     "SegmenterEvent",
@@ -54,6 +61,7 @@ class ServerVadConfig:
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
     idle_timeout_ms: int | None = None
+    pause_ms: int | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.threshold) and 0.0 <= self.threshold <= 1.0):
@@ -62,6 +70,8 @@ class ServerVadConfig:
             raise ValueError("prefix_padding_ms and silence_duration_ms must be >= 0")
         if self.idle_timeout_ms is not None and self.idle_timeout_ms <= 0:
             raise ValueError(f"idle_timeout_ms must be positive, got {self.idle_timeout_ms}")
+        if self.pause_ms is not None and self.pause_ms <= 0:
+            raise ValueError(f"pause_ms must be positive, got {self.pause_ms}")
 
 
 @final
@@ -102,7 +112,33 @@ class IdleTimeout:
     audio_end_ms: int
 
 
-SegmenterEvent = SegmentStarted | SegmentStopped | IdleTimeout
+@final
+@dataclass(frozen=True, slots=True)
+class SegmentPaused:
+    """Speech paused for ``pause_ms`` (no Realtime event: a hint to prepare the reply).
+
+    Args:
+        audio_end_ms: end of the last speech window (where the stop would end the turn).
+        detected_at_ms: end of the window that completed the pause.
+    """
+
+    audio_end_ms: int
+    detected_at_ms: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SegmentResumed:
+    """Speech came back after a `SegmentPaused`, before the stop (the pause was not the end).
+
+    Args:
+        audio_start_ms: start of the speech window that resumed it.
+    """
+
+    audio_start_ms: int
+
+
+SegmenterEvent = SegmentStarted | SegmentStopped | IdleTimeout | SegmentPaused | SegmentResumed
 """What `SpeechSegmenter.push` returns."""
 
 
@@ -116,6 +152,7 @@ class SpeechSegmenter:
         self._last_speech_end = 0
         self._floor = 0
         self._idle_from: int | None = None
+        self._paused = False
 
     @property
     def config(self) -> ServerVadConfig:
@@ -142,6 +179,7 @@ class SpeechSegmenter:
         self._last_speech_end = 0
         self._floor = floor_ms
         self._idle_from = None
+        self._paused = False
 
     def arm_idle_timeout(self, at_ms: int) -> None:
         """Start the idle timer at ``at_ms`` on the input clock (playback of the last
@@ -168,12 +206,24 @@ class SpeechSegmenter:
                 self._idle_from = None
                 start = max(0, self._floor, start_ms - cfg.prefix_padding_ms)
                 events.append(SegmentStarted(start, end_ms))
+            elif self._paused:
+                self._paused = False
+                events.append(SegmentResumed(start_ms))
             self._last_speech_end = end_ms
         elif self._speaking and end_ms - self._last_speech_end >= cfg.silence_duration_ms:
             self._speaking = False
+            self._paused = False
             self._idle_from = None
             self._floor = self._last_speech_end
             events.append(SegmentStopped(self._last_speech_end, end_ms))
+        elif (
+            self._speaking
+            and not self._paused
+            and cfg.pause_ms is not None
+            and end_ms - self._last_speech_end >= cfg.pause_ms
+        ):
+            self._paused = True
+            events.append(SegmentPaused(self._last_speech_end, end_ms))
         if (
             not self._speaking
             and self._idle_from is not None

@@ -44,6 +44,7 @@ from duplex.models import (
 from duplex.sessions import (
     AgentReply,
     AudioDelta,
+    CancelReply,
     ClientEvent,
     CloseConnection,
     ConnectionAttached,
@@ -544,6 +545,9 @@ class SessionActor(Actor[Any]):
             case AgentReply():
                 if res.agent is not None:
                     res.agent.reply(effect)
+            case CancelReply(response_id):
+                if res.agent is not None:
+                    res.agent.cancel(response_id)
             case ReleaseResources(reason, expired):
                 if expired:
                     ctx.log.info(

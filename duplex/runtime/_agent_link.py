@@ -12,9 +12,10 @@ the session what came back, as `AsrResult` and `AgentChunk` runtime events.
 - Answering: an `AgentReply` starts one reply task: the reply model's tokens are cut
   into clauses (the first as soon as it has a few words, so the first audio does not
   wait for the whole reply), each spoken by the shared TTS and sent as it is made.
-  Text-only replies send the tokens as they come. A `ModelReset` of a later epoch
-  cancels the task: the reply model's request is aborted with it, a TTS request is
-  withdrawn, and the machine drops what it had queued.
+  Text-only replies send the tokens as they come; a tool call the reply model makes
+  goes to the session as an `AgentToolCall` (after the speech before it). A
+  `ModelReset` of a later epoch cancels the task: the reply model's request is aborted
+  with it, a TTS request is withdrawn, and the machine drops what it had queued.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from duplex.models.agent import (
 from duplex.sessions import (
     AgentChunk,
     AgentReply,
+    AgentToolCall,
     AsrResult,
     Event,
     HistoryItem,
@@ -68,11 +70,13 @@ class _Stream:
     end_ms: float | None = None
     text: str = ""
     key: str = ""
+    peek_ms: float | None = None  # a provisional end to answer (a pause), if any
 
 
 @dataclass(eq=False)
 class _Reply:
     epoch: int
+    response_id: str
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 
 
@@ -153,13 +157,17 @@ class AgentLink:
         return self._audio[a:b]
 
     def transcribe(self, effect: Transcribe) -> None:
-        """Open a stream over the item, or close it at ``end_ms``."""
+        """Open a stream over the item, close it at ``end_ms``, or (``provisional``) answer
+        what it holds up to ``end_ms`` and keep it open."""
         stream = self._streams.get(effect.item_id)
         if stream is None:
             self._serial += 1
             stream = _Stream(effect.item_id, effect.start_ms, key=f"{self._session}/{self._serial}")
             self._streams[effect.item_id] = stream
-        stream.end_ms = effect.end_ms
+        if effect.provisional:
+            stream.peek_ms = effect.end_ms
+        else:
+            stream.end_ms = effect.end_ms
         self._wake.set()
 
     async def _hear_loop(self) -> None:
@@ -185,6 +193,17 @@ class AgentLink:
                 self._streams.pop(stream.item_id, None)
                 await self._deliver(AsrResult(stream.item_id, result.text, final=True))
                 return
+            peek, stream.peek_ms = stream.peek_ms, None
+            if peek is not None and end is None:  # a pause: what is heard up to it
+                if self._input_ms < peek:
+                    stream.peek_ms = peek  # its audio is not all here yet
+                else:
+                    pcm = self._slice(stream.cursor_ms, max(stream.cursor_ms, peek))
+                    stream.cursor_ms = max(stream.cursor_ms, peek)
+                    result = await self.models.hear(AsrChunk(stream.key, pcm))
+                    stream.text = result.text or stream.text
+                    await self._deliver(AsrResult(stream.item_id, result.text, until_ms=peek))
+                    continue
             until = self._end_ms if end is None else min(self._end_ms, end)
             if until - stream.cursor_ms < ASR_CHUNK_MS:
                 return
@@ -214,11 +233,13 @@ class AgentLink:
     # --------------------------------------------------------------- answering
 
     def reply(self, effect: AgentReply) -> None:
-        """Start answering (any reply still running is cancelled first)."""
-        self.cancel_reply(effect.epoch)
+        """Start answering (any reply still running is cancelled first: one at a time)."""
+        if self._reply is not None:
+            self._reply.scope.cancel()
+            self._reply = None
         if self._nursery is None:
             return
-        reply = _Reply(effect.epoch)
+        reply = _Reply(effect.epoch, effect.response_id)
         self._reply = reply
         self._nursery.start_soon(self._answer, effect, reply)
 
@@ -226,6 +247,13 @@ class AgentLink:
         """Cancel a reply of an epoch before ``epoch``."""
         reply = self._reply
         if reply is not None and reply.epoch < epoch:
+            reply.scope.cancel()
+            self._reply = None
+
+    def cancel(self, response_id: str) -> None:
+        """Cancel the reply ``response_id`` (a prepared one the turn did not use)."""
+        reply = self._reply
+        if reply is not None and reply.response_id == response_id:
             reply.scope.cancel()
             self._reply = None
 
@@ -255,7 +283,9 @@ class AgentLink:
     async def _answer_text(self, rid: str, request: ReplyRequest) -> str:
         reason = "stop"
         async for delta in self.models.replier.stream(request):
-            if delta.text and not delta.call_name:
+            if delta.call_name:
+                await self._deliver(AgentToolCall(rid, delta.call_name, delta.text, delta.call_id))
+            elif delta.text:
                 await self._deliver(AgentChunk(rid, text=delta.text))
             reason = delta.finish or reason
         return reason
@@ -264,7 +294,12 @@ class AgentLink:
         reason, pending, spoken = "stop", "", 0
         async for delta in self.models.replier.stream(request):
             reason = delta.finish or reason
-            if delta.call_name or not delta.text:
+            if delta.call_name:  # what was said before the call is spoken first
+                spoken += await self._speak(rid, pending, voice)
+                pending = ""
+                await self._deliver(AgentToolCall(rid, delta.call_name, delta.text, delta.call_id))
+                continue
+            if not delta.text:
                 continue
             pending += delta.text
             while (cut := _cut(pending, first=spoken == 0)) is not None:

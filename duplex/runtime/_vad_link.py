@@ -14,9 +14,10 @@ and trio-free; the actor feeds it and applies what it returns:
   pushed to the stream, while turn detection is on.
 - `on_window`: each scored window (`VadWindow.of` the VAD engine's output)
   goes through a per-session `SpeechSegmenter` (threshold ``vad_threshold``,
-  silence ``vad_hangover_ms``, no prefix padding: the machine pads) and comes
-  back as the machine's runtime `SpeechStarted`/`SpeechStopped`, unpadded, on
-  the input clock.
+  silence ``vad_hangover_ms``, no prefix padding: the machine pads; pauses of
+  ``vad_prepare_ms``) and comes back as the machine's runtime
+  `SpeechStarted`/`SpeechStopped` (and `SpeechPaused`/`SpeechResumed`),
+  unpadded, on the input clock.
 - `restart`: the machine forgot the speech in progress (input cleared, engine
   failure, a turn-detection setting changed): a new epoch for the stream.
 - `replace`: the VAD crashed and restarted: a new slot on the new driver.
@@ -42,6 +43,8 @@ from duplex.models import (
     VAD_SAMPLE_RATE,
     VAD_WINDOW_SAMPLES,
     InputPush,
+    SegmentPaused,
+    SegmentResumed,
     SegmentStarted,
     SegmentStopped,
     ServerVadConfig,
@@ -53,6 +56,8 @@ from duplex.sessions import (
     VAD_KEYS,
     Pcm,
     SessionConfig,
+    SpeechPaused,
+    SpeechResumed,
     SpeechStarted,
     SpeechStopped,
     StreamingResampler,
@@ -61,7 +66,7 @@ from duplex.sessions import (
 
 __all__ = ["VadLink", "VadLinkStatistics", "VadStreams"]
 
-SpeechEvent = SpeechStarted | SpeechStopped
+SpeechEvent = SpeechStarted | SpeechStopped | SpeechPaused | SpeechResumed
 
 
 class VadStreams(Protocol):
@@ -102,6 +107,7 @@ def segmenter_config(config: SessionConfig) -> ServerVadConfig:
         prefix_padding_ms=0,
         silence_duration_ms=config.vad_hangover_ms,
         idle_timeout_ms=None,
+        pause_ms=config.vad_prepare_ms or None,
     )
 
 
@@ -185,6 +191,10 @@ class VadLink:
                 events.append(SpeechStarted(self._to_input_ms(found.audio_start_ms)))
             elif isinstance(found, SegmentStopped):
                 events.append(SpeechStopped(self._to_input_ms(found.audio_end_ms)))
+            elif isinstance(found, SegmentPaused):
+                events.append(SpeechPaused(self._to_input_ms(found.audio_end_ms)))
+            elif isinstance(found, SegmentResumed):
+                events.append(SpeechResumed(self._to_input_ms(found.audio_start_ms)))
         return tuple(events)
 
     def reconfigure(self, config: SessionConfig) -> None:

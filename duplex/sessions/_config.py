@@ -167,6 +167,7 @@ OPTION_RANGES: dict[str, Range] = {
     "false_interruption_timeout_s": DURATION_S,
     "vad_prefix_padding_ms": DURATION_MS,
     "vad_idle_timeout_ms": DURATION_MS,
+    "vad_prepare_ms": DURATION_MS,
     "vad_threshold": FRACTION,
 }
 """The range of each numeric `SessionOptions` field (at most a day for durations);
@@ -295,7 +296,9 @@ class SessionConfig:
     requires it true, since barge-in there follows ``overlap_policy``) and
     ``vad_idle_timeout_ms`` (0: off; else that much input audio without speech
     after the last turn or response commits the silence and fires
-    ``input_audio_buffer.timeout_triggered``).
+    ``input_audio_buffer.timeout_triggered``), ``vad_prepare_ms`` (0: off; agent
+    sessions: a pause this long, shorter than ``vad_hangover_ms``, has the reply
+    prepared ahead of the commit and released only if the commit follows).
 
     Wire audio: ``input_audio_codec`` and ``output_audio_codec`` (`AUDIO_CODECS`)
     are the encodings a client negotiated with ``session.update`` (the Realtime
@@ -356,6 +359,7 @@ class SessionConfig:
     vad_create_response: bool = False
     vad_interrupt_response: bool = True
     vad_idle_timeout_ms: int = 0
+    vad_prepare_ms: int = 0
     max_turn_audio_ms: int = 120_000
     max_held_frames: int = 64
     video_lane_size: int = 8
@@ -537,6 +541,7 @@ class SessionOptions:
     vad_create_response: bool | None = None
     vad_interrupt_response: bool | None = None
     vad_idle_timeout_ms: int | None = None
+    vad_prepare_ms: int | None = None
     input_audio_codec: str | None = None
     output_audio_codec: str | None = None
     vad: str | None = None

@@ -107,11 +107,14 @@ class ReleaseResources:
 class Transcribe:
     """The agent's ASR stage: hear the user item ``item_id`` from ``start_ms`` on the
     input clock (audio arrives with ``ModelAppendAudio``); ``end_ms`` set: the turn ends
-    there, so finish it and answer with a final `AsrResult`."""
+    there, so finish it and answer with a final `AsrResult`. ``provisional``: the speech
+    paused at ``end_ms`` but the turn goes on: answer what is heard up to there (an
+    `AsrResult` with ``until_ms``) and keep hearing."""
 
     item_id: str
     start_ms: float
     end_ms: float | None = None
+    provisional: bool = False
 
 
 @final
@@ -128,10 +131,20 @@ class AgentReply:
     tools: tuple[FunctionTool, ...] = ()
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class CancelReply:
+    """Stop the agent's reply ``response_id`` end to end (a prepared reply the turn did
+    not use); its late chunks are dropped."""
+
+    response_id: str
+
+
 Effect = (
     (Send | CloseConnection | ModelAppendAudio | ModelAppendVideo | ModelSignal | ModelReset)
     | ReleaseResources
     | Transcribe
     | AgentReply
+    | CancelReply
 )
 EFFECT_TYPES: tuple[type, ...] = Effect.__args__  # type: ignore[attr-defined]

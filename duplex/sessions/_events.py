@@ -31,6 +31,7 @@ from ._server_events import (
     SERVER_EVENT_TYPES,
     AudioDelta,
     ErrorEvent,
+    FunctionCallDone,
     InputAudioCleared,
     InputAudioCommitted,
     InputAudioTimeout,
@@ -450,6 +451,23 @@ class SpeechStopped:
 
 @final
 @dataclass(frozen=True, slots=True)
+class SpeechPaused:
+    """A VAD found speech quiet since ``audio_ms`` for ``vad_prepare_ms`` (not yet the
+    turn's end): the agent may prepare its reply to the turn as it stands."""
+
+    audio_ms: float
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SpeechResumed:
+    """Speech came back at ``audio_ms`` after a `SpeechPaused`: the pause was not the end."""
+
+    audio_ms: float
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class ConnectionAttached:
     """A socket joined: a fresh session (``resume=None``) or a resume/takeover."""
 
@@ -488,6 +506,8 @@ class AsrResult:
     item_id: str
     text: str
     final: bool = False
+    until_ms: float | None = None
+    """Set: the answer to a provisional `Transcribe` (what is heard up to there)."""
 
 
 @final
@@ -504,11 +524,27 @@ class AgentChunk:
     reason: str = "stop"
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class AgentToolCall:
+    """The agent's reply to ``response_id`` calls the tool ``name`` with ``arguments`` (JSON
+    text); ``call_id`` names the call (empty: the session makes one). The reply's final
+    `AgentChunk` still ends the response."""
+
+    response_id: str
+    name: str
+    arguments: str
+    call_id: str = ""
+
+
 RuntimeEvent = (
     (ModelFrame | SpeechStarted | SpeechStopped | ConnectionAttached | ConnectionDetached | Tick)
     | ModelFailed
     | AsrResult
     | AgentChunk
+    | AgentToolCall
+    | SpeechPaused
+    | SpeechResumed
 )
 RUNTIME_EVENT_TYPES: tuple[type, ...] = RuntimeEvent.__args__  # type: ignore[attr-defined]
 Event = ClientEvent | RuntimeEvent
@@ -522,6 +558,7 @@ __all__ = [
     "TURN_SIGNALS",
     "VIDEO_FORMATS",
     "AgentChunk",
+    "AgentToolCall",
     "AsrResult",
     "AudioAppend",
     "AudioClear",
@@ -533,6 +570,7 @@ __all__ = [
     "ErrorEvent",
     "Event",
     "EventAck",
+    "FunctionCallDone",
     "InputAudioCleared",
     "InputAudioCommitted",
     "InputAudioTimeout",
@@ -573,6 +611,8 @@ __all__ = [
     "SessionResyncRequired",
     "SessionUpdate",
     "SessionUpdated",
+    "SpeechPaused",
+    "SpeechResumed",
     "SpeechStarted",
     "SpeechStopped",
     "TextDelta",

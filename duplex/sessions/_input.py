@@ -27,7 +27,10 @@ from ._vad import EnergyVad
 
 __all__ = ["InputPath"]
 
-VAD_KEYS = ("vad", "turn_detection", "vad_threshold", "vad_threshold_rms", "vad_hangover_ms")
+VAD_KEYS = (
+    *("vad", "turn_detection", "vad_threshold", "vad_threshold_rms", "vad_hangover_ms"),
+    "vad_prepare_ms",
+)
 
 
 class InputPath:

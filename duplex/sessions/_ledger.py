@@ -254,3 +254,6 @@ class SessionStatistics:
     journal: JournalStatistics
     agent_chunks_dropped: int = 0
     transcripts_dropped: int = 0
+    replies_prepared: int = 0
+    prepared_replies_used: int = 0
+    prepared_replies_discarded: int = 0

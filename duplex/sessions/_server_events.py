@@ -281,9 +281,25 @@ class ResponseDone:
     audio_ms: float
     settings: ResponseSettings = field(default_factory=ResponseSettings)
     """As on ``response.created``; a text-only response's ``transcript`` is its text."""
+    calls: tuple[HistoryItem, ...] = ()
+    """The ``function_call`` items the response made (after its message item), in order."""
 
     def __post_init__(self) -> None:
         _check(self.status in RESPONSE_STATUSES, "unknown response status", "status")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class FunctionCallDone:
+    """A response called a tool: ``item`` is the complete ``function_call`` item (``name``,
+    ``call_id``, ``text`` its JSON arguments), the response's output ``output_index`` (its
+    message item is 0). It joins the conversation unless the response is out of band."""
+
+    response_id: str
+    epoch: int
+    output_index: int
+    item: HistoryItem
+    in_conversation: bool = True
 
 
 @final
@@ -384,6 +400,7 @@ ServerEvent = (
     | TranscriptDelta
     | TextDelta
     | ResponseDone
+    | FunctionCallDone
     | ResponseListen
     | OverlapDecision
     | PlaybackAcknowledged

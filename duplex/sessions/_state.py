@@ -56,6 +56,7 @@ from ._effects import (
 from ._events import (
     CLIENT_EVENT_TYPES,
     AgentChunk,
+    AgentToolCall,
     AsrResult,
     AudioAppend,
     AudioClear,
@@ -87,6 +88,8 @@ from ._events import (
     SessionResyncRequired,
     SessionUpdate,
     SessionUpdated,
+    SpeechPaused,
+    SpeechResumed,
     SpeechStarted,
     SpeechStopped,
     Tick,
@@ -177,14 +180,20 @@ _LIVE_RUNTIME: dict[type, Rule] = {
     ModelFrame: Handle("_on_model_frame"),
     SpeechStarted: Handle("_on_speech"),
     SpeechStopped: Handle("_on_speech"),
+    SpeechPaused: Handle("_on_speech_pause"),
+    SpeechResumed: Handle("_on_speech_pause"),
     ConnectionAttached: Handle("_on_resume_attach"),
     ConnectionDetached: Handle("_on_detach"),
     Tick: Handle("_on_tick"),
     ModelFailed: Handle("_on_model_failed"),
     AsrResult: Handle("_on_asr_result"),
     AgentChunk: Handle("_on_agent_chunk"),
+    AgentToolCall: Handle("_on_agent_tool_call"),
 }
-_MODEL_EVENTS = (ModelFrame, SpeechStarted, SpeechStopped, ModelFailed, AsrResult, AgentChunk)
+_MODEL_EVENTS = (
+    *(ModelFrame, SpeechStarted, SpeechStopped, ModelFailed),
+    *(AsrResult, AgentChunk, AgentToolCall, SpeechPaused, SpeechResumed),
+)
 _NO_SOCKET: dict[type, Rule] = {t: Ignore("no_connection") for t in CLIENT_EVENT_TYPES}
 _CLOSED: dict[type, Rule] = {
     t: Reject(errors.SessionClosed, "the session is closed") for t in CLIENT_EVENT_TYPES
@@ -594,6 +603,12 @@ class SessionMachine:
         else:
             self._user.speech_stopped(out, event, now=self._now)
 
+    def _on_speech_pause(self, event: SpeechPaused | SpeechResumed, out: list[Effect]) -> None:
+        if isinstance(event, SpeechPaused):
+            self._user.speech_paused(out, event)
+        else:
+            self._user.speech_resumed(out, event)
+
     # ------------------------------------------------------- responses, playback
 
     def _on_turn_signal(self, event: TurnSignal, out: list[Effect]) -> None:
@@ -614,10 +629,13 @@ class SessionMachine:
         self._turns.ack(out, event)
 
     def _on_asr_result(self, event: AsrResult, out: list[Effect]) -> None:
-        self._user.asr_result(out, event)
+        self._user.asr_result(out, event, now=self._now)
 
     def _on_agent_chunk(self, event: AgentChunk, out: list[Effect]) -> None:
         self._user.agent_chunk(out, event, now=self._now)
+
+    def _on_agent_tool_call(self, event: AgentToolCall, out: list[Effect]) -> None:
+        self._user.agent_tool_call(out, event)
 
     def _on_model_failed(self, event: ModelFailed, out: list[Effect]) -> None:
         self._turns.finish(out, "failed", "engine_error")

@@ -14,13 +14,16 @@ Invariants kept here:
   the rest); an out-of-band one (``conversation: "none"``) never joins the history.
 - Model output of another epoch is never sent (the frame is dropped and
   counted); held frames of a cancelled response are dropped and counted.
+- A tool call of the agent's reply is a ``function_call`` output item after the
+  response's message item (output 1, 2, ...), sent whole when the reply model made it,
+  and listed again in ``response.done``.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from duplex.exceptions import (
     AudioEndOutOfRange,
@@ -42,6 +45,7 @@ from ._config import (
 from ._effects import Effect, ModelReset
 from ._events import (
     AudioDelta,
+    FunctionCallDone,
     InputSpeechStarted,
     InputSpeechStopped,
     ItemTruncate,
@@ -59,6 +63,7 @@ from ._events import (
     audio_ms,
 )
 from ._generation import ResponseSettings
+from ._items import HistoryItem
 from ._ledger import History, PlaybackLedger
 
 __all__ = ["STILL_SPEAKING_MS", "TURN_COUNTERS", "TurnState", "TurnTaking"]
@@ -95,6 +100,7 @@ class _Response:
     epoch: int
     ledger: PlaybackLedger
     settings: ResponseSettings
+    calls: list[HistoryItem] = field(default_factory=list)
 
 
 class TurnTaking:
@@ -328,6 +334,7 @@ class TurnTaking:
             ledger.transcript,
             ledger.sent_ms,
             resp.settings,
+            tuple(resp.calls),
         )
         self._emit(out, done)
         commit_all = self.config.playback_commit_policy is PlaybackCommitPolicy.COMMIT_ALL_ON_DONE
@@ -347,6 +354,31 @@ class TurnTaking:
         if self.turn is TurnState.PAUSED and len(self._held) >= self.config.max_held_frames:
             self._resume_output(out, "hold_overflow", now=now)
         self._route(out, frame, now=now)
+
+    def function_call(self, out: list[Effect], name: str, arguments: str, call_id: str) -> None:
+        """The open response calls a tool: its next output item, a complete ``function_call``
+        (``call_id`` empty: one is made), in the history at once unless out of band."""
+        resp = self._response
+        if resp is None:
+            return
+        item = HistoryItem(
+            self._new_id("item"),
+            "assistant",
+            self.next_order(),
+            0.0,
+            arguments,
+            "function_call",
+            call_id=call_id or self._new_id("call"),
+            name=name,
+        )
+        resp.calls.append(item)
+        in_conversation = resp.settings.in_conversation
+        if in_conversation:
+            self.history.insert(item)
+        index = len(resp.calls)  # the message item is output 0
+        self._emit(
+            out, FunctionCallDone(resp.response_id, resp.epoch, index, item, in_conversation)
+        )
 
     def request(self, settings: ResponseSettings) -> None:
         """A ``response.create`` to the model (duplex): the next response it opens runs

@@ -28,19 +28,32 @@ hears and answers instead: speech start asks it to transcribe the pending user i
 item's transcript (and ``input_audio_transcription`` events when transcription is on).
 A response opens at once; its `AgentReply` goes out once the transcript it answers is
 final, and the reply's `AgentChunk` s stream through the responder, paced in real time.
+
+Prepared replies (``vad_prepare_ms``): a `SpeechPaused` (speech quiet that long, the
+turn not yet over) asks for the transcript so far (a provisional `Transcribe`) and then
+for a reply to it, under an id of its own; its chunks are kept, not sent. If the turn is
+committed where the pause began and its final transcript is the one answered, the
+response plays them at once (no wait for the ASR, the reply model and the TTS after the
+commit); otherwise (`SpeechResumed`, another end, another transcript, a changed setting
+or conversation, a new epoch) the prepared reply is cancelled (`CancelReply`) and counted,
+and the turn is answered as usual. Nothing of a prepared reply reaches the client unless
+the turn it answers is committed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from duplex import exceptions as errors
 
 from ._config import Capabilities, SessionConfig, TurnPolicy
 from ._conversation import Conversation
-from ._effects import AgentReply, Effect, ModelAppendAudio, ModelSignal, Transcribe
+from ._effects import AgentReply, CancelReply, Effect, ModelAppendAudio, ModelSignal, Transcribe
 from ._events import (
     AgentChunk,
+    AgentToolCall,
     AsrResult,
     AudioAppend,
     InputAudioCleared,
@@ -55,11 +68,14 @@ from ._events import (
     ItemRetrieved,
     ItemTruncate,
     ServerEvent,
+    SpeechPaused,
+    SpeechResumed,
     SpeechStarted,
     SpeechStopped,
 )
 from ._generation import FunctionTool, ResponseOptions, ResponseSettings
 from ._input import InputPath
+from ._items import HistoryItem
 from ._responder import TurnResponder
 from ._turns import TurnTaking
 
@@ -71,6 +87,9 @@ USER_TURN_COUNTERS = (
     "responder_frames_dropped",
     "agent_chunks_dropped",
     "transcripts_dropped",
+    "replies_prepared",
+    "prepared_replies_used",
+    "prepared_replies_discarded",
 )
 MAX_TRANSCRIBING = 16
 """User items whose transcript may be pending at once; beyond it the oldest is forgotten
@@ -80,6 +99,26 @@ MAX_TRANSCRIBING = 16
 Emit = Callable[[list[Effect], ServerEvent], None]
 _Awaiting = tuple[str, str, ResponseSettings, tuple[str, ...] | None, tuple[FunctionTool, ...]]
 ItemEvent = ItemCreate | ItemRetrieve | ItemDelete | ItemTruncate
+
+
+@dataclass(eq=False, slots=True)
+class _Prepared:
+    """A reply prepared at a pause in the user's speech (module docstring)."""
+
+    item_id: str
+    end_ms: float
+    reply_id: str
+    epoch: int
+    settings: ResponseSettings
+    tools: tuple[FunctionTool, ...]
+    before: tuple[str, ...]
+    """The conversation's item ids it answers after (the turn's own item comes last)."""
+    text: str | None = None
+    """The transcript it answers (``None``: not asked yet)."""
+    response_id: str | None = None
+    """The response that took it (its chunks go there once released)."""
+    released: bool = False
+    chunks: list[AgentChunk | AgentToolCall] = field(default_factory=list)
 
 
 class UserTurns:
@@ -124,6 +163,10 @@ class UserTurns:
         self._awaiting: _Awaiting | None = None
         """(item id, response id, settings, input ids, tools): a response waiting on the
         item's transcript."""
+        self._prepared: _Prepared | None = None
+        self._committed_end: dict[str, float] = {}
+        """The newest committed item: its end (on a sample: within a millisecond of the
+        VAD's stop, where a prepared reply's pause began)."""
 
     @property
     def hears(self) -> bool:
@@ -180,6 +223,7 @@ class UserTurns:
         self._pending_item = None
         previous = self.conversation.last_item_id()
         self.conversation.add_user_audio(item_id, end - start, pcm, start)
+        self._committed_end = {item_id: end}
         self._emit(out, InputAudioCommitted(item_id, self.turn_id, end, previous))
         if self.hears:
             self._transcribe(out, Transcribe(item_id, start, end))
@@ -196,6 +240,7 @@ class UserTurns:
         self.inputs.clear()
         if self._pending_item is not None:  # its speech is gone: no transcript comes
             self._heard.pop(self._pending_item, None)
+        self._discard(out)  # (the new epoch cancels it in the runtime too)
         self._pending_item = None
         self._idle_from_ms = self.inputs.input_ms
         self._emit(out, InputAudioCleared(self.turns.epoch))
@@ -241,6 +286,44 @@ class UserTurns:
         self._idle_from_ms = max(self._idle_from_ms, event.audio_ms)
         if self.config.vad_create_response:
             self._auto_turn(out, self._speech_start_ms, event.audio_ms, item_id or None, now=now)
+
+    def speech_paused(self, out: list[Effect], event: SpeechPaused) -> None:
+        """Speech paused for ``vad_prepare_ms``: prepare the reply to the turn so far."""
+        item_id = self._pending_item
+        if (
+            not self.hears
+            or not self.config.vad_create_response
+            or not self.config.vad_prepare_ms
+            or not self.turns.speech_active
+            or item_id is None
+            or self.turns.response_id is not None  # speech over a reply: the overlap policy's
+        ):
+            self.counts["ignored_events"] += 1
+            return
+        self._discard(out)
+        settings = self.config.response_settings(None)
+        tools = () if settings.tool_choice == "none" else self.config.tools
+        before = tuple(item.item_id for item in self.turns.history.items)
+        self._prepared = _Prepared(
+            item_id, event.audio_ms, self._new_id("prep"), self.turns.epoch, settings, tools, before
+        )
+        out.append(Transcribe(item_id, self._speech_start_ms, event.audio_ms, provisional=True))
+
+    def speech_resumed(self, out: list[Effect], event: SpeechResumed) -> None:
+        """Speech came back after a pause: the reply prepared at it is not needed."""
+        if self._prepared is None or self._prepared.response_id is not None:
+            self.counts["ignored_events"] += 1
+            return
+        self._discard(out)
+
+    def _discard(self, out: list[Effect]) -> None:
+        """Drop the prepared reply (cancelled in the runtime if it was asked for)."""
+        prepared, self._prepared = self._prepared, None
+        if prepared is None or prepared.released:
+            return
+        self.counts["prepared_replies_discarded"] += 1
+        if prepared.text is not None:
+            out.append(CancelReply(prepared.reply_id))
 
     def _check_idle(self, out: list[Effect], *, now: float) -> None:
         timeout = self.config.vad_idle_timeout_ms
@@ -312,10 +395,26 @@ class UserTurns:
             tools = options.tools
         if settings.tool_choice == "none":
             tools = ()
+        prepared = self._prepared
+        if prepared is not None and not (
+            not prepared.released  # (one already played answers nothing more)
+            and options is None
+            and prepared.item_id == source.item_id
+            and abs(prepared.end_ms - self._committed_end.get(source.item_id, -1.0)) < 1.0
+            and prepared.epoch == self.turns.epoch
+            and prepared.settings == settings
+            and prepared.tools == tools
+            and (*prepared.before, source.item_id)
+            == tuple(item.item_id for item in self.turns.history.items)
+        ):
+            self._discard(out)  # it answers another turn, conversation or setting
+            prepared = None
+        if prepared is not None:
+            prepared.response_id = response_id
         if source.item_id in self._heard:  # its transcript is still coming
             self._awaiting = (source.item_id, response_id, settings, only, tools)
         else:
-            self._reply(out, response_id, settings, only, tools)
+            self._reply(out, response_id, settings, only, tools, now=now)
 
     # ------------------------------------------------------------------- agent
 
@@ -332,18 +431,30 @@ class UserTurns:
         settings: ResponseSettings,
         only: tuple[str, ...] | None,
         tools: tuple[FunctionTool, ...],
+        *,
+        now: float,
     ) -> None:
-        """Ask the cascade for the reply, with the conversation it answers as context."""
+        """Ask the cascade for the reply, with the conversation it answers as context (or
+        play the reply prepared for it, if it answers the same transcript)."""
         self._awaiting = None
+        prepared = self._prepared
+        if prepared is not None and prepared.response_id == response_id:
+            heard = next(
+                (i.text for i in self.turns.history.items if i.item_id == prepared.item_id), None
+            )
+            if prepared.text is not None and prepared.text == heard:
+                self._release(out, prepared, now=now)
+                return
+            self._discard(out)
         items = self.turns.history.items
         if only is not None:
             wanted = set(only)
             items = tuple(item for item in items if item.item_id in wanted)
         out.append(AgentReply(self.turns.epoch, response_id, settings, items, tools))
 
-    def asr_result(self, out: list[Effect], event: AsrResult) -> None:
-        """The cascade heard (some of) a user item: transcript events, and the reply that
-        waited on it."""
+    def asr_result(self, out: list[Effect], event: AsrResult, *, now: float) -> None:
+        """The cascade heard (some of) a user item: transcript events, the reply prepared
+        at a pause, and the reply that waited on it."""
         sent = self._heard.get(event.item_id)
         if sent is None:  # cleared, deleted or forgotten meanwhile
             self.counts["transcripts_dropped"] += 1
@@ -355,6 +466,8 @@ class UserTurns:
                 if events:
                     delta = event.text[len(sent) :]
                     self._emit(out, InputTranscriptionDelta(event.item_id, delta))
+            if event.until_ms is not None:
+                self._prepare(out, event)
             return
         del self._heard[event.item_id]
         self.turns.history.set_text(event.item_id, event.text)
@@ -372,12 +485,63 @@ class UserTurns:
         if waiting is not None and waiting[0] == event.item_id:
             _, response_id, settings, only, tools = waiting
             if response_id == self.turns.response_id:
-                self._reply(out, response_id, settings, only, tools)
+                self._reply(out, response_id, settings, only, tools, now=now)
             else:
                 self._awaiting = None
 
+    def _prepare(self, out: list[Effect], event: AsrResult) -> None:
+        """The turn so far is heard: ask for the prepared reply to it."""
+        prepared = self._prepared
+        if (
+            prepared is None
+            or prepared.item_id != event.item_id
+            or prepared.end_ms != event.until_ms
+            or prepared.text is not None
+        ):
+            return  # an answer to a pause since discarded
+        if not event.text.strip() or prepared.epoch != self.turns.epoch:
+            self._discard(out)
+            return
+        prepared.text = event.text
+        self.counts["replies_prepared"] += 1
+        wanted = set(prepared.before)
+        context = tuple(i for i in self.turns.history.items if i.item_id in wanted)
+        turn = HistoryItem(prepared.item_id, "user", float("inf"), 0.0, event.text)
+        reply = AgentReply(
+            prepared.epoch, prepared.reply_id, prepared.settings, (*context, turn), prepared.tools
+        )
+        out.append(reply)
+
+    def _release(self, out: list[Effect], prepared: _Prepared, *, now: float) -> None:
+        """The turn is the one the prepared reply answers: play what it has made so far,
+        and what it makes from now on."""
+        self.counts["prepared_replies_used"] += 1
+        prepared.released = True
+        chunks, prepared.chunks = prepared.chunks, []
+        for chunk in chunks:
+            if isinstance(chunk, AgentChunk):
+                self.agent_chunk(out, chunk, now=now)
+            else:
+                self.agent_tool_call(out, chunk)
+
+    def _held(self, event: AgentChunk | AgentToolCall) -> AgentChunk | AgentToolCall | None:
+        """A chunk of the prepared reply: kept until the turn is committed (``None``), or
+        addressed to the response that took it; other chunks pass unchanged."""
+        prepared = self._prepared
+        if prepared is None or event.response_id != prepared.reply_id:
+            return event
+        if not prepared.released:
+            prepared.chunks.append(event)
+            return None
+        assert prepared.response_id is not None
+        return dataclasses.replace(event, response_id=prepared.response_id)
+
     def agent_chunk(self, out: list[Effect], event: AgentChunk, *, now: float) -> None:
         """A piece of the cascade's reply: into the responder, which paces it out."""
+        mapped = self._held(event)
+        if mapped is None:
+            return
+        event = mapped  # type: ignore[assignment]
         responder = self.responder
         if not responder.streaming or responder.response_id != event.response_id:
             self.counts["agent_chunks_dropped"] += 1  # its response ended (barge-in, cancel)
@@ -388,6 +552,24 @@ class UserTurns:
             return
         responder.feed(event.pcm, event.text, event.final, now)
         self.play(out, now=now)
+
+    def agent_tool_call(self, out: list[Effect], event: AgentToolCall) -> None:
+        """The cascade's reply calls a tool: a ``function_call`` output of its response, sent
+        at once (the reply's audio before it may still be playing; its final chunk, after
+        the call, still ends the response)."""
+        mapped = self._held(event)
+        if mapped is None:
+            return
+        event = mapped  # type: ignore[assignment]
+        responder = self.responder
+        if (
+            not responder.streaming
+            or responder.response_id != event.response_id
+            or event.response_id != self.turns.response_id
+        ):
+            self.counts["agent_chunks_dropped"] += 1  # its response ended (barge-in, cancel)
+            return
+        self.turns.function_call(out, event.name, event.arguments, event.call_id)
 
     def play(self, out: list[Effect], *, now: float) -> None:
         """Route the responder's due frames; drop them if their response ended."""

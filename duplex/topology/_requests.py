@@ -124,7 +124,11 @@ def _tts(config: Config, device: str) -> RunnerSpec:
 
 def _asr(config: Config) -> RunnerSpec:
     server = config.server
-    options = AgentOptions(asr=server.agent_asr, asr_grammar=server.agent_asr_grammar)
+    options = AgentOptions(
+        asr=server.agent_asr,
+        asr_grammar=server.agent_asr_grammar,
+        asr_workers=server.agent_asr_workers,
+    )
 
     def build() -> BatchRunner[Any, Any]:
         return build_asr(options)

@@ -46,6 +46,7 @@ from duplex.sessions import (
     ClientEvent,
     ErrorEvent,
     EventAck,
+    FunctionCallDone,
     HistoryItem,
     InputAudioCleared,
     InputAudioCommitted,
@@ -465,10 +466,21 @@ def _body(event: ServerEvent) -> tuple[str, dict[str, Any]]:
                     "status": event.status,
                     "status_details": {"reason": event.reason},
                     "output": [
-                        {"id": event.item_id, "role": "assistant", "transcript": event.transcript}
+                        {"id": event.item_id, "role": "assistant", "transcript": event.transcript},
+                        *(_item(call) for call in event.calls),
                     ],
                     "metadata": {"epoch": event.epoch, "audio_ms": event.audio_ms},
                 }
+            }
+        case FunctionCallDone():
+            return "response.function_call_arguments.done", {
+                "response_id": event.response_id,
+                "item_id": event.item.item_id,
+                "output_index": event.output_index,
+                "call_id": event.item.call_id,
+                "name": event.item.name,
+                "arguments": event.item.text,
+                "epoch": event.epoch,
             }
         case ResponseListen():
             return "response.listen", {
@@ -520,7 +532,7 @@ def _body(event: ServerEvent) -> tuple[str, dict[str, Any]]:
 
 
 def _item(item: HistoryItem) -> dict[str, Any]:
-    return {
+    wire = {
         "id": item.item_id,
         "object": "realtime.item",
         "type": "message",
@@ -530,6 +542,9 @@ def _item(item: HistoryItem) -> dict[str, Any]:
         "audio_ms": item.audio_ms,
         "text": item.text,
     }
+    if item.content.startswith("function_call"):  # a tool item names its call
+        wire.update(call_id=item.call_id, name=item.name)
+    return wire
 
 
 def _delta_ids(response_id: str, item_id: str, epoch: int) -> dict[str, Any]:
@@ -567,6 +582,7 @@ SERVER_EVENT_NAMES: tuple[str, ...] = (
     "response.audio_transcript.delta",
     "response.text.delta",
     "response.done",
+    "response.function_call_arguments.done",
     "response.listen",
     "overlap.decision",
     "playback.acknowledged",

@@ -5,7 +5,8 @@ it with the parser). One session event may stand for several wire events: a
 `ResponseCreated` is ``response.created`` + ``response.output_item.added`` +
 ``conversation.item.added`` (GA; beta ``conversation.item.created``) +
 ``response.content_part.added``, and a `ResponseDone` closes them all in
-reverse. A text-only response (its `ResponseSettings`) has a text part and
+reverse; a `FunctionCallDone` is a ``function_call`` output item after it, opened and
+closed at once with its arguments. A text-only response (its `ResponseSettings`) has a text part and
 ``response.output_text.delta|done`` instead of audio; an out-of-band one announces no
 conversation item. The only state is the output resampler (24 kHz model audio to 8 kHz
 G.711), reset at each response; ids, epochs and transcripts come from the events.
@@ -29,6 +30,7 @@ from duplex.pcm import float_to_pcm16, pcm16_to_float
 from duplex.sessions import (
     AudioDelta,
     ErrorEvent,
+    FunctionCallDone,
     HistoryItem,
     InputAudioCleared,
     InputAudioCommitted,
@@ -272,6 +274,8 @@ class RealtimeEncoder:
                 return [self._new(kind, **body, delta=event.delta)]
             case ResponseDone():
                 return self._response_done(event)
+            case FunctionCallDone():
+                return self._function_call(event)
             case ErrorEvent():
                 error = {
                     "type": event.type,
@@ -514,6 +518,33 @@ class RealtimeEncoder:
             ),
         ]
 
+    def _function_call(self, event: FunctionCallDone) -> list[dict[str, Any]]:
+        """A tool call, whole: its item opens, its arguments stream in one delta, it closes
+        (GA's ``arguments.done`` also names the function; beta's has no such field)."""
+        rid, index, call = event.response_id, event.output_index, event.item
+        done_item = self._history_item(call)
+        open_item = {**done_item, "status": "in_progress", "arguments": ""}
+        ids = {
+            "response_id": rid,
+            "item_id": call.item_id,
+            "output_index": index,
+            "call_id": call.call_id,
+        }
+        name = {"name": call.name} if self.schema == "ga" else {}
+        delta = "response.function_call_arguments.delta"
+        return [
+            self._new(
+                "response.output_item.added", response_id=rid, output_index=index, item=open_item
+            ),
+            *(self._item_events(open_item, done=False) if event.in_conversation else []),
+            *([self._new(delta, **ids, delta=call.text)] if call.text else []),
+            self._new("response.function_call_arguments.done", **ids, arguments=call.text, **name),
+            *(self._item_events(done_item, done=True) if event.in_conversation else []),
+            self._new(
+                "response.output_item.done", response_id=rid, output_index=index, item=done_item
+            ),
+        ]
+
     def _audio_payload(self, event: AudioDelta) -> bytes:
         """The delta's audio in the output format (resampled for G.711; may be empty)."""
         fmt = self._formats.output
@@ -592,8 +623,14 @@ class RealtimeEncoder:
             settings,
             {"epoch": str(event.epoch), "reason": event.reason, "audio_ms": str(event.audio_ms)},
         )
+        calls = [self._history_item(call) for call in event.calls]
         response = self._response(
-            rid, event.status, settings, output=[item], status_details=details, metadata=metadata
+            rid,
+            event.status,
+            settings,
+            output=[item, *calls],
+            status_details=details,
+            metadata=metadata,
         )
         ids = self._part_ids(rid, iid)
         if settings.text_only:

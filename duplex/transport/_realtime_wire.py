@@ -177,6 +177,13 @@ TURN_BASED_OPTIONS = SessionOptions(
 """How a Realtime session without ``?duplex=1`` starts: OpenAI's turn-based API with
 its default ``server_vad`` (threshold 0.5, 300 ms padding, 500 ms silence, respond and
 interrupt)."""
+AGENT_SILENCE_MS = 400
+"""The voice agent's end-of-turn silence (``silence_duration_ms``) when a session opens:
+shorter than OpenAI's 500, so the first audio comes sooner; a ``turn_detection`` in a
+``session.update`` sets it as OpenAI's API does (500 when left out)."""
+AGENT_PREPARE_MS = 200
+"""A pause this long has the voice agent prepare its reply (``vad_prepare_ms``), which
+plays as soon as the silence reaches `AGENT_SILENCE_MS` and the turn is committed."""
 
 
 def schema_from_headers(openai_beta: str | None) -> Schema:
@@ -441,7 +448,8 @@ class RealtimeProjection:
         vad: the VAD behind ``server_vad`` in a turn-based session (``SessionOptions.vad``;
             the server passes ``server.realtime_vad``); ``None``: the server's session default.
         agent: the voice agent answers (``server.agent``): ``?duplex=1`` sessions open
-            turn-based too.
+            turn-based too, with the agent's turn timing (`AGENT_SILENCE_MS`,
+            `AGENT_PREPARE_MS`).
     """
 
     def __init__(
@@ -463,9 +471,10 @@ class RealtimeProjection:
         self.model = model
         self.agent = agent
         self.max_size = max_size
-        self._turn_based = (
-            TURN_BASED_OPTIONS if vad is None else replace(TURN_BASED_OPTIONS, vad=vad)
-        )
+        base = TURN_BASED_OPTIONS
+        if agent:
+            base = replace(base, vad_hangover_ms=AGENT_SILENCE_MS, vad_prepare_ms=AGENT_PREPARE_MS)
+        self._turn_based = base if vad is None else replace(base, vad=vad)
         self._initial = formats or WireFormats()
         self._config: SessionConfig | None = None  # the session's, as of the last event sent
         self._unanswered: deque[bool] = deque()

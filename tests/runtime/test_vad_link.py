@@ -233,3 +233,19 @@ def test_a_stream_that_falls_behind_is_refused_counted_and_keeps_its_clock() -> 
     (started,) = [e for e in events if isinstance(e, ds.SpeechStarted)]
     assert 400 <= started.audio_ms <= 400 + 96  # after the gap, on the input clock
     assert link.statistics().stale_windows == 0 and link.statistics().overflow_windows == 8
+
+
+def test_pauses_and_resumptions_map_to_the_machine_with_vad_prepare_ms() -> None:
+    link = VadLink(FakeVad(), HANDLE, config(vad_prepare_ms=200))
+    link.push(chunk(80), 1000.0)
+    delay = (32 * 2 - 1) / 2 / 3 / 16
+    events = windows(link, [0.9, 0.9] + [0.1] * 7 + [0.9] + [0.1] * 16)
+    kinds = [type(e) for e in events]
+    assert kinds == [
+        ds.SpeechStarted, ds.SpeechPaused, ds.SpeechResumed, ds.SpeechPaused, ds.SpeechStopped
+    ]  # fmt: skip
+    at = [1000 + ms - delay for ms in (64, 9 * 32, 10 * 32, 10 * 32)]
+    assert [e.audio_ms for e in events[1:]] == pytest.approx(at)  # type: ignore[attr-defined]
+    quiet = VadLink(FakeVad(), HANDLE, config())  # off by default
+    quiet.push(chunk(80), 0.0)
+    assert [type(e) for e in windows(quiet, [0.9] + [0.1] * 10)] == [ds.SpeechStarted]

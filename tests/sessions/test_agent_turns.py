@@ -5,22 +5,36 @@ off when speech over it outlasts ``barge_in_ms`` (a backchannel does not)."""
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from duplex.sessions import (
     AgentChunk,
     AgentReply,
+    AgentToolCall,
     AsrResult,
     AudioDelta,
+    CancelReply,
     Capabilities,
+    FunctionCallDone,
+    FunctionTool,
     InputAudioCommitted,
     InputTranscriptionCompleted,
     InputTranscriptionDelta,
+    ItemCreate,
     ModelReset,
     OverlapDecision,
+    ResponseCancel,
+    ResponseCreate,
     ResponseCreated,
     ResponseDone,
+    ResponseOptions,
     SessionOptions,
     SessionUpdate,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    SpeechStopped,
     TextDelta,
     Tick,
     Transcribe,
@@ -28,7 +42,7 @@ from duplex.sessions import (
 )
 from duplex.sessions._generation import Transcription
 
-from .sessionkit import RATE, loud, machine, of, silence
+from .sessionkit import RATE, loud, machine, of, sends, silence
 
 AGENT = Capabilities(agent_cascade=True)
 TURNS = {
@@ -178,3 +192,217 @@ def test_a_reply_answers_tools_and_text_items_without_waiting():
     (reply,) = of(effects, AgentReply)
     assert [i.text for i in reply.context] == ["Weather in Paris?"]
     assert m.handle(SessionUpdate(SessionOptions(instructions="Be terse.")), 0.2)
+
+
+WEATHER = FunctionTool.of("get_weather", "Weather now", {"type": "object"})
+
+
+def _tool_session(**extra):
+    m = machine(
+        caps=AGENT, turn_policy="turn_based", turn_detection="none", tools=(WEATHER,), **extra
+    )
+    m.handle(ItemCreate("user", "Weather in Paris?"), 0.0)
+    (reply,) = of(m.handle(ResponseCreate(), 0.1), AgentReply)
+    assert reply.tools == (WEATHER,)
+    return m, reply
+
+
+def test_a_tool_call_is_a_function_call_item_and_a_tool_output_is_answered():
+    m, reply = _tool_session()
+    rid = reply.response_id
+    effects = m.handle(AgentChunk(rid, _speech(160), "Let me check."), 1.0)
+    effects = m.handle(AgentToolCall(rid, "get_weather", '{"city": "Paris"}', "call_7"), 1.01)
+    (call,) = of(effects, FunctionCallDone)
+    assert (call.response_id, call.output_index, call.in_conversation) == (rid, 1, True)
+    item = call.item
+    assert (item.content, item.role, item.name, item.call_id, item.text) == (
+        "function_call", "assistant", "get_weather", "call_7", '{"city": "Paris"}'
+    )  # fmt: skip
+    assert item in m.history  # in the conversation at once
+    effects = m.handle(AgentChunk(rid, final=True, reason="tool_calls"), 1.02)
+    assert of(effects, ResponseDone) == []  # the speech before the call still plays out
+    (done,) = of(m.handle(Tick(), 1.2), ResponseDone)
+    assert done.status == "completed" and done.calls == (item,)
+    assert [(i.role, i.content) for i in m.history] == [
+        ("user", "text"), ("assistant", "audio"), ("assistant", "function_call")
+    ]  # fmt: skip
+    # the app runs the tool and sends its output; the next reply sees the call and output
+    output = ItemCreate("tool", "21 C, sunny", kind="function_call_output", call_id="call_7")
+    m.handle(output, 2.0)
+    (again,) = of(m.handle(ResponseCreate(), 2.1), AgentReply)
+    assert [(i.content, i.call_id, i.text) for i in again.context][-2:] == [
+        ("function_call", "call_7", '{"city": "Paris"}'),
+        ("function_call_output", "call_7", "21 C, sunny"),
+    ]
+
+
+def test_a_call_without_an_id_gets_one_and_an_out_of_band_call_stays_out_of_history():
+    m = machine(caps=AGENT, turn_policy="turn_based", turn_detection="none", tools=(WEATHER,))
+    m.handle(ItemCreate("user", "Weather?"), 0.0)
+    options = ResponseOptions(conversation="none", output_modalities="text")
+    (reply,) = of(m.handle(ResponseCreate(options=options), 0.1), AgentReply)
+    (call,) = of(
+        m.handle(AgentToolCall(reply.response_id, "get_weather", "{}"), 0.2), FunctionCallDone
+    )
+    assert call.item.call_id.startswith("call_") and not call.in_conversation
+    (done,) = of(
+        m.handle(AgentChunk(reply.response_id, final=True, reason="tool_calls"), 0.3), ResponseDone
+    )
+    assert done.calls == (call.item,)
+    assert [i.content for i in m.history] == ["text"]
+
+
+def test_a_tool_call_of_a_cancelled_reply_is_dropped_and_counted():
+    m, reply = _tool_session()
+    m.handle(ResponseCancel(), 0.5)
+    effects = m.handle(AgentToolCall(reply.response_id, "get_weather", "{}", "call_1"), 0.6)
+    assert of(effects, FunctionCallDone) == []
+    assert m.statistics().agent_chunks_dropped == 1
+    assert all(i.content != "function_call" for i in m.history)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["text", "call"]), max_size=8), st.booleans())
+def test_calls_are_numbered_after_the_message_and_listed_in_response_done(steps, text_only):
+    m, reply = _tool_session(output_modalities="text" if text_only else "audio")
+    rid, effects, now = reply.response_id, [], 1.0
+    for index, step in enumerate(steps):
+        now += 0.01
+        if step == "text":
+            effects += m.handle(
+                AgentChunk(rid, b"" if text_only else _speech(80), f"w{index} "), now
+            )
+        else:
+            effects += m.handle(AgentToolCall(rid, "get_weather", f'{{"n": {index}}}'), now)
+    effects += m.handle(AgentChunk(rid, final=True), now)
+    effects += m.handle(Tick(), now + 10.0)
+    calls = of(effects, FunctionCallDone)
+    assert [c.output_index for c in calls] == list(range(1, steps.count("call") + 1))
+    assert len({c.item.call_id for c in calls}) == len(calls)
+    (done,) = of(effects, ResponseDone)
+    assert done.calls == tuple(c.item for c in calls)
+    history_calls = [i for i in m.history if i.content == "function_call"]
+    assert history_calls == [c.item for c in calls]
+    message = [i.order for i in m.history if i.item_id == done.item_id]
+    assert all(message[0] < c.order for c in history_calls) if message else True
+
+
+# ------------------------------------------------ replies prepared at a pause
+
+PREPARED = {**TURNS, "vad": "external", "vad_prepare_ms": 200}
+
+
+def _paused_turn(m, text: str = "hello", *, at: float = 600.0):
+    """1 s of input, speech from 100 ms, a pause at ``at``; the provisional transcript
+    comes back and the prepared reply is asked for. Returns (item id, prepared reply)."""
+    m.handle(silence(1000), 0.0)
+    m.handle(SpeechStarted(100.0), 0.1)
+    (peek,) = of(m.handle(SpeechPaused(at), 0.2), Transcribe)
+    assert peek.provisional and peek.end_ms == at and peek.start_ms == 0.0
+    effects = m.handle(AsrResult(peek.item_id, text, until_ms=at), 0.25)
+    (reply,) = of(effects, AgentReply)
+    assert reply.context[-1].text == text and reply.context[-1].role == "user"
+    assert sends(effects) == [] or all(
+        isinstance(e, InputTranscriptionDelta) for e in sends(effects)
+    )  # nothing of the reply reaches the client
+    return peek.item_id, reply
+
+
+def test_a_reply_prepared_at_a_pause_plays_as_soon_as_the_turn_is_committed():
+    m = machine(caps=AGENT, **PREPARED)
+    item_id, reply = _paused_turn(m)
+    effects = m.handle(AgentChunk(reply.response_id, _speech(240), "You said: hello."), 0.3)
+    assert of(effects, AudioDelta) == [] and of(effects, ResponseCreated) == []  # held
+    effects = m.handle(SpeechStopped(600.0), 0.5)  # the silence reached: committed
+    (created,) = of(effects, ResponseCreated)
+    (end,) = of(effects, Transcribe)
+    assert (end.item_id, end.end_ms, end.provisional) == (item_id, 600.0, False)
+    assert of(effects, AudioDelta) == []  # the final transcript decides
+    effects = m.handle(AsrResult(item_id, "hello", final=True), 0.51)
+    assert of(effects, AgentReply) == []  # no new reply: the prepared one plays at once
+    (delta,) = of(effects, AudioDelta)
+    assert delta.response_id == created.response_id
+    assert [d.delta for d in of(effects, TranscriptDelta)] == ["You said: hello."]
+    effects = m.handle(AgentChunk(reply.response_id, final=True), 0.52)  # later chunks too
+    effects += m.handle(Tick(), 0.59) + m.handle(Tick(), 0.67) + m.handle(Tick(), 0.75)
+    (done,) = of(effects, ResponseDone)
+    assert done.response_id == created.response_id and done.status == "completed"
+    stats = m.statistics()
+    assert (stats.replies_prepared, stats.prepared_replies_used) == (1, 1)
+    assert stats.prepared_replies_discarded == 0 and stats.agent_chunks_dropped == 0
+
+
+def test_speech_that_resumes_after_the_pause_discards_the_prepared_reply():
+    m = machine(caps=AGENT, **PREPARED)
+    item_id, reply = _paused_turn(m)
+    m.handle(AgentChunk(reply.response_id, _speech(80), "You said: hello."), 0.3)
+    effects = m.handle(SpeechResumed(800.0), 0.35)
+    assert of(effects, CancelReply) == [CancelReply(reply.response_id)]
+    late = m.handle(AgentChunk(reply.response_id, _speech(80), " more"), 0.36)
+    assert sends(late) == [] and m.statistics().agent_chunks_dropped == 1
+    m.handle(silence(1000), 0.4)
+    effects = m.handle(SpeechStopped(1500.0), 1.0)  # the turn ends later: answered as usual
+    assert len(of(effects, ResponseCreated)) == 1 and of(effects, AudioDelta) == []
+    assert [t.end_ms for t in of(effects, Transcribe)] == [1500.0]
+    effects = m.handle(AsrResult(item_id, "hello there", final=True), 1.1)
+    (again,) = of(effects, AgentReply)
+    assert again.response_id == m.active_response_id and again.context[-1].text == "hello there"
+    assert m.statistics().prepared_replies_discarded == 1
+
+
+def test_a_final_transcript_unlike_the_prepared_one_gets_a_fresh_reply():
+    m = machine(caps=AGENT, **PREPARED)
+    item_id, reply = _paused_turn(m, "hello")
+    m.handle(AgentChunk(reply.response_id, _speech(80), "You said: hello."), 0.3)
+    m.handle(SpeechStopped(600.0), 0.5)
+    effects = m.handle(AsrResult(item_id, "hello world", final=True), 0.51)
+    assert of(effects, CancelReply) == [CancelReply(reply.response_id)]
+    assert of(effects, AudioDelta) == []  # nothing of the prepared reply was heard
+    (fresh,) = of(effects, AgentReply)
+    assert fresh.response_id == m.active_response_id
+    assert fresh.context[-1].text == "hello world"
+
+
+def test_a_stop_elsewhere_or_a_changed_setting_discards_the_prepared_reply():
+    m = machine(caps=AGENT, **PREPARED)
+    _, reply = _paused_turn(m)
+    effects = m.handle(SpeechStopped(700.0), 0.5)  # not where the pause began
+    assert of(effects, CancelReply) == [CancelReply(reply.response_id)]
+    m2 = machine(caps=AGENT, **PREPARED)
+    _, reply2 = _paused_turn(m2)
+    m2.handle(SessionUpdate(SessionOptions(instructions="Be terse.")), 0.3)
+    effects = m2.handle(SpeechStopped(600.0), 0.5)
+    assert of(effects, CancelReply) == [CancelReply(reply2.response_id)]
+    assert m2.statistics().prepared_replies_discarded == 1
+
+
+def test_pauses_prepare_nothing_without_the_setting_or_during_a_reply():
+    m = machine(caps=AGENT, **{**PREPARED, "vad_prepare_ms": 0})
+    m.handle(silence(1000), 0.0)
+    m.handle(SpeechStarted(100.0), 0.1)
+    assert m.handle(SpeechPaused(600.0), 0.2) == []
+    assert m.statistics().ignored_events == 1
+    m = machine(caps=AGENT, **PREPARED)
+    item_id, reply = _paused_turn(m)
+    m.handle(AgentChunk(reply.response_id, _speech(4000), "A long answer."), 0.3)
+    m.handle(SpeechStopped(600.0), 0.5)
+    m.handle(AsrResult(item_id, "hello", final=True), 0.51)  # the reply plays
+    m.handle(silence(1000), 0.6)
+    m.handle(SpeechStarted(1700.0), 0.7)  # speech over the reply: the overlap policy's
+    assert of(m.handle(SpeechPaused(1900.0), 0.8), Transcribe) == []
+
+
+def test_a_played_prepared_reply_answers_nothing_more():
+    # (ack_only, no acks: the reply is not in the history, which looks as it did then)
+    m = machine(caps=AGENT, **PREPARED, playback_commit_policy="ack_only")
+    item_id, reply = _paused_turn(m)
+    m.handle(SpeechStopped(600.0), 0.5)
+    m.handle(AsrResult(item_id, "hello", final=True), 0.51)
+    effects = m.handle(AgentChunk(reply.response_id, _speech(80), "Hi.", final=True), 0.52)
+    effects += m.handle(Tick(), 0.7)
+    assert len(of(effects, ResponseDone)) == 1
+    (again,) = of(m.handle(ResponseCreate(), 1.0), AgentReply)  # the app asks once more
+    assert again.response_id == m.active_response_id != reply.response_id
+    late = m.handle(AgentChunk(reply.response_id, _speech(80), " late"), 1.1)
+    assert of(late, AudioDelta) == []
+    assert m.statistics().prepared_replies_used == 1

@@ -210,6 +210,7 @@ def _sample(cls):
         "action": "drop",
         "item": HistoryItem("item_1", "user", 1, 80.0),
         "settings": ResponseSettings(),
+        "calls": (),
     }
     kwargs = {}
     for f in dataclasses.fields(cls):

@@ -45,22 +45,9 @@ async def weather_turns(
     conn: Any, seen: list[dict[str, Any]], *, max_output_tokens: int, timeout_s: float = 10.0
 ) -> None:
     """The app's session and its two turns: configure, ask, feed a tool result, ask again."""
-    await until(conn, "session.created", seen, timeout_s=timeout_s)
-    await conn.session.update(
-        session={
-            "type": "realtime",
-            "instructions": "You are a terse weather assistant.",
-            "output_modalities": ["text"],
-            "audio": {
-                "input": {"transcription": {"model": "whisper-1"}, "turn_detection": None},
-                "output": {"voice": "marin"},
-            },
-            "tools": [WEATHER],  # type: ignore[list-item]
-            "tool_choice": "auto",
-            "max_output_tokens": max_output_tokens,
-        }
+    await configure_weather_app(
+        conn, seen, max_output_tokens=max_output_tokens, timeout_s=timeout_s
     )
-    await until(conn, "session.updated", seen, timeout_s=timeout_s)
     await conn.conversation.item.create(
         item={
             "type": "message",
@@ -83,6 +70,28 @@ async def weather_turns(
     )
     await conn.response.create()
     await until(conn, "response.done", seen, timeout_s=timeout_s)
+
+
+async def configure_weather_app(
+    conn: Any, seen: list[dict[str, Any]], *, max_output_tokens: int, timeout_s: float = 10.0
+) -> None:
+    """The app's session set-up: instructions, text out, voice, transcription, a tool."""
+    await until(conn, "session.created", seen, timeout_s=timeout_s)
+    await conn.session.update(
+        session={
+            "type": "realtime",
+            "instructions": "You are a terse weather assistant.",
+            "output_modalities": ["text"],
+            "audio": {
+                "input": {"transcription": {"model": "whisper-1"}, "turn_detection": None},
+                "output": {"voice": "marin"},
+            },
+            "tools": [WEATHER],  # type: ignore[list-item]
+            "tool_choice": "auto",
+            "max_output_tokens": max_output_tokens,
+        }
+    )
+    await until(conn, "session.updated", seen, timeout_s=timeout_s)
 
 
 async def _app(base_url: str) -> list[dict[str, Any]]:

@@ -110,6 +110,19 @@ def test_the_sdk_oracle_is_strict():
 PCM = (np.sin(np.arange(480) / 24000 * 2 * np.pi * 440) * 8000).astype("<i2").tobytes()
 
 
+CALL_FIELDS = {
+    "item_id": "item_f2",
+    "role": "assistant",
+    "order": 9,
+    "audio_ms": 0.0,
+    "text": '{"city":"Paris"}',
+    "content": "function_call",
+    "call_id": "call_9",
+    "name": "get_weather",
+}
+CALL = ds.HistoryItem(**CALL_FIELDS)
+
+
 def session_story(config: ds.SessionConfig | None = None) -> list:
     """One of each server event, with the variants that change the projection
     (``config``: the session's, whose audio codecs every config here shares)."""
@@ -219,6 +232,9 @@ def session_story(config: ds.SessionConfig | None = None) -> list:
             0.0,
             agent.response_settings(),
         ),
+        ds.FunctionCallDone("resp_f", 0, 1, CALL),
+        ds.FunctionCallDone("resp_g", 0, 1, ds.HistoryItem(**{**CALL_FIELDS, "text": ""}), False),
+        ds.ResponseDone("resp_f", "item_f1", 0, "completed", "end_of_turn", "", 0.0, calls=(CALL,)),
     ]
     for status, reason in (
         ("completed", "end_of_turn"),

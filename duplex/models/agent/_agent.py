@@ -21,7 +21,7 @@ import numpy.typing as npt
 from duplex.exceptions import ConfigError, ModelError
 
 from .._batcher import Priority
-from ._asr import AsrChunk, AsrProcess, AsrText
+from ._asr import AsrChunk, AsrPool, AsrProcess, AsrText
 from ._reply import EchoReplier, Replier
 
 __all__ = ["ASR_RUNNER", "AgentModels", "AgentOptions", "build_asr", "build_replier"]
@@ -48,6 +48,7 @@ class AgentOptions:
     llm: str = ""
     asr: str = "pocketsphinx"
     asr_grammar: str = ""
+    asr_workers: int = 1
     seed: int = 0
 
 
@@ -83,9 +84,9 @@ class AgentModels:
         return {"llm": self.replier.name}
 
 
-def build_asr(options: AgentOptions, *, max_batch: int = 32) -> AsrProcess:
-    """The ASR runner, in its own process (blocking: starts it and loads its warm decoders;
-    run it off the trio thread).
+def build_asr(options: AgentOptions, *, max_batch: int = 32) -> AsrProcess | AsrPool:
+    """The ASR runner, in its own process (``asr_workers`` processes: a pool; blocking:
+    starts them and loads their warm decoders; run it off the trio thread).
 
     Raises:
         ConfigError: an unknown ASR, or a grammar file that does not exist.
@@ -104,7 +105,11 @@ def build_asr(options: AgentOptions, *, max_batch: int = 32) -> AsrProcess:
                 key="server.agent_asr_grammar",
             )
         grammar = path.read_text()
-    runner = AsrProcess(grammar=grammar, max_batch=max_batch)
+    runner: AsrProcess | AsrPool
+    if options.asr_workers > 1:
+        runner = AsrPool(options.asr_workers, grammar=grammar, max_batch=max_batch)
+    else:
+        runner = AsrProcess(grammar=grammar, max_batch=max_batch)
     runner.prepare()
     return runner
 
