@@ -8,7 +8,7 @@ slot and VAD stream are freed, the hub is told once, every attached socket gets 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -16,8 +16,6 @@ import trio
 
 from duplex import sessions as ds
 from duplex.actors import (
-    Actor,
-    ActorContext,
     ActorRef,
     ActorSystem,
     Restart,
@@ -41,33 +39,9 @@ from duplex.runtime._actor import (
 from duplex.runtime._vad_link import VadLink
 
 from ..models.models_support import loopback_engine
+from .session_fakes import Hub, Socket
 
 SPEC = ModelSpec(name="loopback", max_slots=1)
-
-
-class Socket(Actor[Any]):
-    """Stands for a connection actor: records what the session tells it."""
-
-    def __init__(self, told: list[object]) -> None:
-        self.told = told
-
-    async def receive(self, ctx: ActorContext, message: Any) -> Any:
-        self.told.append(message)
-        return None
-
-
-@dataclass
-class Hub:
-    """Stands for the hub: the sessions it was told are released."""
-
-    released_ids: list[str] = field(default_factory=list)
-    let_go_ids: list[str] = field(default_factory=list)
-
-    def released(self, session_id: str) -> None:
-        self.released_ids.append(session_id)
-
-    def let_go(self, session_id: str) -> None:
-        self.let_go_ids.append(session_id)
 
 
 @dataclass

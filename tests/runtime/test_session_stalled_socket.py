@@ -9,7 +9,6 @@ mailbox: each held the other, and a shutdown stopped such sessions one at a time
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import trio
@@ -30,6 +29,7 @@ from duplex.runtime._actor import (
 )
 
 from ..models.models_support import loopback_engine
+from .session_fakes import Hub, Socket
 
 SPEC = ModelSpec(name="loopback", max_slots=1)
 
@@ -49,26 +49,6 @@ class StuckSocket(Actor[Any]):
     async def receive(self, ctx: ActorContext, message: Any) -> Any:
         self.told.append(message)
         await self.unblock.wait()
-
-
-class Socket(Actor[Any]):
-    def __init__(self, told: list[object]) -> None:
-        self.told = told
-
-    async def receive(self, ctx: ActorContext, message: Any) -> Any:
-        self.told.append(message)
-
-
-@dataclass
-class Hub:
-    released_ids: list[str] = field(default_factory=list)
-    let_go_ids: list[str] = field(default_factory=list)
-
-    def released(self, session_id: str) -> None:
-        self.released_ids.append(session_id)
-
-    def let_go(self, session_id: str) -> None:
-        self.let_go_ids.append(session_id)
 
 
 async def test_a_full_socket_queue_lets_the_socket_go_and_the_session_resumes(
