@@ -30,6 +30,7 @@ __all__ = [
     "FEED_SAMPLES",
     "AsrChunk",
     "AsrProcess",
+    "AsrProcessLost",
     "AsrText",
     "PocketSphinxRunner",
 ]
@@ -148,6 +149,10 @@ class PocketSphinxRunner:
         return hyp.hypstr if hyp is not None else ""
 
 
+class AsrProcessLost(RuntimeError):
+    """The ASR child died during a batch (the batch fails; a new child is running)."""
+
+
 class AsrProcess:
     """A `PocketSphinxRunner` in a child process: the same runner shape, but its decoding
     never holds this process's GIL (pocketsphinx holds it for each call, which stalls the
@@ -166,6 +171,10 @@ class AsrProcess:
         self._conn: Any = None
         self._process: Any = None
         self._lock = threading.Lock()
+        self._starting: threading.Thread | None = None
+
+    restarts: int = 0
+    """Children started again after one died (a crash, a kill, out of memory)."""
 
     def prepare(self) -> None:
         """Start the child and wait for its warm decoders (blocking)."""
@@ -184,19 +193,58 @@ class AsrProcess:
             raise ready
 
     def run_batch(self, requests: Sequence[AsrChunk], gate: UnitGate) -> list[AsrText]:
+        """One batch through the child. A child that died (its pipe broke) fails this
+        batch at once and a new one starts in the background; the next batch waits for
+        it. Its open streams are lost (a chunk of one opens a new stream). Before, a dead
+        child failed every later batch: the agent heard nothing until the server
+        restarted."""
         with self._lock:
-            self._conn.send(list(requests))
-            answer = self._conn.recv()
+            if self._starting is not None:  # a replacement is starting: wait for it
+                self._starting.join()
+                self._starting = None
+            if self._conn is None:  # it failed to start: try again here (raises)
+                self.prepare()
+            try:
+                self._conn.send(list(requests))
+                answer = self._conn.recv()
+            except (EOFError, OSError) as exc:
+                self._replace()
+                raise AsrProcessLost(
+                    "the ASR process exited; a new one takes the next chunks"
+                ) from exc
         if isinstance(answer, BaseException):
             raise answer
         results: list[AsrText] = answer
         return results
 
-    def close(self) -> None:
-        """Stop the child (it also ends with this process: it is a daemon)."""
+    def _replace(self) -> None:
+        """Reap the dead child; start the next one in a thread (it takes seconds: the
+        failed batch is not held for it)."""
+        self._stop()
+        self.restarts += 1
+
+        def start() -> None:
+            try:
+                self.prepare()
+            except Exception:  # the next batch tries again, and raises what it gets
+                self._stop()
+
+        self._starting = threading.Thread(target=start, name="duplex-asr-restart", daemon=True)
+        self._starting.start()
+
+    def _stop(self) -> None:
         if self._process is not None:
             self._process.kill()
             self._process.join(5)
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = self._process = None
+
+    def close(self) -> None:
+        """Stop the child (it also ends with this process: it is a daemon)."""
+        if self._starting is not None:
+            self._starting.join(30)
+        self._stop()
 
 
 def _serve_asr(conn: Any, options: dict[str, Any]) -> None:
