@@ -546,6 +546,7 @@ class Phase:
             for line in served.log_lines()
             if ("Traceback" in line or '"exception"' in line)
             and "injected engine fault" not in line
+            and '"event": "asr failed"' not in line  # a turn's chunk lost with the ASR child
         ]
         return {
             "rounds": self.rounds,
