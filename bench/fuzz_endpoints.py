@@ -1,8 +1,9 @@
 """Fuzz every endpoint of a real ``duplex serve``: generated frames in, typed answers out?
 
     .venv/bin/python bench/fuzz_endpoints.py [--frames 2000] [--seed 0] [--lanes 4]
-        [--endpoints duplex,realtime,chat,pcm,http,speech,speech_stream,media,video_stream]
-        [--out bench/results/fuzz]
+        [--endpoints duplex,realtime,chat,pcm,http,speech,speech_stream,media,video_ids,
+                     video_stream]
+        [--max-frame-bytes 65536] [--out bench/results/fuzz]
 
 Starts ``duplex serve`` (loopback model, an API key, ``max_frame_bytes`` 65,536 so that
 frames at and over the limit are cheap) and sends ``--frames`` generated frames to each
@@ -67,6 +68,11 @@ The text-to-speech, image and video endpoints (``bench/_fuzz_media.py``; with ``
 - ``speech_stream`` (``WS /v1/audio/speech/stream``): after a valid ``session.config``,
   mutated ``session.config`` / ``input.text`` / ``input.done``, binary frames, frames at and
   over 128 KiB; barrier: an unknown event named for the frame (its ``unknown_event`` error).
+- ``video_ids``: the ``{id}`` routes of ``media`` alone. In both, the id a request names
+  half the time is a live job's (``LiveJob``: queued or in progress when the request is
+  sent; a new one once it finished or the fuzz's ``DELETE`` cancelled it).
+- With ``--max-frame-bytes`` above 131,072 (``262144``) a frame can carry the speech
+  stream's own 128 KiB text limit; at the default the frame limit closes first (1009).
 - ``video_stream`` (``WS /v1/realtime/video``): half the sockets get the frame as their
   first message (a mutated ``session.start``), half a valid tiny start first and then
   mutated ``session.ping`` / ``session.interaction``; barrier: ``session.ping``
