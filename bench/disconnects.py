@@ -77,6 +77,7 @@ class Session:
         self.seqs: Counter[int] = Counter()  # every journaled seq received, with repeats
         self.audio: dict[str, dict[int, int]] = {}  # response id -> seq -> audio bytes
         self.cursor = 0  # the highest seq such that every seq up to it was received
+        self.drops = 0  # sockets of this session dropped mid-response
 
     def take(self, event: dict[str, Any]) -> None:
         seq = event.get("server_event_seq")
@@ -117,14 +118,14 @@ class Run:
             if session.created is None and session.seqs:  # that session was given up
                 session = self.new_session(index)  # its seqs start at 1 again: its own record
             self.left -= 1
-            before = self.counts["disconnects"]
+            current, before = session, session.drops
             try:
                 with trio.fail_after(60):
                     await self.cycle(session, rng)
             except (trio.TooSlowError, ConnectionClosed):
                 self.note("cycle_timeout", f"session {index}")
                 session.created = None  # start over with a new session
-            if self.counts["disconnects"] == before:  # refused before its drop: not counted
+            if current.drops == before:  # refused or timed out before its drop: not counted
                 self.left += 1
         if session.created is not None:
             await self.close(session)
@@ -193,6 +194,7 @@ class Run:
             # a few events may have arrived meanwhile: unread, they are lost with the socket
             abort(ws)
         self.counts["disconnects"] += 1
+        session.drops += 1
         # resume, read until this response is done
         async with self.socket() as ws:
             if not await self.resume(ws, session):
