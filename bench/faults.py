@@ -53,6 +53,7 @@ import os
 import random
 import signal
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -455,9 +456,8 @@ class Phase:
         if self.name == "engine-process":
             return ["--engine-process", "on"], {}, []
         if self.name == "asr":
-            grammar = Path(self.args.out).with_suffix(".asr.gram")
-            grammar.parent.mkdir(parents=True, exist_ok=True)
-            grammar.write_text(GRAMMAR)
+            grammar = Path(tempfile.mkdtemp(prefix="duplex-faults-")) / "fixtures.gram"
+            grammar.write_text(GRAMMAR)  # (not next to the results: nothing to commit)
             return ["--engine-process", "on"], {"DUPLEX_AGENT_ASR_GRAMMAR": str(grammar)}, []
         if self.name == "worker":
             return ["--connection-workers", "2"], {}, []
