@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ import trio
 from fuzz_endpoints import (
     AUTH,
     NUMBERS,
+    Step,
     Tally,
     _at,
     _deep,
@@ -28,7 +30,7 @@ from fuzz_endpoints import (
     _is_number,
     _show,
     _wrong_type,
-    refused,
+    frame_lane,
 )
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import ClientConnection, connect
@@ -75,7 +77,8 @@ MEDIA_ROUTES: dict[str, tuple[str, str, Any]] = {
     "DELETE /v1/videos/{id}": ("DELETE", "/v1/videos/{id}", None),
     "GET /v1/videos/{id}/content": ("GET", "/v1/videos/{id}/content", None),
 }
-BARRIER = {"speech": "/v1/audio/voices", "media": "/v1/videos?limit=1"}
+BARRIER = {"speech": "/v1/audio/voices", "media": "/v1/videos?limit=1",
+           "video_ids": "/v1/videos?limit=1"}  # fmt: skip
 BAD_IDS = ("x", "video_", "video_" + "0" * 24, "video_zz", "%00", "..", "%2e%2e", "a" * 5000,
            "video_%ff", "é", "video_dec62da196d66238d8d2435f%20", "-1", "null", "%0d%0aX:%20y",
            "%252e", "video_" + "f" * 200)  # fmt: skip
@@ -199,26 +202,65 @@ def _typed(reply: httpx.Response) -> str | None:
         return None
 
 
-async def _job(client: httpx.AsyncClient) -> str:
-    """A real, tiny video job's id (the id routes' valid target)."""
-    reply = await client.post("/v1/videos", json=VIDEO, headers=AUTH)
-    return reply.json()["id"] if reply.status_code == 200 else "video_" + "0" * 24
+LIVE_VIDEO = {**VIDEO, "seconds": "4", "fps": 8, "num_inference_steps": 50}
+"""A job long enough to be queued or in progress while requests name it."""
+ACTIVE = ("queued", "in_progress")
+
+
+class LiveJob:
+    """The ``{id}`` routes' valid target: a video job kept queued or in progress (a new one
+    once the last finished, or the fuzz's own ``DELETE`` cancelled it), so that ``GET``,
+    ``DELETE`` and ``content`` meet a job while it runs. Where ``video_max_active_jobs``
+    refuses it (429: jobs the ``POST`` fuzz left running), those jobs are cancelled."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+        self.id = ""
+        self.made = 0
+        self.cancelled_others = 0
+        self.sent_while: Counter[str] = Counter()
+
+    async def ensure(self) -> str:
+        """The job's status now (a new job's, if the last one had ended)."""
+        if self.id:
+            reply = await self.client.get(f"/v1/videos/{self.id}", headers=AUTH)
+            if reply.status_code == 200 and reply.json().get("status") in ACTIVE:
+                return str(reply.json()["status"])
+        with trio.fail_after(120):
+            while True:
+                reply = await self.client.post("/v1/videos", json=LIVE_VIDEO, headers=AUTH)
+                if reply.status_code == 200:
+                    self.id = reply.json()["id"]
+                    self.made += 1
+                    return str(reply.json()["status"])
+                if reply.status_code != 429:
+                    raise RuntimeError(f"no live job: {reply.status_code} {reply.text[:200]}")
+                listed = await self.client.get("/v1/videos?limit=100", headers=AUTH)
+                for job in listed.json()["data"]:
+                    if job["status"] in ACTIVE:
+                        await self.client.delete(f"/v1/videos/{job['id']}", headers=AUTH)
+                        self.cancelled_others += 1
+                await trio.sleep(0.2)
 
 
 async def fuzz_http_routes(http: str, group: str, frames: int, seed: str,
                            results: dict[str, Any]) -> None:  # fmt: skip
     """Each route of ``group`` (``speech`` or ``media``): ``frames`` requests, a barrier each."""
     routes = SPEECH_ROUTES if group == "speech" else MEDIA_ROUTES
+    if group == "video_ids":  # the {id} routes alone
+        routes = {name: route for name, route in MEDIA_ROUTES.items() if "{id}" in name}
     limit = 2 * 2**20 if group == "speech" else 2**20
     async with httpx.AsyncClient(base_url=http, timeout=60) as client:
         for name, route in routes.items():
             tally = Tally()
             rng = random.Random(f"{seed}-{name}")
-            job = await _job(client) if "{id}" in route[1] else ""
+            live = LiveJob(client) if "{id}" in route[1] else None
             t = trio.current_time()
             for _ in range(frames):
                 kind = HTTP_KINDS[rng.randrange(len(HTTP_KINDS))]
-                request = http_request(route, kind, rng, limit, job)
+                if live is not None:  # the job the request may name: its status when sent
+                    live.sent_while[await live.ensure()] += 1
+                request = http_request(route, kind, rng, limit, live.id if live else "")
                 tally.frames += 1
                 tally.by_kind[kind] += 1
                 await _one_http(client, request, tally)
@@ -226,6 +268,12 @@ async def fuzz_http_routes(http: str, group: str, frames: int, seed: str,
             status = (await client.get("/health", headers=AUTH)).status_code
             tally.final_check = f"/health {status}"
             results[name] = {**tally.report(), "seconds": round(trio.current_time() - t, 1)}
+            if live is not None:
+                results[name]["live_jobs"] = {
+                    "requests_sent_while_the_job_was": dict(live.sent_while),
+                    "made": live.made,
+                    "cancelled_others_to_make_room": live.cancelled_others,
+                }
 
 
 async def _barrier(
@@ -273,6 +321,10 @@ async def _one_http(client: httpx.AsyncClient, request: dict[str, Any], tally: T
 
 # -- WebSocket endpoints -----------------------------------------------------------------------
 
+TEXT_LIMIT = 128 * 1024
+"""The speech stream's ``input.text`` limit (``text_too_large`` past it); a frame that
+carries it is reached only with ``--max-frame-bytes`` above half of it (hypercorn closes
+a frame over twice ``max_frame_bytes`` with 1009 first)."""
 STREAM_CONFIG = {"type": "session.config", "voice": "alloy", "response_format": "pcm",
                  "speed": 1.0, "sample_rate": 8000, "model": "tts-1",
                  "split_granularity": "sentence", "instructions": ""}  # fmt: skip
@@ -305,30 +357,23 @@ class SpeechStreamEndpoint:
             return _deep(rng)
         if kind == "binary":
             return rng.randbytes(rng.choice([0, 1, 100, 4096]))
-        if kind == "size":
-            size = rng.choice([128 * 1024 - 1, 128 * 1024, 128 * 1024 + 1, self.limit + 1])
-            return json.dumps({"type": "input.text", "text": "a" * size})
+        if kind == "size":  # the stream's own text limit, and over the frame limit
+            size = rng.choice([TEXT_LIMIT - 1, TEXT_LIMIT, TEXT_LIMIT + 1, 2 * self.limit + 1])
+            return json.dumps({"type": "input.text", "text": " " * size})  # (nothing to say)
         return _garbage(rng, examples)
 
     async def lane(self, frames: int, rng: random.Random, tally: Tally, lane: int) -> None:
-        n = 0
-        while n < frames:
-            try:
-                async with connect(self.url, additional_headers=AUTH, max_queue=None,
-                                   max_size=None) as ws:  # fmt: skip
-                    await ws.send(json.dumps(STREAM_CONFIG))
-                    tally.sessions += 1
-                    while n < frames:
-                        kind = WS_KINDS[rng.randrange(len(WS_KINDS))]
-                        frame = self.frame(kind, rng)
-                        n += 1
-                        tally.frames += 1
-                        tally.by_kind[kind] += 1
-                        if not await _one_ws(ws, frame, *self.barrier(lane * 100_000 + n),
-                                             tally, self.closes):  # fmt: skip
-                            break
-            except ConnectionClosed as exc:
-                await refused(tally, exc)
+        async def opened(ws: ClientConnection) -> Step:
+            await ws.send(json.dumps(STREAM_CONFIG))
+
+            async def step(kind: str, n: int) -> bool:
+                barrier, answered = self.barrier(lane * 100_000 + n)
+                frame = self.frame(kind, rng)
+                return await _one_ws(ws, frame, barrier, answered, tally, self.closes)
+
+            return step
+
+        await frame_lane(self.url, frames, rng, tally, WS_KINDS, opened)
 
     def barrier(self, n: int) -> tuple[str, Callable[[dict[str, Any]], bool]]:
         name = f"barrier-{n}"
@@ -385,28 +430,24 @@ class VideoStreamEndpoint:
         return _garbage(rng, examples)
 
     async def lane(self, frames: int, rng: random.Random, tally: Tally, lane: int) -> None:
-        n = 0
-        while n < frames:
-            try:
-                async with connect(self.url, additional_headers=AUTH, max_queue=None,
-                                   max_size=None) as ws:  # fmt: skip
-                    started = rng.random() < 0.5
-                    if started:
-                        start = dict(VIDEO_START, num_frames=rng.choice([1, 8, 32]))
-                        await ws.send(json.dumps(start))
-                    tally.sessions += 1
-                    while n < frames:
-                        kind = WS_KINDS[rng.randrange(len(WS_KINDS))]
-                        frame = self.frame(kind, rng, started)
-                        n += 1
-                        tally.frames += 1
-                        tally.by_kind[kind] += 1
-                        barrier = json.dumps({"type": "session.ping"})
-                        if not await _one_ws(ws, frame, barrier, _pong, tally, self.closes):
-                            break
-                        started = True  # a socket still open after its first frame started
-            except ConnectionClosed as exc:
-                await refused(tally, exc)
+        async def opened(ws: ClientConnection) -> Step:
+            started = rng.random() < 0.5
+            if started:
+                start = dict(VIDEO_START, num_frames=rng.choice([1, 8, 32]))
+                await ws.send(json.dumps(start))
+
+            async def step(kind: str, n: int) -> bool:
+                nonlocal started
+                frame = self.frame(kind, rng, started)
+                barrier = json.dumps({"type": "session.ping"})
+                if not await _one_ws(ws, frame, barrier, _pong, tally, self.closes):
+                    return False
+                started = True  # a socket still open after its first frame started
+                return True
+
+            return step
+
+        await frame_lane(self.url, frames, rng, tally, WS_KINDS, opened)
 
     async def usable(self) -> str:
         async with connect(self.url, additional_headers=AUTH, max_size=None) as ws:

@@ -18,21 +18,106 @@ To find what grows: with ``PROBE_TYPES_FILE=T`` each sample also runs a full
 collection and appends every type's count of live objects to ``T``; with
 ``PROBE_GEN2_FILE=G``, after every full collection the collector makes by itself
 the survivors' count by type goes to ``G``. Diff two lines.
+
+To tell a leak from the allocator keeping freed memory: every sample also carries glibc's
+``mallinfo2`` (``malloc_in_use``: bytes malloc has handed out and not had back;
+``malloc_free``: freed bytes it still holds in its arenas; ``malloc_mmap``: its large
+blocks) and ``pymalloc_blocks`` (Python's small-object blocks live). With
+``PROBE_TRACEMALLOC=N``, the first SIGUSR1 (the soak's idle baseline) starts
+``tracemalloc`` with N frames and every later one (after the full collection) writes the
+allocations still held that were made since, grouped by traceback, to
+``PROBE_TRACEMALLOC_OUT`` (JSON lines, with the total). With ``PROBE_MALLOC_TRIM_S=S``
+the probe calls ``malloc_trim(0)`` every S seconds (each sample then carries the bytes
+``malloc_trim`` reported released, as ``malloc_trimmed``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import json
 import os
 import signal
 import sys
 import time
+import tracemalloc
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import trio
+
+_LIBC: Any = None
+
+
+MALLINFO2_FIELDS = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                    "uordblks", "fordblks", "keepcost")  # fmt: skip
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in MALLINFO2_FIELDS]
+
+
+def _libc() -> Any:
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        _LIBC.mallinfo2.restype = _MallInfo2
+        _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+    return _LIBC
+
+
+def _malloc_stats() -> dict[str, int]:
+    """glibc's view of the heap, summed over its arenas (None fields off glibc)."""
+    try:
+        info = _libc().mallinfo2()
+    except (OSError, AttributeError):
+        return {}
+    return {
+        "malloc_in_use": info.uordblks + info.hblkhd,
+        "malloc_free": info.fordblks,
+        "malloc_mmap": info.hblkhd,
+        "pymalloc_blocks": sys.getallocatedblocks(),
+    }
+
+
+class _Trimmer:
+    """``PROBE_MALLOC_TRIM_S``: ``malloc_trim(0)`` now and then (what a server could do)."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self.next = time.monotonic() + every_s
+        self.released = 0
+
+    def maybe(self) -> None:
+        if self.every_s > 0 and time.monotonic() >= self.next:
+            self.next = time.monotonic() + self.every_s
+            self.released += int(_libc().malloc_trim(0))
+
+
+def _tracemalloc_point(frames: int, out_path: str) -> None:
+    """At an idle point: start tracing (the first time), else write what is still held
+    of the allocations made since (the caller has just run a full collection)."""
+    if not tracemalloc.is_tracing():
+        tracemalloc.start(frames)
+        return
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(False, tracemalloc.__file__)]
+    )
+    stats = snapshot.statistics("traceback")
+    with open(out_path, "a") as out:
+        out.write(json.dumps({
+            "t": time.monotonic(),
+            "total_bytes": sum(stat.size for stat in stats),
+            "blocks": sum(stat.count for stat in stats),
+            "tracemalloc_overhead": tracemalloc.get_tracemalloc_memory(),
+            "top": [
+                {"bytes": stat.size, "count": stat.count,
+                 "where": [f"{f.filename}:{f.lineno}" for f in stat.traceback][-frames:]}
+                for stat in stats[:40]
+            ],
+        }) + "\n")  # fmt: skip
 
 
 def _count_tasks() -> int:
@@ -79,8 +164,12 @@ COLLECTOR = _Collector()
 
 async def _probe(path: str, every_s: float) -> None:
     types_path = os.environ.get("PROBE_TYPES_FILE")
+    trace_frames = int(os.environ.get("PROBE_TRACEMALLOC", "0"))
+    trace_out = os.environ.get("PROBE_TRACEMALLOC_OUT", path + ".tracemalloc.jsonl")
+    trimmer = _Trimmer(float(os.environ.get("PROBE_MALLOC_TRIM_S", "0")))
     with open(path, "a") as out:
         while True:
+            trimmer.maybe()
             if types_path:
                 _type_counts(types_path)
             sample: dict[str, Any] = {
@@ -97,6 +186,11 @@ async def _probe(path: str, every_s: float) -> None:
                 gc.collect()
                 COLLECTOR.forcing = False
                 sample["gc_live"] = len(gc.get_objects())
+                if trace_frames:
+                    _tracemalloc_point(trace_frames, trace_out)
+            sample.update(_malloc_stats())
+            if trimmer.every_s:
+                sample["malloc_trimmed"] = trimmer.released
             out.write(json.dumps(sample) + "\n")
             out.flush()
             await trio.sleep(every_s)

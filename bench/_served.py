@@ -394,6 +394,16 @@ def heard(events: Sequence[dict[str, Any]]) -> int:
     )
 
 
+def scrub_paths(text: str) -> str:
+    """``text`` without this machine's paths (tracebacks quoted in a report name files):
+    the repository becomes ``<repo>``, the Python environment ``<python>``."""
+    for prefix, name in ((str(ROOT), "<repo>"), (sys.prefix, "<python>"),
+                         (sys.base_prefix, "<python>")):  # fmt: skip
+        text = text.replace(prefix, name)
+    return text
+
+
 def write_report(path: Path, report: dict[str, Any]) -> None:
+    """``report`` as JSON, with no absolute path of this machine in it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    path.write_text(scrub_paths(json.dumps(report, indent=2)) + "\n")

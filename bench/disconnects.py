@@ -22,6 +22,11 @@ Counted, per session, over all its sockets:
 - **resume refused**, responses that did not complete, and, after every session is
   closed, sessions or engine slots still held (``/health``, ``duplex_engine_live_slots``).
 
+A cycle that takes over 60 s (a machine too busy) gives its session up: the client
+opens a new session, counted as its own record (its seqs start at 1 again), and the
+given-up session's unfinished response is counted as **abandoned**, not compared. A
+session the server refuses to open (admission) is retried and costs no cycle.
+
 Writes ``OUT.json``.
 """
 
@@ -64,13 +69,15 @@ from _served import (
 class Session:
     """One session's record over all its sockets."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, serial: int) -> None:
         self.index = index
+        self.serial = serial  # a client that had to open a new session gets a new record
         self.created: dict[str, Any] | None = None
         self.token = ""
         self.seqs: Counter[int] = Counter()  # every journaled seq received, with repeats
         self.audio: dict[str, dict[int, int]] = {}  # response id -> seq -> audio bytes
         self.cursor = 0  # the highest seq such that every seq up to it was received
+        self.drops = 0  # sockets of this session dropped mid-response
 
     def take(self, event: dict[str, Any]) -> None:
         seq = event.get("server_event_seq")
@@ -92,25 +99,34 @@ class Run:
         self.counts: Counter[str] = Counter()
         self.examples: list[str] = []
         self.sessions: list[Session] = []
-        self.spoken: dict[tuple[int, str], int] = {}  # (session, response id) -> bytes spoken
+        self.spoken: dict[tuple[int, str], int] = {}  # (session serial, response id) -> bytes
 
     def note(self, what: str, detail: str) -> None:
         self.counts[what] += 1
         if len(self.examples) < 20:
             self.examples.append(f"{what}: {detail}")
 
+    def new_session(self, index: int) -> Session:
+        session = Session(index, len(self.sessions))
+        self.sessions.append(session)
+        return session
+
     async def client(self, index: int) -> None:
         rng = random.Random(f"{self.args.seed}-{index}")
-        session = Session(index)
-        self.sessions.append(session)
+        session = self.new_session(index)
         while self.left > 0:
+            if session.created is None and session.seqs:  # that session was given up
+                session = self.new_session(index)  # its seqs start at 1 again: its own record
             self.left -= 1
+            current, before = session, session.drops
             try:
                 with trio.fail_after(60):
                     await self.cycle(session, rng)
             except (trio.TooSlowError, ConnectionClosed):
                 self.note("cycle_timeout", f"session {index}")
                 session.created = None  # start over with a new session
+            if current.drops == before:  # refused or timed out before its drop: not counted
+                self.left += 1
         if session.created is not None:
             await self.close(session)
 
@@ -165,7 +181,7 @@ class Run:
                 session.take(event)
                 if event["type"] == "response.created":
                     response = event["response"]["id"]
-                    self.spoken[(session.index, response)] = len(spoken)
+                    self.spoken[(session.serial, response)] = len(spoken)
                 if event["type"] == "response.audio.delta" and event["response_id"] == response:
                     deltas += 1
                 if (response is not None and deltas >= drop_after) or (
@@ -178,6 +194,7 @@ class Run:
             # a few events may have arrived meanwhile: unread, they are lost with the socket
             abort(ws)
         self.counts["disconnects"] += 1
+        session.drops += 1
         # resume, read until this response is done
         async with self.socket() as ws:
             if not await self.resume(ws, session):
@@ -250,23 +267,31 @@ def verdict(run: Run) -> dict[str, Any]:
     lost = duplicated = 0
     audio_mismatch: list[str] = []
     responses = 0
-    for session in run.sessions:
-        # sessions restarted after a refused resume: count only what one session id saw
+    done = {response for d in run.dones.values() for response, _ in d}
+    abandoned = 0
+    for session in run.sessions:  # one record per session id (a client may open several)
         last = max(session.seqs, default=0)
         lost += sum(1 for seq in range(1, last + 1) if not session.seqs[seq])
         duplicated += sum(n - 1 for n in session.seqs.values() if n > 1)
-        for (index, response), spoken in run.spoken.items():
-            if index != session.index:
+        for (serial, response), spoken in run.spoken.items():
+            if serial != session.serial:
+                continue
+            if response not in done:  # its session was given up (a cycle timed out)
+                abandoned += 1
                 continue
             responses += 1
             heard = sum(session.audio.get(response, {}).values())
             if heard != spoken:
-                audio_mismatch.append(f"session {index} {response}: heard {heard} of {spoken}")
+                audio_mismatch.append(
+                    f"session {session.index} {response}: heard {heard} of {spoken}"
+                )
     statuses = Counter(s for d in run.dones.values() for _, s in d)
     return {
         "lost_events": lost,
         "duplicated_events": duplicated,
         "responses": responses,
+        "responses_abandoned": abandoned,
+        "sessions": len(run.sessions),
         "audio_mismatches": len(audio_mismatch),
         "audio_mismatch_examples": audio_mismatch[:5],
         "response_statuses": dict(statuses),

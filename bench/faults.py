@@ -15,6 +15,19 @@ real time, the echo under way) and half idle, then one fault is injected:
   (``--connection-workers 2``): its sockets close, their sessions wait for a resume.
 - ``shard`` (``--kills``): SIGKILL of the session shard (``--connection-workers 1
   --session-shards 2``): its sockets close (1011), its sessions are gone.
+- ``asr`` (``--kills``): SIGKILL of the voice agent's ASR child process (pocketsphinx, a
+  child of the engine process: ``--engine-process on``) while ``--clients`` Realtime
+  sessions speak a turn (``tests/fixtures/speech/hello.wav``, a JSGF grammar so that what
+  is heard is deterministic). Each turn must end (its transcription ``completed``, empty
+  or partial where the kill cost its audio, or ``failed``; **hung** otherwise), and the
+  next turn of every session must be heard exactly and answered with audio (**not
+  recovered** otherwise).
+
+With engine processes the request-batched models (TTS, ASR, robot policy) run in the
+engine process too: in the ``engine-process`` phase a speech request
+(``POST /v1/audio/speech``) is in flight when the engine process is killed; its answer
+must be audio or a typed error (**untyped** otherwise: a 500 or a hang), and after the
+round a speech request must be answered with audio again (**speech not recovered**).
 
 After each fault every client must, within ``--bound-s`` (15 s), be **told**: an engine
 fault sends each session an ``error`` ``engine_error`` (an open response ends ``failed``);
@@ -40,11 +53,13 @@ import os
 import random
 import signal
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.trio.client import connect
@@ -55,6 +70,7 @@ from _served import (
     FRAME,
     Served,
     append,
+    children,
     commit,
     get_json,
     machine,
@@ -68,6 +84,10 @@ from _served import (
 )
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from tests.agent.agentkit import GRAMMAR, HELLO, RealtimeSocket, wav_pcm16  # noqa: E402
+from tests.agent.agentkit import silence as silence_ms  # noqa: E402
 
 
 class Watched:
@@ -212,6 +232,187 @@ async def echo(
         )
         if heard == spoken and done["response"]["status"] == "completed":
             return True
+        # the echo split over responses (a late frame after a restart ends one: the
+        # loopback answers what it hears, frame by frame): all of it, each in order
+        since = c.events[start:seen]
+        opened = [e["response"]["id"] for e in since if e["type"] == "response.created"]
+        ended = {e["response"]["id"]: e["response"]["status"] for e in since
+                 if e["type"] == "response.done"}  # fmt: skip
+        heard = b"".join(
+            base64.b64decode(e["delta"]) for e in since
+            if e["type"] == "response.audio.delta" and e.get("response_id") in opened
+        )  # fmt: skip
+        if (heard == spoken and len(opened) > 1
+                and all(ended.get(r) == "completed" for r in opened)):  # fmt: skip
+            SPLIT_ECHOES[0] += 1
+            return True
+
+
+class SpeechCall:
+    """One ``POST /v1/audio/speech`` (a long enough text to be in flight for a while):
+    ``answer`` is ``audio``, a typed error's ``status:code``, or counted untyped."""
+
+    TEXT = "The engine process is about to be killed while this sentence is spoken. " * 4
+
+    def __init__(self, http: str, phase: Phase) -> None:
+        self.http = http
+        self.phase = phase
+        self.sent = trio.Event()
+        self.done = trio.Event()
+        self.answer = ""
+
+    async def run(self) -> None:
+        body = {"model": "tts-1", "input": self.TEXT, "voice": "alloy", "response_format": "pcm"}
+        try:
+            async with httpx.AsyncClient(timeout=60) as client:
+                self.sent.set()
+                reply = await client.post(self.http + "/v1/audio/speech", json=body)
+            if reply.status_code == 200 and len(reply.content) > 1000:
+                self.answer = "audio"
+            else:
+                try:
+                    self.answer = f"{reply.status_code}:{reply.json()['error']['code']}"
+                except (ValueError, KeyError, TypeError):
+                    self.answer = f"untyped {reply.status_code} {reply.text[:100]!r}"
+                if reply.status_code >= 500 and reply.status_code != 503:
+                    self.answer = f"untyped {self.answer}"
+        except httpx.TransportError as exc:
+            self.answer = f"untyped {exc!r}"
+        finally:
+            self.sent.set()
+            self.done.set()
+        self.phase.counts[f"speech_{self.answer.split(' ')[0]}"] += 1
+        if self.answer.startswith("untyped"):
+            self.phase.note("speech_untyped", self.answer[:200])
+
+
+class AsrRounds:
+    """The ``asr`` phase: Realtime sessions speak turns while the ASR child is killed."""
+
+    def __init__(self, phase: Phase, served: Served) -> None:
+        self.phase = phase
+        self.served = served
+        self.args = phase.args
+        self.hello = wav_pcm16("hello.wav")
+
+    def asr_pid(self) -> int | None:
+        """The ASR child: a multiprocessing child of the engine process (or the server)."""
+        for parent in [*self.served.child_pids("engine"), self.served.pid]:
+            for pid in children(parent):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if b"spawn_main" in f.read():
+                            return pid
+                except OSError:
+                    continue
+        return None
+
+    async def turn(self, sock: RealtimeSocket) -> tuple[int, int]:
+        """Speak hello.wav and a pause in real time; returns the event index before it."""
+        start = len(sock.events)
+        await sock.stream(self.hello + silence_ms(1200))
+        return start, len(sock.events)
+
+    async def ended(self, sock: RealtimeSocket, after: int) -> dict[str, Any] | None:
+        """The turn's transcription end (completed or failed), None if none came."""
+        kinds = ("conversation.item.input_audio_transcription.completed",
+                 "conversation.item.input_audio_transcription.failed")  # fmt: skip
+        with trio.move_on_after(self.args.bound_s):
+            while True:
+                for event in sock.events[after:]:
+                    if event["type"] in kinds:
+                        return event
+                await trio.sleep(0.05)
+        return None
+
+    async def answered(self, sock: RealtimeSocket, after: int) -> dict[str, Any] | None:
+        with trio.move_on_after(self.args.bound_s + 30):
+            while True:
+                for event in sock.events[after:]:
+                    if event["type"] == "response.done":
+                        return event
+                await trio.sleep(0.05)
+        return None
+
+    async def run(self) -> None:
+        phase, args = self.phase, self.args
+        url = self.served.ws("/v1/realtime")
+        async with trio.open_nursery() as nursery:
+            socks = []
+            for _ in range(args.clients):
+                ws = await nursery.start(_hold, url)
+                sock = RealtimeSocket(ws)
+                nursery.start_soon(sock.pump)
+                await sock.until("session.created")
+                await sock.send(
+                    {
+                        "type": "session.update",
+                        "session": {
+                            "type": "realtime",
+                            "audio": {"input": {"transcription": {"model": "whisper-1"}}},
+                        },
+                    }
+                )
+                await sock.until("session.updated")
+                socks.append(sock)
+            for round_ in range(phase.rounds):
+                await self.round(socks, round_)
+            nursery.cancel_scope.cancel()
+
+    async def round(self, socks: list[RealtimeSocket], round_: int) -> None:
+        phase = self.phase
+        before = self.asr_pid()
+        if before is None:
+            phase.note("no_asr_child", f"round {round_}")
+            return
+        marks = [len(s.events) for s in socks]
+        async with trio.open_nursery() as speaking:
+            for sock in socks:
+                speaking.start_soon(self.turn, sock)
+            # mid-turn: after the speech started, while its audio is heard
+            await socks[0].until("input_audio_buffer.speech_started", after=marks[0])
+            await trio.sleep(phase.rng.uniform(0.0, 2.5))
+            os.kill(before, signal.SIGKILL)
+            phase.counts["faults"] += 1
+        for i, sock in enumerate(socks):
+            end = await self.ended(sock, marks[i])
+            if end is None:
+                phase.note("hung", f"round {round_} client {i}: {summary(sock.events[marks[i] :])}")
+            else:
+                heard = end.get("transcript")
+                phase.counts["heard_whole" if heard == HELLO else
+                             "heard_partial_or_none" if end["type"].endswith("completed")
+                             else "transcription_failed"] += 1  # fmt: skip
+            await self.answered(sock, marks[i])  # the turn's reply (if any) ends first
+        # the next turn of every session is heard exactly, and answered with audio
+        marks = [len(s.events) for s in socks]
+        async with trio.open_nursery() as speaking:
+            for sock in socks:
+                speaking.start_soon(self.turn, sock)
+        for i, sock in enumerate(socks):
+            end = await self.ended(sock, marks[i])
+            done = await self.answered(sock, marks[i])
+            audio = sum(len(e["delta"]) for e in sock.events[marks[i]:]
+                        if e["type"] == "response.output_audio.delta")  # fmt: skip
+            if (end is None or end.get("transcript") != HELLO or done is None
+                    or done["response"]["status"] != "completed" or audio < 10_000):  # fmt: skip
+                phase.note("not_recovered", f"round {round_} client {i}: "
+                           f"{summary(sock.events[marks[i]:])}")  # fmt: skip
+        after = self.asr_pid()
+        if after is None or after == before:
+            phase.note("asr_not_replaced", f"round {round_}: {before} -> {after}")
+        else:
+            phase.counts["asr_replaced"] += 1
+
+
+async def _hold(url: str, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+    async with connect(url, max_queue=None, max_size=None) as ws:
+        task_status.started(ws)
+        await trio.sleep_forever()
+
+
+SPLIT_ECHOES = [0]
+"""Echoes heard whole but over two or more responses (counted, not a failure)."""
 
 
 def summary(events: list[dict[str, Any]]) -> str:
@@ -254,6 +455,10 @@ class Phase:
             ]  # fmt: skip
         if self.name == "engine-process":
             return ["--engine-process", "on"], {}, []
+        if self.name == "asr":
+            grammar = Path(tempfile.mkdtemp(prefix="duplex-faults-")) / "fixtures.gram"
+            grammar.write_text(GRAMMAR)  # (not next to the results: nothing to commit)
+            return ["--engine-process", "on"], {"DUPLEX_AGENT_ASR_GRAMMAR": str(grammar)}, []
         if self.name == "worker":
             return ["--connection-workers", "2"], {}, []
         return ["--connection-workers", "1", "--session-shards", "2"], {}, []
@@ -320,6 +525,14 @@ class Phase:
         serve_args, env, wrapper = self.serve_args()
         log = Path(args.out).with_suffix(f".{self.name}.log")
         started = time.monotonic()
+        if self.name == "asr":
+            async with serve(serve_args, env=env, log=log, wrapper=wrapper) as served:
+                await AsrRounds(self, served).run()
+                left = await settle(served.http, timeout_s=60)
+                _, health = await get_json(served.http, "/health")
+                text = await metrics(served.http)
+                alive = served.process.poll() is None
+            return self.report(served, started, left, health, text, alive)
         async with serve(serve_args, env=env, log=log, wrapper=wrapper) as served, \
                 trio.open_nursery() as nursery:  # fmt: skip
             url = served.ws("/v1/duplex")
@@ -341,11 +554,17 @@ class Phase:
             text = await metrics(served.http)
             alive = served.process.poll() is None
             nursery.cancel_scope.cancel()
+        return self.report(served, started, left, health, text, alive)
+
+    def report(self, served: Served, started: float, left: dict[str, float],
+               health: dict[str, Any], text: str, alive: bool) -> dict[str, Any]:  # fmt: skip
+        args = self.args
         tracebacks = [
             line[:300]
             for line in served.log_lines()
             if ("Traceback" in line or '"exception"' in line)
             and "injected engine fault" not in line
+            and '"event": "asr failed"' not in line  # a turn's chunk lost with the ASR child
         ]
         return {
             "rounds": self.rounds,
@@ -354,6 +573,8 @@ class Phase:
             "hung_sockets": self.counts["hung"],
             "not_told": self.counts["not_told"],
             "not_recovered": self.counts["not_recovered"],
+            "untyped_speech_answers": self.counts["speech_untyped"],
+            "speech_not_recovered": self.counts["speech_not_recovered"],
             "leaked_after_settle": left,
             "slot_mismatches_during": len(self.slot_mismatches),
             "server_alive_at_end": alive,
@@ -368,6 +589,7 @@ class Phase:
                 )
             },
             "counts": dict(self.counts),
+            "echoes_split_over_responses": SPLIT_ECHOES[0],
             "examples": self.examples,
             "slot_mismatch_examples": self.slot_mismatches[:5],
             "unexpected_tracebacks": len(tracebacks),
@@ -392,6 +614,12 @@ class Phase:
         for i in speaking:  # mid-response when the fault comes
             await clients[i].wait(marks[i], "response.audio.delta", args.bound_s)
         marks = [len(c.events) for c in clients]
+        speech = None
+        if self.name == "engine-process":  # the TTS runs there too: one request in flight
+            await self.whole(served)
+            speech = SpeechCall(served.http, self)
+            nursery.start_soon(speech.run)
+            await speech.sent.wait()
         killed = await self.inject(served)
         self.counts["faults"] += 1
         engine_fault = self.name in ("engine-crash", "engine-process")
@@ -431,6 +659,12 @@ class Phase:
             for i, c in enumerate(clients):
                 recovering.start_soon(recover, i, c)
         await self.check_slots(served, round_, killed)
+        if speech is not None:
+            await speech.done.wait()
+            again = SpeechCall(served.http, self)
+            await again.run()
+            if again.answer != "audio":
+                self.note("speech_not_recovered", f"round {round_}: {again.answer}")
         return renewed
 
     async def replace(self, served: Served, nursery: trio.Nursery, old: Watched,
@@ -508,7 +742,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--bound-s", type=float, default=15.0)
     parser.add_argument("--seed", default="0")
-    parser.add_argument("--phases", default="engine-crash,engine-process,worker,shard")
+    parser.add_argument("--phases", default="engine-crash,engine-process,worker,shard,asr")
     parser.add_argument("--out", default="bench/results/faults")
     args = parser.parse_args()
     args.phases = args.phases.split(",")

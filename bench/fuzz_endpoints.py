@@ -1,8 +1,9 @@
 """Fuzz every endpoint of a real ``duplex serve``: generated frames in, typed answers out?
 
     .venv/bin/python bench/fuzz_endpoints.py [--frames 2000] [--seed 0] [--lanes 4]
-        [--endpoints duplex,realtime,chat,pcm,http,speech,speech_stream,media,video_stream]
-        [--out bench/results/fuzz]
+        [--endpoints duplex,realtime,chat,pcm,http,speech,speech_stream,media,video_ids,
+                     video_stream]
+        [--max-frame-bytes 65536] [--out bench/results/fuzz]
 
 Starts ``duplex serve`` (loopback model, an API key, ``max_frame_bytes`` 65,536 so that
 frames at and over the limit are cheap) and sends ``--frames`` generated frames to each
@@ -67,6 +68,11 @@ The text-to-speech, image and video endpoints (``bench/_fuzz_media.py``; with ``
 - ``speech_stream`` (``WS /v1/audio/speech/stream``): after a valid ``session.config``,
   mutated ``session.config`` / ``input.text`` / ``input.done``, binary frames, frames at and
   over 128 KiB; barrier: an unknown event named for the frame (its ``unknown_event`` error).
+- ``video_ids``: the ``{id}`` routes of ``media`` alone. In both, the id a request names
+  half the time is a live job's (``LiveJob``: queued or in progress when the request is
+  sent; a new one once it finished or the fuzz's ``DELETE`` cancelled it).
+- With ``--max-frame-bytes`` above 131,072 (``262144``) a frame can carry the speech
+  stream's own 128 KiB text limit; at the default the frame limit closes first (1009).
 - ``video_stream`` (``WS /v1/realtime/video``): half the sockets get the frame as their
   first message (a mutated ``session.start``), half a valid tiny start first and then
   mutated ``session.ping`` / ``session.interaction``; barrier: ``session.ping``
@@ -84,7 +90,7 @@ import socket
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -359,6 +365,45 @@ async def refused(tally: Tally, exc: ConnectionClosed) -> None:
     await trio.sleep(0.5)
 
 
+Step = Callable[[str, int], Awaitable[bool]]
+"""One frame of a kind, numbered ``n`` in its lane, sent with its barrier: ``False`` once
+the socket is closed."""
+
+
+async def frame_lane(
+    url: str,
+    frames: int,
+    rng: random.Random,
+    tally: Tally,
+    kinds: Sequence[str],
+    opened: Callable[[ClientConnection], Awaitable[Step]],
+    finish: Callable[[ClientConnection], Awaitable[object]] | None = None,
+) -> None:
+    """The frame loop of every WebSocket endpoint: a socket (a new one after each close),
+    ``opened`` on it (its handshake; returns the socket's step), then frames of random
+    kinds until ``frames`` are sent; ``finish`` on a socket still open at the end. A
+    socket closed while it opened is refused by admission (``refused``)."""
+    n = 0
+    while n < frames:
+        try:
+            async with connect(url, additional_headers=AUTH, max_queue=None,
+                               max_size=None) as ws:  # fmt: skip
+                step = await opened(ws)
+                tally.sessions += 1
+                while n < frames:
+                    kind = kinds[rng.randrange(len(kinds))]
+                    n += 1
+                    tally.frames += 1
+                    tally.by_kind[kind] += 1
+                    if not await step(kind, n):
+                        break
+                else:
+                    if finish is not None:
+                        await finish(ws)
+        except ConnectionClosed as exc:  # refused at open (the machine is full): later
+            await refused(tally, exc)
+
+
 # -- JSON WebSocket endpoints ----------------------------------------------------------------
 
 
@@ -417,28 +462,21 @@ class JsonEndpoint:
                 self.ids["item"] = item["id"]
 
     async def lane(self, frames: int, rng: random.Random, tally: Tally, lane: int) -> None:
-        n = 0
-        while n < frames:
-            try:
-                async with connect(
-                    self.url, additional_headers=AUTH, max_queue=None, max_size=None
-                ) as ws:
-                    await self.open(ws)
-                    tally.sessions += 1
-                    await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                              "audio": _b64(tone(4))}))  # fmt: skip
-                    while n < frames:
-                        kind = KINDS[rng.randrange(len(KINDS))]
-                        frame = json_frame(kind, rng, self.examples(), LIMIT)
-                        n += 1
-                        tally.frames += 1
-                        tally.by_kind[kind] += 1
-                        if not await self._one(ws, frame, lane * 100_000 + n, tally):
-                            break
-                    else:
-                        await ws.send(json.dumps({"type": "session.close"}))
-            except ConnectionClosed as exc:  # refused at open (the machine is full): later
-                await refused(tally, exc)
+        async def opened(ws: ClientConnection) -> Step:
+            await self.open(ws)
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": _b64(tone(4))}))  # fmt: skip
+
+            async def step(kind: str, n: int) -> bool:
+                frame = json_frame(kind, rng, self.examples(), LIMIT)
+                return await self._one(ws, frame, lane * 100_000 + n, tally)
+
+            return step
+
+        async def close(ws: ClientConnection) -> None:
+            await ws.send(json.dumps({"type": "session.close"}))
+
+        await frame_lane(self.url, frames, rng, tally, KINDS, opened, close)
 
     async def _one(self, ws: ClientConnection, frame: str | bytes, n: int, tally: Tally) -> bool:
         """One frame and its barrier; ``False`` once the socket is closed."""
@@ -532,27 +570,18 @@ class PcmEndpoint:
         return bytes(size) if rng.random() < 0.5 else json.dumps({"type": "x", "p": "y" * size})
 
     async def lane(self, frames: int, rng: random.Random, tally: Tally, lane: int) -> None:
-        n = 0
-        while n < frames:
-            try:
-                async with connect(
-                    self.url, additional_headers=AUTH, max_queue=None, max_size=None
-                ) as ws:
-                    await ws.send(json.dumps({"type": "open"}))
-                    with trio.fail_after(10):
-                        while await ws.recv() != '{"type":"ready"}':
-                            pass
-                    tally.sessions += 1
-                    while n < frames:
-                        kind = KINDS[rng.randrange(len(KINDS))]
-                        frame = self.frame(kind, rng)
-                        n += 1
-                        tally.frames += 1
-                        tally.by_kind[kind] += 1
-                        if not await self._one(ws, frame, lane * 100_000 + n, tally):
-                            break
-            except ConnectionClosed as exc:
-                await refused(tally, exc)
+        async def opened(ws: ClientConnection) -> Step:
+            await ws.send(json.dumps({"type": "open"}))
+            with trio.fail_after(10):
+                while await ws.recv() != '{"type":"ready"}':
+                    pass
+
+            async def step(kind: str, n: int) -> bool:
+                return await self._one(ws, self.frame(kind, rng), lane * 100_000 + n, tally)
+
+            return step
+
+        await frame_lane(self.url, frames, rng, tally, KINDS, opened)
 
     async def _one(self, ws: ClientConnection, frame: str | bytes, n: int, tally: Tally) -> bool:
         name = f"barrier-{n}"
@@ -652,29 +681,20 @@ class ChatEndpoint:
         return rng.choice([b"", b"\x06", b"\x03\x00", b"\x01", b"\x04"])
 
     async def lane(self, frames: int, rng: random.Random, tally: Tally, lane: int) -> None:
-        n = 0
-        while n < frames:
-            try:
-                async with connect(
-                    self.url, additional_headers=AUTH, max_queue=None, max_size=None
-                ) as ws:
-                    with trio.fail_after(10):
-                        while (await ws.recv())[:1] != b"\x00":  # the handshake
-                            pass
-                    tally.sessions += 1
-                    if rng.random() < 0.5:  # half the sessions are mid-stream
-                        for page in self.pages[:4]:
-                            await ws.send(b"\x01" + page)
-                    while n < frames:
-                        kind = KINDS[rng.randrange(len(KINDS))]
-                        frame = self.frame(kind, rng)
-                        n += 1
-                        tally.frames += 1
-                        tally.by_kind[kind] += 1
-                        if not await self._one(ws, frame, tally):
-                            break
-            except ConnectionClosed as exc:
-                await refused(tally, exc)
+        async def opened(ws: ClientConnection) -> Step:
+            with trio.fail_after(10):
+                while (await ws.recv())[:1] != b"\x00":  # the handshake
+                    pass
+            if rng.random() < 0.5:  # half the sessions are mid-stream
+                for page in self.pages[:4]:
+                    await ws.send(b"\x01" + page)
+
+            async def step(kind: str, n: int) -> bool:
+                return await self._one(ws, self.frame(kind, rng), tally)
+
+            return step
+
+        await frame_lane(self.url, frames, rng, tally, KINDS, opened)
 
     async def _one(self, ws: ClientConnection, frame: str | bytes, tally: Tally) -> bool:
         """After the frame: ``0x05`` then a documented close, or the stream keeps flowing."""
@@ -899,6 +919,8 @@ async def fuzz_http(http: str, port: int, route: str, frames: int, rng: random.R
 async def fuzz(args: argparse.Namespace) -> dict[str, Any]:
     code = commit()  # the code that runs: taken at the start
     out = Path(args.out)
+    global LIMIT
+    LIMIT = args.max_frame_bytes
     env = {
         "DUPLEX_MAX_FRAME_BYTES": str(LIMIT),
         "DUPLEX_API_KEYS": KEY,
@@ -910,7 +932,7 @@ async def fuzz(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     import _fuzz_media  # here: it imports this module's generators
 
-    media = {"media", "video_stream"} & set(args.endpoints)
+    media = {"media", "video_ids", "video_stream"} & set(args.endpoints)
     flags = ["--image-model", "tiny", "--video-model", "tiny"] if media else []
     async with serve(
         ["--model", "loopback", *flags], env=env, log=out.with_suffix(".log")
@@ -926,7 +948,7 @@ async def fuzz(args: argparse.Namespace) -> dict[str, Any]:
             "video_stream": _fuzz_media.VideoStreamEndpoint(served.ws("/v1/realtime/video"), LIMIT),
         }
         for name in args.endpoints:
-            if name in ("speech", "media"):
+            if name in ("speech", "media", "video_ids"):
                 t = time.monotonic()
                 found: dict[str, Any] = {}
                 await _fuzz_media.fuzz_http_routes(served.http, name, args.frames, args.seed,
@@ -990,6 +1012,8 @@ def main() -> int:
     parser.add_argument("--lanes", type=int, default=4)
     parser.add_argument("--endpoints", default="duplex,realtime,chat,pcm,http")
     parser.add_argument("--out", default="bench/results/fuzz")
+    parser.add_argument("--max-frame-bytes", type=int, default=LIMIT,
+                        help="the server's max_frame_bytes (the size kinds follow it)")  # fmt: skip
     args = parser.parse_args()
     args.endpoints = args.endpoints.split(",")
     report = trio.run(fuzz, args)

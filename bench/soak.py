@@ -69,6 +69,8 @@ from _served import (
     write_report,
 )
 
+IDLE_DELTAS = ("rss_mb_total", "fds_total", "tasks", "gc_objects", "gc_live", "malloc_in_use",
+               "malloc_free", "pymalloc_blocks")  # fmt: skip
 LOUD = [tone(1, start=k) for k in range(12)]
 QUIET = silence(1)
 CYCLE = 25  # frames: 12 loud, 13 quiet
@@ -221,6 +223,12 @@ async def sample(served: Any, probe: Path, t0: float, phase: str) -> dict[str, A
         "gc_floor": last.get("gc_floor"),
         "gc_full": last.get("gc_full"),
         "gc_live": last.get("gc_live"),  # only where asked for (the idle points)
+        **{  # the allocator's view (bench/_probe_serve.py), in MB
+            key: round(last[key] / 2**20, 2)
+            for key in ("malloc_in_use", "malloc_free", "malloc_mmap")
+            if last.get(key) is not None
+        },
+        "pymalloc_blocks": last.get("pymalloc_blocks"),
         "sessions_live": health["sessions"]["live"],
         "engine_live_slots": metric_sum(text, "duplex_engine_live_slots"),
         "late_ticks": metric_sum(text, "duplex_engine_late_ticks_total"),
@@ -294,7 +302,17 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         problems = log_problems(served.log_lines())
     loaded = [s for s in samples if s["phase"] == "load"]
     xs = [s["t_s"] for s in loaded]
-    series = ("rss_mb_total", "fds_total", "tasks", "gc_objects", "gc_floor", "sessions_live")
+    series = (
+        "rss_mb_total",
+        "fds_total",
+        "tasks",
+        "gc_objects",
+        "gc_floor",
+        "sessions_live",
+        "malloc_in_use",
+        "malloc_free",
+        "pymalloc_blocks",
+    )
     idle_series = (*series, "gc_live")
     report = {
         "command": " ".join(["bench/soak.py", *sys.argv[1:]]),
@@ -307,20 +325,20 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "client_error_codes": load.error_codes,
         "idle_delta": {
             k: (None if end[k] is None else round(end[k] - baseline[k], 1))
-            for k in ("rss_mb_total", "fds_total", "tasks", "gc_objects", "gc_live")
-            if baseline[k] is not None
+            for k in IDLE_DELTAS
+            if baseline.get(k) is not None and end.get(k) is not None
         },
-        "idle_baseline": {k: baseline[k] for k in idle_series},
-        "idle_end": {k: end[k] for k in idle_series},
+        "idle_baseline": {k: baseline.get(k) for k in idle_series},
+        "idle_end": {k: end.get(k) for k in idle_series},
         "slope_per_10min_under_load": {
             k: slope_per_10min(
-                [x for x, s in zip(xs, loaded, strict=True) if s[k] is not None],
-                [s[k] for s in loaded if s[k] is not None],
+                [x for x, s in zip(xs, loaded, strict=True) if s.get(k) is not None],
+                [s[k] for s in loaded if s.get(k) is not None],
             )
             for k in series
         },
         "under_load_range": {
-            k: [min(v), max(v)] if (v := [s[k] for s in loaded if s[k] is not None]) else None
+            k: [min(v), max(v)] if (v := [s[k] for s in loaded if s.get(k) is not None]) else None
             for k in series
         },
         "server_log": problems,

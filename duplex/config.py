@@ -140,6 +140,10 @@ class ServerConfig:
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     shutdown_grace_s: float = 5.0
+    malloc_trim_interval_s: float = 60.0
+    """How often each server process gives freed heap memory back to the system
+    (glibc's ``malloc_trim``; 0: never). Without it RSS stays at the heap's high-water
+    mark (docs/operations.md, "Memory")."""
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     """Keys a client must send as ``Authorization: Bearer <key>`` on every route (or, from
     a browser, as the ``openai-insecure-api-key.<key>`` WebSocket subprotocol); empty: no
@@ -269,6 +273,11 @@ class ServerConfig:
             raise ConfigError(f"vad_streams: must be >= 1, got {self.vad_streams}")
         if self.shutdown_grace_s < 0:
             raise ConfigError("shutdown_grace_s: must be >= 0")
+        if not 0 <= self.malloc_trim_interval_s <= 86_400:
+            raise ConfigError(
+                f"malloc_trim_interval_s: must be 0..86400, got {self.malloc_trim_interval_s}",
+                key="malloc_trim_interval_s",
+            )
         if not self.first_event_timeout_s >= 0:
             raise ConfigError("first_event_timeout_s: must be >= 0")
         self._check_policy()

@@ -16,6 +16,7 @@
     │   ├── RunnerContractError             a runner's output broke the ModelRunner contract
     │   ├── RequestError                    request-batched models (``models/_requests.py``)
     │   │   ├── RequestFailed               the runner raised or broke its contract for a request
+    │   │   │   └── EngineUnavailable       its engine process exited or is restarting
     │   │   ├── RequestsOverloaded          the request engine's queue is full
     │   │   └── RequestCancelled            every request of a running batch was withdrawn
     │   └── SpeechError                     text to speech (``models/tts``)
@@ -204,6 +205,12 @@ class RequestError(ModelError):
 class RequestFailed(RequestError):
     """The runner raised, or returned no result for a request; clients are told that it
     failed (never the cause, which is chained and logged)."""
+
+
+class EngineUnavailable(RequestFailed):
+    """The engine process that runs the request engine exited, or is not linked yet (it is
+    being restarted): the request did not fail on its own, a retry in a moment will run
+    it. HTTP answers 503 with ``Retry-After``, not a 500."""
 
 
 class RequestsOverloaded(RequestError):

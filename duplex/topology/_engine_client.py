@@ -31,7 +31,12 @@ from typing import Any, Protocol, final
 
 import trio
 
-from duplex.exceptions import PromptUnsupported, RequestFailed, RequestsOverloaded
+from duplex.exceptions import (
+    EngineUnavailable,
+    PromptUnsupported,
+    RequestFailed,
+    RequestsOverloaded,
+)
 from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry, Sample
 from duplex.models import (
@@ -199,10 +204,12 @@ class RemoteEngine:
 
         Raises:
             RequestsOverloaded: its queue there is full.
-            RequestFailed: it failed there, or the link ended before the answer.
+            EngineUnavailable: the link ended before the answer, or there is none (the
+                engine process is being restarted).
+            RequestFailed: it failed there.
         """
         if not self.connected:
-            raise RequestFailed(f"{runner}: the engine process is not linked")
+            raise EngineUnavailable(f"{runner}: the engine process is not linked")
         request = next(self._requests)
         answered = trio.Event()
         box: list[RequestDone] = []
@@ -217,7 +224,7 @@ class RemoteEngine:
         finally:
             self._answers.pop(request, None)
         if not box:
-            raise RequestFailed(f"{runner}: the engine process exited")
+            raise EngineUnavailable(f"{runner}: the engine process exited")
         done = box[0]
         if done.retry_after_s is not None:
             raise RequestsOverloaded(done.error or runner, retry_after_s=done.retry_after_s)

@@ -78,6 +78,7 @@ from ._engine_link import (
     encode_outputs,
 )
 from ._link import EXIT_STALE_CODE, Link, Ready, Stop
+from ._memory import trim_memory_every
 from ._requests import runner_specs, start_request_engines
 from ._server import (
     SERVER_DEAD_LETTERS,
@@ -368,6 +369,7 @@ async def run_engine_process(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(control.send_loop)
             nursery.start_soon(accept, nursery)
+            nursery.start_soon(trim_memory_every, config.server.malloc_trim_interval_s)
             control.post(Ready())
             log.info("engine ready", device=device, max_slots=spec.max_slots)
             async for message in control.messages():

@@ -62,6 +62,7 @@ from . import _link
 from ._engine_client import EngineConnection, engine_spec, export_engine_histograms
 from ._engines import EngineProcesses
 from ._media import open_media
+from ._memory import trim_memory_every
 from ._requests import model_cards, open_request_engines, runner_specs
 from ._shards import ShardProcesses
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
@@ -397,6 +398,7 @@ async def open_backend(
             log.info("agent started", llm=server.agent_llm or "echo", asr=server.agent_asr)
         freeze_startup_objects()
         frozen = True
+        nursery.start_soon(trim_memory_every, server.malloc_trim_interval_s)
         backend.ready.set()
 
     try:

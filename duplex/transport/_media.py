@@ -36,7 +36,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from duplex.exceptions import ProtocolError, RequestFailed, RequestsOverloaded
+from duplex.exceptions import EngineUnavailable, ProtocolError, RequestFailed, RequestsOverloaded
 from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry, Sample
 from duplex.models.diffusion import ImageRequest, ImageResult, VideoRequest, VideoResult
@@ -278,6 +278,9 @@ class MediaService:
                     outcome.append(
                         _overloaded(f"Too many requests queued: {exc}", exc.retry_after_s)
                     )
+                except EngineUnavailable as exc:  # its engine process is being restarted
+                    self.log.warning("generation failed", error=str(exc))
+                    outcome.append(_starting("image"))
                 except RequestFailed as exc:
                     self.log.error("generation failed", exc_info=exc)
                     outcome.append(_failed("The generation failed."))

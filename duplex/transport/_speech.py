@@ -28,7 +28,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from duplex.exceptions import RequestFailed, RequestsOverloaded
+from duplex.exceptions import EngineUnavailable, RequestFailed, RequestsOverloaded
 from duplex.logs import get_logger
 from duplex.metrics import Counter, MetricsRegistry
 from duplex.models.tts import TTS_RUNNER, SpeechRequest, split_sentences, voice_problem
@@ -71,6 +71,13 @@ NOT_LOADED = Refusal(
 )
 LOADING = Refusal(503, "The text-to-speech model is loading.", None, "tts_loading", "server_error")
 FAILED = Refusal(500, "Speech synthesis failed.", None, "tts_failed", "server_error")
+UNAVAILABLE = Refusal(
+    503,
+    "The text-to-speech engine is restarting; retry shortly.",
+    None,
+    "tts_unavailable",
+    "server_error",
+)
 
 
 def _answer(refused: Refusal, retry_after_s: float | None = None) -> Response:
@@ -224,6 +231,10 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
         except RequestsOverloaded as exc:
             service.count(endpoint, "refused")
             return _overloaded(exc)
+        except EngineUnavailable as exc:  # its engine process is being restarted: retry
+            service.count(endpoint, "unavailable")
+            log.warning(what, error=str(exc))
+            return _answer(UNAVAILABLE, 1.0)
         except RequestFailed as exc:
             service.count(endpoint, "failed")
             log.error(what, exc_info=exc)

@@ -23,7 +23,12 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from duplex.exceptions import PromptUnsupported, RequestFailed, RequestsOverloaded
+from duplex.exceptions import (
+    EngineUnavailable,
+    PromptUnsupported,
+    RequestFailed,
+    RequestsOverloaded,
+)
 from duplex.metrics import MetricsRegistry
 from duplex.models import (
     LOOPBACK_SPEC,
@@ -499,5 +504,5 @@ async def test_a_link_that_ends_fails_the_requests_in_flight(tmp_path: Path) -> 
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(cut)
-                with pytest.raises(RequestFailed, match="exited"):
+                with pytest.raises(EngineUnavailable, match="exited"):  # a 503, not a 500
                     await service.submit(1)

@@ -208,6 +208,10 @@ async def test_the_speech_stream_socket() -> None:
             }  # fmt: skip
             await ws.send("{not json")
             assert json.loads(await ws.recv())["code"] == "invalid_json"
+            # the stream's own text limit (under the frame limit): refused, and the stream
+            # goes on (the next utterance below is spoken)
+            await ws.send(json.dumps({"type": "input.text", "text": "a" * (128 * 1024 + 1)}))
+            assert json.loads(await ws.recv())["code"] == "text_too_large"
             await ws.send(json.dumps({"type": "session.config", "response_format": "flac"}))
             await ws.send(json.dumps({"type": "input.text", "text": "Next one."}))
             await ws.send(json.dumps({"type": "input.done"}))

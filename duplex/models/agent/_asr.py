@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, final
+from typing import Any, NoReturn, final
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +31,7 @@ __all__ = [
     "AsrChunk",
     "AsrPool",
     "AsrProcess",
+    "AsrProcessLost",
     "AsrText",
     "PocketSphinxRunner",
 ]
@@ -151,6 +152,10 @@ class PocketSphinxRunner:
         return hyp.hypstr if hyp is not None else ""
 
 
+class AsrProcessLost(RuntimeError):
+    """The ASR child died during a batch (the batch fails; a new child is running)."""
+
+
 class AsrProcess:
     """A `PocketSphinxRunner` in a child process: the same runner shape, but its decoding
     never holds this process's GIL (pocketsphinx holds it for each call, which stalls the
@@ -169,6 +174,10 @@ class AsrProcess:
         self._conn: Any = None
         self._process: Any = None
         self._lock = threading.Lock()
+        self._starting: threading.Thread | None = None
+
+    restarts: int = 0
+    """Children started again after one died (a crash, a kill, out of memory)."""
 
     def prepare(self) -> None:
         """Start the child and wait for its warm decoders (blocking)."""
@@ -187,31 +196,79 @@ class AsrProcess:
             raise ready
 
     def run_batch(self, requests: Sequence[AsrChunk], gate: UnitGate) -> list[AsrText]:
+        """One batch through the child. A child that died (its pipe broke) fails this
+        batch at once and a new one starts in the background; the next batch waits for
+        it. Its open streams are lost (a chunk of one opens a new stream). Before, a dead
+        child failed every later batch: the agent heard nothing until the server
+        restarted."""
         with self._lock:
             self.send(requests)
             return self.receive()
 
     def send(self, requests: Sequence[AsrChunk]) -> None:
-        """Hand the child a batch (`receive` gets its answer; one batch at a time)."""
-        self._conn.send(list(requests))
+        """Hand the child a batch (`receive` gets its answer; one batch at a time).
+
+        Raises:
+            AsrProcessLost: the child had died (a new one is starting).
+        """
+        if self._starting is not None:  # a replacement is starting: wait for it
+            self._starting.join()
+            self._starting = None
+        if self._conn is None:  # it failed to start: try again here (raises)
+            self.prepare()
+        try:
+            self._conn.send(list(requests))
+        except (EOFError, OSError) as exc:
+            self._lost(exc)
 
     def receive(self) -> list[AsrText]:
         """The answer to the batch `send` handed over.
 
         Raises:
+            AsrProcessLost: the child died (a new one is starting).
             Exception: what the child raised for the batch.
         """
-        answer = self._conn.recv()
+        try:
+            answer = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            self._lost(exc)
         if isinstance(answer, BaseException):
             raise answer
         results: list[AsrText] = answer
         return results
 
-    def close(self) -> None:
-        """Stop the child (it also ends with this process: it is a daemon)."""
+    def _lost(self, exc: BaseException) -> NoReturn:
+        self._replace()
+        raise AsrProcessLost("the ASR process exited; a new one takes the next chunks") from exc
+
+    def _replace(self) -> None:
+        """Reap the dead child; start the next one in a thread (it takes seconds: the
+        failed batch is not held for it)."""
+        self._stop()
+        self.restarts += 1
+
+        def start() -> None:
+            try:
+                self.prepare()
+            except Exception:  # the next batch tries again, and raises what it gets
+                self._stop()
+
+        self._starting = threading.Thread(target=start, name="duplex-asr-restart", daemon=True)
+        self._starting.start()
+
+    def _stop(self) -> None:
         if self._process is not None:
             self._process.kill()
             self._process.join(5)
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = self._process = None
+
+    def close(self) -> None:
+        """Stop the child (it also ends with this process: it is a daemon)."""
+        if self._starting is not None:
+            self._starting.join(30)
+        self._stop()
 
 
 class AsrPool:
@@ -271,11 +328,17 @@ class AsrPool:
             groups: dict[int, list[int]] = {}
             for position, chunk in enumerate(requests):
                 groups.setdefault(self._child(chunk), []).append(position)
-            for index, positions in groups.items():
-                self.children[index].send([requests[p] for p in positions])
             results: list[AsrText | None] = [None] * len(requests)
             failure: BaseException | None = None
-            for index, positions in groups.items():  # every answer is read, even after a failure
+            sent: dict[int, list[int]] = {}
+            for index, positions in groups.items():
+                try:
+                    self.children[index].send([requests[p] for p in positions])
+                except Exception as exc:  # a dead child: its chunks fail, the others go on
+                    failure = failure or exc
+                    continue
+                sent[index] = positions
+            for index, positions in sent.items():  # every answer is read, even after a failure
                 try:
                     answers = self.children[index].receive()
                 except Exception as exc:

@@ -1,0 +1,79 @@
+"""The agent's ASR child process is killed mid-turn: the turn still ends (its transcript
+completes, with what was heard), its reply is not left waiting, and the next turn is
+heard whole. Real server in process, real pocketsphinx child, real SIGKILL."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import trio
+from websockets.trio.client import connect
+
+from tests.transport.wsclient import running_server
+
+from .agentkit import HELLO, silence, wav_pcm16
+from .test_e2e_agent import _agent, _session
+
+COMPLETED = "conversation.item.input_audio_transcription.completed"
+
+
+def asr_pid() -> int:
+    """The ASR child: of this process, or of its engine process (a multiprocessing child)."""
+    mine = [p.pid for p in multiprocessing.active_children() if p.name == "duplex-asr"]
+    if mine:
+        return mine[0]
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{ppid}/stat") as f:
+                    grandparent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if b"spawn_main" in cmdline and grandparent == os.getpid():
+                found.append(int(entry))
+    (pid,) = found
+    return pid
+
+
+@pytest.mark.parametrize("engine_process", ["off", "on"])
+async def test_a_killed_asr_child_ends_the_turn_and_the_next_is_heard(
+    tmp_path: Path, engine_process: str
+) -> None:
+    """``on``: the ASR is a child of the engine process (the request engines run there)."""
+    layout = {"server.engine_process": engine_process}
+    async with running_server(**_agent(tmp_path), **layout) as server:
+        url = server.http.replace("http://", "ws://") + "/v1/realtime"
+        async with connect(url, max_queue=None) as ws, trio.open_nursery() as nursery:
+            sock = await _session(url, nursery, ws)
+            speaking = trio.Event()
+
+            async def speak() -> None:
+                await sock.stream(wav_pcm16("hello.wav") + silence(1200))
+                speaking.set()
+
+            nursery.start_soon(speak)
+            await sock.until("conversation.item.input_audio_transcription.delta")
+            os.kill(asr_pid(), signal.SIGKILL)  # mid-turn: the speech has been heard in part
+            await speaking.wait()
+            completed = await sock.until(COMPLETED, timeout=30)
+            done = await sock.until("response.done", timeout=30)
+            after = len(sock.events)
+            await sock.stream(wav_pcm16("hello.wav") + silence(1200))
+            again = await sock.until(COMPLETED, after=after, timeout=30)
+            second = await sock.until("response.done", after=after, timeout=30)
+            nursery.cancel_scope.cancel()
+    assert HELLO.startswith(completed["transcript"]) or completed["transcript"] == ""
+    assert done["response"]["status"] == "completed"
+    assert again["transcript"] == HELLO
+    assert second["response"]["status"] == "completed"
+    said = second["response"]["output"][0]["content"][0]["transcript"]
+    assert said == f"You said: {HELLO}."

@@ -1,0 +1,80 @@
+"""Freed heap memory goes back to the system (`malloc_trim`), and the setting's bounds.
+
+Real glibc, real allocations: memory freed in the middle of the heap (a live block after
+it, as a session's leftovers sit after closed ones) stays in RSS until trimmed.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import trio
+import trio.testing
+
+from duplex.config import load_config
+from duplex.exceptions import ConfigError
+from duplex.topology._memory import _glibc, malloc_trim, trim_memory_every
+
+pytestmark = pytest.mark.skipif(_glibc() is None, reason="malloc_trim is glibc's")
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        found = re.search(r"^VmRSS:\s*(\d+) kB", f.read(), re.M)
+    assert found is not None
+    return int(found.group(1)) / 1024
+
+
+def fragment(mb: int) -> list[bytearray]:
+    """``mb`` MB of heap blocks (over pymalloc's 512 bytes, under mmap's threshold), then
+    nine in ten freed: what is left pins the heap's top, so none of it shrinks by itself."""
+    blocks = [bytearray(4000) for _ in range(mb * 256)]
+    kept = blocks[::10]
+    blocks.clear()
+    return kept
+
+
+def test_a_trim_gives_back_what_the_heap_kept() -> None:
+    malloc_trim()
+    kept = fragment(64)
+    held = rss_mb()
+    assert malloc_trim() is True
+    assert rss_mb() < held - 30  # most of the 57 MB freed
+    assert malloc_trim() is False or rss_mb() < held - 30  # nothing more to give
+    del kept
+
+
+def test_the_server_trims_every_interval() -> None:
+    """Nothing before the interval; given back once it has passed (trio's MockClock)."""
+    malloc_trim()
+    kept = fragment(64)
+    held = rss_mb()
+    seen: list[float] = []
+
+    async def main() -> None:
+        with trio.move_on_after(59.0):
+            await trim_memory_every(60.0)
+        seen.append(rss_mb())  # 59 s: not yet
+        with trio.move_on_after(61.0):
+            await trim_memory_every(60.0)
+        seen.append(rss_mb())  # 61 s: trimmed once
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert seen[0] > held - 10
+    assert seen[1] < held - 30
+    del kept
+
+
+async def test_zero_turns_it_off() -> None:
+    with trio.fail_after(1):
+        await trim_memory_every(0)
+
+
+def test_the_interval_is_bounded() -> None:
+    assert load_config(env={}, overrides={"server.malloc_trim_interval_s": 0}).server
+    with pytest.raises(ConfigError, match="malloc_trim_interval_s"):
+        load_config(env={}, overrides={"server.malloc_trim_interval_s": -1})
+    with pytest.raises(ConfigError, match="malloc_trim_interval_s"):
+        load_config(env={"DUPLEX_MALLOC_TRIM_INTERVAL_S": "1e9"})
+    assert load_config(env={}).server.malloc_trim_interval_s == 60.0
