@@ -369,7 +369,7 @@ async def run_engine_process(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(control.send_loop)
             nursery.start_soon(accept, nursery)
-            nursery.start_soon(trim_memory_every, config.server.malloc_trim_interval_s)
+            nursery.start_soon(trim_memory_every, config.server.malloc_trim_interval_s, slack)
             control.post(Ready())
             log.info("engine ready", device=device, max_slots=spec.max_slots)
             async for message in control.messages():

@@ -27,6 +27,7 @@ from typing import Any
 import trio
 
 from duplex.logs import get_logger
+from duplex.models import Slack, UnitEstimate
 
 __all__ = ["malloc_trim", "trim_memory_every"]
 
@@ -53,15 +54,28 @@ def malloc_trim() -> bool | None:
     return None if libc is None else bool(libc.malloc_trim(0))
 
 
-async def trim_memory_every(interval_s: float) -> None:
+async def trim_memory_every(interval_s: float, slack: Slack | None = None) -> None:
     """Forever (until cancelled): `malloc_trim` every ``interval_s`` seconds, off the
-    event loop. Returns at once where ``interval_s`` is 0 or this is not glibc."""
+    event loop. Returns at once where ``interval_s`` is 0 or this is not glibc.
+
+    With ``slack`` (a process that ticks a realtime engine) each trim waits for a window
+    between ticks, as a batch unit does: it holds malloc's lock, which a step's own
+    allocations (numpy buffers, tensors) would otherwise wait on.
+    """
     if interval_s <= 0 or _glibc() is None:
         return
     log = get_logger(component="memory")
+    estimate = UnitEstimate()
     while True:
         await trio.sleep(interval_s)
-        started = time.perf_counter()
-        released = await trio.to_thread.run_sync(malloc_trim)
-        took_ms = round((time.perf_counter() - started) * 1000.0, 1)
-        log.debug("malloc_trim", released=released, took_ms=took_ms)
+        if slack is not None:
+            await slack.acquire(estimate)
+        try:
+            started = time.perf_counter()
+            released = await trio.to_thread.run_sync(malloc_trim)
+            took_s = time.perf_counter() - started
+        finally:
+            if slack is not None:
+                slack.release()
+        estimate.record(took_s)
+        log.debug("malloc_trim", released=released, took_ms=round(took_s * 1000.0, 1))

@@ -398,7 +398,7 @@ async def open_backend(
             log.info("agent started", llm=server.agent_llm or "echo", asr=server.agent_asr)
         freeze_startup_objects()
         frozen = True
-        nursery.start_soon(trim_memory_every, server.malloc_trim_interval_s)
+        nursery.start_soon(trim_memory_every, server.malloc_trim_interval_s, slack)
         backend.ready.set()
 
     try:

@@ -14,6 +14,7 @@ import trio.testing
 
 from duplex.config import load_config
 from duplex.exceptions import ConfigError
+from duplex.models import Slack
 from duplex.topology._memory import _glibc, malloc_trim, trim_memory_every
 
 pytestmark = pytest.mark.skipif(_glibc() is None, reason="malloc_trim is glibc's")
@@ -64,6 +65,23 @@ def test_the_server_trims_every_interval() -> None:
     assert seen[0] > held - 10
     assert seen[1] < held - 30
     del kept
+
+
+async def test_beside_realtime_ticks_a_trim_waits_for_a_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """It holds malloc's lock, which a step's allocations would wait on: with the process's
+    slack it runs between ticks, never during a step."""
+    slack = Slack()
+    slack.step_started()  # a realtime step runs from 0 s to 61 s
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trim_memory_every, 60.0, slack)
+        await trio.sleep(61.0)
+        assert slack.statistics().units == 0  # due at 60 s, it waited for the step
+        slack.step_ended(trio.current_time() + 0.080)
+        await trio.sleep(0.010)
+        assert slack.statistics().units == 1  # and ran in the window after it
+        nursery.cancel_scope.cancel()
 
 
 async def test_zero_turns_it_off() -> None:
