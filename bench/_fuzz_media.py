@@ -30,6 +30,7 @@ from fuzz_endpoints import (
     _is_number,
     _show,
     _wrong_type,
+    classify,
     frame_lane,
 )
 from websockets.exceptions import ConnectionClosed
@@ -463,27 +464,6 @@ class VideoStreamEndpoint:
             return "video ok" if data > 0 else "video: no bytes"
 
 
-def _classify(tally: Tally, message: str | bytes, frame: str | bytes) -> dict[str, Any] | None:
-    """A server message of these sockets (their ``error`` is flat: ``{type, message, code}``)."""
-    if isinstance(message, bytes):
-        tally.answers["<binary media>"] += 1
-        return None
-    try:
-        event = json.loads(message)
-    except ValueError:
-        tally.untyped.append(f"not JSON: {message[:200]!r} after {_show(frame)}")
-        return None
-    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-        tally.untyped.append(f"no type: {message[:200]!r} after {_show(frame)}")
-        return None
-    if event["type"] == "error":
-        if not isinstance(event.get("code"), str) or not isinstance(event.get("message"), str):
-            tally.untyped.append(f"error without code: {message[:200]!r}")
-            return event
-        tally.answers["error:" + event["code"]] += 1
-    return event
-
-
 def _pong(event: dict[str, Any]) -> bool:
     return event["type"] == "session.pong"
 
@@ -497,7 +477,9 @@ async def _one_ws(ws: ClientConnection, frame: str | bytes, barrier: str,
         await ws.send(barrier)
         with trio.fail_after(30):
             while True:
-                event = _classify(tally, await ws.recv(), frame)
+                event = classify(
+                    tally, await ws.recv(), frame, binary="<binary media>", flat_errors=True
+                )
                 if event is None:
                     continue
                 if answered(event):

@@ -334,10 +334,20 @@ def _show(frame: str | bytes) -> str:
     return repr(frame[:160]) + (f"... ({len(frame)} bytes)" if len(frame) > 160 else "")
 
 
-def _classify(tally: Tally, message: str | bytes, frame: str | bytes) -> dict[str, Any] | None:
-    """A server message: counted; returns the event if it is a typed JSON object."""
+def classify(
+    tally: Tally,
+    message: str | bytes,
+    frame: str | bytes,
+    *,
+    binary: str = "<binary audio>",
+    flat_errors: bool = False,
+) -> dict[str, Any] | None:
+    """A server message: counted; returns the event if it is a typed JSON object.
+    ``binary``: how a binary message is counted; ``flat_errors``: the socket's ``error``
+    carries its ``code`` and ``message`` itself (the speech and video streams), not in an
+    ``error`` object."""
     if isinstance(message, bytes):
-        tally.answers["<binary audio>"] += 1
+        tally.answers[binary] += 1
         return None
     try:
         event = json.loads(message)
@@ -348,8 +358,12 @@ def _classify(tally: Tally, message: str | bytes, frame: str | bytes) -> dict[st
         tally.untyped.append(f"no type: {message[:200]!r} after {_show(frame)}")
         return None
     if event["type"] == "error":
-        error = event.get("error")
-        if not isinstance(error, dict) or not isinstance(error.get("code"), str):
+        error = event if flat_errors else event.get("error")
+        if (
+            not isinstance(error, dict)
+            or not isinstance(error.get("code"), str)
+            or (flat_errors and not isinstance(error.get("message"), str))
+        ):
             tally.untyped.append(f"error without code: {message[:200]!r}")
             return event
         tally.answers["error:" + error["code"]] += 1
@@ -486,7 +500,7 @@ class JsonEndpoint:
             await ws.send(barrier)
             with trio.fail_after(10):
                 while True:
-                    event = _classify(tally, await ws.recv(), frame)
+                    event = classify(tally, await ws.recv(), frame)
                     if event is None:
                         continue
                     self.note_ids(event)
@@ -590,7 +604,7 @@ class PcmEndpoint:
             await ws.send(json.dumps({"type": name}))
             with trio.fail_after(10):
                 while True:
-                    event = _classify(tally, await ws.recv(), frame)
+                    event = classify(tally, await ws.recv(), frame)
                     if event is None:
                         continue
                     if event["type"] == "error" and name in event["error"].get("message", ""):
