@@ -24,14 +24,13 @@ def build(out: Path, seed: int, dtype_name: str) -> None:
     import torch
     from diffusers import (
         AutoencoderKL,
-        DDIMScheduler,
         StableDiffusionPipeline,
         UNet2DConditionModel,
     )
     from slack import SD15_UNET
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from duplex.models.diffusion._tiny import byte_clip_tokenizer
+    from duplex.models.diffusion._tiny import byte_clip_tokenizer, sd_scheduler
 
     tokenizer, vocab_size = byte_clip_tokenizer()
     torch.manual_seed(seed)
@@ -60,14 +59,7 @@ def build(out: Path, seed: int, dtype_name: str) -> None:
             max_position_embeddings=77,
         )
     ).to(dtype)
-    scheduler = DDIMScheduler(
-        beta_start=0.00085,
-        beta_end=0.012,
-        beta_schedule="scaled_linear",
-        clip_sample=False,
-        set_alpha_to_one=False,
-        steps_offset=1,
-    )
+    scheduler = sd_scheduler()
     StableDiffusionPipeline(
         vae=vae,
         text_encoder=text_encoder,

@@ -73,6 +73,20 @@ def byte_clip_tokenizer(scratch_parent: Path | None = None) -> tuple[Any, int]:
     return tokenizer, vocab_size
 
 
+def sd_scheduler() -> Any:
+    """Stable Diffusion 1.5's DDIM scheduler settings (its published ``scheduler_config``)."""
+    from diffusers import DDIMScheduler
+
+    return DDIMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+    )
+
+
 def build_tiny_pipeline(folder: Path, kind: TinyKind, seed: int) -> None:
     """Build the tiny ``kind`` pipeline with weights drawn from ``seed`` and save it to
     ``folder`` (``save_pretrained``)."""
@@ -80,7 +94,6 @@ def build_tiny_pipeline(folder: Path, kind: TinyKind, seed: int) -> None:
     from diffusers import (
         AnimateDiffPipeline,
         AutoencoderKL,
-        DDIMScheduler,
         MotionAdapter,
         StableDiffusionPipeline,
         UNet2DConditionModel,
@@ -126,14 +139,7 @@ def build_tiny_pipeline(folder: Path, kind: TinyKind, seed: int) -> None:
             max_position_embeddings=77,
         )
     )
-    scheduler = DDIMScheduler(
-        beta_start=0.00085,
-        beta_end=0.012,
-        beta_schedule="scaled_linear",
-        clip_sample=False,
-        set_alpha_to_one=False,
-        steps_offset=1,
-    )
+    scheduler = sd_scheduler()
     parts = {"vae": vae, "text_encoder": text_encoder, "tokenizer": tokenizer}
     if kind == "image":
         pipeline = StableDiffusionPipeline(
