@@ -200,7 +200,8 @@ class AgentLink:
                 else:
                     pcm = self._slice(stream.cursor_ms, max(stream.cursor_ms, peek))
                     stream.cursor_ms = max(stream.cursor_ms, peek)
-                    result = await self.models.hear(AsrChunk(stream.key, pcm))
+                    chunk = AsrChunk(stream.key, pcm, provisional=True)
+                    result = await self.models.hear(chunk)
                     stream.text = result.text or stream.text
                     await self._deliver(AsrResult(stream.item_id, result.text, until_ms=peek))
                     continue

@@ -53,12 +53,15 @@ at most 1500 active HMMs a frame (3000 took twice the CPU again for the same wor
 @dataclass(frozen=True, slots=True, eq=False)
 class AsrChunk:
     """The next audio of ``stream`` (int16, 16 kHz); ``final`` closes it; ``abort`` drops
-    it without an answer worth reading (a cancelled turn)."""
+    it without an answer worth reading (a cancelled turn); ``provisional``: the turn may
+    end here (a pause), so the answer must cover all of the stream's audio (a runner that
+    skips some partials, as Whisper's does, transcribes this one)."""
 
     stream: str
     pcm: npt.NDArray[np.int16] = field(repr=False)
     final: bool = False
     abort: bool = False
+    provisional: bool = False
 
 
 @final
