@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import os
 import re
 import tomllib
@@ -61,6 +62,22 @@ MAX_SESSION_SHARDS = 64
 MAX_POLICY_BATCH = 4096
 MAX_CHAT_WAIT_QUEUE = 10_000
 """Sockets a session process may hold waiting: each is a socket and a few tasks."""
+
+
+def _check_whisper(path: str) -> None:
+    # as duplex.models.agent.check_whisper_folder (not imported: config is read before torch)
+    config = os.path.join(path, "config.json")
+    try:
+        with open(config, encoding="utf-8") as f:
+            model_type = json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    if model_type != "whisper":
+        raise ConfigError(
+            f"agent_asr: must be pocketsphinx or a Whisper checkpoint folder (its config.json "
+            f"says model_type whisper), got {path!r}",
+            key="agent_asr",
+        )
 
 
 @final
@@ -352,6 +369,8 @@ class ServerConfig:
                 f"agent_asr_workers: must be 1..64, got {self.agent_asr_workers}",
                 key="agent_asr_workers",
             )
+        if self.agent_asr != "pocketsphinx":
+            _check_whisper(self.agent_asr)
 
     def _check_exposure(self) -> None:
         for key in self.api_keys:

@@ -122,12 +122,13 @@ def _tts(config: Config, device: str) -> RunnerSpec:
     return RunnerSpec(TTS_RUNNER, build, wait_s, max_queue=server.tts_max_queue)
 
 
-def _asr(config: Config) -> RunnerSpec:
+def _asr(config: Config, device: str) -> RunnerSpec:
     server = config.server
     options = AgentOptions(
         asr=server.agent_asr,
         asr_grammar=server.agent_asr_grammar,
         asr_workers=server.agent_asr_workers,
+        asr_device=device,
     )
 
     def build() -> BatchRunner[Any, Any]:
@@ -150,7 +151,7 @@ def runner_specs(config: Config, device: str | None = None) -> list[RunnerSpec]:
     if config.server.tts != "none":
         specs.append(_tts(config, device))
     if config.server.agent:
-        specs.append(_asr(config))
+        specs.append(_asr(config, device))
     return specs
 
 

@@ -23,6 +23,7 @@ from duplex.exceptions import ConfigError, ModelError
 from .._batcher import Priority
 from ._asr import AsrChunk, AsrPool, AsrProcess, AsrText
 from ._reply import EchoReplier, Replier
+from ._whisper import WhisperRunner
 
 __all__ = ["ASR_RUNNER", "AgentModels", "AgentOptions", "build_asr", "build_replier"]
 
@@ -49,6 +50,7 @@ class AgentOptions:
     asr: str = "pocketsphinx"
     asr_grammar: str = ""
     asr_workers: int = 1
+    asr_device: str = "cpu"
     seed: int = 0
 
 
@@ -84,18 +86,22 @@ class AgentModels:
         return {"llm": self.replier.name}
 
 
-def build_asr(options: AgentOptions, *, max_batch: int = 32) -> AsrProcess | AsrPool:
-    """The ASR runner, in its own process (``asr_workers`` processes: a pool; blocking:
-    starts them and loads their warm decoders; run it off the trio thread).
+def build_asr(
+    options: AgentOptions, *, max_batch: int = 32
+) -> AsrProcess | AsrPool | WhisperRunner:
+    """The ASR runner (blocking: run it off the trio thread). pocketsphinx runs in its own
+    process (``asr_workers`` processes: a pool), which this starts and whose warm decoders
+    it waits for; a Whisper checkpoint folder loads here, on ``asr_device``, and runs in
+    the request engine's thread (torch releases the GIL in its kernels; docs/agent.md).
 
     Raises:
-        ConfigError: an unknown ASR, or a grammar file that does not exist.
+        ConfigError: an unknown ASR (neither pocketsphinx nor a Whisper checkpoint folder),
+            or a grammar file that does not exist.
     """
     if options.asr != "pocketsphinx":
-        raise ConfigError(
-            f"server.agent_asr: {options.asr!r}: only pocketsphinx is supported so far",
-            key="server.agent_asr",
-        )
+        whisper = WhisperRunner(options.asr, device=options.asr_device, max_batch=max_batch)
+        whisper.prepare()
+        return whisper
     grammar = None
     if options.asr_grammar:
         path = Path(options.asr_grammar)
