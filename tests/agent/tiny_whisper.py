@@ -34,8 +34,18 @@ CORPUS = [
 ] * 20
 
 
+TINY = {"d_model": 32, "layers": 1, "heads": 2, "ffn": 64}
+WHISPER_TINY = {"d_model": 384, "layers": 4, "heads": 6, "ffn": 1536}
+"""openai/whisper-tiny's shape (its 51865-token vocabulary aside): for benchmarks."""
+
+
 def build(
-    folder: Path, *, seed: int = 0, max_target_positions: int = 32, init_std: float = 0.5
+    folder: Path,
+    *,
+    seed: int = 0,
+    max_target_positions: int = 32,
+    init_std: float = 0.5,
+    shape: dict[str, int] = TINY,
 ) -> Path:
     """Write the checkpoint into ``folder`` (created) and return it."""
     import torch
@@ -77,13 +87,13 @@ def build(
     config = WhisperConfig(
         vocab_size=len(tokenizer),
         num_mel_bins=80,
-        d_model=32,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
+        d_model=shape["d_model"],
+        encoder_layers=shape["layers"],
+        decoder_layers=shape["layers"],
+        encoder_attention_heads=shape["heads"],
+        decoder_attention_heads=shape["heads"],
+        encoder_ffn_dim=shape["ffn"],
+        decoder_ffn_dim=shape["ffn"],
         max_source_positions=1500,
         max_target_positions=max_target_positions,
         init_std=init_std,
