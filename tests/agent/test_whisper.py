@@ -196,6 +196,21 @@ def test_beyond_30_s_a_full_window_becomes_a_fixed_prefix(tiny_whisper: Path) ->
     assert edge.text == prefix and generate.calls[-1] == 1
 
 
+@pytest.mark.parametrize("seconds", [0.0, 0.01, 2.7, 29.97, 30.0])
+def test_features_over_the_audio_alone_equal_the_30_s_ones(
+    tiny_whisper: Path, seconds: float
+) -> None:
+    runner, _ = whisper(tiny_whisper)
+    speech = np.tile(hello_16k(), 12)
+    windows = [speech[: int(seconds * ASR_SAMPLE_RATE)], tone(min(seconds, 1.0), 300)]
+    extractor = runner._processor.feature_extractor
+    audio = [w.astype(np.float32) / 32768.0 for w in windows]
+    full = extractor(audio, sampling_rate=ASR_SAMPLE_RATE, return_tensors="pt").input_features
+    ours = runner.features(windows)
+    assert ours.shape == full.shape == (2, 80, 3000)
+    torch.testing.assert_close(ours, full, rtol=0, atol=2e-5)
+
+
 def test_a_final_with_no_audio_is_empty(tiny_whisper: Path) -> None:
     runner, generate = whisper(tiny_whisper)
     [text] = runner.run_batch([AsrChunk("s", np.zeros(0, np.int16), final=True)], GATE)
