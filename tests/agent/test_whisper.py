@@ -9,6 +9,7 @@ recorded (the real call runs; the record is its batch size)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from duplex.cli import main
 from duplex.config import load_config
@@ -209,6 +212,37 @@ def test_features_over_the_audio_alone_equal_the_30_s_ones(
     ours = runner.features(windows)
     assert ours.shape == full.shape == (2, 80, 3000)
     torch.testing.assert_close(ours, full, rtol=0, atol=2e-5)
+
+
+LONG = 33 * ASR_SAMPLE_RATE
+
+
+@pytest.fixture(scope="module")
+def long_turn(tiny_whisper: Path) -> tuple[np.ndarray, str]:
+    """33 s of speech and its transcript: the first window's text, then the rest's."""
+    speech = np.tile(hello_16k(), 13)[:LONG]
+    first = alone(tiny_whisper, speech[:WINDOW_SAMPLES])
+    return speech, f"{first} {alone(tiny_whisper, speech[WINDOW_SAMPLES:])}"
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cuts=st.lists(st.integers(0, LONG), max_size=5),
+    provisional=st.lists(st.booleans(), min_size=6, max_size=6),
+)
+def test_the_final_does_not_depend_on_how_the_turn_was_cut(
+    tiny_whisper: Path, long_turn: tuple[np.ndarray, str], cuts: list[int], provisional: list[bool]
+) -> None:
+    speech, expected = long_turn
+    runner, _ = whisper(tiny_whisper)
+    bounds = [0, *sorted(cuts), LONG]
+    pieces = [speech[a:b] for a, b in itertools.pairwise(bounds)]
+    for piece, peek in zip(pieces[:-1], provisional, strict=False):
+        [partial] = runner.run_batch([AsrChunk("s", piece, provisional=peek)], GATE)
+        assert not partial.final
+    [final] = runner.run_batch([AsrChunk("s", pieces[-1], final=True)], GATE)
+    assert final.final and final.text == expected
+    assert runner.statistics().windows_sealed == 1 and runner.open_streams == 0
 
 
 def test_a_final_with_no_audio_is_empty(tiny_whisper: Path) -> None:

@@ -28,6 +28,7 @@ timestamps, and at most ``max_new_tokens`` tokens a window. Loaded with
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -131,6 +132,12 @@ class _Stream:
         return sealed
 
 
+def _quiet_max_length(record: logging.LogRecord) -> bool:
+    """False for transformers' per-call warning that ``max_new_tokens`` wins over
+    ``max_length`` (a filter is added once: the same function object)."""
+    return not str(record.msg).startswith("Both `max_new_tokens`")
+
+
 def _join(prefix: str, text: str) -> str:
     return " ".join(part for part in (prefix.strip(), text.strip()) if part)
 
@@ -201,6 +208,9 @@ class WhisperRunner:
         self._processor = processor
         self._dtype = dtype
         generation = model.generation_config
+        # ``max_new_tokens`` bounds every call, and transformers warns at each call that it
+        # overrides a ``max_length`` (even its default): a log line per batch, dropped here
+        logging.getLogger("transformers.generation.utils").addFilter(_quiet_max_length)
         # an English-only checkpoint (``*.en``) takes no language or task: it only transcribes
         if getattr(generation, "is_multilingual", False):
             self._language = {"language": "en", "task": "transcribe"}
