@@ -52,10 +52,13 @@ async def _talk(url: str) -> list[dict[str, object]]:
     return sock.events
 
 
+@pytest.mark.parametrize("engine_process", ["off", "on"])
 def test_serve_with_whisper_sends_transcription_deltas_and_completed(
-    tmp_path: Path, tiny_whisper: Path
+    tmp_path: Path, tiny_whisper: Path, engine_process: str
 ) -> None:
-    with serve(tmp_path, "--asr", str(tiny_whisper)) as served:
+    """``on``: the ASR runs in the engine process (its chunks cross the engine link)."""
+    args = ("--asr", str(tiny_whisper), "--engine-process", engine_process)
+    with serve(tmp_path, *args) as served:
         card = asr_card(served)
         events = trio.run(_talk, served.ws + "/v1/realtime")
         log = served.log()
