@@ -245,6 +245,25 @@ def test_the_final_does_not_depend_on_how_the_turn_was_cut(
     assert runner.statistics().windows_sealed == 1 and runner.open_streams == 0
 
 
+def test_a_failed_generate_fails_its_batch_and_the_streams_go_on(tiny_whisper: Path) -> None:
+    runner, generate = whisper(tiny_whisper)
+    real = runner._model.generate
+
+    def broken(features: torch.Tensor, **options: Any) -> Any:
+        raise RuntimeError("CUDA out of memory (as if)")
+
+    runner._model.generate = broken
+    first = tone(1.0, 300)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        runner.run_batch([AsrChunk("a", first), AsrChunk("b", tone(1.0, 500), final=True)], GATE)
+    assert runner.open_streams == 1  # "a" goes on; "b" was closed by its final
+    runner._model.generate = real
+    rest = tone(0.5, 300)
+    [a] = runner.run_batch([AsrChunk("a", rest, final=True)], GATE)
+    assert a.text == alone(tiny_whisper, np.concatenate([first, rest]))
+    assert runner.open_streams == 0 and generate.calls == [1]  # the one that ran
+
+
 def test_a_final_with_no_audio_is_empty(tiny_whisper: Path) -> None:
     runner, generate = whisper(tiny_whisper)
     [text] = runner.run_batch([AsrChunk("s", np.zeros(0, np.int16), final=True)], GATE)

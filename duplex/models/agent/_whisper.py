@@ -32,6 +32,7 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Final, final
 
@@ -132,6 +133,15 @@ class _Stream:
         return sealed
 
 
+class _Job(Enum):
+    """What a batch does for one chunk, in order, once its ``generate`` has run."""
+
+    SEAL = "seal"  # a full window's text (a row) joins the stream's fixed prefix
+    ANSWER = "answer"  # the chunk's answer is its window's text (a row) after the prefix
+    DONE = "done"  # closed with nothing left in its window: the prefix is the transcript
+    LAST = "last"  # under PARTIAL_MS of new audio, or aborted: the last answer again
+
+
 def _quiet_max_length(record: logging.LogRecord) -> bool:
     """False for transformers' per-call warning that ``max_new_tokens`` wins over
     ``max_length`` (a filter is added once: the same function object)."""
@@ -230,9 +240,13 @@ class WhisperRunner:
 
     def run_batch(self, requests: Sequence[AsrChunk], gate: UnitGate) -> list[AsrText]:
         """Apply every chunk in order, then one ``generate`` over the windows to transcribe,
-        then the answers in order (a stream's answer sees the windows fixed before it)."""
+        then the answers in order (a stream's answer sees the windows fixed before it).
+
+        A ``generate`` that raises fails the batch: its chunks' audio stays in their streams
+        (a stream goes on with its next chunk) and the streams it closed are gone (the agent
+        link ends those turns with what it had heard)."""
         with self._lock:
-            jobs: list[tuple[str, int, _Stream]] = []  # (kind, request index, stream)
+            jobs: list[tuple[_Job, int, _Stream]] = []  # (what, request index, stream)
             rows: list[npt.NDArray[np.int16]] = []
             for index, request in enumerate(requests):
                 self._plan(index, request, jobs, rows)
@@ -240,14 +254,14 @@ class WhisperRunner:
             results: list[AsrText | None] = [None] * len(requests)
             for kind, index, stream in jobs:
                 request = requests[index]
-                if kind == "seal":
+                if kind is _Job.SEAL:
                     stream.prefix = _join(stream.prefix, next(texts))
-                elif kind == "answer":
+                elif kind is _Job.ANSWER:
                     stream.text = _join(stream.prefix, next(texts))
                     results[index] = AsrText(request.stream, stream.text, request.final)
-                elif kind == "done":  # closed with nothing left in its window
+                elif kind is _Job.DONE:
                     results[index] = AsrText(request.stream, stream.prefix, True)
-                else:  # "last": under PARTIAL_MS of new audio, or aborted
+                else:
                     results[index] = AsrText(request.stream, stream.text, request.abort)
             return [r for r in results if r is not None]
 
@@ -255,13 +269,13 @@ class WhisperRunner:
         self,
         index: int,
         request: AsrChunk,
-        jobs: list[tuple[str, int, _Stream]],
+        jobs: list[tuple[_Job, int, _Stream]],
         rows: list[npt.NDArray[np.int16]],
     ) -> None:
         stream = self._open.get(request.stream)
         if request.abort:
             self._open.pop(request.stream, None)
-            jobs.append(("last", index, _Stream(request.stream)))
+            jobs.append((_Job.LAST, index, _Stream(request.stream)))
             return
         if stream is None:
             while len(self._open) >= self._max_streams:  # evict the oldest
@@ -270,20 +284,20 @@ class WhisperRunner:
             stream = self._open[request.stream] = _Stream(request.stream)
         for window in stream.feed(request.pcm):
             rows.append(window)
-            jobs.append(("seal", index, stream))
+            jobs.append((_Job.SEAL, index, stream))
             self._counts["windows_sealed"] += 1
         if request.final:
             del self._open[request.stream]
             if stream.window.size == 0:
-                jobs.append(("done", index, stream))
+                jobs.append((_Job.DONE, index, stream))
                 return
         elif not request.provisional and stream.fresh < self._partial:
             self._counts["skipped"] += 1
-            jobs.append(("last", index, stream))
+            jobs.append((_Job.LAST, index, stream))
             return
         stream.fresh = 0
         rows.append(stream.window.copy())
-        jobs.append(("answer", index, stream))
+        jobs.append((_Job.ANSWER, index, stream))
 
     def features(self, windows: Sequence[npt.NDArray[np.int16]]) -> Any:
         """Whisper's log-mel input of each window, padded to 30 s (a float32 tensor).
