@@ -2,7 +2,7 @@
 and how many concurrent agent sessions keep first audio under a second.
 
     python bench/agent.py [--turns 20] [--barge-ins 10] [--sessions 1,2,4,8]
-        [--silence-ms MS] [--out bench/results/agent] [-- duplex serve ARGS]
+        [--silence-ms MS] [--asr DIR] [--out bench/results/agent] [-- duplex serve ARGS]
 
 Runs a real ``duplex serve`` (the default agent: silero VAD, pocketsphinx, the echo
 responder, espeak-ng) and talks to ``/v1/realtime`` like a microphone: the espeak-ng
@@ -269,6 +269,9 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--silence-ms", type=int, help="the sessions' silence_duration_ms")
     parser.add_argument("--out", default="bench/results/agent")
+    parser.add_argument("--asr", help="the agent's ASR (duplex serve --asr): a Whisper folder")
     parsed = parser.parse_args(argv)
+    if parsed.asr:
+        rest += ["--asr", parsed.asr]
     SILENCE_MS = parsed.silence_ms
     trio.run(main, parsed, rest)
