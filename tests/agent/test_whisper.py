@@ -136,6 +136,27 @@ def test_a_provisional_chunk_is_always_decoded(tiny_whisper: Path) -> None:
     assert runner.open_streams == 1
 
 
+def test_no_new_audio_since_the_last_transcription_needs_no_decode(tiny_whisper: Path) -> None:
+    runner, generate = whisper(tiny_whisper)
+    audio, nothing = hello_16k(), np.zeros(0, np.int16)
+    [peek] = runner.run_batch([AsrChunk("s", audio, provisional=True)], GATE)
+    [again] = runner.run_batch([AsrChunk("s", nothing, provisional=True)], GATE)
+    [final] = runner.run_batch([AsrChunk("s", nothing, final=True)], GATE)
+    assert generate.calls == [1] and runner.statistics().skipped == 2
+    assert peek.text == again.text == final.text == alone(tiny_whisper, audio)
+    assert final.final and not again.final and runner.open_streams == 0
+    # one sample more, and the final is transcribed again
+    runner.run_batch([AsrChunk("t", audio, provisional=True)], GATE)
+    [final] = runner.run_batch([AsrChunk("t", audio[:1], final=True)], GATE)
+    assert generate.calls == [1, 1, 1]
+    assert final.text == alone(tiny_whisper, np.concatenate([audio, audio[:1]]))
+    # a stream never transcribed is transcribed at its final, even with no new audio
+    runner.run_batch([AsrChunk("u", audio[:CHUNK])], GATE)
+    [final] = runner.run_batch([AsrChunk("u", nothing, final=True)], GATE)
+    assert generate.calls[-1] == 1 and len(generate.calls) == 4
+    assert final.text == alone(tiny_whisper, audio[:CHUNK])
+
+
 def test_only_the_streams_that_need_an_answer_are_decoded(tiny_whisper: Path) -> None:
     runner, generate = whisper(tiny_whisper)
     runner.run_batch([AsrChunk("a", tone(1.0, 300)), AsrChunk("b", tone(0.2, 500))], GATE)

@@ -8,7 +8,9 @@ the runner keeps each open stream's audio and one `run_batch` call runs **one ba
 - the chunk that closes a stream (``final``), and a ``provisional`` one (the turn may end
   there: a prepared reply answers it), always;
 - any other chunk only once the stream has gathered `PARTIAL_MS` of audio since its last
-  transcription; until then it is answered with the stream's last transcript. Each
+  transcription; until then it is answered with the stream's last transcript (as is any
+  chunk, final or not, when no audio came since that transcription: greedy decoding of
+  the same window says the same). Each
   transcription costs a whole 30 s encoder pass (Whisper pads every input to its window)
   plus the decoder over the words so far, whatever the audio's length: so a partial
   costs at most one such pass per `PARTIAL_MS` of speech per stream.
@@ -95,7 +97,8 @@ class WhisperStatistics:
         generates: batched ``generate`` calls (one per `run_batch` with work).
         rows: windows transcribed in them (largest batch: ``largest``).
         largest: the most rows of one call.
-        skipped: partial chunks answered without a decode (under `PARTIAL_MS` of new audio).
+        skipped: chunks answered without a decode: partial ones under `PARTIAL_MS` of new
+            audio, and any with no audio since the stream's last transcription.
         windows_sealed: full 30 s windows fixed as a prefix.
         evicted: streams dropped to open a new one beyond ``max_streams``.
         open_streams: streams open now.
@@ -119,6 +122,7 @@ class _Stream:
     prefix: str = ""
     text: str = ""
     fresh: int = 0  # samples since the last transcription of the window
+    decoded: bool = False  # ``text`` is a transcription of the window (as of ``fresh`` 0)
 
     def feed(self, pcm: npt.NDArray[np.int16]) -> list[npt.NDArray[np.int16]]:
         """Add audio; returns the windows it filled (each to be transcribed and fixed)."""
@@ -139,7 +143,7 @@ class _Job(Enum):
     SEAL = "seal"  # a full window's text (a row) joins the stream's fixed prefix
     ANSWER = "answer"  # the chunk's answer is its window's text (a row) after the prefix
     DONE = "done"  # closed with nothing left in its window: the prefix is the transcript
-    LAST = "last"  # under PARTIAL_MS of new audio, or aborted: the last answer again
+    LAST = "last"  # no decode needed (or aborted): the last answer again
 
 
 def _quiet_max_length(record: logging.LogRecord) -> bool:
@@ -262,7 +266,8 @@ class WhisperRunner:
                 elif kind is _Job.DONE:
                     results[index] = AsrText(request.stream, stream.prefix, True)
                 else:
-                    results[index] = AsrText(request.stream, stream.text, request.abort)
+                    final = request.final or request.abort
+                    results[index] = AsrText(request.stream, stream.text, final)
             return [r for r in results if r is not None]
 
     def _plan(
@@ -286,16 +291,21 @@ class WhisperRunner:
             rows.append(window)
             jobs.append((_Job.SEAL, index, stream))
             self._counts["windows_sealed"] += 1
+        # no audio since the window was last transcribed: greedy decoding would say the same
+        unchanged = stream.decoded and stream.fresh == 0
         if request.final:
             del self._open[request.stream]
             if stream.window.size == 0:
                 jobs.append((_Job.DONE, index, stream))
                 return
-        elif not request.provisional and stream.fresh < self._partial:
+        if unchanged or (
+            not request.final and not request.provisional and stream.fresh < self._partial
+        ):
             self._counts["skipped"] += 1
             jobs.append((_Job.LAST, index, stream))
             return
         stream.fresh = 0
+        stream.decoded = True
         rows.append(stream.window.copy())
         jobs.append((_Job.ANSWER, index, stream))
 
