@@ -200,6 +200,9 @@ class ServerConfig:
     image_max_batch: int = 1
     """The most image requests (and images) one pipeline call denoises together: queued
     requests of one size, steps and guidance share a call."""
+    batch_beside_realtime: bool = False
+    """On a CUDA device, image and video units run on a low-priority stream beside the
+    realtime steps (which run on a high-priority one) instead of only between them."""
     video_chunk_frames: int = 16
     """Frames one video request generates: a job's and a stream's chunk."""
     video_max_jobs: int = 64
