@@ -1,12 +1,11 @@
 """CUDA streams by priority class: a realtime step's kernels ahead of a batch unit's.
 
-On one GPU a realtime engine's step leaves much of the device idle (at 64 Moshi-7B
-sessions the step holds the GPU about 37 ms of each 80 ms frame, most of it in small,
-latency-bound kernels), so batch units (diffusion steps) waiting for the gaps between
-ticks get a fraction of what the device could give them. Run on streams of different
-priorities, both may be resident at once: the GPU's block scheduler dispatches a
-pending realtime block before any batch block, so a realtime kernel waits only for
-batch blocks already running to retire, not for whole batch kernels.
+A batch unit that must fit the gap between two realtime ticks leaves the end of each
+gap unused (a 15 ms diffusion step does not start 10 ms before a tick). On streams of
+different priorities a unit may instead run on into the next step: the GPU's block
+scheduler dispatches a pending realtime block before any batch block, so a realtime
+kernel waits only for batch blocks already running to retire, not for whole batch
+kernels (`Slack.acquire`'s ``beside_steps`` says how far this goes, and why not further).
 
 Each runner issues all its device work on its own stream (`priority_stream`), made to
 wait for what the default stream queued before (its weights' loads); a runner that
