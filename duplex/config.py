@@ -200,7 +200,7 @@ class ServerConfig:
     image_max_batch: int = 1
     """The most image requests (and images) one pipeline call denoises together: queued
     requests of one size, steps and guidance share a call."""
-    batch_beside_realtime: bool = False
+    batch_beside_realtime: bool = True
     """On a CUDA device, image and video units run on a low-priority stream (the realtime
     steps on a high-priority one), so a unit that starts between two steps need not end
     before the next: it runs on beside it."""
