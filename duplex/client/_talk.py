@@ -52,8 +52,8 @@ class Conversation:
     acks_sent: int = 0
     acknowledged: int = 0
     """``playback.acknowledged`` events received."""
-    committed_ms: dict[str, int] = field(default_factory=dict)
-    """What the server's history keeps of each response, from its acknowledgements."""
+    heard_ms: dict[str, float] = field(default_factory=dict)
+    """How much of each response the server counts as played (its ledger, from our acks)."""
     underruns: int = 0
     reconnects: int = 0
     session_id: str | None = None
@@ -104,9 +104,9 @@ class _Talk:
                 self.active = None
         elif kind == "playback.acknowledged":
             self.result.acknowledged += 1
-            rid, committed = data.get("response_id"), data.get("committed_ms")
-            if isinstance(rid, str) and isinstance(committed, int):
-                self.result.committed_ms[rid] = committed
+            rid, played = data.get("response_id"), data.get("played_ms")
+            if isinstance(rid, str) and isinstance(played, int | float):
+                self.result.heard_ms[rid] = float(played)
         elif kind == "error":
             error = data.get("error", {})
             self.out(f"error: {error.get('code')}: {error.get('message')}")
@@ -146,7 +146,7 @@ async def talk(
     been quiet for ``tail_s``; at most ``max_s``."""
     async with RealtimeClient.open(url, api_key=api_key) as client:
         state = _Talk(client, out, sink.latency)
-        ended = stop or trio.Event()
+        ended = stop if stop is not None else trio.Event()
 
         async def send_audio() -> None:
             sent, start = 0, trio.current_time()
@@ -268,7 +268,7 @@ def run_talk(
         return 1
     if out_path:
         write_wav(out_path, recording.audio())
-    heard = sum(result.committed_ms.values())
+    heard = round(sum(result.heard_ms.values()))
     saved = f", {len(recording.audio()) / SAMPLE_RATE:.2f} s of audio in {out_path}"
     print(
         f"# {len(result.responses)} responses, {result.acks_sent} playback acks, "
