@@ -44,7 +44,7 @@ first; one that does not is held to real time by this)."""
 
 @dataclass
 class Conversation:
-    """What happened: the lines of the transcript, the agent's audio where it played."""
+    """What happened: the lines of the transcript and the counts of the summary line."""
 
     lines: list[tuple[str, str]] = field(default_factory=list)
     responses: dict[str, str] = field(default_factory=dict)
@@ -57,7 +57,6 @@ class Conversation:
     underruns: int = 0
     reconnects: int = 0
     session_id: str | None = None
-    output: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int16))
 
 
 @dataclass

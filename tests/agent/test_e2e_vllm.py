@@ -2,9 +2,9 @@
 behind ``duplex serve --llm DIR``, driven by the official ``openai`` SDK as a typical app
 drives it: instructions, voice, transcription, text-only turns with a token limit, and a
 tool round trip: the model calls the app's tool (a ``function_call`` output item, its
-arguments streamed in several deltas), the app runs it and sends a ``function_call_output``,
-and the next
-response continues from it. Every event is checked strictly against the SDK's types.
+arguments streamed in several deltas), the app runs it and sends a
+``function_call_output``, and the next response continues from it. Every event is checked
+strictly against the SDK's types.
 
 The model's weights are random but for one planted chain (``tests/agent/tiny_llm.py``):
 offered tools, it calls ``get_weather`` for Paris, whatever the sampling; after a tool's

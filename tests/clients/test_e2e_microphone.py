@@ -11,6 +11,7 @@ plays faster than real time, so it behaves like a real device.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -64,9 +65,7 @@ def test_duplex_talk_on_a_microphone_and_a_speaker(tmp_path: Path) -> None:
     silence = np.zeros(40 * MIC_RATE, np.int16)  # past its end the file plugin repeats itself
     np.concatenate([speech, silence]).astype("<i2").tofile(mic)
     (home / ".asoundrc").write_text(
-        ASOUNDRC.format(
-            mic_rate=MIC_RATE, speaker_rate=SPEAKER_RATE, infile=mic, outfile=played
-        )
+        ASOUNDRC.format(mic_rate=MIC_RATE, speaker_rate=SPEAKER_RATE, infile=mic, outfile=played)
     )
     env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(ROOT)}
     with serve(tmp_path) as served:
@@ -82,10 +81,8 @@ def test_duplex_talk_on_a_microphone_and_a_speaker(tmp_path: Path) -> None:
             while not any(line.startswith("agent: You said:") for line in seen):
                 assert time.monotonic() < deadline, (seen, served.log())
                 assert talk.poll() is None, (seen, talk.stderr.read())  # type: ignore[union-attr]
-                try:
+                with contextlib.suppress(queue.Empty):
                     seen.append(lines.get(timeout=0.5))
-                except queue.Empty:
-                    pass
             time.sleep(1.0)  # the reply has played: acks go out every 200 ms
             talk.send_signal(signal.SIGINT)  # Ctrl-C: the conversation ends, the socket closes
             rc = talk.wait(30)
