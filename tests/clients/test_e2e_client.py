@@ -46,9 +46,10 @@ def test_duplex_talk_holds_a_conversation_from_a_wav(tmp_path: Path) -> None:
 
 
 def test_duplex_talk_says_why_without_a_microphone_or_a_file(tmp_path: Path) -> None:
-    # an empty ALSA configuration: no sound device, whatever the machine has
-    (tmp_path / "empty.conf").write_text("")
-    env = {**os.environ, "ALSA_CONFIG_PATH": str(tmp_path / "empty.conf")}
+    # an ALSA configuration whose only device is on a card that does not exist: no sound
+    # device, whatever the machine has (an empty file makes PortAudio abort)
+    (tmp_path / "asound.conf").write_text("pcm.!default { type hw; card 99 }\n")
+    env = {**os.environ, "ALSA_CONFIG_PATH": str(tmp_path / "asound.conf")}
     ran = subprocess.run(
         [sys.executable, "-m", "duplex.cli", "talk", "--url", "ws://127.0.0.1:9"],
         capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
