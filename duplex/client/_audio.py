@@ -55,6 +55,23 @@ class AudioSink(Protocol):
     async def write(self, pcm: np.ndarray) -> None: ...
 
 
+class InputStream(Protocol):
+    """What `Microphone` needs of a blocking-mode, mono, int16 ``sounddevice.InputStream``."""
+
+    samplerate: float
+
+    def read(self, frames: int) -> tuple[np.ndarray, bool]: ...
+
+
+class OutputStream(Protocol):
+    """What `Speaker` needs of a blocking-mode, mono, int16 ``sounddevice.OutputStream``."""
+
+    samplerate: float
+    latency: float
+
+    def write(self, data: np.ndarray) -> bool: ...
+
+
 class NoSoundDevice(Exception):
     """No microphone or speaker can be opened here (no ``sounddevice``, PortAudio or device)."""
 
@@ -138,12 +155,12 @@ class Microphone:
     """PortAudio capture at the device's rate, resampled to 24 kHz, read 80 ms at a time.
 
     Args:
-        stream: an open (blocking-mode, mono, int16) ``sounddevice.InputStream``.
+        stream: an open, started input stream.
     """
 
     exhausted = False
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: InputStream) -> None:
         self._stream = stream
         self.rate = int(stream.samplerate)
         self._resampler = StreamingResampler(self.rate, SAMPLE_RATE)
@@ -167,10 +184,10 @@ class Speaker:
     """PortAudio playback at the device's rate, from 24 kHz blocks.
 
     Args:
-        stream: an open (blocking-mode, mono, int16) ``sounddevice.OutputStream``.
+        stream: an open, started output stream.
     """
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: OutputStream) -> None:
         self._stream = stream
         self.rate = int(stream.samplerate)
         self._resampler = StreamingResampler(SAMPLE_RATE, self.rate)

@@ -232,6 +232,11 @@ async def _talk_live(url: str, api_key: str | None, device: str | None) -> Conve
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from group
             raise
+        print(
+            f"# microphone: {microphone.overflows} overflows; speaker: {speaker.underflows} "
+            "underflows (PortAudio's counts)",
+            file=sys.stderr,
+        )
     return result
 
 
@@ -265,6 +270,9 @@ def run_talk(
     except OSError as exc:
         print(f"duplex talk: cannot reach {url}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # a second Ctrl-C: no transcript, no summary
+        print("duplex talk: interrupted", file=sys.stderr)
+        return 130
     if out_path:
         write_wav(out_path, recording.audio())
     heard = round(sum(result.heard_ms.values()))
