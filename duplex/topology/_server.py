@@ -508,6 +508,13 @@ async def _serve_sessions(
     sharded = server.session_shards > 1
     slack = Slack()  # realtime ticks first: request engines here run in what they leave
     local = not engine_paths
+    if sharded and server.agent and local:
+        log.warning(
+            "the voice agent answers only the server process's sessions: session shards "
+            "reach its engines through engine processes (engine_process = on); the others "
+            "answer with the turn responder",
+            session_shards=server.session_shards,
+        )
     if local and runner_specs(config) and server.devices[0] == "cpu":
         limit_torch_threads()  # a model on the CPU shares the cores with the event loop
     async with (
