@@ -205,6 +205,7 @@ async def _metrics(http: str) -> dict[str, float]:
         "duplex_engine_slack_units_total",
         "duplex_engine_slack_deferred_total",
         "duplex_engine_slack_overran_total",
+        "duplex_engine_slack_beside_total",
     )
     values: dict[str, float] = {}
     for name in wanted:
@@ -307,7 +308,7 @@ async def _one_count(
         **{
             f"slack_{kind}": after.get(f"duplex_engine_slack_{kind}_total", 0)
             - before.get(f"duplex_engine_slack_{kind}_total", 0)
-            for kind in ("units", "deferred", "overran")
+            for kind in ("units", "deferred", "overran", "beside")
         },
     }
     print(json.dumps(row), file=sys.stderr)

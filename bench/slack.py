@@ -288,6 +288,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         runner = TtsRunner(args.units)
     else:
         runner = MatmulRunner(args.device, args.dim, args.units)
+    if args.beside:  # as batch_beside_realtime makes a GPU pipeline: any window, run on into a step
+        runner.beside_realtime = True
     requests = RequestEngine(runner, max_wait_s=0.0, slack=slack)
     period = spec.frame_period_s
     out: dict[str, Any] = {
@@ -361,6 +363,11 @@ if __name__ == "__main__":
     parser.add_argument("--dim", type=int, default=512, help="matmul size")
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--out", default="")
+    parser.add_argument(
+        "--beside",
+        action="store_true",
+        help="the runner's units may start in any window and run on into a step",
+    )
     arguments = parser.parse_args()
     started = time.time()
     result = trio.run(main, arguments)

@@ -153,16 +153,22 @@ def _parser() -> argparse.ArgumentParser:
     serve.set_defaults(command_parser=serve)
     talk = commands.add_parser(
         "talk",
-        help="hold a conversation with a server, from a WAV file, and print the transcript",
-        description="Talk to a duplex server over WS /v1/realtime?duplex=1: stream a WAV file "
-        "(or the microphone) at real time, play the replies into a WAV, ack what played, "
-        "resume after a dropped connection.",
+        help="hold a conversation with a server, from the microphone or a WAV file, and print "
+        "the transcript",
+        description="Talk to a duplex server over WS /v1/realtime?duplex=1: stream the microphone "
+        "(or a WAV file) at real time, play the replies on the speaker (or into a WAV), ack what "
+        "played, resume after a dropped connection. Ctrl-C ends a microphone conversation.",
     )
     talk.add_argument(
         "--url", default="ws://127.0.0.1:8000", help="the server (default ws://127.0.0.1:8000)"
     )
     talk.add_argument("--wav", metavar="FILE", help="what to say: a 16-bit PCM WAV file")
     talk.add_argument("--out", metavar="FILE", help="write the agent's audio here (a WAV)")
+    talk.add_argument(
+        "--device",
+        metavar="NAME",
+        help="without --wav: the sound device (a PortAudio name or index; default: the default)",
+    )
     talk.add_argument(
         "--api-key-env",
         default="DUPLEX_API_KEY",
@@ -184,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         from duplex.client._talk import run_talk
 
-        return run_talk(args.url, args.wav, args.out, os.environ.get(args.api_key_env) or None)
+        key = os.environ.get(args.api_key_env) or None
+        return run_talk(args.url, args.wav, args.out, key, args.device)
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 

@@ -217,6 +217,10 @@ class ServerConfig:
     image_max_batch: int = 1
     """The most image requests (and images) one pipeline call denoises together: queued
     requests of one size, steps and guidance share a call."""
+    batch_beside_realtime: bool = True
+    """On a CUDA device, image and video units run on a low-priority stream (the realtime
+    steps on a high-priority one), so a unit that starts between two steps need not end
+    before the next: it runs on beside it."""
     video_chunk_frames: int = 16
     """Frames one video request generates: a job's and a stream's chunk."""
     video_max_jobs: int = 64

@@ -5,7 +5,8 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 ldconfig -p 2>/dev/null | grep -q 'libopus\.so\.0' || need_apt+=(libopus0)
-# Kyutai's moshi.client (tests/transport/test_e2e_moshi_client.py) opens sounddevice streams
+# duplex talk's microphone (tests/clients/test_e2e_microphone.py) and Kyutai's moshi.client
+# (tests/transport/test_e2e_moshi_client.py) open sounddevice streams
 ldconfig -p 2>/dev/null | grep -q 'libportaudio\.so\.2' || need_apt+=(libportaudio2)
 # the browser client's test (tests/clients/test_browser.py) drives Debian's chromium
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)

@@ -6,12 +6,19 @@ server's packages, so it runs against any server that speaks it.
 """
 
 from ._connection import ClientClosed, RealtimeClient, ReconnectPolicy
-from ._state import SAMPLE_RATE, Playout, ResumeRefused, ServerEvent, SessionCursor, realtime_url
+from ._state import (
+    SAMPLE_RATE,
+    JitterBuffer,
+    ResumeRefused,
+    ServerEvent,
+    SessionCursor,
+    realtime_url,
+)
 
 __all__ = [
     "SAMPLE_RATE",
     "ClientClosed",
-    "Playout",
+    "JitterBuffer",
     "RealtimeClient",
     "ReconnectPolicy",
     "ResumeRefused",

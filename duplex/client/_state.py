@@ -2,17 +2,20 @@
 
 No sockets and no clock here: the connection (``_connection.py``) feeds each
 server event to ``SessionCursor.receive`` and asks it for the ``session.resume``
-to send after a drop; ``Playout`` is a speaker's timeline for a client that
-plays (or pretends to play) the audio it gets, so its ``playback.ack`` carries
-what was really played, not what arrived.
+to send after a drop; ``JitterBuffer`` sits between the socket and a speaker (a
+sound device, or a file written at the pace of one), so a ``playback.ack``
+carries what was really played, not what arrived.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
 from typing import Any, final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import numpy as np
 
 SAMPLE_RATE = 24_000
 """The Realtime PCM16 rate (``audio/pcm``): what the client sends and gets."""
@@ -142,61 +145,117 @@ class SessionCursor:
         return {"type": "session.event_ack", "server_event_seq": self.last_seq}
 
 
-@dataclass(slots=True)
-class _Queued:
-    response_id: str
-    start_s: float
-    end_s: float
-    played_before_ms: float
-
-
 @final
-@dataclass(slots=True)
-class Playout:
-    """A speaker's timeline: audio plays as soon as it arrives, after what is queued.
+class JitterBuffer:
+    """The speaker's queue, between the socket and the sound device (sans-I/O).
 
-    ``add`` schedules a response's chunk at ``now``; ``played_ms(response, now)``
-    is how much of that response has left the speaker by ``now`` (what a
-    ``playback.ack`` reports). ``stop`` drops what has not played (barge-in).
+    Audio deltas are ``add``-ed as they arrive; the device ``pull``-s fixed blocks at its own
+    pace. A response starts once ``preroll`` samples of it are buffered (or at once when it
+    has ``end``-ed), so network jitter does not cut its first words; running dry before its
+    end is an underrun (counted), after which it waits for ``preroll`` again. ``stop`` drops
+    what was not handed to the device (a barge-in). ``played`` is what a ``playback.ack``
+    reports: samples of a response handed to the device minus those the device still holds.
+
+    Args:
+        preroll: samples buffered before a response starts (120 ms at 24 kHz, as the page).
+        history: samples of recent device blocks remembered for ``played`` (bounds the
+            device latency it can account for).
     """
 
-    busy_until_s: float = 0.0
-    queued: list[_Queued] = field(default_factory=list)
-    played_total_ms: dict[str, float] = field(default_factory=dict)
+    def __init__(
+        self, *, preroll: int = SAMPLE_RATE * 120 // 1000, history: int = SAMPLE_RATE
+    ) -> None:
+        if preroll < 0 or history <= 0:
+            raise ValueError("preroll must be >= 0 and history > 0")
+        self.preroll = preroll
+        self.history = history
+        self._queue: deque[tuple[str, np.ndarray]] = deque()
+        self._ended: set[str] = set()
+        self._playing: str | None = None
+        self._recent: deque[list[Any]] = deque()  # [response_id | None, samples], newest last
+        self._recent_total = 0
+        self.handed: dict[str, int] = {}
+        """Samples of each response handed to the device."""
+        self.underruns = 0
+        self.dropped = 0
+        """Samples dropped unplayed by ``stop``."""
 
-    def add(self, response_id: str, samples: int, now: float) -> float:
-        """Queue ``samples`` of ``response_id``; returns when they start playing."""
-        start = max(now, self.busy_until_s)
-        end = start + samples / SAMPLE_RATE
-        before = sum(q.end_s - q.start_s for q in self.queued if q.response_id == response_id)
-        done = self.played_total_ms.get(response_id, 0.0)
-        self.queued.append(_Queued(response_id, start, end, done + 1000 * before))
-        self.busy_until_s = end
-        return start
+    def add(self, response_id: str, pcm: np.ndarray) -> None:
+        """Queue a chunk of ``response_id`` (int16 at 24 kHz)."""
+        if len(pcm):
+            self._queue.append((response_id, np.asarray(pcm, np.int16)))
 
-    def played_ms(self, response_id: str, now: float) -> float:
-        """Milliseconds of ``response_id`` played by ``now``."""
-        self._settle(now)
-        played = self.played_total_ms.get(response_id, 0.0)
-        for q in self.queued:
-            if q.response_id == response_id and q.start_s < now:
-                played = max(played, q.played_before_ms + 1000 * (min(now, q.end_s) - q.start_s))
-        return played
+    def end(self, response_id: str) -> None:
+        """``response_id`` will get no more audio: what it has may start at once."""
+        self._ended.add(response_id)
 
-    def stop(self, now: float) -> None:
-        """Drop everything not yet played."""
-        self._settle(now)
-        for q in self.queued:
-            if q.start_s < now:
-                heard = q.played_before_ms + 1000 * (now - q.start_s)
-                self.played_total_ms[q.response_id] = heard
-        self.queued.clear()
-        self.busy_until_s = now
+    def depth(self) -> int:
+        """Samples waiting for the device."""
+        return sum(len(pcm) for _, pcm in self._queue)
 
-    def _settle(self, now: float) -> None:
-        while self.queued and self.queued[0].end_s <= now:
-            q = self.queued.pop(0)
-            self.played_total_ms[q.response_id] = q.played_before_ms + 1000 * (q.end_s - q.start_s)
+    def stop(self) -> None:
+        """Drop everything not yet handed to the device."""
+        self.dropped += self.depth()
+        self._queue.clear()
+        self._playing = None
 
-    def idle(self, now: float) -> bool:
-        return self.busy_until_s <= now
+    def pull(self, n: int) -> np.ndarray:
+        """The device's next ``n`` samples: queued audio, silence where there is none."""
+        out = np.zeros(n, np.int16)
+        filled = 0
+        while filled < n:
+            head = self._startable()
+            if head is None:
+                break
+            rid, pcm = self._queue[0]
+            take = min(n - filled, len(pcm))
+            out[filled : filled + take] = pcm[:take]
+            self._queue[0] = (rid, pcm[take:])
+            if take == len(pcm):
+                self._queue.popleft()
+            self.handed[rid] = self.handed.get(rid, 0) + take
+            self._remember(rid, take)
+            filled += take
+        if filled < n:
+            if self._playing is not None and self._playing not in self._ended:
+                self.underruns += 1  # ran dry mid-response: wait for the preroll again
+            self._playing = None
+            self._remember(None, n - filled)
+        return out
+
+    def played(self, response_id: str, pending: int) -> int:
+        """Samples of ``response_id`` heard when the device still holds the last ``pending``
+        samples it was handed."""
+        unheard, left = 0, min(pending, self._recent_total)
+        for rid, count in reversed(self._recent):
+            if left <= 0:
+                break
+            if rid == response_id:
+                unheard += min(count, left)
+            left -= count
+        return self.handed.get(response_id, 0) - unheard
+
+    def _startable(self) -> str | None:
+        """The head response, if it may play now."""
+        if not self._queue:
+            return None
+        rid = self._queue[0][0]
+        if self._playing != rid:
+            buffered = 0
+            for other, pcm in self._queue:
+                if other != rid:
+                    break
+                buffered += len(pcm)
+            if buffered < self.preroll and rid not in self._ended:
+                return None
+            self._playing = rid
+        return rid
+
+    def _remember(self, response_id: str | None, samples: int) -> None:
+        if self._recent and self._recent[-1][0] == response_id:
+            self._recent[-1][1] += samples
+        else:
+            self._recent.append([response_id, samples])
+        self._recent_total += samples
+        while self._recent_total - self._recent[0][1] >= self.history:
+            self._recent_total -= self._recent.popleft()[1]

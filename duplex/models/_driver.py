@@ -100,6 +100,7 @@ class DriverStatistics:
             "duplex_engine_slack_units_total": None if slack is None else slack.units,
             "duplex_engine_slack_deferred_total": None if slack is None else slack.deferred,
             "duplex_engine_slack_overran_total": None if slack is None else slack.overran,
+            "duplex_engine_slack_beside_total": None if slack is None else slack.beside,
         }
         return values[name]
 
@@ -118,6 +119,7 @@ ENGINE_METRICS: tuple[tuple[str, str, str], ...] = (
     ("duplex_engine_slack_units_total", "counter", "Batch units run between ticks"),
     ("duplex_engine_slack_deferred_total", "counter", "Batch units that waited: no window fit"),
     ("duplex_engine_slack_overran_total", "counter", "Batch units still running at a step"),
+    ("duplex_engine_slack_beside_total", "counter", "Steps run beside a lower-priority unit"),
 )
 """The engine's metrics (name, kind, help), read from `DriverStatistics.metric`, labelled
 with the model by whoever exports them."""

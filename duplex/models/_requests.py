@@ -84,7 +84,9 @@ class BatchRunner(Protocol[Req_contra, Res_co]):
     """A model served by request batches.
 
     ``name`` labels its metrics; ``max_batch`` is the most requests one call
-    takes; an optional ``metadata`` mapping is what clients are told about it.
+    takes; an optional ``metadata`` mapping is what clients are told about it;
+    an optional ``beside_realtime`` (true) says its units run on a device stream
+    below the realtime one, so they need no slack window (`Slack.acquire`).
     ``run_batch`` blocks (it runs off the trio thread) and returns one result
     per request, in order; an ``Exception`` instance as a result fails that
     request alone, and raising fails the whole batch. Requests and results
@@ -201,9 +203,11 @@ class _Gate:
         slack: Slack | None,
         estimates: Callable[[str], UnitEstimate],
         timer: Callable[[], float],
+        beside: bool = False,
     ) -> None:
         self._batch = batch
         self._slack = slack
+        self._beside = beside
         self._estimates = estimates
         self._timer = timer
         self.holding = False
@@ -224,8 +228,8 @@ class _Gate:
     async def _next_window(self, slack: Slack, estimate: UnitEstimate) -> None:
         if self.holding:
             self.holding = False
-            slack.release()
-        await slack.acquire(estimate)
+            slack.release(beside_steps=self._beside)
+        await slack.acquire(estimate, beside_steps=self._beside)
         self.holding = True
 
     def end(self) -> None:
@@ -235,7 +239,7 @@ class _Gate:
         if self.holding:
             assert self._slack is not None
             self.holding = False
-            self._slack.release()
+            self._slack.release(beside_steps=self._beside)
 
 
 @final
@@ -270,6 +274,8 @@ class RequestEngine(Generic[Req, Res]):
             max_batch=max_batch, max_wait_s=max_wait_s, max_queue=max(max_queue, max_batch)
         )
         self._slack = slack
+        self._beside: bool = getattr(runner, "beside_realtime", False)
+        """Its units run below realtime steps on their device (`Slack.acquire`)."""
         self._offload: Offload = offload or trio.to_thread.run_sync
         self._timer = timer
         self._estimates: dict[str, UnitEstimate] = {}
@@ -357,7 +363,7 @@ class RequestEngine(Generic[Req, Res]):
                     continue  # realtime work came first; or the batch's clients all left
                 tickets = self._batcher.take()
                 if not tickets:
-                    self._slack.release()
+                    self._slack.release(beside_steps=self._beside)
                     continue
                 await self._run_batch(tickets, gated=True)
         finally:  # stopped or crashed: no request is left waiting on a dead loop
@@ -376,11 +382,11 @@ class RequestEngine(Generic[Req, Res]):
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(give_way)
-            await self._slack.acquire(self._estimate)
+            await self._slack.acquire(self._estimate, beside_steps=self._beside)
             held = True  # (no checkpoint since the acquire: the window is ours)
             nursery.cancel_scope.cancel()
         if held and self._batcher.next_class() is Priority.REALTIME:
-            self._slack.release()  # it came in the same instant: it goes first
+            self._slack.release(beside_steps=self._beside)  # it came in the same instant: first
             return False
         return held
 
@@ -397,7 +403,8 @@ class RequestEngine(Generic[Req, Res]):
         """Run one batch; ``gated``: a batch-class batch, its first window already held."""
         batch = [self._waiting[ticket] for ticket in tickets]
         requests = [waiting.request for waiting in batch]
-        gate = _Gate(batch, self._slack if gated else None, self.unit_estimate, self._timer)
+        slack = self._slack if gated else None
+        gate = _Gate(batch, slack, self.unit_estimate, self._timer, self._beside)
         gate.holding = gated
         start = gate.unit_started = self._timer()
         results: list[Res | BaseException]

@@ -13,9 +13,10 @@ the session what came back, as `AsrResult` and `AgentChunk` runtime events.
   into clauses (the first as soon as it has a few words, so the first audio does not
   wait for the whole reply), each spoken by the shared TTS and sent as it is made.
   Text-only replies send the tokens as they come; a tool call the reply model makes
-  goes to the session as an `AgentToolCall` (after the speech before it). A
-  `ModelReset` of a later epoch cancels the task: the reply model's request is aborted
-  with it, a TTS request is withdrawn, and the machine drops what it had queued.
+  goes to the session as `AgentToolCall` pieces as its arguments stream (after the
+  speech before it). A `ModelReset` of a later epoch cancels the task: the reply model's
+  request is aborted with it, a TTS request is withdrawn, and the machine drops what it
+  had queued.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from duplex.models.agent import (
     AgentModels,
     AsrChunk,
     ChatMessage,
+    ReplyDelta,
     ReplyRequest,
     ToolSpec,
 )
@@ -285,7 +287,7 @@ class AgentLink:
         reason = "stop"
         async for delta in self.models.replier.stream(request):
             if delta.call_name:
-                await self._deliver(AgentToolCall(rid, delta.call_name, delta.text, delta.call_id))
+                await self._deliver(_tool_call(rid, delta))
             elif delta.text:
                 await self._deliver(AgentChunk(rid, text=delta.text))
             reason = delta.finish or reason
@@ -298,7 +300,7 @@ class AgentLink:
             if delta.call_name:  # what was said before the call is spoken first
                 spoken += await self._speak(rid, pending, voice)
                 pending = ""
-                await self._deliver(AgentToolCall(rid, delta.call_name, delta.text, delta.call_id))
+                await self._deliver(_tool_call(rid, delta))
                 continue
             if not delta.text:
                 continue
@@ -338,3 +340,10 @@ def _cut(text: str, *, first: bool) -> int | None:
 def _message(item: HistoryItem) -> ChatMessage:
     kind = item.content if item.content.startswith("function_call") else "message"
     return ChatMessage(item.role, item.text, kind, item.call_id, item.name)
+
+
+def _tool_call(response_id: str, delta: ReplyDelta) -> AgentToolCall:
+    """A piece of a tool call, as the session takes it."""
+    return AgentToolCall(
+        response_id, delta.call_name, delta.text, delta.call_id, done=delta.call_done
+    )

@@ -31,6 +31,7 @@ from ._server_events import (
     SERVER_EVENT_TYPES,
     AudioDelta,
     ErrorEvent,
+    FunctionCallDelta,
     FunctionCallDone,
     InputAudioCleared,
     InputAudioCommitted,
@@ -527,14 +528,17 @@ class AgentChunk:
 @final
 @dataclass(frozen=True, slots=True)
 class AgentToolCall:
-    """The agent's reply to ``response_id`` calls the tool ``name`` with ``arguments`` (JSON
-    text); ``call_id`` names the call (empty: the session makes one). The reply's final
-    `AgentChunk` still ends the response."""
+    """A piece of a tool call in the agent's reply to ``response_id``: the tool ``name``,
+    the next ``arguments`` text (JSON, as the model writes it), ``done`` on the call's last
+    piece. The first piece of a ``call_id`` opens the call, those that follow (same
+    ``call_id``) extend it; a whole call is one piece with ``done``. ``call_id`` empty: the
+    session makes one. The reply's final `AgentChunk` still ends the response."""
 
     response_id: str
     name: str
     arguments: str
     call_id: str = ""
+    done: bool = True
 
 
 RuntimeEvent = (
@@ -570,6 +574,7 @@ __all__ = [
     "ErrorEvent",
     "Event",
     "EventAck",
+    "FunctionCallDelta",
     "FunctionCallDone",
     "InputAudioCleared",
     "InputAudioCommitted",

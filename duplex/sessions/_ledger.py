@@ -257,3 +257,6 @@ class SessionStatistics:
     replies_prepared: int = 0
     prepared_replies_used: int = 0
     prepared_replies_discarded: int = 0
+    tool_calls_cut: int = 0
+    """Agent tool calls whose response ended (or another call began) before their last
+    piece: outputs of the response, not in the history."""

@@ -290,16 +290,36 @@ class ResponseDone:
 
 @final
 @dataclass(frozen=True, slots=True)
+class FunctionCallDelta:
+    """A response's tool call grew: ``delta`` is the new text of its arguments, ``item`` the
+    ``function_call`` item so far (``text`` its arguments up to here), output
+    ``output_index``. ``opens``: the call's first delta, which opens its item."""
+
+    response_id: str
+    epoch: int
+    output_index: int
+    item: HistoryItem
+    delta: str
+    opens: bool = False
+    in_conversation: bool = True
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class FunctionCallDone:
-    """A response called a tool: ``item`` is the complete ``function_call`` item (``name``,
-    ``call_id``, ``text`` its JSON arguments), the response's output ``output_index`` (its
-    message item is 0). It joins the conversation unless the response is out of band."""
+    """A response's tool call is over: ``item`` is its whole ``function_call`` item (``name``,
+    ``call_id``, ``text`` its JSON arguments: the `FunctionCallDelta` s that came before it,
+    joined), the response's output ``output_index`` (its message item is 0). It joins the
+    conversation unless the response is out of band."""
 
     response_id: str
     epoch: int
     output_index: int
     item: HistoryItem
     in_conversation: bool = True
+    complete: bool = True
+    """``False``: cut off before its last piece (the response ended first); not in the
+    conversation, whatever ``in_conversation`` says of its response."""
 
 
 @final
@@ -400,6 +420,7 @@ ServerEvent = (
     | TranscriptDelta
     | TextDelta
     | ResponseDone
+    | FunctionCallDelta
     | FunctionCallDone
     | ResponseListen
     | OverlapDecision

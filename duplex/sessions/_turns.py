@@ -21,6 +21,7 @@ Invariants kept here:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from ._config import (
 from ._effects import Effect, ModelReset
 from ._events import (
     AudioDelta,
+    FunctionCallDelta,
     FunctionCallDone,
     InputSpeechStarted,
     InputSpeechStopped,
@@ -80,6 +82,7 @@ TURN_COUNTERS = (
     "backchannels",
     "pauses",
     "resumes",
+    "tool_calls_cut",
 )
 
 Emit = Callable[[list[Effect], ServerEvent], None]
@@ -101,6 +104,8 @@ class _Response:
     ledger: PlaybackLedger
     settings: ResponseSettings
     calls: list[HistoryItem] = field(default_factory=list)
+    open_call: str | None = None
+    """The agent's ``call_id`` of the last call while its arguments still stream."""
 
 
 class TurnTaking:
@@ -315,6 +320,7 @@ class TurnTaking:
         resp = self._response
         if resp is None:
             return
+        self._close_call(out, resp, complete=False)
         self.counts["held_frames_dropped"] += len(self._held)
         self.counts["responses_done"] += 1
         self._held = []
@@ -355,29 +361,71 @@ class TurnTaking:
             self._resume_output(out, "hold_overflow", now=now)
         self._route(out, frame, now=now)
 
-    def function_call(self, out: list[Effect], name: str, arguments: str, call_id: str) -> None:
-        """The open response calls a tool: its next output item, a complete ``function_call``
-        (``call_id`` empty: one is made), in the history at once unless out of band."""
+    def function_call(
+        self, out: list[Effect], name: str, arguments: str, call_id: str, *, done: bool = True
+    ) -> None:
+        """A piece of a tool call of the open response. A new ``call_id`` opens the response's
+        next output item, a ``function_call`` (``call_id`` empty: one is made); each piece adds
+        ``arguments`` text; ``done`` closes it and puts it in the history at once (unless the
+        response is out of band). A new call while one is open cuts that one off
+        (`_close_call`)."""
         resp = self._response
         if resp is None:
             return
-        item = HistoryItem(
-            self._new_id("item"),
-            "assistant",
-            self.next_order(),
-            0.0,
-            arguments,
-            "function_call",
-            call_id=call_id or self._new_id("call"),
-            name=name,
-        )
-        resp.calls.append(item)
+        opens = resp.open_call is None or resp.open_call != call_id
+        if opens:
+            self._close_call(out, resp, complete=False)
+            resp.calls.append(
+                HistoryItem(
+                    self._new_id("item"),
+                    "assistant",
+                    self.next_order(),
+                    0.0,
+                    "",
+                    "function_call",
+                    call_id=call_id or self._new_id("call"),
+                    name=name,
+                )
+            )
+            resp.open_call = call_id
+        item = resp.calls[-1]
+        if arguments:
+            item = dataclasses.replace(item, text=item.text + arguments)
+            resp.calls[-1] = item
+        if opens or arguments:
+            self._emit(
+                out,
+                FunctionCallDelta(
+                    resp.response_id,
+                    resp.epoch,
+                    len(resp.calls),  # the message item is output 0
+                    item,
+                    arguments,
+                    opens,
+                    resp.settings.in_conversation,
+                ),
+            )
+        if done:
+            self._close_call(out, resp, complete=True)
+
+    def _close_call(self, out: list[Effect], resp: _Response, *, complete: bool) -> None:
+        """Close the call still streaming, if any. A complete one joins the conversation; one
+        cut off (the response ended, or another call began, before its last piece) stays an
+        output of the response but not in the history: its arguments may not even parse."""
+        if resp.open_call is None:
+            return
+        resp.open_call = None
+        item = resp.calls[-1]
         in_conversation = resp.settings.in_conversation
-        if in_conversation:
+        if complete and in_conversation:
             self.history.insert(item)
-        index = len(resp.calls)  # the message item is output 0
+        if not complete:
+            self.counts["tool_calls_cut"] += 1
         self._emit(
-            out, FunctionCallDone(resp.response_id, resp.epoch, index, item, in_conversation)
+            out,
+            FunctionCallDone(
+                resp.response_id, resp.epoch, len(resp.calls), item, in_conversation, complete
+            ),
         )
 
     def request(self, settings: ResponseSettings) -> None:

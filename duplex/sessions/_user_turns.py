@@ -554,9 +554,9 @@ class UserTurns:
         self.play(out, now=now)
 
     def agent_tool_call(self, out: list[Effect], event: AgentToolCall) -> None:
-        """The cascade's reply calls a tool: a ``function_call`` output of its response, sent
-        at once (the reply's audio before it may still be playing; its final chunk, after
-        the call, still ends the response)."""
+        """A piece of a tool call in the cascade's reply: the ``function_call`` output of its
+        response opens, grows or closes, sent at once (the reply's audio before it may still
+        be playing; its final chunk, after the call, still ends the response)."""
         mapped = self._held(event)
         if mapped is None:
             return
@@ -569,7 +569,7 @@ class UserTurns:
         ):
             self.counts["agent_chunks_dropped"] += 1  # its response ended (barge-in, cancel)
             return
-        self.turns.function_call(out, event.name, event.arguments, event.call_id)
+        self.turns.function_call(out, event.name, event.arguments, event.call_id, done=event.done)
 
     def play(self, out: list[Effect], *, now: float) -> None:
         """Route the responder's due frames; drop them if their response ended."""

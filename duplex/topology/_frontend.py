@@ -330,6 +330,7 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
         graceful_timeout_s=settings.shutdown_grace_s,
         tls_certfile=settings.tls_certfile,
         tls_keyfile=settings.tls_keyfile,
+        robot_payload_bytes=settings.robot_payload_bytes,
     )
     stopping = trio.Event()
 

@@ -1,12 +1,12 @@
 """Routes a connection worker relays whole to the server process, as ASGI messages.
 
-The generation routes (speech, images, videos: HTTP and their WebSockets) run
-where their request engines, the video job store and their counters are: the
-server process (whose request engines are local, or links to the engine
-processes that host them). A worker accepts the request, applies the access
-policy, and then hands the route over: ``AsgiOpen`` carries the scope, and from
-then on the route runs in the server process exactly as it does single-process,
-over a ``receive`` and a ``send`` that cross the link:
+The generation and robot routes (speech, images, videos: HTTP and their
+WebSockets; the OpenPI robot socket) run where their request engines, the video
+job store and their counters are: the server process (whose request engines are
+local, or links to the engine processes that host them). A worker accepts the
+request, applies the access policy, and then hands the route over: ``AsgiOpen``
+carries the scope, and from then on the route runs in the server process exactly
+as it does single-process, over a ``receive`` and a ``send`` that cross the link:
 
 - ``receive`` is pulled: the route's ``receive()`` posts ``AsgiPull``, and the worker
   calls its own ``receive()`` once and answers ``AsgiIn``. So the worker reads a

@@ -434,12 +434,6 @@ def build_engine(
     return EngineDriver(engine, recorder=recorder, slack=slack)
 
 
-def serves_robots(config: Config) -> bool:
-    """The robot endpoint runs a policy here: one is configured, and sockets are served in
-    this process (connection workers do not relay robot sockets yet)."""
-    return config.server.policy != "none" and not config.server.connection_workers
-
-
 def robot_service(
     config: Config,
     system: ActorSystem,
@@ -448,15 +442,10 @@ def robot_service(
     requests: RequestEngines,
 ) -> RobotService | None:
     """The robot endpoint's service over the process's request engines (the policy is the
-    one named ``policy``); ``None``: no policy is served here (``server.policy = "none"``,
-    or connection workers)."""
+    one named ``policy``); ``None``: no policy is served (``server.policy = "none"``).
+    With connection workers it runs here too: they relay robot sockets whole."""
     server = config.server
-    if not serves_robots(config):
-        if server.policy != "none":
-            get_logger(component="server").warning(
-                "robot policy endpoint not served: it needs connection_workers = 0",
-                policy=server.policy,
-            )
+    if server.policy == "none":
         return None
     return RobotService(
         system,
@@ -519,6 +508,13 @@ async def _serve_sessions(
     sharded = server.session_shards > 1
     slack = Slack()  # realtime ticks first: request engines here run in what they leave
     local = not engine_paths
+    if sharded and server.agent and local:
+        log.warning(
+            "the voice agent answers only the server process's sessions: session shards "
+            "reach its engines through engine processes (engine_process = on); the others "
+            "answer with the turn responder",
+            session_shards=server.session_shards,
+        )
     if local and runner_specs(config) and server.devices[0] == "cpu":
         limit_torch_threads()  # a model on the CPU shares the cores with the event loop
     async with (
@@ -542,26 +538,30 @@ async def _serve_sessions(
         )
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
+        robot_payload_bytes = MAX_PAYLOAD_BYTES if robots is not None else 0
         hyper = hypercorn_config(
             f"{server.host}:{server.port}",
             max_frame_bytes=server.max_frame_bytes,
             graceful_timeout_s=server.shutdown_grace_s / 2,
             tls_certfile=server.tls_certfile,
             tls_keyfile=server.tls_keyfile,
-            robot_payload_bytes=MAX_PAYLOAD_BYTES if robots is not None else 0,
+            robot_payload_bytes=robot_payload_bytes,
         )
         async with trio.open_nursery() as nursery:
             if server.connection_workers:
-                relayed = generation_app(media, speech)
+                relayed = generation_app(media, speech, robots)
                 urls = await nursery.start(
-                    serve_with_workers,
-                    config,
-                    backend,
-                    hyper,
-                    registry,
-                    access,
-                    engine_paths,
-                    relayed,
+                    partial(
+                        serve_with_workers,
+                        config,
+                        backend,
+                        hyper,
+                        registry,
+                        access,
+                        engine_paths,
+                        relayed,
+                        robot_payload_bytes=robot_payload_bytes,
+                    )
                 )
             else:
                 urls = await nursery.start(
@@ -642,12 +642,14 @@ async def serve_with_workers(
     engine_paths: Sequence[str] = (),
     relayed: Any | None = None,
     *,
+    robot_payload_bytes: int = 0,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Bind here, serve in connection workers (and shards); returns once all have exited.
 
-    ``relayed``: the generation routes' app (speech, images, videos), which the workers
-    relay whole to this process (``_relay.py``).
+    ``relayed``: the app of the routes the workers relay whole to this process
+    (``_relay.py``: speech, images, videos, robots); ``robot_payload_bytes``: the robot
+    endpoint's frame limit when a policy is served (the workers' sockets allow it).
 
     Shards start first, so each worker finds every shard's socket when it starts.
     On shutdown this process's sockets close (1001), then every shard closes its
@@ -678,6 +680,7 @@ async def serve_with_workers(
                 client_secret_ttl_s=server.client_secret_ttl_s,
                 tls_certfile=server.tls_certfile,
                 tls_keyfile=server.tls_keyfile,
+                robot_payload_bytes=robot_payload_bytes,
             )
             workers = ConnectionWorkers(
                 links, listener, server.connection_workers, settings, registry

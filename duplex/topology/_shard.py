@@ -31,6 +31,7 @@ from duplex.metrics import REGISTRY
 
 from ._children import child_config, child_parser
 from ._link import EXIT_STALE_CODE, Link, Ready, ShardAnswer, ShardQuery, Stop
+from ._requests import open_request_engines
 from ._server import SERVER_DEAD_LETTERS, open_backend
 from ._workers import LinkServer
 
@@ -47,7 +48,17 @@ async def run_shard(
         open_actor_system(
             name=f"duplex-shard-{index}", dead_letter_capacity=SERVER_DEAD_LETTERS
         ) as system,
-        open_backend(config, system, REGISTRY, shard=index, engine_paths=engine_paths) as backend,
+        # with engine processes a shard reaches their request engines (the agent's ASR and
+        # TTS) as the server process does; their counters are the server process's to export
+        open_request_engines(config, system, None, None, local=False) as requests,
+        open_backend(
+            config,
+            system,
+            REGISTRY,
+            shard=index,
+            engine_paths=engine_paths,
+            requests=requests if engine_paths else None,
+        ) as backend,
     ):
         await backend.ready.wait()  # the server sends this shard sessions once it says Ready
         links = LinkServer(backend, REGISTRY)

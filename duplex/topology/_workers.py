@@ -73,6 +73,8 @@ class WorkerSettings:
     client_secret_ttl_s: int = 600
     tls_certfile: str = ""
     tls_keyfile: str = ""
+    robot_payload_bytes: int = 0
+    """The robot endpoint's frame limit (a policy is served, relayed to the server)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -195,7 +197,7 @@ class LinkServer:
     number of admitted sessions changes, so workers can place new sessions.
 
     ``relayed``: the ASGI app of the routes workers relay whole (``_relay.py``: speech,
-    images, videos), on the server process; ``None`` on a shard (workers relay none there).
+    images, videos, robots), on the server process; ``None`` on a shard (workers relay none there).
     """
 
     def __init__(

@@ -62,8 +62,7 @@ from ._http import PathLimitedConfig
 from ._latency import LatencyMetrics
 from ._media import MediaService, media_routes
 from ._moshi_wire import ChatQuery, MoshiProjection, error_frame
-from ._openpi import RobotService, WebSocketFrames
-from ._openpi_wire import NOT_AVAILABLE
+from ._openpi import ROBOT_PATH, RobotService, robot_routes
 from ._pcm_wire import PcmProjection
 from ._realtime_wire import RealtimeProjection, duplex_flag, schema_from_headers
 from ._sockets import EventSocket, WebSocketEvents
@@ -72,7 +71,6 @@ from ._stream_socket import FramedSocket
 from ._wait_queue import WaitQueue
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-ROBOT_PATH = "/v1/realtime/robot/openpi"
 JSON_CONTENT_TYPE = "application/json"
 HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
 
@@ -577,10 +575,13 @@ async def _http_failed(request: Request, exc: Exception) -> Response:
 EXCEPTION_HANDLERS: Final[dict[Any, Any]] = {HTTPException: _http_refused, Exception: _http_failed}
 
 
-def generation_app(media: MediaService | None, speech: SpeechService | None) -> Starlette:
-    """The generation routes alone (speech, images, videos), as a server process runs them
-    for its connection workers, which relay them whole (``topology/_relay.py``)."""
-    routes = [*media_routes(media), *speech_routes(speech)]
+def generation_app(
+    media: MediaService | None, speech: SpeechService | None, robots: RobotService | None
+) -> Starlette:
+    """The routes that run where their engines are (speech, images, videos, robots), alone,
+    as a server process runs them for its connection workers, which relay them whole
+    (``topology/_relay.py``)."""
+    routes = [*media_routes(media), *speech_routes(speech), *robot_routes(robots)]
     return Starlette(exception_handlers=EXCEPTION_HANDLERS, routes=routes)
 
 
@@ -622,9 +623,9 @@ def build_app(
     ``robots``: the robot policy endpoint's service (``None``: ``Robot policy not available``).
     ``media``: image and video generation (``None``: those routes answer ``model_not_loaded``).
     ``speech``: the TTS engine of the speech routes (``None``: they answer ``tts_not_loaded``).
-    ``generation``: in a connection worker, the ASGI app that relays the generation routes
-    (speech, images, videos) to the server process, which runs them (``media`` and
-    ``speech`` are then unused).
+    ``generation``: in a connection worker, the ASGI app that relays the routes of
+    `generation_app` (speech, images, videos, robots) to the server process, which runs them
+    (``media``, ``speech`` and ``robots`` are then unused).
     """
     policy = AccessPolicy(access or AccessSettings())
     refused = None
@@ -774,19 +775,7 @@ def build_app(
         """OpenPI's ``GET /healthz``: 200 ``OK`` while the server runs."""
         return PlainTextResponse("OK\n")
 
-    async def robot_socket(websocket: WebSocket) -> None:
-        """OpenPI's robot policy protocol (``_openpi.py``); without a policy, vLLM-Omni's
-        ``Robot policy not available`` text frame and a close."""
-        await websocket.accept()
-        peer = websocket.client.host if websocket.client else None
-        if robots is None or robots.engine is None:
-            unavailable = {"type": "error", "error": NOT_AVAILABLE, "code": "unsupported"}
-            await websocket.send_text(json.dumps(unavailable))
-            await websocket.close(1000, "policy_unavailable")
-            return
-        await robots.connect(WebSocketFrames(websocket), peer=peer)
-
-    generated = [media_routes(media), speech_routes(speech)]
+    generated = [media_routes(media), speech_routes(speech), robot_routes(robots)]
     if generation is not None:
         generated = [_relayed(routes, generation) for routes in generated]
     app = Starlette(
@@ -804,7 +793,7 @@ def build_app(
             WebSocketRoute("/v1/realtime", realtime_socket),
             WebSocketRoute("/api/chat", chat_socket),
             WebSocketRoute("/v1/audio/duplex", pcm_socket),
-            WebSocketRoute(ROBOT_PATH, robot_socket),
+            *generated[2],
             Route("/v1/duplex", upgrade_required),  # a plain GET: 426, not 404
             Route("/v1/realtime", upgrade_required),
             Route("/api/chat", upgrade_required),

@@ -46,6 +46,7 @@ from duplex.sessions import (
     ClientEvent,
     ErrorEvent,
     EventAck,
+    FunctionCallDelta,
     FunctionCallDone,
     HistoryItem,
     InputAudioCleared,
@@ -472,6 +473,16 @@ def _body(event: ServerEvent) -> tuple[str, dict[str, Any]]:
                     "metadata": {"epoch": event.epoch, "audio_ms": event.audio_ms},
                 }
             }
+        case FunctionCallDelta():
+            return "response.function_call_arguments.delta", {
+                "response_id": event.response_id,
+                "item_id": event.item.item_id,
+                "output_index": event.output_index,
+                "call_id": event.item.call_id,
+                "name": event.item.name,
+                "delta": event.delta,
+                "epoch": event.epoch,
+            }
         case FunctionCallDone():
             return "response.function_call_arguments.done", {
                 "response_id": event.response_id,
@@ -480,6 +491,7 @@ def _body(event: ServerEvent) -> tuple[str, dict[str, Any]]:
                 "call_id": event.item.call_id,
                 "name": event.item.name,
                 "arguments": event.item.text,
+                "complete": event.complete,
                 "epoch": event.epoch,
             }
         case ResponseListen():
@@ -582,6 +594,7 @@ SERVER_EVENT_NAMES: tuple[str, ...] = (
     "response.audio_transcript.delta",
     "response.text.delta",
     "response.done",
+    "response.function_call_arguments.delta",
     "response.function_call_arguments.done",
     "response.listen",
     "overlap.decision",

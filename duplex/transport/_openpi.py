@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Protocol, final
 
 import trio
+from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketState
 
 from duplex.actors import Actor, ActorContext, ActorRef, ActorSystem, LaneSpec, Restart
@@ -37,7 +39,14 @@ from duplex.models import PolicyRequest
 from duplex.runtime import RequestEngines, RequestService
 
 from ._connection import ShutDown
-from ._openpi_wire import MAX_PAYLOAD_BYTES, Answer, Infer, OpenPIProtocol, error_frame
+from ._openpi_wire import (
+    MAX_PAYLOAD_BYTES,
+    NOT_AVAILABLE,
+    Answer,
+    Infer,
+    OpenPIProtocol,
+    error_frame,
+)
 from ._sockets import SocketGone
 
 BAD_FRAMES_LOGGED: Final = 3
@@ -304,3 +313,24 @@ class RobotConnection(Actor[Any]):
         self.service.counters.refused("invalid_payload")
         if self.protocol.refused <= BAD_FRAMES_LOGGED:
             ctx.log.warning("bad robot frame", client=self.client, reason=exc.message[:200])
+
+
+ROBOT_PATH: Final = "/v1/realtime/robot/openpi"
+
+
+def robot_routes(robots: RobotService | None) -> list[BaseRoute]:
+    """The robot endpoint (OpenPI's protocol); without a policy (``None``), vLLM-Omni's
+    ``Robot policy not available`` text frame and a close. A connection worker relays it
+    whole to the server process, where the policy's engine is (``topology/_relay.py``)."""
+
+    async def robot_socket(websocket: WebSocket) -> None:
+        await websocket.accept()
+        peer = websocket.client.host if websocket.client else None
+        if robots is None or robots.engine is None:
+            unavailable = {"type": "error", "error": NOT_AVAILABLE, "code": "unsupported"}
+            await websocket.send_text(json.dumps(unavailable))
+            await websocket.close(1000, "policy_unavailable")
+            return
+        await robots.connect(WebSocketFrames(websocket), peer=peer)
+
+    return [WebSocketRoute(ROBOT_PATH, robot_socket)]

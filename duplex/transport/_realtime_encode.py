@@ -5,8 +5,9 @@ it with the parser). One session event may stand for several wire events: a
 `ResponseCreated` is ``response.created`` + ``response.output_item.added`` +
 ``conversation.item.added`` (GA; beta ``conversation.item.created``) +
 ``response.content_part.added``, and a `ResponseDone` closes them all in
-reverse; a `FunctionCallDone` is a ``function_call`` output item after it, opened and
-closed at once with its arguments. A text-only response (its `ResponseSettings`) has a text part and
+reverse; a tool call is a ``function_call`` output item after it, opened by its first
+`FunctionCallDelta` (each one an ``arguments.delta``) and closed by its
+`FunctionCallDone`. A text-only response (its `ResponseSettings`) has a text part and
 ``response.output_text.delta|done`` instead of audio; an out-of-band one announces no
 conversation item. The only state is the output resampler (24 kHz model audio to 8 kHz
 G.711), reset at each response; ids, epochs and transcripts come from the events.
@@ -30,6 +31,7 @@ from duplex.pcm import float_to_pcm16, pcm16_to_float
 from duplex.sessions import (
     AudioDelta,
     ErrorEvent,
+    FunctionCallDelta,
     FunctionCallDone,
     HistoryItem,
     InputAudioCleared,
@@ -274,8 +276,10 @@ class RealtimeEncoder:
                 return [self._new(kind, **body, delta=event.delta)]
             case ResponseDone():
                 return self._response_done(event)
+            case FunctionCallDelta():
+                return self._function_call_delta(event)
             case FunctionCallDone():
-                return self._function_call(event)
+                return self._function_call_done(event)
             case ErrorEvent():
                 error = {
                     "type": event.type,
@@ -518,32 +522,61 @@ class RealtimeEncoder:
             ),
         ]
 
-    def _function_call(self, event: FunctionCallDone) -> list[dict[str, Any]]:
-        """A tool call, whole: its item opens, its arguments stream in one delta, it closes
-        (GA's ``arguments.done`` also names the function; beta's has no such field)."""
+    def _function_call_delta(self, event: FunctionCallDelta) -> list[dict[str, Any]]:
+        """A tool call grows: its item opens with its first delta, then each delta is one
+        ``arguments.delta``."""
+        rid, index, call = event.response_id, event.output_index, event.item
+        opened: list[dict[str, Any]] = []
+        if event.opens:
+            open_item = {**self._history_item(call), "status": "in_progress", "arguments": ""}
+            opened = [
+                self._new(
+                    "response.output_item.added",
+                    response_id=rid,
+                    output_index=index,
+                    item=open_item,
+                ),
+                *(self._item_events(open_item, done=False) if event.in_conversation else []),
+            ]
+        if not event.delta:
+            return opened
+        ids = self._call_ids(rid, index, call)
+        return [*opened, self._new("response.function_call_arguments.delta", **ids,
+                                    delta=event.delta)]  # fmt: skip
+
+    def _function_call_done(self, event: FunctionCallDone) -> list[dict[str, Any]]:
+        """A tool call is over: ``arguments.done`` (GA's also names the function; beta's has
+        no such field), then its item closes. One cut off before its end is ``incomplete``
+        and leaves the conversation (``conversation.item.deleted``)."""
         rid, index, call = event.response_id, event.output_index, event.item
         done_item = self._history_item(call)
-        open_item = {**done_item, "status": "in_progress", "arguments": ""}
-        ids = {
-            "response_id": rid,
-            "item_id": call.item_id,
-            "output_index": index,
-            "call_id": call.call_id,
-        }
+        if not event.complete:
+            done_item = {**done_item, "status": "incomplete"}
+        ids = self._call_ids(rid, index, call)
         name = {"name": call.name} if self.schema == "ga" else {}
-        delta = "response.function_call_arguments.delta"
+        closed: list[dict[str, Any]] = []
+        if event.in_conversation:
+            closed = (
+                self._item_events(done_item, done=True)
+                if event.complete
+                else [self._new("conversation.item.deleted", item_id=call.item_id)]
+            )
         return [
-            self._new(
-                "response.output_item.added", response_id=rid, output_index=index, item=open_item
-            ),
-            *(self._item_events(open_item, done=False) if event.in_conversation else []),
-            *([self._new(delta, **ids, delta=call.text)] if call.text else []),
             self._new("response.function_call_arguments.done", **ids, arguments=call.text, **name),
-            *(self._item_events(done_item, done=True) if event.in_conversation else []),
+            *closed,
             self._new(
                 "response.output_item.done", response_id=rid, output_index=index, item=done_item
             ),
         ]
+
+    @staticmethod
+    def _call_ids(response_id: str, output_index: int, call: HistoryItem) -> dict[str, Any]:
+        return {
+            "response_id": response_id,
+            "item_id": call.item_id,
+            "output_index": output_index,
+            "call_id": call.call_id,
+        }
 
     def _audio_payload(self, event: AudioDelta) -> bytes:
         """The delta's audio in the output format (resampled for G.711; may be empty)."""

@@ -10,6 +10,7 @@ from pathlib import Path
 import trio
 from websockets.trio.client import connect
 
+from duplex.sessions import shard_of
 from tests.transport.test_realtime_wire import check_wire
 from tests.transport.wsclient import running_server
 
@@ -90,3 +91,37 @@ async def test_speech_over_the_reply_interrupts_it(tmp_path: Path) -> None:
     assert said == f"You said: {INTERRUPT}."
     heard = item["item"]["content"][0]["transcript"]
     assert heard and f"You said: {HELLO}.".startswith(heard)
+
+
+async def test_the_agent_answers_on_every_shard_with_engine_processes(tmp_path: Path) -> None:
+    """Two session shards behind two workers, the agent's ASR and TTS in the engine process:
+    a session on each shard gets its transcript and a spoken reply (each shard runs the
+    agent over the engine process's request engines)."""
+    layout = {
+        "server.connection_workers": 2,
+        "server.session_shards": 2,
+        "server.engine_process": "on",
+    }
+    async with running_server(**_agent(tmp_path), **layout) as server:
+        url = server.http.replace("http://", "ws://") + "/v1/realtime"
+        socks: list[RealtimeSocket] = []
+
+        async def one(nursery: trio.Nursery) -> None:
+            async with connect(url, max_queue=None) as ws, trio.open_nursery() as inner:
+                sock = await _session(url, inner, ws)
+                socks.append(sock)
+                await sock.stream(wav_pcm16("hello.wav") + silence(1200))
+                await sock.until("response.done")
+                inner.cancel_scope.cancel()
+
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                for _ in range(2):
+                    nursery.start_soon(one, nursery)
+    ids = [sock.of("session.created")[0]["session"]["id"] for sock in socks]
+    assert sorted(shard_of(i) for i in ids) == [0, 1], ids
+    for sock in socks:
+        (completed,) = sock.of("conversation.item.input_audio_transcription.completed")
+        assert completed["transcript"] == HELLO
+        said = "".join(d["delta"] for d in sock.of("response.output_audio_transcript.delta"))
+        assert said == f"You said: {HELLO}."

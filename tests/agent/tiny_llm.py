@@ -8,12 +8,14 @@ A random model never calls a tool by itself, so one chain is planted in its weig
 when tools are offered and the conversation does not end with a tool's output, the
 chat template ends the prompt with the token ``<|call|>``, and the model then says
 ``<tool_call>`` `CALL` ``</tool_call>`` and stops, whatever the sampling (each step's
-logit margin is in the hundreds). Everything else it says is random text, in which the
-chain's tokens never appear. How: five hidden dimensions are set aside; the layers never
-write them (their rows of ``o_proj`` and ``down_proj`` are zero), each chain token's
-embedding is one large value on its own dimension, whose ``lm_head`` column points to
-the next token of the chain, and every other token's embedding holds a constant on the
-fifth, whose column makes the chain's tokens impossible after it.
+logit margin is in the hundreds). `CALL` is three tokens (`CALL_PIECES`), so a streaming
+tool parser sees its arguments grow. Everything else it says is random text, in which the
+chain's tokens never appear. How: a hidden dimension per step of the chain, and one
+more, are set aside; the layers never write them (their rows of ``o_proj`` and
+``down_proj`` are zero), each chain token's embedding is one large value on its own
+dimension, whose ``lm_head`` column points to the next token of the chain, and every
+other token's embedding holds a constant on the last one, whose column makes the chain's
+tokens impossible after it.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>"
     "{% if tools and messages[-1].role != 'tool' %}<|call|>{% endif %}{% endif %}"
 )
-CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
-"""The arguments the planted chain calls ``get_weather`` with (one token)."""
-CHAIN = ["<|call|>", "<tool_call>", CALL, "</tool_call>"]
+CALL_PIECES = ['{"name": "get_weather", "arguments": {"city": ', '"Par', 'is"}}']
+"""The planted call's tokens: its arguments arrive in pieces."""
+CALL = "".join(CALL_PIECES)
+"""The call the planted chain makes: ``get_weather`` with ``{"city": "Paris"}``."""
+CHAIN = ["<|call|>", "<tool_call>", *CALL_PIECES, "</tool_call>"]
 CORPUS = [
     "hello could you tell me the weather for tomorrow",
     "wait stop i have another question",
@@ -70,7 +74,7 @@ def build(folder: Path, *, seed: int = 0) -> Path:
         tokenizer_object=bpe, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
     )
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|call|>"]})
-    tokenizer.add_tokens(["<tool_call>", "</tool_call>", CALL])
+    tokenizer.add_tokens(["<tool_call>", "</tool_call>", *CALL_PIECES])
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
     torch.manual_seed(seed)

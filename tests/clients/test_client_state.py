@@ -1,14 +1,15 @@
-"""The client's sans-I/O parts: the resume cursor and the speaker timeline behind its acks."""
+"""The client's sans-I/O parts: the resume cursor and the jitter buffer behind its acks."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from duplex.client import Playout, ResumeRefused, ServerEvent, SessionCursor, realtime_url
+from duplex.client import JitterBuffer, ResumeRefused, ServerEvent, SessionCursor, realtime_url
 
 
 def event(kind: str, seq: int | None = None, **fields: object) -> ServerEvent:
@@ -76,37 +77,79 @@ def test_realtime_urls() -> None:
     assert realtime_url("ws://h:1/v1/realtime?resume=1") == "ws://h:1/v1/realtime?duplex=1"
 
 
-def test_the_playout_plays_in_order_and_reports_what_played() -> None:
-    playout = Playout()
-    playout.add("a", 2400, now=0.0)  # 100 ms
-    assert playout.add("a", 2400, now=0.05) == pytest.approx(0.1)  # queued after the first
-    assert playout.played_ms("a", 0.0) == 0
-    assert playout.played_ms("a", 0.05) == pytest.approx(50)
-    assert playout.played_ms("a", 0.15) == pytest.approx(150)
-    assert playout.played_ms("a", 9.0) == pytest.approx(200)
-    assert playout.idle(0.2) and not playout.idle(0.19)
+def pcm(n: int, value: int = 1) -> np.ndarray:
+    return np.full(n, value, np.int16)
 
 
-def test_a_stop_keeps_what_was_heard_and_drops_the_rest() -> None:
-    playout = Playout()
-    playout.add("a", 24_000, now=0.0)  # 1 s
-    playout.stop(0.25)
-    assert playout.played_ms("a", 5.0) == pytest.approx(250)
-    assert playout.idle(0.25)
-    assert playout.add("b", 2400, now=0.3) == pytest.approx(0.3)
+def test_a_response_waits_for_its_preroll_then_plays_in_order() -> None:
+    jitter = JitterBuffer(preroll=100)
+    jitter.add("a", pcm(60, 1))
+    assert not jitter.pull(40).any()  # 60 < 100 buffered: silence, no underrun
+    jitter.add("a", pcm(60, 2))
+    block = jitter.pull(80)
+    assert block.tolist() == [1] * 60 + [2] * 20
+    assert jitter.handed == {"a": 80} and jitter.depth() == 40
+    assert jitter.played("a", pending=0) == 80
+    assert jitter.played("a", pending=30) == 50  # the device still holds its last 30
+    assert jitter.played("a", pending=500) == 0  # everything handed is still in the device
 
 
-@given(st.lists(st.tuples(st.integers(1, 5000), st.floats(0, 0.5)), min_size=1, max_size=20))
-def test_played_never_exceeds_what_was_added_and_never_goes_back(
-    chunks: list[tuple[int, float]],
+def test_an_ended_response_starts_at_once_and_a_dry_one_is_an_underrun() -> None:
+    jitter = JitterBuffer(preroll=100)
+    jitter.add("a", pcm(10))
+    jitter.end("a")
+    assert jitter.pull(20).tolist() == [1] * 10 + [0] * 10
+    assert jitter.underruns == 0  # it had ended: running out is its end
+    jitter.add("b", pcm(150))
+    jitter.pull(200)
+    assert jitter.underruns == 1  # b ran dry mid-response
+    jitter.add("b", pcm(50))
+    assert not jitter.pull(10).any()  # and waits for its preroll again
+
+
+def test_a_stop_drops_what_was_not_handed_to_the_device() -> None:
+    jitter = JitterBuffer(preroll=0)
+    jitter.add("a", pcm(100))
+    jitter.pull(30)
+    jitter.stop()
+    assert jitter.dropped == 70 and jitter.depth() == 0
+    assert jitter.played("a", pending=10) == 20
+    jitter.add("b", pcm(5, 7))
+    assert jitter.pull(5).tolist() == [7] * 5
+
+
+def test_a_bad_preroll_or_history_is_refused() -> None:
+    with pytest.raises(ValueError):
+        JitterBuffer(preroll=-1)
+    with pytest.raises(ValueError):
+        JitterBuffer(history=0)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abc"), st.integers(0, 500), st.integers(1, 300)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(0, 400),
+    st.integers(0, 300),
+)
+def test_played_never_exceeds_what_was_added_nor_goes_back(
+    steps: list[tuple[str, int, int]], pending: int, preroll: int
 ) -> None:
-    playout = Playout()
-    now, total_ms, last = 0.0, 0.0, 0.0
-    for samples, gap in chunks:
-        now += gap
-        playout.add("r", samples, now)
-        total_ms += 1000 * samples / 24_000
-        played = playout.played_ms("r", now)
-        assert last - 1e-6 <= played <= total_ms + 1e-6
-        last = played
-    assert playout.played_ms("r", now + 1000) == pytest.approx(total_ms)
+    jitter = JitterBuffer(preroll=preroll, history=1000)
+    added: dict[str, int] = {}
+    last: dict[str, int] = {}
+    handed_total = 0
+    for rid, samples, block in steps:
+        jitter.add(rid, pcm(samples))
+        added[rid] = added.get(rid, 0) + samples
+        out = jitter.pull(block)
+        handed_total += int(out.sum())  # every queued sample is 1, silence 0
+        assert sum(jitter.handed.values()) == handed_total
+        for r in added:
+            played = jitter.played(r, pending)
+            assert 0 <= played <= jitter.handed.get(r, 0) <= added[r]
+            assert played >= last.get(r, 0)  # the device's latency is constant
+            last[r] = played
+    assert jitter.depth() + handed_total == sum(added.values())

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -34,8 +35,9 @@ def test_duplex_talk_holds_a_conversation_from_a_wav(tmp_path: Path) -> None:
     agent = [line for line in lines if line.startswith("agent: You said:")]
     assert agent, ran.stdout  # the voice agent (the default) answers what it heard
     summary = lines[-1]
-    acks = re.search(r"(\d+) playback acks", summary)
+    acks = re.search(r"(\d+) playback acks, (\d+) ms heard by the server", summary)
     assert summary.startswith("# ") and acks and int(acks.group(1)) > 0, summary
+    assert int(acks.group(2)) > 0, summary  # the server's ledger holds what was played
     assert opened == 1
     with wave.open(str(out), "rb") as wav:
         assert (wav.getframerate(), wav.getnchannels(), wav.getsampwidth()) == (24000, 1, 2)
@@ -44,12 +46,17 @@ def test_duplex_talk_holds_a_conversation_from_a_wav(tmp_path: Path) -> None:
 
 
 def test_duplex_talk_says_why_without_a_microphone_or_a_file(tmp_path: Path) -> None:
+    # an ALSA configuration whose only device is on a card that does not exist: no sound
+    # device, whatever the machine has (an empty file makes PortAudio abort)
+    (tmp_path / "asound.conf").write_text("pcm.!default { type hw; card 99 }\n")
+    env = {**os.environ, "ALSA_CONFIG_PATH": str(tmp_path / "asound.conf")}
     ran = subprocess.run(
         [sys.executable, "-m", "duplex.cli", "talk", "--url", "ws://127.0.0.1:9"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
     )  # fmt: skip
-    assert ran.returncode == 2
-    assert "--wav" in ran.stderr
+    assert ran.returncode == 2, ran.stderr
+    assert "no microphone" in ran.stderr and "--wav" in ran.stderr
+    assert "Traceback" not in ran.stderr
     missing = subprocess.run(
         [sys.executable, "-m", "duplex.cli", "talk", "--wav", str(tmp_path / "none.wav")],
         capture_output=True, text=True, timeout=60, cwd=ROOT,

@@ -13,7 +13,14 @@ import trio
 import trio.testing
 
 from duplex.exceptions import RequestCancelled, RequestFailed
-from duplex.models import EngineDriver, RequestEngine, Slack, UnitEstimate, UnitGate
+from duplex.models import (
+    EngineDriver,
+    RequestEngine,
+    Slack,
+    SlackStatistics,
+    UnitEstimate,
+    UnitGate,
+)
 from duplex.models._driver import inline
 
 from .models_support import SPEC, loopback_engine, tone
@@ -122,6 +129,52 @@ async def test_a_unit_running_when_a_step_starts_is_counted_as_an_overrun(
     assert slack.statistics().overran == 1
 
 
+async def test_a_unit_beside_steps_needs_a_window_but_not_one_it_fits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A unit on a lower-priority device stream starts in any window, however short, and
+    runs on into the next step, which is counted as ``beside`` (not an overrun); it never
+    starts during a step, and while realtime work is live it waits for another unit."""
+    slack = Slack(margin_s=0.002)
+    now = trio.current_time()
+    slack.step_started()
+    assert not slack.fits(0.0, beside_steps=True)  # never during a step
+    slack.step_ended(now + 0.010)  # a 10 ms window
+    assert slack.fits(1.0, beside_steps=True) and not slack.fits(1.0)
+    await slack.acquire(1.0, beside_steps=True)
+    assert not slack.fits(0.0, beside_steps=True)  # one unit at a time
+    slack.step_started()  # the next step starts with it running: it may
+    slack.release(beside_steps=True)
+    assert slack.statistics() == SlackStatistics(units=1, deferred=0, overran=0, steps=2, beside=1)
+    slack.step_ended(trio.current_time() + 0.080)
+    await slack.acquire(0.050)  # a windowed unit (a malloc trim) still needs the fit
+    slack.step_started()
+    slack.release()
+    assert slack.statistics().beside == 1 and slack.statistics().overran == 1
+
+
+async def test_a_windowed_unit_waits_for_a_beside_unit_and_the_reverse(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    slack = Slack(margin_s=0.0)
+    order: list[str] = []
+
+    async def unit(name: str, beside: bool, seconds: float) -> None:
+        await slack.acquire(0.010, beside_steps=beside)
+        order.append(name)
+        await trio.sleep(seconds)
+        order.append(f"/{name}")
+        slack.release(beside_steps=beside)
+
+    slack.step_started()
+    slack.step_ended(trio.current_time() + 1.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(unit, "beside", True, 0.030)
+        await trio.sleep(0.001)
+        nursery.start_soon(unit, "windowed", False, 0.010)
+    assert order == ["beside", "/beside", "windowed", "/windowed"]
+
+
 # -- a request engine beside a ticking engine (MockClock) ------------------------------------
 
 
@@ -191,6 +244,53 @@ async def test_batches_run_only_in_the_windows_and_no_tick_is_late(
     figures = driver.statistics()  # exported with the engine's metrics
     assert figures.metric("duplex_engine_slack_units_total") == slack.statistics().units >= 10
     assert figures.metric("duplex_engine_slack_overran_total") == 0
+
+
+class BesideUnits(Units):
+    """`Units` whose device work runs below the realtime stream (`priority_stream`)."""
+
+    beside_realtime = True
+
+
+async def test_a_runner_beside_realtime_runs_during_steps_and_no_tick_is_late(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The same load as above, the runner declaring ``beside_realtime``: its 60 ms batches
+    (wider than any 50 ms window) start between steps and run on beside the next, and
+    the ticks keep their time."""
+    slack = Slack()
+    steps: list[tuple[float, float]] = []
+    units: list[tuple[float, float]] = []
+    driver = EngineDriver(loopback_engine(), offload=timed(steps, 0.030), slack=slack)
+    send, _recv = trio.open_memory_channel[Any](64)
+    handle = driver.attach("a", send)
+    assert handle is not None
+    engine = RequestEngine(
+        BesideUnits(),
+        max_wait_s=0.0,
+        slack=slack,
+        offload=timed(units, 0.060),
+        timer=trio.current_time,
+    )
+    answers: list[int] = []
+
+    async def client(i: int) -> None:
+        answers.append(await engine.submit(i))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await nursery.start(engine.run)
+        for k in range(25):
+            driver.push_input(handle, tone(1, k))
+            nursery.start_soon(client, k)
+            await trio.sleep(PERIOD)
+        nursery.cancel_scope.cancel()
+    assert len(answers) >= 20 and len(units) >= 20
+    assert overlaps(steps, units) >= 10
+    assert driver.statistics().late_ticks == 0
+    statistics = slack.statistics()
+    assert statistics.overran == 0 and statistics.beside >= 3 and statistics.deferred == 0
+    assert driver.statistics().metric("duplex_engine_slack_beside_total") == statistics.beside
 
 
 async def test_the_window_opens_only_after_a_ticks_outputs_are_handed_on(

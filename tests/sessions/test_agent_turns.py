@@ -16,6 +16,7 @@ from duplex.sessions import (
     AudioDelta,
     CancelReply,
     Capabilities,
+    FunctionCallDelta,
     FunctionCallDone,
     FunctionTool,
     InputAudioCommitted,
@@ -285,6 +286,75 @@ def test_calls_are_numbered_after_the_message_and_listed_in_response_done(steps,
     assert history_calls == [c.item for c in calls]
     message = [i.order for i in m.history if i.item_id == done.item_id]
     assert all(message[0] < c.order for c in history_calls) if message else True
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.text(max_size=6), min_size=1, max_size=8),
+    st.lists(st.booleans(), min_size=8, max_size=8),
+    st.booleans(),
+)
+def test_a_streamed_call_grows_delta_by_delta_and_joins_the_conversation_whole(
+    pieces, speech_between, last_has_text
+):
+    """However the arguments are cut into pieces (empty ones included), the deltas are the
+    pieces, their concatenation is the item's arguments at its end, and the item joins the
+    history only once whole."""
+    m, reply = _tool_session()
+    rid, now, effects = reply.response_id, 1.0, []
+    body, last = (pieces[:-1], pieces[-1]) if last_has_text else (pieces, "")
+    for index, piece in enumerate(body):
+        now += 0.01
+        if speech_between[index]:
+            effects += m.handle(AgentChunk(rid, _speech(80), "w "), now)
+        effects += m.handle(AgentToolCall(rid, "get_weather", piece, "c1", done=False), now)
+        assert all(i.content != "function_call" for i in m.history)  # not whole yet
+    effects += m.handle(AgentToolCall(rid, "get_weather", last, "c1"), now + 0.01)
+    deltas = of(effects, FunctionCallDelta)
+    (call,) = of(effects, FunctionCallDone)
+    assert deltas[0].opens and not any(d.opens for d in deltas[1:])
+    assert [d.delta for d in deltas[1:]] == [p for p in [*body, last][1:] if p] or len(deltas) == 1
+    assert "".join(d.delta for d in deltas) == "".join(pieces) == call.item.text
+    assert {d.output_index for d in deltas} == {call.output_index} == {1}
+    assert {d.item.item_id for d in deltas} == {call.item.item_id}
+    assert deltas[-1].item.text == call.item.text and call.complete
+    assert [i for i in m.history if i.content == "function_call"] == [call.item]
+    (done,) = of(m.handle(AgentChunk(rid, final=True), now + 0.1) + m.handle(Tick(), 60.0),
+                 ResponseDone)  # fmt: skip
+    assert done.calls == (call.item,)
+
+
+def test_a_call_cut_off_by_a_cancel_is_closed_incomplete_and_kept_out_of_history():
+    m, reply = _tool_session()
+    rid = reply.response_id
+    m.handle(AgentToolCall(rid, "get_weather", '{"ci', "c1", done=False), 0.2)
+    effects = m.handle(ResponseCancel(), 0.3)
+    (call,) = of(effects, FunctionCallDone)
+    (done,) = of(effects, ResponseDone)
+    assert not call.complete and call.item.text == '{"ci' and done.calls == (call.item,)
+    assert sends(effects).index(call) < sends(effects).index(done)
+    assert m.statistics().tool_calls_cut == 1
+    assert all(i.content != "function_call" for i in m.history)
+    # its later pieces are dropped and counted; the session goes on
+    later = m.handle(AgentToolCall(rid, "get_weather", 'ty": 1}', "c1"), 0.4)
+    assert of(later, FunctionCallDelta) == [] and of(later, FunctionCallDone) == []
+    assert m.statistics().agent_chunks_dropped == 1
+    (again,) = of(m.handle(ResponseCreate(), 0.5), AgentReply)
+    whole = m.handle(AgentToolCall(again.response_id, "get_weather", "{}", "c2"), 0.6)
+    assert [c.complete for c in of(whole, FunctionCallDone)] == [True]
+
+
+def test_a_new_call_cuts_off_the_one_still_open():
+    m, reply = _tool_session()
+    rid = reply.response_id
+    effects = m.handle(AgentToolCall(rid, "get_weather", "{", "c1", done=False), 0.2)
+    effects += m.handle(AgentToolCall(rid, "get_weather", "{}", "c2"), 0.3)
+    first, second = of(effects, FunctionCallDone)
+    assert (first.complete, first.output_index, second.complete, second.output_index) == (
+        False, 1, True, 2
+    )  # fmt: skip
+    assert [i.call_id for i in m.history if i.content == "function_call"] == ["c2"]
+    assert m.statistics().tool_calls_cut == 1
 
 
 # ------------------------------------------------ replies prepared at a pause

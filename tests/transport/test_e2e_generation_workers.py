@@ -1,7 +1,7 @@
-"""The generation routes through connection workers and session shards, end to end.
+"""The generation and robot routes through connection workers and session shards, end to end.
 
-``duplex serve`` with two connection workers and two session shards: the speech, image and
-video routes are relayed whole by the worker that accepted the request to the server
+``duplex serve`` with two connection workers and two session shards: the speech, image,
+video and robot routes are relayed whole by the worker that accepted the request to the server
 process (``topology/_relay.py``), which runs them beside its request engines and its one
 video job store. Each route answers as single-process: audio and images decoded, a job
 created through one connection and followed through others, the streaming sockets, a full
@@ -18,12 +18,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import trio
 from websockets.trio.client import connect
 
+from duplex.models import PolicyOptions, PolicyRequest, ReferencePolicy
+from duplex.transport._openpi_wire import pack, unpack
+
 from .test_e2e_media import IMAGES, frames_of, png, receive_stream, refused, wait_job, wait_metric
 from .test_e2e_media import metric as runner_metric
-from .test_e2e_openpi import served
+from .test_e2e_openpi import (
+    PATH,
+    check_openpi_report,
+    deterministic_observation,
+    openpi_python,
+    run_openpi_client,
+    served,
+)
 from .test_e2e_speech import LONG, SPEECH, loud, metric, wav_of
 from .wsclient import running_server
 
@@ -177,6 +188,44 @@ async def test_images_and_videos_through_workers(tmp_path: Path) -> None:
             assert json.loads(await ws.recv())["type"] == "video.start"
             await wait_metric(http, url, "duplex_request_batches_total", "video", batches + 1)
         await wait_metric(http, url, "duplex_request_batches_stopped_total", "video", stopped + 1)
+
+
+async def test_robots_through_workers(tmp_path: Path) -> None:
+    """openpi-client and several robots at once through the workers, answered by the one
+    reference policy in the server process; a frame over the sessions' 16 MiB limit still
+    reaches the robot endpoint (its own 64 MiB limit holds in the workers too)."""
+    openpi_python()
+    async with worker_server(tmp_path) as url:
+        check_openpi_report(await run_openpi_client(url))
+        reference = ReferencePolicy(PolicyOptions())
+        answers: dict[int, Any] = {}
+
+        async def one_robot(k: int) -> None:
+            async with connect(url.replace("http://", "ws://") + PATH, max_size=None) as ws:
+                assert unpack(await ws.recv())["policy"] == "duplex-reference"
+                await ws.send(pack(deterministic_observation(k)))
+                answers[k] = unpack(await ws.recv())
+                if k == 0:  # 20 MiB: over max_frame_bytes, under the robot limit
+                    big = {**deterministic_observation(k), "blob": bytes(20 * 1024 * 1024)}
+                    await ws.send(pack(big))
+                    assert unpack(await ws.recv())["actions"].shape == (10, 8)
+
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                for k in range(4):
+                    nursery.start_soon(one_robot, k)
+        for k, answer in answers.items():
+            (expected,) = reference.infer_batch([PolicyRequest(deterministic_observation(k))])
+            np.testing.assert_allclose(answer["actions"], expected["actions"], rtol=1e-5, atol=1e-6)
+        assert len(answers) == 4
+        async with httpx.AsyncClient(base_url=url) as http:
+            text = (await http.get("/metrics")).text
+        opened = [
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("duplex_robot_connections_total")
+        ]
+        assert opened == [5.0], opened  # 1 + 4, all counted in the server process
 
 
 async def test_models_lists_every_loaded_model() -> None:

@@ -104,21 +104,23 @@ def deterministic_observation(k: int) -> dict[str, Any]:
     }
 
 
-async def test_openpi_client_against_duplex_serve() -> None:
-    python = openpi_python()
-    async with served("--policy", "reference") as url:
-        async with httpx.AsyncClient() as http:
-            healthz = await http.get(url + "/healthz")
-            assert (healthz.status_code, healthz.text) == (200, "OK\n")
-        ws_url = url.replace("http://", "ws://") + PATH
-        ran = await trio.run_process(
-            [str(python), str(ROOT / "tests/transport/openpi_client_run.py"), ws_url],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
+async def run_openpi_client(url: str) -> dict[str, Any]:
+    """openpi-client's ``WebsocketClientPolicy`` against the server at ``url`` (its own
+    environment, a subprocess); its report."""
+    ws_url = url.replace("http://", "ws://") + PATH
+    ran = await trio.run_process(
+        [str(openpi_python()), str(ROOT / "tests/transport/openpi_client_run.py"), ws_url],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
     assert ran.returncode == 0, ran.stderr.decode()[-2000:]
-    report = json.loads(ran.stdout)
+    report: dict[str, Any] = json.loads(ran.stdout)
+    return report
+
+
+def check_openpi_report(report: dict[str, Any]) -> None:
+    """The reference policy's answers, as openpi-client saw them."""
     assert report["numpy"].startswith("1.")  # really openpi-client's own environment
     metadata = report["metadata"]
     assert metadata["policy"] == "duplex-reference"
@@ -135,6 +137,16 @@ async def test_openpi_client_against_duplex_serve() -> None:
     assert report["complex"] == "ValueError"
     assert report["bad_frame"] == INVALID
     assert report["after_bad"] == [10, 8]
+
+
+async def test_openpi_client_against_duplex_serve() -> None:
+    openpi_python()
+    async with served("--policy", "reference") as url:
+        async with httpx.AsyncClient() as http:
+            healthz = await http.get(url + "/healthz")
+            assert (healthz.status_code, healthz.text) == (200, "OK\n")
+        report = await run_openpi_client(url)
+    check_openpi_report(report)
 
 
 # -- in-process servers, a websockets client -----------------------------------------------

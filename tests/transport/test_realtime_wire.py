@@ -232,8 +232,14 @@ def session_story(config: ds.SessionConfig | None = None) -> list:
             0.0,
             agent.response_settings(),
         ),
+        ds.FunctionCallDelta(
+            "resp_f", 0, 1, ds.HistoryItem(**{**CALL_FIELDS, "text": ""}), "", True
+        ),
+        ds.FunctionCallDelta("resp_f", 0, 1, CALL, CALL.text),
         ds.FunctionCallDone("resp_f", 0, 1, CALL),
+        ds.FunctionCallDelta("resp_g", 0, 1, CALL, CALL.text, True, False),
         ds.FunctionCallDone("resp_g", 0, 1, ds.HistoryItem(**{**CALL_FIELDS, "text": ""}), False),
+        ds.FunctionCallDone("resp_h", 0, 1, CALL, True, False),  # cut off before its end
         ds.ResponseDone("resp_f", "item_f1", 0, "completed", "end_of_turn", "", 0.0, calls=(CALL,)),
     ]
     for status, reason in (
@@ -819,3 +825,47 @@ def test_fuzz_structured_events_only_raise_protocol_errors(kind, fields, duplex,
         assert duplex or kind not in DUPLEX_CLIENT_EVENTS
         if isinstance(event, ds.AudioAppend):
             assert event.sample_rate == (24000 if fmt == "pcm16" else 8000)
+
+
+@pytest.mark.parametrize("schema", ["ga", "beta"])
+def test_a_streamed_tool_call_opens_grows_and_closes(schema):
+    proj = RealtimeProjection(schema=schema, duplex=True)
+    empty = ds.HistoryItem(**{**CALL_FIELDS, "text": ""})
+    pieces = ['{"city', '": "Par', 'is"}']
+    events = [ds.FunctionCallDelta("r", 0, 1, empty, "", True)]
+    text = ""
+    for piece in pieces:
+        text += piece
+        events.append(
+            ds.FunctionCallDelta("r", 0, 1, ds.HistoryItem(**{**CALL_FIELDS, "text": text}), piece)
+        )
+    events.append(ds.FunctionCallDone("r", 0, 1, ds.HistoryItem(**{**CALL_FIELDS, "text": text})))
+    wire = [w for seq, e in enumerate(events, 1) for w in proj.encode(e, seq)]
+    for item in wire:
+        check_wire(item, schema=schema, duplex=True)
+    added, done = ("conversation.item.added", "conversation.item.done") if schema == "ga" else (
+        "conversation.item.created", None)  # fmt: skip
+    assert _types(wire) == [
+        "response.output_item.added", added,
+        *["response.function_call_arguments.delta"] * 3,
+        "response.function_call_arguments.done", *([done] if done else []),
+        "response.output_item.done",
+    ]  # fmt: skip
+    deltas = [w["delta"] for w in wire if w["type"] == "response.function_call_arguments.delta"]
+    (closing,) = [w for w in wire if w["type"] == "response.function_call_arguments.done"]
+    assert deltas == pieces and "".join(deltas) == closing["arguments"] == text
+    assert wire[-1]["item"]["status"] == "completed"
+
+
+def test_a_tool_call_cut_off_is_incomplete_and_leaves_the_conversation():
+    proj = RealtimeProjection(schema="ga", duplex=True)
+    cut = ds.HistoryItem(**{**CALL_FIELDS, "text": '{"ci'})
+    wire = proj.encode(ds.FunctionCallDone("r", 0, 1, cut, True, False), 1)
+    for item in wire:
+        check_wire(item, schema="ga", duplex=True)
+    assert _types(wire) == [
+        "response.function_call_arguments.done",
+        "conversation.item.deleted",
+        "response.output_item.done",
+    ]
+    assert wire[-1]["item"]["status"] == "incomplete"

@@ -63,13 +63,15 @@ class ReplyRequest:
 @final
 @dataclass(frozen=True, slots=True)
 class ReplyDelta:
-    """More reply text; or a tool call (``call_name`` set, ``text`` its JSON arguments);
-    ``finish`` on the last delta: ``stop``, ``length`` or ``tool_calls``."""
+    """More reply text; or a piece of a tool call (``call_name`` set, ``text`` the next
+    text of its JSON arguments, ``call_done`` on the call's last piece: a whole call is one
+    piece); ``finish`` on the last delta: ``stop``, ``length`` or ``tool_calls``."""
 
     text: str = ""
     call_id: str = ""
     call_name: str = ""
     finish: str | None = None
+    call_done: bool = True
 
 
 class Replier(Protocol):

@@ -8,8 +8,10 @@ every session's requests share the engine. Cancelling the trio side cancels the 
 task, and vllm aborts the request (a barge-in frees its KV blocks at once).
 
 The conversation becomes a prompt through the checkpoint's own chat template (tools
-included); with tools, the reply is read by vllm's ``hermes`` tool parser, and a parsed
-call comes back as a tool-call `ReplyDelta` instead of text.
+included); with tools, the reply is read as it streams by vllm's tool parser (``hermes``:
+its ``extract_tool_calls_streaming``): text before a call comes back as text, a call as
+tool-call `ReplyDelta` s, one as soon as its name is known and one per growth of its
+arguments, the last at its ``</tool_call>`` (or the end of the reply).
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ class VllmReplier:
             skip_special_tokens=not request.tools,
         )
         prompt = self.prompt(request)
-        send, recv = trio.open_memory_channel[tuple[str, str | None] | BaseException](math.inf)
+        send, recv = trio.open_memory_channel[_Piece | BaseException](math.inf)
         token = trio.lowlevel.current_trio_token()
         llm = self._llm
 
@@ -140,7 +142,8 @@ class VllmReplier:
             try:
                 async for output in llm.generate(prompt, params, f"reply-{number}"):
                     piece = output.outputs[0]
-                    token.run_sync_soon(send.send_nowait, (piece.text, piece.finish_reason))
+                    item = (piece.text, list(piece.token_ids), piece.finish_reason)
+                    token.run_sync_soon(send.send_nowait, item)
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # the engine failed: the reply fails with it
@@ -149,42 +152,33 @@ class VllmReplier:
                 token.run_sync_soon(send.close)
 
         future = asyncio.run_coroutine_threadsafe(produce(), self._loop)
-        text, held, finish = "", "", "stop"
+        calls = _ToolCalls(self._tool_parser(request), number) if request.tools else None
+        finish = "stop"
         try:
             async with recv:
                 async for item in recv:
                     if isinstance(item, BaseException):
                         raise item
-                    piece, reason = item
+                    piece, ids, reason = item
                     finish = reason or finish
-                    text += piece
-                    if not request.tools:
+                    if calls is None:
                         if piece:
                             yield ReplyDelta(piece)
                         continue
-                    held += piece  # with tools: hold what may be the start of a call
-                    if TOOL_TAG in text or TOOL_TAG.startswith(held.lstrip()):
-                        continue
-                    yield ReplyDelta(held)
-                    held = ""
+                    for delta in calls.feed(piece, ids):
+                        yield delta
         finally:
             future.cancel()  # cancels the asyncio task: vllm aborts the request
-        if request.tools and TOOL_TAG in text:
-            calls = self._tool_calls(text, request)
-            if calls:
-                unsent = held[: held.find(TOOL_TAG)] if TOOL_TAG in held else ""
-                if unsent.strip():
-                    yield ReplyDelta(unsent)
-                for index, (name, arguments) in enumerate(calls):
-                    yield ReplyDelta(arguments, f"call_{number}_{index}", name)
+        if calls is not None:
+            for delta in calls.end():
+                yield delta
+            if calls.called:
                 yield ReplyDelta(finish="tool_calls")
                 return
-        if held:
-            yield ReplyDelta(held)
         yield ReplyDelta(finish="length" if finish == "length" else "stop")
 
-    def _tool_calls(self, text: str, request: ReplyRequest) -> list[tuple[str, str]]:
-        """The calls vllm's tool parser finds in ``text`` (name, JSON arguments)."""
+    def _tool_parser(self, request: ReplyRequest) -> tuple[Any, Any]:
+        """A fresh streaming tool parser for one reply, and the chat request it reads."""
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.tool_parsers import ToolParserManager
 
@@ -195,10 +189,82 @@ class VllmReplier:
         ]  # fmt: skip
         chat = ChatCompletionRequest(messages=[], model=self.path, tools=tools)
         parser = ToolParserManager.get_tool_parser(self._parser_name)(self._tokenizer, chat.tools)
-        found = parser.extract_tool_calls(text, chat)
-        if not found.tools_called:
-            return []
-        return [(call.function.name, call.function.arguments) for call in found.tool_calls]
+        return parser, chat
+
+
+_Piece = tuple[str, list[int], str | None]
+"""What vllm made since the last output: text, token ids, finish reason (or ``None``)."""
+
+
+class _ToolCalls:
+    """One reply read through a streaming tool parser: its text before any call, and each
+    call as it grows (the parser re-reads the whole text at each step and says what is new).
+
+    A call opens when the parser knows its name; each growth of its arguments is one delta;
+    it is done at its end tag (``END_TAG`` counted in the text) or at the end of the reply.
+    The deltas of a call, joined, are its arguments as the model wrote them.
+    """
+
+    END_TAG = "</tool_call>"
+
+    def __init__(self, parser: tuple[Any, Any], number: int) -> None:
+        self._parser, self._chat = parser
+        self._number = number
+        self._text = ""
+        self._ids: list[int] = []
+        self._sent = 0  # characters of text sent as text
+        self._names: dict[int, str] = {}
+        self._done: set[int] = set()
+
+    @property
+    def called(self) -> bool:
+        return bool(self._names)
+
+    def _call_id(self, index: int) -> str:
+        return f"call_{self._number}_{index}"
+
+    def feed(self, piece: str, ids: list[int]) -> list[ReplyDelta]:
+        """The deltas the newest ``piece`` (and its token ``ids``) brings."""
+        previous, previous_ids = self._text, self._ids
+        self._text, self._ids = previous + piece, previous_ids + ids
+        message = self._parser.extract_tool_calls_streaming(
+            previous, self._text, piece, previous_ids, self._ids, ids, self._chat
+        )
+        out: list[ReplyDelta] = []
+        if message is not None:
+            if message.content and not self._names:
+                self._sent += len(message.content)
+                out.append(ReplyDelta(message.content))
+            for call in message.tool_calls or ():
+                index, function = call.index, call.function
+                if function is None or index in self._done:
+                    continue
+                if function.name and index not in self._names:
+                    self._names[index] = function.name
+                    out.append(self._piece(index, ""))
+                if function.arguments and index in self._names:
+                    out.append(self._piece(index, function.arguments))
+        for index in sorted(self._names):
+            if index not in self._done and index < self._text.count(self.END_TAG):
+                out.append(self._close(index))
+        return out
+
+    def end(self) -> list[ReplyDelta]:
+        """The reply is over: text the parser held back (a possible start of a tag that
+        never came), and every call still open, closed."""
+        out = []
+        if not self._names and TOOL_TAG not in self._text and len(self._text) > self._sent:
+            out.append(ReplyDelta(self._text[self._sent :]))
+            self._sent = len(self._text)
+        out.extend(self._close(index) for index in sorted(self._names) if index not in self._done)
+        return out
+
+    def _piece(self, index: int, arguments: str) -> ReplyDelta:
+        return ReplyDelta(arguments, self._call_id(index), self._names[index], call_done=False)
+
+    def _close(self, index: int) -> ReplyDelta:
+        self._done.add(index)
+        return ReplyDelta("", self._call_id(index), self._names[index], call_done=True)
 
 
 def _chat(message: ChatMessage) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, final
@@ -27,8 +28,10 @@ import numpy as np
 from duplex.exceptions import ConfigError
 from duplex.progress import note
 
+from .._batcher import Priority
 from .._options import ModelOptions
 from .._requests import UnitGate
+from .._streams import priority_stream
 from ._graphs import GraphedDenoiser
 from ._tiny import tiny_pipeline
 
@@ -217,21 +220,30 @@ class ImageRunner:
 
     Args:
         max_batch: the most requests, and images, one call takes.
+        stream: the CUDA stream its device work runs on (``None``: the current one); a
+            batch-priority stream (`priority_stream`) lets its units run beside realtime
+            steps (`beside_realtime`).
     """
 
     name = "image"
 
-    def __init__(self, pipeline: Any, model: DiffusionModel, max_batch: int = 1) -> None:
+    def __init__(
+        self, pipeline: Any, model: DiffusionModel, max_batch: int = 1, stream: Any = None
+    ) -> None:
         self.pipeline = pipeline
         self.model = model
         self.max_batch = max_batch
         self.metadata = {"model": model.id}
         """What clients are told: the model id they may name."""
+        self._stream = stream
+        self.beside_realtime = stream is not None
+        """Its units may start while a realtime step runs (`Slack.acquire`)."""
 
     def run_batch(self, requests: Sequence[ImageRequest], gate: UnitGate) -> list[ImageResult]:
         results: list[ImageResult | None] = [None] * len(requests)
         for call in image_calls(requests, self.max_batch):
-            done = self._run([requests[i] for i in call], gate)
+            with _on(self._stream):
+                done = self._run([requests[i] for i in call], gate)
             for index, result in zip(call, done, strict=True):
                 results[index] = result
         assert all(result is not None for result in results)
@@ -269,14 +281,18 @@ class VideoRunner:
     name = "video"
     max_batch = 1
 
-    def __init__(self, pipeline: Any, model: DiffusionModel) -> None:
+    def __init__(self, pipeline: Any, model: DiffusionModel, stream: Any = None) -> None:
         self.pipeline = pipeline
         self.model = model
         self.metadata = {"model": model.id}
         """What clients are told: the model id they may name."""
+        self._stream = stream
+        self.beside_realtime = stream is not None
+        """As `ImageRunner`'s."""
 
     def run_batch(self, requests: Sequence[VideoRequest], gate: UnitGate) -> list[VideoResult]:
-        return [self._run(request, gate) for request in requests]
+        with _on(self._stream):
+            return [self._run(request, gate) for request in requests]
 
     def _run(self, request: VideoRequest, gate: UnitGate) -> VideoResult:
         output = self.pipeline(
@@ -295,11 +311,32 @@ class VideoRunner:
         return VideoResult(frames.reshape(-1, *frames.shape[-3:])[: request.frames])
 
 
-def load_image_runner(model: DiffusionModel, device: str, max_batch: int = 1) -> ImageRunner:
-    """Load ``model`` (seconds for a real checkpoint): call off the event loop."""
-    return ImageRunner(_load(model, device), model, max_batch)
+def _on(stream: Any) -> AbstractContextManager[Any]:
+    """``stream`` current in this thread while the context lasts (``None``: as it is)."""
+    if stream is None:
+        return nullcontext()
+    import torch
+
+    return torch.cuda.stream(stream)
 
 
-def load_video_runner(model: DiffusionModel, device: str) -> VideoRunner:
-    """Load ``model`` (seconds for a real checkpoint): call off the event loop."""
-    return VideoRunner(_load(model, device), model)
+def _stream(device: str, beside_realtime: bool) -> Any:
+    return priority_stream(device, Priority.BATCH) if beside_realtime else None
+
+
+def load_image_runner(
+    model: DiffusionModel, device: str, max_batch: int = 1, *, beside_realtime: bool = False
+) -> ImageRunner:
+    """Load ``model`` (seconds for a real checkpoint): call off the event loop.
+    ``beside_realtime``: on a CUDA device, its units run on a batch-priority stream and may
+    start while a realtime step runs (off CUDA it has no effect)."""
+    pipeline = _load(model, device)
+    return ImageRunner(pipeline, model, max_batch, _stream(device, beside_realtime))
+
+
+def load_video_runner(
+    model: DiffusionModel, device: str, *, beside_realtime: bool = False
+) -> VideoRunner:
+    """As `load_image_runner`."""
+    pipeline = _load(model, device)
+    return VideoRunner(pipeline, model, _stream(device, beside_realtime))

@@ -72,6 +72,7 @@ import torch
 
 from duplex.exceptions import PromptUnsupported
 
+from .._batcher import Priority
 from .._interface import (
     FrameOutput,
     ModelSpec,
@@ -80,6 +81,7 @@ from .._interface import (
     StepOutput,
     StepPlan,
 )
+from .._streams import priority_stream
 from ._checkpoint import LoadedMoshi
 from ._mimi_streams import MimiStreams
 from ._prompt import PromptReplay, VoiceLibrary, build_replay, wrap_with_system_tags
@@ -158,6 +160,9 @@ class MoshiEngineRunner:
             cuda_graphs=cuda_graphs,
         )
         self._device = loaded.lm.text_linear.weight.device
+        self._stream = priority_stream(self._device, Priority.REALTIME)
+        """Every device call of this runner (steps, resets, captures) runs on it: ahead of
+        batch units on the same GPU (`priority_stream`)."""
         self._pieces = loaded.pieces
         self._seed = seed
         self._sampling = sampling or SlotSampling()
@@ -206,8 +211,9 @@ class MoshiEngineRunner:
         captured lazily, a bucket's first step takes seconds and stalls every live
         session. On the CPU it only allocates the buckets' small static buffers.
         """
-        self._lm.prepare_graphs()
-        self._mimi.prepare([self._config.agent_q])
+        with torch.cuda.stream(self._stream):
+            self._lm.prepare_graphs()
+            self._mimi.prepare([self._config.agent_q])
 
     @property
     def top_k_limits(self) -> tuple[int, int]:
@@ -223,8 +229,9 @@ class MoshiEngineRunner:
 
         A live prompted slot replays its prompt again from its next tick.
         """
-        self._mimi.reset_slot(slot)
-        self._lm.reset_slot(slot, self._slot_sampling(slot))
+        with torch.cuda.stream(self._stream):
+            self._mimi.reset_slot(slot)
+            self._lm.reset_slot(slot, self._slot_sampling(slot))
 
     def check_prompt(self, prompt: SlotPrompt) -> None:
         """Refuse a prompt this checkpoint cannot replay; called when a slot is taken.
@@ -250,6 +257,10 @@ class MoshiEngineRunner:
         The output is flagged ``warmup`` on the runner's first step and on every step
         that captured a CUDA graph (a new bucket): their time is not the batch's.
         """
+        with torch.cuda.stream(self._stream):
+            return self._execute(plan)
+
+    def _execute(self, plan: StepPlan) -> StepOutput:
         graphs = self._lm.graph_step.captured + self._mimi.captured
         for slot in plan.released_slots:
             self._requests[slot] = None
