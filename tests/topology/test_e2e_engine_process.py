@@ -165,7 +165,8 @@ async def test_a_new_session_is_refused_while_the_engine_restarts_and_admitted_a
 
 
 async def test_a_stopped_engine_process_is_reported_stalled_and_recovers() -> None:
-    async with running_server(**BASE, **ON) as server, client(server) as c:
+    never = {"server.engine_stall_timeout_s": 0}  # reported only: no watchdog (next test)
+    async with running_server(**BASE, **ON, **never) as server, client(server) as c:
         (pid,) = engine_pids()
         await open_session(c)
         await echo(c, tone(3))
@@ -187,6 +188,44 @@ async def test_a_stopped_engine_process_is_reported_stalled_and_recovers() -> No
                 await trio.sleep(0.1)
         c.events.clear()
         await echo(c, tone(3, amplitude=0.2), timeout=30)
+
+
+async def test_an_engine_process_stopped_past_the_stall_timeout_is_killed_and_replaced() -> None:
+    stall = {"server.engine_stall_timeout_s": 1.0}
+    async with running_server(**BASE, **ON, **stall) as server, AsyncExitStack() as stack:
+        (pid,) = engine_pids()
+        speaking = await stack.enter_async_context(client(server))
+        idle = await stack.enter_async_context(client(server))
+        for c in (speaking, idle):
+            await open_session(c)
+        await speaking.stream(tone(30), realtime=False)  # stopped in the middle of an answer
+        await speaking.until("response.audio.delta", timeout=20)
+        os.kill(pid, signal.SIGSTOP)
+        try:  # told as on a crash: the watchdog killed it (SIGKILL ends a stopped process)
+            for c in (speaking, idle):
+                error = await c.until("error", timeout=OPEN_TIMEOUT_S)
+                assert error["error"]["code"] == "engine_error"
+            assert [d["response"]["status"] for d in speaking.of("response.done")] == ["failed"]
+            for c in (speaking, idle):
+                error = await c.until("error", timeout=OPEN_TIMEOUT_S)
+                assert "restarted" in error["error"]["message"]
+        finally:
+            if pid in engine_pids():
+                os.kill(pid, signal.SIGCONT)
+        for n, c in enumerate((speaking, idle)):
+            c.events.clear()
+            await echo(c, tone(4, amplitude=0.2 + 0.1 * n), timeout=30)
+        (new_pid,) = engine_pids()
+        assert new_pid != pid
+        text = await metrics_over_http(server)
+        assert sample(text, "duplex_engine_stall_kills_total") == 1
+        assert sample(text, "duplex_engine_process_restarts_total") == 1
+        assert sample(text, "duplex_engine_live_slots", model="loopback") == 2
+        # the new one ticks at its own pace: never killed while it does
+        await trio.sleep(3.0)
+        await echo(speaking, tone(3, amplitude=0.4), timeout=30)
+        assert sample(await metrics_over_http(server), "duplex_engine_stall_kills_total") == 1
+        assert engine_pids() == [new_pid]
 
 
 def test_the_served_bench_runs_the_topology_end_to_end(tmp_path: Path) -> None:
