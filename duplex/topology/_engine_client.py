@@ -121,6 +121,8 @@ class RemoteEngine:
         self._statistics: DriverStatistics | None = None
         self.histograms: RecorderSnapshot | None = None
         """The engine process's latency histograms, as of its last status."""
+        self.trims: tuple[tuple[int, ...], float] | None = None
+        """The engine process's ``malloc_trim`` durations, as of its last status."""
         self._requests = itertools.count(1)
         self._waiting: dict[int, tuple[trio.Event, list[SlotOpened]]] = {}
         self._handles: dict[tuple[int, int], SlotHandle] = {}
@@ -289,7 +291,7 @@ class RemoteEngine:
                     if rejected:
                         self._rejected[handle] = self._rejected.get(handle, 0) + rejected
                     self._delivery.deliver(handle, output)
-            case EngineStatus(report, statistics, histograms, requests):
+            case EngineStatus(report, statistics, histograms, requests, trims):
                 if not report.live or statistics.ticks != self._ticks:
                     self.progress_at = trio.current_time()
                 self._ticks = statistics.ticks
@@ -297,6 +299,7 @@ class RemoteEngine:
                 self._statistics = statistics
                 self.histograms = histograms
                 self._request_statistics = requests
+                self.trims = trims
             case RequestDone(request):
                 answer = self._answers.get(request)
                 if answer is not None:

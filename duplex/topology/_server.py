@@ -62,7 +62,7 @@ from . import _link
 from ._engine_client import EngineConnection, engine_spec, export_engine_histograms
 from ._engines import EngineProcesses
 from ._media import open_media
-from ._memory import trim_memory_every
+from ._memory import export_trim_histogram, trim_memory_every
 from ._requests import model_cards, open_request_engines, runner_specs
 from ._shards import ShardProcesses
 from ._watchdog import EngineWatchdog, Killer
@@ -399,6 +399,7 @@ async def open_backend(
             log.info("agent started", llm=server.agent_llm or "echo", asr=server.agent_asr)
         freeze_startup_objects()
         frozen = True
+        export_trim_histogram(registry, hub)
         nursery.start_soon(trim_memory_every, server.malloc_trim_interval_s, slack)
         backend.ready.set()
 
