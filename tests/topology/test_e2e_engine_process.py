@@ -19,13 +19,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
+import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
+from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect as ws_connect
 
 from duplex.sessions import shard_of
-from duplex.transport._openpi_wire import INTERNAL_ERROR, pack, unpack
+from duplex.transport._openpi import UNAVAILABLE
+from duplex.transport._openpi_wire import pack, unpack
 
 from ..transport.test_e2e_duplex import open_session
 from ..transport.test_e2e_shards import (
@@ -295,7 +299,8 @@ async def test_two_engine_processes_share_the_sessions_and_a_lost_one_costs_only
 async def test_the_robot_policy_runs_in_the_engine_process_and_survives_its_restart() -> None:
     """``--policy`` with engine processes: the policy is built and batched in the engine
     process (its metadata and counters come over the link); a robot whose engine process is
-    killed is answered an error frame or waits, keeps its socket, and is served again."""
+    killed is answered ``Policy unavailable`` (not the policy's ``Internal inference
+    error``) or waits, keeps its socket, and is served again."""
     policy = {"server.policy": "reference"}
     async with running_server(**BASE, **ON, **policy) as server:
         (pid,) = engine_pids()
@@ -328,9 +333,73 @@ async def test_the_robot_policy_runs_in_the_engine_process_and_survives_its_rest
                     answers.append(answer)
                     await trio.sleep(0.05)
             assert answer["actions"].shape == (10, 8)
-            assert all(a == {"type": "error", "message": INTERNAL_ERROR} for a in answers)
+            assert all(a == {"type": "error", "message": UNAVAILABLE} for a in answers)
+            text = await metrics_over_http(server)
+            assert sample(text, "duplex_robot_errors_total", reason="engine_unavailable") == len(
+                answers
+            )
+            assert sample(text, "duplex_robot_errors_total", reason="inference_failed") in (0, None)
         (new_pid,) = engine_pids()
         assert new_pid != pid
+
+
+async def test_a_video_job_and_stream_whose_engine_process_dies_fail_engine_unavailable() -> None:
+    """A video generation running in the engine process when it is killed ends ``failed``
+    with ``engine_unavailable`` (not ``generation_failed``: the pipeline did not fail), the
+    stream with that error and 1011; the same request then succeeds on the new process."""
+    media = {"server.video_model": "tiny", "server.video_chunk_frames": 4}
+    async with (
+        running_server(**BASE, **ON, **media) as server,
+        httpx.AsyncClient(timeout=60) as http,
+    ):
+        (pid,) = engine_pids()
+        form = {"prompt": "waves", "size": "32x16", "seconds": "0.5", "fps": "8"}
+        long = {**form, "seconds": "10", "num_inference_steps": "500"}  # minutes on this CPU
+        job = (await http.post(server.http + "/v1/videos", data=long)).json()
+        start = {"type": "session.start", "prompt": "waves", "format": "m4s", "width": 32,
+                 "height": 16, "fps": 8, "num_frames": 80, "num_inference_steps": 500}  # fmt: skip
+        video_url = server.http.replace("http://", "ws://") + "/v1/realtime/video"
+        async with ws_connect(video_url) as ws:
+            await ws.send(json.dumps(start))
+            assert json.loads(await ws.recv())["type"] == "video.start"
+            with trio.fail_after(30):
+                while (await video_job(http, server, job["id"]))["status"] != "in_progress":
+                    await trio.sleep(0.1)
+            os.kill(pid, signal.SIGKILL)
+            with trio.fail_after(30):
+                error = json.loads(await ws.recv())
+                assert (error["type"], error["code"]) == ("error", "engine_unavailable"), error
+                with pytest.raises(ConnectionClosed):
+                    await ws.recv()
+            assert ws.close_code == 1011
+        with trio.fail_after(30):
+            while (failed := await video_job(http, server, job["id"]))["status"] != "failed":
+                await trio.sleep(0.1)
+        assert failed["error"]["code"] == "engine_unavailable", failed
+        assert "engine process" in failed["error"]["message"]
+        # the same kind of job succeeds once the new engine process serves (503 until then)
+        with trio.fail_after(60):
+            while True:
+                answer = await http.post(server.http + "/v1/videos",
+                                         data={**form, "num_inference_steps": "2"})  # fmt: skip
+                if answer.status_code == 200:
+                    break
+                assert answer.status_code == 503, answer.text
+                assert answer.json()["error"]["code"] == "model_starting"
+                await trio.sleep(0.2)
+        again = answer.json()
+        with trio.fail_after(120):
+            while (done := await video_job(http, server, again["id"]))["status"] not in (
+                "completed",
+                "failed",
+            ):
+                await trio.sleep(0.1)
+        assert done["status"] == "completed", done
+        assert engine_pids() != [pid]
+
+
+async def video_job(http: httpx.AsyncClient, server: Server, job_id: str) -> dict[str, Any]:
+    return (await http.get(f"{server.http}/v1/videos/{job_id}")).json()  # type: ignore[no-any-return]
 
 
 def engine_histograms(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
