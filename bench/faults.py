@@ -1,7 +1,8 @@
 """Faults mid-session on a real ``duplex serve``: engine crashes and killed child processes.
 
     .venv/bin/python bench/faults.py [--crashes 100] [--kills 20] [--clients 4]
-        [--phases engine-crash,engine-process,worker,shard] [--out bench/results/faults]
+        [--phases engine-crash,engine-process,stall,worker,shard,asr]
+        [--stall-timeout-s 5] [--out bench/results/faults]
 
 Each phase starts its own server (loopback model) and ``--clients`` sessions on
 ``/v1/duplex``; in every round half of them are mid-response (a long tone sent ahead of
@@ -11,6 +12,12 @@ real time, the echo under way) and half idle, then one fault is injected:
   the loopback model with a fault file), in-process engine. Rounds are 2 s apart at
   least (the root supervisor allows 3 restarts in 5 s; more ends the process, by design).
 - ``engine-process`` (``--kills``): SIGKILL of the engine process (``--engine-process on``).
+- ``stall`` (``--kills``): SIGSTOP of the engine process (``--engine-process on``): alive,
+  but no tick ends. The server's engine watchdog must kill it after
+  ``--stall-timeout-s`` (``server.engine_stall_timeout_s``) and the crash path take over;
+  each client is told as in ``engine-process``, and the stopped process must be gone
+  (**stopped left** otherwise). The report gives how long after the SIGSTOP the clients
+  were told (``told_s``).
 - ``worker`` (``--kills``): SIGKILL of one of two connection workers
   (``--connection-workers 2``): its sockets close, their sessions wait for a resume.
 - ``shard`` (``--kills``): SIGKILL of the session shard (``--connection-workers 1
@@ -24,7 +31,7 @@ real time, the echo under way) and half idle, then one fault is injected:
   recovered** otherwise).
 
 With engine processes the request-batched models (TTS, ASR, robot policy) run in the
-engine process too: in the ``engine-process`` phase a speech request
+engine process too: in the ``engine-process`` and ``stall`` phases a speech request
 (``POST /v1/audio/speech``) is in flight when the engine process is killed; its answer
 must be audio or a typed error (**untyped** otherwise: a 500 or a hang), and after the
 round a speech request must be answered with audio again (**speech not recovered**).
@@ -411,6 +418,23 @@ async def _hold(url: str, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATU
         await trio.sleep_forever()
 
 
+def _stopped(pid: int) -> bool:
+    """``pid`` exists and is stopped (state ``T``), not a zombie or gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    """Median and max of ``values``, rounded (None: none)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return {"p50": round(ordered[len(ordered) // 2], 2), "max": round(ordered[-1], 2)}
+
+
 SPLIT_ECHOES = [0]
 """Echoes heard whole but over two or more responses (counted, not a failure)."""
 
@@ -446,6 +470,9 @@ class Phase:
         self.counts: Counter[str] = Counter()
         self.examples: list[str] = []
         self.slot_mismatches: list[str] = []
+        self.told_s: list[float] = []
+        """Seconds from each engine fault to each client's ``engine_error`` (an upper bound:
+        the clients are checked one after the other)."""
         self.fault_file = Path(args.out).with_suffix(f".{name}.fault")
 
     def serve_args(self) -> tuple[list[str], dict[str, str], list[str]]:
@@ -455,6 +482,9 @@ class Phase:
             ]  # fmt: skip
         if self.name == "engine-process":
             return ["--engine-process", "on"], {}, []
+        if self.name == "stall":
+            timeout = {"DUPLEX_ENGINE_STALL_TIMEOUT_S": str(self.args.stall_timeout_s)}
+            return ["--engine-process", "on"], timeout, []
         if self.name == "asr":
             grammar = Path(tempfile.mkdtemp(prefix="duplex-faults-")) / "fixtures.gram"
             grammar.write_text(GRAMMAR)  # (not next to the results: nothing to commit)
@@ -473,11 +503,12 @@ class Phase:
         if self.name == "engine-crash":
             self.fault_file.touch()
             return None
-        kind = {"engine-process": "engine", "worker": "worker", "shard": "shard"}[self.name]
+        kind = {"engine-process": "engine", "stall": "engine", "worker": "worker",
+                "shard": "shard"}[self.name]  # fmt: skip
         await self.whole(served)
         pids = served.child_pids(kind)
         pid = self.rng.choice(pids)
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGSTOP if self.name == "stall" else signal.SIGKILL)
         return pid
 
     async def balance(
@@ -573,6 +604,8 @@ class Phase:
             "hung_sockets": self.counts["hung"],
             "not_told": self.counts["not_told"],
             "not_recovered": self.counts["not_recovered"],
+            "stopped_left": self.counts["stopped_left"],
+            "told_s": _spread(self.told_s),
             "untyped_speech_answers": self.counts["speech_untyped"],
             "speech_not_recovered": self.counts["speech_not_recovered"],
             "leaked_after_settle": left,
@@ -584,6 +617,7 @@ class Phase:
                 for name in (
                     "duplex_actor_restarts_total",
                     "duplex_engine_process_restarts_total",
+                    "duplex_engine_stall_kills_total",
                     "duplex_connection_worker_restarts_total",
                     "duplex_session_shard_restarts_total",
                 )
@@ -615,22 +649,30 @@ class Phase:
             await clients[i].wait(marks[i], "response.audio.delta", args.bound_s)
         marks = [len(c.events) for c in clients]
         speech = None
-        if self.name == "engine-process":  # the TTS runs there too: one request in flight
+        if self.name in ("engine-process", "stall"):  # the TTS runs there: one in flight
             await self.whole(served)
             speech = SpeechCall(served.http, self)
             nursery.start_soon(speech.run)
             await speech.sent.wait()
         killed = await self.inject(served)
+        fault_at = time.monotonic()
         self.counts["faults"] += 1
-        engine_fault = self.name in ("engine-crash", "engine-process")
+        engine_fault = self.name in ("engine-crash", "engine-process", "stall")
+        bound_s = args.bound_s + (args.stall_timeout_s if self.name == "stall" else 0.0)
         told: list[bool] = []
         for i, c in enumerate(clients):
-            got = await c.wait(marks[i], "error", args.bound_s, **{"error.code": "engine_error"}) \
+            got = await c.wait(marks[i], "error", bound_s, **{"error.code": "engine_error"}) \
                 if engine_fault else None  # fmt: skip
             told.append(got is not None or c.closed.is_set())
+            if got is not None:
+                self.told_s.append(time.monotonic() - fault_at)
             if engine_fault and got is None and not c.closed.is_set():
                 self.note("not_told", f"round {round_} client {i}")
-        if self.name == "engine-process":  # a second error when the new engine takes them
+        # the watchdog's SIGKILL ends a stopped process too
+        if self.name == "stall" and killed is not None and _stopped(killed):
+            self.note("stopped_left", f"round {round_}: {killed} still stopped")
+            os.kill(killed, signal.SIGKILL)
+        if self.name in ("engine-process", "stall"):  # again when the new engine takes them
             for i, c in enumerate(clients):
                 again = await c.wait(marks[i], "error", args.bound_s + 30,
                                      **{"error.message": "restarted"})  # fmt: skip
@@ -742,7 +784,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--bound-s", type=float, default=15.0)
     parser.add_argument("--seed", default="0")
-    parser.add_argument("--phases", default="engine-crash,engine-process,worker,shard,asr")
+    parser.add_argument("--stall-timeout-s", type=float, default=5.0)
+    parser.add_argument("--phases", default="engine-crash,engine-process,stall,worker,shard,asr")
     parser.add_argument("--out", default="bench/results/faults")
     args = parser.parse_args()
     args.phases = args.phases.split(",")

@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -254,6 +255,30 @@ async def wait_probe(
             await trio.sleep(0.1)
 
 
+def malloc_trims(text: str) -> dict[str, Any]:
+    """``duplex_malloc_trim_seconds`` per process label set of a ``/metrics`` scrape: how
+    many trims, their mean, and the cumulative count at each bucket bound (seconds)."""
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        if not line.startswith("duplex_malloc_trim_seconds"):
+            continue
+        name, _, value = line.rpartition(" ")
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', name))
+        le = labels.pop("le", None)
+        key = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        entry = out.setdefault(key, {"buckets": {}})
+        if name.startswith("duplex_malloc_trim_seconds_bucket"):
+            entry["buckets"][le] = int(float(value))
+        elif name.startswith("duplex_malloc_trim_seconds_count"):
+            entry["count"] = int(float(value))
+        elif name.startswith("duplex_malloc_trim_seconds_sum"):
+            entry["sum_s"] = round(float(value), 4)
+    for entry in out.values():
+        if entry.get("count"):
+            entry["mean_ms"] = round(1000 * entry["sum_s"] / entry["count"], 1)
+    return out
+
+
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
     code = commit()  # the code that runs: taken at the start
     out = Path(args.out)
@@ -299,6 +324,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 samples.append(await sample(served, probe, t0, "load"))
                 await trio.sleep(args.sample_s)
         end = await idle("idle-end")
+        trims = malloc_trims(await metrics(served.http))
         problems = log_problems(served.log_lines())
     loaded = [s for s in samples if s["phase"] == "load"]
     xs = [s["t_s"] for s in loaded]
@@ -341,6 +367,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             k: [min(v), max(v)] if (v := [s[k] for s in loaded if s.get(k) is not None]) else None
             for k in series
         },
+        "malloc_trims": trims,
         "server_log": problems,
         "samples": samples,
     }

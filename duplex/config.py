@@ -154,6 +154,10 @@ class ServerConfig:
     (docs/operations.md, "Session shards"). Above 1 it needs ``connection_workers`` and a
     model on the CPU or engine processes: a GPU model must batch every session in one
     engine."""
+    engine_stall_timeout_s: float = 5.0
+    """An engine process with live slots and no tick for this long (alive but stuck: a
+    signal stopped it, a step hangs in a kernel) is killed and restarted as on a crash
+    (docs/operations.md, "Engine processes"). 0: never. 0, or 1..3600."""
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     shutdown_grace_s: float = 5.0
@@ -298,6 +302,12 @@ class ServerConfig:
             raise ConfigError(
                 f"malloc_trim_interval_s: must be 0..86400, got {self.malloc_trim_interval_s}",
                 key="malloc_trim_interval_s",
+            )
+        stall = self.engine_stall_timeout_s
+        if not (stall == 0 or 1 <= stall <= 3600):
+            raise ConfigError(
+                f"engine_stall_timeout_s: must be 0 (never) or 1..3600, got {stall}",
+                key="engine_stall_timeout_s",
             )
         if not self.first_event_timeout_s >= 0:
             raise ConfigError("first_event_timeout_s: must be >= 0")

@@ -179,10 +179,11 @@ class AgentLink:
             for stream in list(self._streams.values()):
                 try:
                     await self._advance(stream)
-                except ModelError:  # queue full or the runner failed: the turn goes unheard
+                except ModelError as exc:  # queue full, the runner or its process lost
                     self._log.warning("asr failed", session_id=self._session, exc_info=True)
-                    self._streams.pop(stream.item_id, None)
-                    await self._deliver(AsrResult(stream.item_id, "", final=True))
+                    self._streams.pop(stream.item_id, None)  # the turn ends with what was heard
+                    error = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    await self._deliver(AsrResult(stream.item_id, stream.text, True, error=error))
 
     async def _advance(self, stream: _Stream) -> None:
         """Hear what the stream has gathered; its end may come while a chunk is heard, so

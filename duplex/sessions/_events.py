@@ -40,6 +40,7 @@ from ._server_events import (
     InputSpeechStopped,
     InputTranscriptionCompleted,
     InputTranscriptionDelta,
+    InputTranscriptionFailed,
     ItemAdded,
     ItemDeleted,
     ItemRetrieved,
@@ -509,6 +510,9 @@ class AsrResult:
     final: bool = False
     until_ms: float | None = None
     """Set: the answer to a provisional `Transcribe` (what is heard up to there)."""
+    error: str | None = None
+    """Set on a final result: the turn's transcription failed (the ASR was lost or refused
+    it), and ``text`` is what was heard before; the reason is logged, never sent."""
 
 
 @final
@@ -583,6 +587,7 @@ __all__ = [
     "InputSpeechStopped",
     "InputTranscriptionCompleted",
     "InputTranscriptionDelta",
+    "InputTranscriptionFailed",
     "ItemAdded",
     "ItemCreate",
     "ItemDelete",

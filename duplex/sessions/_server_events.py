@@ -184,6 +184,18 @@ class InputTranscriptionCompleted:
 
 @final
 @dataclass(frozen=True, slots=True)
+class InputTranscriptionFailed:
+    """``conversation.item.input_audio_transcription.failed``: the user item's transcription
+    failed (the ASR stage was lost or refused it mid-turn); the item keeps what was heard
+    before, and the next turn is transcribed as usual."""
+
+    item_id: str
+    code: str
+    message: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class ItemAdded:
     """``conversation.item.created`` (beta) / ``.added`` + ``.done`` (GA): a client-created
     item is in the history after ``previous_item_id`` (``None``: first)."""
@@ -411,6 +423,7 @@ ServerEvent = (
     | InputAudioTimeout
     | InputTranscriptionDelta
     | InputTranscriptionCompleted
+    | InputTranscriptionFailed
     | ItemAdded
     | ItemRetrieved
     | ItemDeleted

@@ -61,6 +61,7 @@ from ._events import (
     InputAudioTimeout,
     InputTranscriptionCompleted,
     InputTranscriptionDelta,
+    InputTranscriptionFailed,
     ItemCreate,
     ItemDelete,
     ItemDeleted,
@@ -91,6 +92,12 @@ USER_TURN_COUNTERS = (
     "prepared_replies_used",
     "prepared_replies_discarded",
 )
+TRANSCRIPTION_FAILED = (
+    "transcription_failed",
+    "The transcription of this turn failed: the speech recognizer was lost or overloaded "
+    "mid-turn. The item keeps what was heard before; the next turn is transcribed.",
+)
+"""The ``error`` code and message of ``input_audio_transcription.failed``."""
 MAX_TRANSCRIBING = 16
 """User items whose transcript may be pending at once; beyond it the oldest is forgotten
 (its late result is dropped and counted)."""
@@ -160,6 +167,9 @@ class UserTurns:
         self._idle_from_ms = 0.0  # the idle timeout counts input audio from here
         self._agent = capabilities.agent_cascade
         self._heard: dict[str, str] = {}  # item id -> transcript sent as deltas (pending ASR)
+        self._failed: dict[str, str] = {}
+        """Items whose transcription failed (told ``failed``: final, never asked again),
+        with what was heard before: their text once committed."""
         self._awaiting: _Awaiting | None = None
         """(item id, response id, settings, input ids, tools): a response waiting on the
         item's transcript."""
@@ -296,6 +306,7 @@ class UserTurns:
             or not self.config.vad_prepare_ms
             or not self.turns.speech_active
             or item_id is None
+            or item_id in self._failed  # its transcription failed: nothing more to hear
             or self.turns.response_id is not None  # speech over a reply: the overlap policy's
         ):
             self.counts["ignored_events"] += 1
@@ -419,6 +430,9 @@ class UserTurns:
     # ------------------------------------------------------------------- agent
 
     def _transcribe(self, out: list[Effect], effect: Transcribe) -> None:
+        if effect.item_id in self._failed:  # its turn keeps what was heard before
+            self.turns.history.set_text(effect.item_id, self._failed[effect.item_id])
+            return
         self._heard.setdefault(effect.item_id, "")
         while len(self._heard) > MAX_TRANSCRIBING:
             del self._heard[next(iter(self._heard))]
@@ -471,7 +485,13 @@ class UserTurns:
             return
         del self._heard[event.item_id]
         self.turns.history.set_text(event.item_id, event.text)
-        if events:
+        if event.error is not None:
+            self._failed[event.item_id] = event.text
+            while len(self._failed) > MAX_TRANSCRIBING:
+                del self._failed[next(iter(self._failed))]
+        if events and event.error is not None:
+            self._emit(out, InputTranscriptionFailed(event.item_id, *TRANSCRIPTION_FAILED))
+        elif events:
             seconds = next(
                 (
                     i.audio_ms / 1000.0

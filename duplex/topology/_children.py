@@ -115,6 +115,8 @@ class Children:
         self.indices = indices
         self.reap_after_s = reap_after_s
         self.links: dict[int, Link] = {}
+        self.processes: dict[int, trio.Process] = {}
+        """Each child's current process (while it runs)."""
         self.ready: set[int] = set()
         """Children that said ``Ready`` on their current link."""
         self.stopping = False
@@ -135,6 +137,15 @@ class Children:
         for link in self.links.values():
             link.post(Stop())
 
+    def kill(self, index: int) -> bool:
+        """SIGKILL child ``index`` now (one that is alive but stuck): it is reaped and
+        restarted as if it had crashed. Whether there was a running process to kill."""
+        process = self.processes.get(index)
+        if process is None or process.returncode is not None:
+            return False
+        process.kill()
+        return True
+
     async def _keep(self, index: int, *, task_status: trio.TaskStatus[None]) -> None:
         kind = self.child.kind
         started = False
@@ -152,12 +163,14 @@ class Children:
         while True:
             process, link = await self.child.spawn(index)
             self.links[index] = link
+            self.processes[index] = process
             if self.stopping:  # ``stop`` came while this one was being spawned
                 link.post(Stop())
             try:
                 await link.while_sending(self.child.serve, index, link, on_ready)
             finally:
                 del self.links[index]
+                self.processes.pop(index, None)
                 if index in self.ready:
                     self.ready.discard(index)
                     if self._serving is not None:

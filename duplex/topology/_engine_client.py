@@ -113,10 +113,16 @@ class RemoteEngine:
         self.link = link
         self.connected = True
         self.last_tick_at = trio.current_time()
+        self.progress_at = self.last_tick_at
+        """When this engine last showed progress: a tick's outputs, a status whose tick
+        count moved, or one with no live slot (nothing to tick): see `stalled_for`."""
+        self._ticks: int | None = None
         self._report = _closed_report()
         self._statistics: DriverStatistics | None = None
         self.histograms: RecorderSnapshot | None = None
         """The engine process's latency histograms, as of its last status."""
+        self.trims: tuple[tuple[int, ...], float] | None = None
+        """The engine process's ``malloc_trim`` durations, as of its last status."""
         self._requests = itertools.count(1)
         self._waiting: dict[int, tuple[trio.Event, list[SlotOpened]]] = {}
         self._handles: dict[tuple[int, int], SlotHandle] = {}
@@ -253,6 +259,20 @@ class RemoteEngine:
         quiet = now - self.last_tick_at
         return bool(self._handles) and quiet > STALL_PERIODS * self.spec.frame_period_s
 
+    def stalled_for(self, now: float) -> float:
+        """Seconds this engine has had live slots (of any session process) without
+        progress; 0 while it ticks, has nothing to tick, or is not linked.
+
+        Progress is a tick's outputs here, or a status (every ``STATUS_PERIOD_S``) whose
+        tick count moved or that reports no live slot. A stopped process (SIGSTOP) sends
+        nothing; one whose step is stuck in a kernel sends statuses with the same tick
+        count: both stall. The live slots are the engine's own count (its last status),
+        so a process with no session on the engine still sees it stall.
+        """
+        if not self.connected or not (self._handles or self._report.live):
+            return 0.0
+        return max(0.0, now - self.progress_at)
+
     async def write_loop(self) -> None:
         """Posts the commands batched since the last write as one message."""
         while True:
@@ -265,17 +285,21 @@ class RemoteEngine:
     def on_message(self, message: object) -> None:
         match message:
             case Outputs():
-                self.last_tick_at = trio.current_time()
+                self.last_tick_at = self.progress_at = trio.current_time()
                 for output, rejected in message.entries(self._handles):
                     handle = output.handle
                     if rejected:
                         self._rejected[handle] = self._rejected.get(handle, 0) + rejected
                     self._delivery.deliver(handle, output)
-            case EngineStatus(report, statistics, histograms, requests):
+            case EngineStatus(report, statistics, histograms, requests, trims):
+                if not report.live or statistics.ticks != self._ticks:
+                    self.progress_at = trio.current_time()
+                self._ticks = statistics.ticks
                 self._report = report
                 self._statistics = statistics
                 self.histograms = histograms
                 self._request_statistics = requests
+                self.trims = trims
             case RequestDone(request):
                 answer = self._answers.get(request)
                 if answer is not None:

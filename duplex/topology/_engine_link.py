@@ -141,6 +141,8 @@ class EngineStatus:
     histograms: RecorderSnapshot | None = None
     """The engine's latency histograms (cumulative), exported by a session process."""
     requests: Mapping[str, RequestEngineStatistics] = field(default_factory=dict)
+    trims: tuple[tuple[int, ...], float] | None = None
+    """The engine process's ``malloc_trim`` durations (cumulative bucket counts and sum)."""
 
 
 STATUS_PERIOD_S = 0.25

@@ -78,7 +78,7 @@ from ._engine_link import (
     encode_outputs,
 )
 from ._link import EXIT_STALE_CODE, Link, Ready, Stop
-from ._memory import trim_memory_every
+from ._memory import trim_counts, trim_memory_every
 from ._requests import runner_specs, start_request_engines
 from ._server import (
     SERVER_DEAD_LETTERS,
@@ -152,7 +152,9 @@ class SessionLink:
                 requests[name] = figures
         statistics = dataclasses.replace(statistics, engine=engine)
         self.link.post(
-            EngineStatus(driver.capacity(), statistics, self.recorder.snapshot(), requests)
+            EngineStatus(
+                driver.capacity(), statistics, self.recorder.snapshot(), requests, trim_counts()
+            )
         )
 
     def handle(self, message: Any) -> None:

@@ -22,14 +22,34 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import trio
 
 from duplex.logs import get_logger
+from duplex.metrics import HistogramCell, MetricsRegistry, Sample, histogram_samples
 from duplex.models import Slack, UnitEstimate
 
-__all__ = ["malloc_trim", "trim_memory_every"]
+from ._engine_client import EngineSet, RemoteEngine
+
+__all__ = ["TRIMS", "export_trim_histogram", "malloc_trim", "trim_memory_every"]
+
+TRIM_BUCKETS: tuple[float, ...] = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
+)  # fmt: skip
+"""Seconds one ``malloc_trim(0)`` took (it holds malloc's lock meanwhile)."""
+
+TRIM_HISTOGRAM = (
+    "duplex_malloc_trim_seconds",
+    "How long each malloc_trim took, per server process (process: session for the server "
+    "and each shard, engine for an engine process)",
+)
+
+TRIMS = HistogramCell(TRIM_BUCKETS)
+"""This process's trims (malloc is per process, and so is this cell). An engine process
+sends its counts in its status (`EngineStatus.trims`); a session process exports its own
+and, where it exports the engines' figures, theirs (`export_trim_histogram`)."""
 
 _libc: Any = None
 
@@ -78,4 +98,29 @@ async def trim_memory_every(interval_s: float, slack: Slack | None = None) -> No
             if slack is not None:
                 slack.release()
         estimate.record(took_s)
+        TRIMS.observe(took_s)
         log.debug("malloc_trim", released=released, took_ms=round(took_s * 1000.0, 1))
+
+
+def trim_counts() -> tuple[tuple[int, ...], float]:
+    """This process's `TRIMS` as plain data (cumulative), for an engine process's status."""
+    return tuple(TRIMS.counts), TRIMS.sum
+
+
+def export_trim_histogram(registry: MetricsRegistry, hub: EngineSet) -> None:
+    """``duplex_malloc_trim_seconds`` in ``registry``: this process's trims
+    (``process="session"``) and, where ``hub`` exports the engines' figures, each engine
+    process's (``process="engine"``, ``engine``), as of its last status."""
+    name, help_text = TRIM_HISTOGRAM
+
+    def collect() -> Iterator[Sample]:
+        counts, total = trim_counts()
+        yield from histogram_samples(name, TRIM_BUCKETS, {"process": "session"}, counts, total)
+        if not hub.export_engine_metrics:
+            return
+        for index, engine in sorted(hub.engines.items()):
+            if isinstance(engine, RemoteEngine) and engine.trims is not None:
+                labels = {"process": "engine", "engine": str(index)}
+                yield from histogram_samples(name, TRIM_BUCKETS, labels, *engine.trims)
+
+    registry.add_collector(name, "histogram", help_text, collect)

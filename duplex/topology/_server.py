@@ -11,7 +11,7 @@ import dataclasses
 import gc
 import importlib
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -62,9 +62,10 @@ from . import _link
 from ._engine_client import EngineConnection, engine_spec, export_engine_histograms
 from ._engines import EngineProcesses
 from ._media import open_media
-from ._memory import trim_memory_every
+from ._memory import export_trim_histogram, trim_memory_every
 from ._requests import model_cards, open_request_engines, runner_specs
 from ._shards import ShardProcesses
+from ._watchdog import EngineWatchdog, Killer
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
 
 
@@ -398,6 +399,7 @@ async def open_backend(
             log.info("agent started", llm=server.agent_llm or "echo", asr=server.agent_asr)
         freeze_startup_objects()
         frozen = True
+        export_trim_histogram(registry, hub)
         nursery.start_soon(trim_memory_every, server.malloc_trim_interval_s, slack)
         backend.ready.set()
 
@@ -486,7 +488,13 @@ async def serve_duplex(
             await nursery.start(engines.children.run)
         try:
             await _serve_sessions(
-                config, system, registry, access, engines.paths, task_status=task_status
+                config,
+                system,
+                registry,
+                access,
+                engines.paths,
+                engines.children,
+                task_status=task_status,
             )
         finally:
             engines.children.stop()
@@ -499,10 +507,12 @@ async def _serve_sessions(
     registry: MetricsRegistry,
     access: AccessSettings,
     engine_paths: Sequence[str],
+    engine_processes: Killer | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """This process's sessions and the HTTP server (with workers and shards, if any)."""
+    """This process's sessions and the HTTP server (with workers and shards, if any);
+    ``engine_processes`` (with ``engine_paths``): what the engine watchdog kills."""
     log = get_logger(component="server")
     server = config.server
     sharded = server.session_shards > 1
@@ -577,6 +587,18 @@ async def _serve_sessions(
                     speech,
                 )
             await backend.ready.wait()
+            if engine_paths and engine_processes is not None and server.engine_stall_timeout_s:
+                watchdog = EngineWatchdog(
+                    backend.hub,
+                    engine_processes,
+                    server.engine_stall_timeout_s,
+                    registry.counter(
+                        "duplex_engine_stall_kills_total",
+                        "Engine processes killed by the watchdog: live slots and no tick "
+                        "for server.engine_stall_timeout_s",
+                    ),
+                )
+                nursery.start_soon(_until_shutdown, system, watchdog.run)
             # after the bind: a port already taken ends the server with one clear line
             log.info(
                 "started",
@@ -593,6 +615,14 @@ async def _serve_sessions(
                 tts=server.tts if server.tts != "none" else None,
             )
             task_status.started(urls)
+
+
+async def _until_shutdown(system: ActorSystem, fn: Callable[[], Awaitable[None]]) -> None:
+    """``fn()`` until the server is asked to stop (then the HTTP server winds down)."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fn)
+        await system.wait_shutdown_requested()
+        nursery.cancel_scope.cancel()
 
 
 async def _serve_here(

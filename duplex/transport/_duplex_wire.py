@@ -56,6 +56,7 @@ from duplex.sessions import (
     InputSpeechStopped,
     InputTranscriptionCompleted,
     InputTranscriptionDelta,
+    InputTranscriptionFailed,
     ItemAdded,
     ItemDeleted,
     ItemRetrieved,
@@ -415,6 +416,17 @@ def _body(event: ServerEvent) -> tuple[str, dict[str, Any]]:
                 "content_index": 0,
                 "transcript": event.transcript,
             }
+        case InputTranscriptionFailed():
+            return "conversation.item.input_audio_transcription.failed", {
+                "item_id": event.item_id,
+                "content_index": 0,
+                "error": {
+                    "type": "transcription_error",
+                    "code": event.code,
+                    "message": event.message,
+                    "param": None,
+                },
+            }
         case ItemAdded():
             return "conversation.item.created", {
                 "previous_item_id": event.previous_item_id,
@@ -584,6 +596,7 @@ SERVER_EVENT_NAMES: tuple[str, ...] = (
     "input_audio_buffer.speech_stopped",
     "conversation.item.input_audio_transcription.delta",
     "conversation.item.input_audio_transcription.completed",
+    "conversation.item.input_audio_transcription.failed",
     "input_audio_buffer.timeout_triggered",
     "conversation.item.created",
     "conversation.item.retrieved",

@@ -99,6 +99,14 @@ def _overloaded(message: str, retry_after_s: float = RETRY_AFTER_S) -> Response:
     return _json({"error": error}, 429, {"Retry-After": str(max(1, round(retry_after_s)))})
 
 
+ENGINE_LOST = (
+    "The video model's engine process exited during the generation and is being restarted; "
+    "start the generation again."
+)
+"""A video job's or stream's error when its engine process died under it (a crash, a
+stall the watchdog ended): code ``engine_unavailable``, not ``generation_failed``."""
+
+
 def _starting(kind: str) -> Response:
     error = {
         "message": f"The {kind} model is starting; retry shortly.",
@@ -386,6 +394,10 @@ class MediaService:
                     )
                 )
                 self.jobs.complete(job_id, mp4, self.wall_clock())
+        except EngineUnavailable as exc:  # not the job's fault: its engine process died
+            self.log.warning("video job failed", job=job_id, reason="engine_unavailable",
+                             error=str(exc))  # fmt: skip
+            self.jobs.fail(job_id, ENGINE_LOST, self.wall_clock(), code="engine_unavailable")
         except RequestFailed as exc:
             self.log.error("video job failed", job=job_id, exc_info=exc)
             self.jobs.fail(job_id, "The generation failed.", self.wall_clock())
@@ -537,6 +549,11 @@ class MediaService:
                             await perform(machine.chunk(*encoded, trio.current_time()))
                         encoded = await trio.to_thread.run_sync(writer.close)
                         await perform(machine.finished(*encoded, trio.current_time()))
+                    except EngineUnavailable as exc:
+                        self.log.warning("video stream failed", reason="engine_unavailable",
+                                         error=str(exc))  # fmt: skip
+                        now = trio.current_time()
+                        await perform(machine.failed(ENGINE_LOST, now, code="engine_unavailable"))
                     except RequestFailed as exc:
                         self.log.error("video stream failed", exc_info=exc)
                         await perform(machine.failed("The generation failed.", trio.current_time()))

@@ -33,7 +33,7 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketState
 
 from duplex.actors import Actor, ActorContext, ActorRef, ActorSystem, LaneSpec, Restart
-from duplex.exceptions import InvalidPayload, RequestFailed, RequestsOverloaded
+from duplex.exceptions import EngineUnavailable, InvalidPayload, RequestFailed, RequestsOverloaded
 from duplex.metrics import MetricsRegistry
 from duplex.models import PolicyRequest
 from duplex.runtime import RequestEngines, RequestService
@@ -54,6 +54,9 @@ BAD_FRAMES_LOGGED: Final = 3
 
 DEFAULT_IDLE_TIMEOUT_S: Final = 30.0
 OVERLOADED: Final = "Policy overloaded"
+UNAVAILABLE: Final = "Policy unavailable: its engine is restarting"
+"""The answer while the engine process that hosts the policy is down or restarting (the
+robot keeps its socket and may send again; nothing ran)."""
 POLICY: Final = "policy"
 """The request engine the robots' policy runs on (`PolicyRunner.name`)."""
 """The error frame's message when the policy engine's queue is full (the request did not run)."""
@@ -288,8 +291,8 @@ class RobotConnection(Actor[Any]):
     async def _infer(self, ctx: ActorContext, infer: Infer) -> bytes:
         engine = self.service.engine
         if engine is None:  # its engine process is restarting: the robot may send again
-            self.service.counters.refused("inference_failed")
-            return self.protocol.failed()
+            self.service.counters.refused("engine_unavailable")
+            return error_frame(UNAVAILABLE)
         request = PolicyRequest(infer.observation, infer.session_id, infer.reset, self.client)
         try:
             reply = await engine.submit_timed(request)
@@ -297,6 +300,11 @@ class RobotConnection(Actor[Any]):
         except RequestsOverloaded:
             self.service.counters.refused("overloaded")
             return error_frame(OVERLOADED)
+        except EngineUnavailable as exc:  # the engine process died under it: not the policy
+            self.service.counters.refused("engine_unavailable")
+            ctx.log.warning("robot inference failed", client=self.client,
+                            reason="engine_unavailable", error=str(exc)[:200])  # fmt: skip
+            return error_frame(UNAVAILABLE)
         except (RequestFailed, ValueError, TypeError) as exc:  # the robot hears only that it failed
             self.failures += 1
             self.service.counters.refused("inference_failed")

@@ -41,6 +41,7 @@ from duplex.sessions import (
     InputSpeechStopped,
     InputTranscriptionCompleted,
     InputTranscriptionDelta,
+    InputTranscriptionFailed,
     ItemAdded,
     ItemDeleted,
     ItemRetrieved,
@@ -236,6 +237,11 @@ class RealtimeEncoder:
                         usage=usage,
                     )
                 ]
+            case InputTranscriptionFailed():
+                kind = "conversation.item.input_audio_transcription.failed"
+                error = {"type": "transcription_error", "code": event.code,
+                         "message": event.message, "param": None}  # fmt: skip
+                return [self._new(kind, item_id=event.item_id, content_index=0, error=error)]
             case ItemAdded():
                 item = self._history_item(event.item)
                 previous = event.previous_item_id

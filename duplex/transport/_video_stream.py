@@ -236,11 +236,12 @@ class RealtimeVideo:
         effects = self._chunk(trailer, frames, "trailer", None) if trailer else []
         return self._finish(*effects, self._done(False), Close(1000, "done"))
 
-    def failed(self, message: str, now: float) -> list[Effect]:
-        """The generation raised: the client gets a generic error (no traceback)."""
+    def failed(self, message: str, now: float, *, code: str = "generation_failed") -> list[Effect]:
+        """The generation raised: the client gets a generic error (no traceback); ``code``
+        ``engine_unavailable`` where its engine process died."""
         if self.phase is not Phase.STREAMING:
             return []
-        return self._finish(self._error(message, "generation_failed"), Close(1011, "failed"))
+        return self._finish(self._error(message, code), Close(1011, "failed"))
 
     def tick(self, now: float) -> list[Effect]:
         """The start or stall timeout, if it has passed."""

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from duplex.models.agent import ASR_SAMPLE_RATE, AsrChunk, AsrProcess
-from duplex.models.agent._asr import AsrProcessLost, _NoGate
+from duplex.models.agent._asr import AsrProcessLost, AsrText, _NoGate
 from duplex.sessions._resample import StreamingResampler
 
 from .agentkit import GRAMMAR, HELLO, wav_pcm16
@@ -81,3 +81,29 @@ def test_a_child_killed_during_a_batch_fails_that_batch_only(runner: AsrProcess)
     assert runner.restarts == 1
     assert hear(runner, "after", pcm) == HELLO
     assert hear(runner, "again", pcm) == HELLO
+
+
+def test_a_stream_open_in_a_killed_child_fails_its_next_chunk_and_only_it(
+    runner: AsrProcess,
+) -> None:
+    """A turn half heard by a child that dies between two of its chunks: its next chunk
+    fails alone (the new child would hear only the rest, as if it were the whole turn),
+    the chunk that ends it frees it, and a stream of the new child is heard whole."""
+    pcm = hello_16k()
+    half = len(pcm) // 2
+    [partial] = runner.run_batch([AsrChunk("turn", pcm[:half])], _NoGate())
+    assert isinstance(partial, AsrText) and not partial.final
+    os.kill(runner._process.pid, signal.SIGKILL)
+    runner._process.join(10)
+    with pytest.raises(AsrProcessLost):  # the next batch of anyone meets the dead pipe
+        hear(runner, "other", pcm)
+    # the half-heard turn's next chunk fails, beside a new stream that is heard whole
+    rest, fresh = runner.run_batch(
+        [AsrChunk("turn", pcm[half:]), AsrChunk("new", pcm, final=True)], _NoGate()
+    )
+    assert isinstance(rest, AsrProcessLost)
+    assert isinstance(fresh, AsrText) and fresh.text == HELLO
+    [ended] = runner.run_batch([AsrChunk("turn", pcm[:0], final=True)], _NoGate())
+    assert isinstance(ended, AsrProcessLost)  # its last chunk fails too, and forgets it
+    assert runner._lost == {}
+    assert hear(runner, "turn", pcm) == HELLO  # the key is free again: a new stream

@@ -1,6 +1,7 @@
-"""The agent's ASR child process is killed mid-turn: the turn still ends (its transcript
-completes, with what was heard), its reply is not left waiting, and the next turn is
-heard whole. Real server in process, real pocketsphinx child, real SIGKILL."""
+"""The agent's ASR child process is killed mid-turn: the turn still ends (its
+transcription ``failed``, as OpenAI's event with an ``error``; the item keeps what was
+heard), its reply is not left waiting, and the next turn is heard whole. Real server in
+process, real pocketsphinx child, real SIGKILL."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from openai.types.realtime import ConversationItemInputAudioTranscriptionFailedEvent
 from websockets.trio.client import connect
 
 from tests.transport.wsclient import running_server
@@ -19,13 +21,15 @@ from .agentkit import HELLO, silence, wav_pcm16
 from .test_e2e_agent import _agent, _session
 
 COMPLETED = "conversation.item.input_audio_transcription.completed"
+FAILED = "conversation.item.input_audio_transcription.failed"
 
 
-def asr_pid() -> int:
-    """The ASR child: of this process, or of its engine process (a multiprocessing child)."""
+def asr_pids() -> list[int]:
+    """The ASR children: of this process, or of its engine process (multiprocessing
+    children; ``agent_asr_workers`` of them)."""
     mine = [p.pid for p in multiprocessing.active_children() if p.name == "duplex-asr"]
     if mine:
-        return mine[0]
+        return mine
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -40,8 +44,8 @@ def asr_pid() -> int:
                 continue
             if b"spawn_main" in cmdline and grandparent == os.getpid():
                 found.append(int(entry))
-    (pid,) = found
-    return pid
+    assert found
+    return found
 
 
 @pytest.mark.parametrize("engine_process", ["off", "on"])
@@ -49,7 +53,9 @@ async def test_a_killed_asr_child_ends_the_turn_and_the_next_is_heard(
     tmp_path: Path, engine_process: str
 ) -> None:
     """``on``: the ASR is a child of the engine process (the request engines run there)."""
-    layout = {"server.engine_process": engine_process}
+    # one ASR child, so the one killed is the one hearing the turn (a second child killed
+    # while idle would fail the first chunk it gets next: the next turn's, by chance)
+    layout = {"server.engine_process": engine_process, "server.agent_asr_workers": 1}
     async with running_server(**_agent(tmp_path), **layout) as server:
         url = server.http.replace("http://", "ws://") + "/v1/realtime"
         async with connect(url, max_queue=None) as ws, trio.open_nursery() as nursery:
@@ -62,16 +68,22 @@ async def test_a_killed_asr_child_ends_the_turn_and_the_next_is_heard(
 
             nursery.start_soon(speak)
             await sock.until("conversation.item.input_audio_transcription.delta")
-            os.kill(asr_pid(), signal.SIGKILL)  # mid-turn: the speech has been heard in part
+            (pid,) = asr_pids()
+            os.kill(pid, signal.SIGKILL)  # mid-turn: the speech has been heard in part
             await speaking.wait()
-            completed = await sock.until(COMPLETED, timeout=30)
+            failed = await sock.until(FAILED, timeout=30)
             done = await sock.until("response.done", timeout=30)
             after = len(sock.events)
             await sock.stream(wav_pcm16("hello.wav") + silence(1200))
             again = await sock.until(COMPLETED, after=after, timeout=30)
             second = await sock.until("response.done", after=after, timeout=30)
             nursery.cancel_scope.cancel()
-    assert HELLO.startswith(completed["transcript"]) or completed["transcript"] == ""
+    ConversationItemInputAudioTranscriptionFailedEvent.model_validate(failed, strict=True)
+    assert failed["error"]["code"] == "transcription_failed"
+    assert failed["error"]["type"] == "transcription_error"
+    killed_turn = failed["item_id"]
+    assert [e for e in sock.events if e["type"] == COMPLETED and e["item_id"] == killed_turn] == []
+    assert again["item_id"] != killed_turn
     assert done["response"]["status"] == "completed"
     assert again["transcript"] == HELLO
     assert second["response"]["status"] == "completed"

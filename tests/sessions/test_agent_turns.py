@@ -22,6 +22,7 @@ from duplex.sessions import (
     InputAudioCommitted,
     InputTranscriptionCompleted,
     InputTranscriptionDelta,
+    InputTranscriptionFailed,
     ItemCreate,
     ModelReset,
     OverlapDecision,
@@ -87,6 +88,46 @@ def test_a_turn_is_heard_and_the_reply_waits_for_its_final_transcript():
     assert reply.response_id == m.active_response_id
     assert [(i.role, i.text) for i in reply.context] == [("user", "hello world")]
     assert m.history[0].text == "hello world"
+
+
+def test_a_failed_transcription_says_failed_the_turn_is_answered_and_the_next_is_heard():
+    """The ASR was lost mid-turn: ``input_audio_transcription.failed`` (not ``completed``)
+    for that item, its reply answers what was heard before, and the next turn completes."""
+    m = machine(caps=AGENT, **TURNS)
+    effects = _user_turn(m)
+    (end,) = [t for t in of(effects, Transcribe) if t.end_ms is not None]
+    effects = m.handle(AsrResult(end.item_id, "hel", final=True, error="EngineUnavailable"), 0.2)
+    (failed,) = of(effects, InputTranscriptionFailed)
+    assert (failed.item_id, failed.code) == (end.item_id, "transcription_failed")
+    assert "EngineUnavailable" not in failed.message  # the cause is logged, never sent
+    assert of(effects, InputTranscriptionCompleted) == []
+    (reply,) = of(effects, AgentReply)
+    assert [(i.role, i.text) for i in reply.context] == [("user", "hel")]
+    m.handle(AgentChunk(reply.response_id, final=True), 0.3)
+    effects = _user_turn(m, 1.0)
+    (again,) = [t for t in of(effects, Transcribe) if t.end_ms is not None]
+    assert again.item_id != end.item_id
+    effects = m.handle(AsrResult(again.item_id, "hello again", final=True), 1.2)
+    assert of(effects, InputTranscriptionFailed) == []
+    (completed,) = of(effects, InputTranscriptionCompleted)
+    assert completed.transcript == "hello again"
+
+
+def test_a_transcription_failed_mid_speech_is_not_asked_again_at_the_commit():
+    """The ASR is lost while the user still speaks: ``failed`` then; the commit asks for no
+    second transcript of that item (one answer per item), and the reply goes out at once
+    with what was heard."""
+    m = machine(caps=AGENT, **TURNS)
+    effects = m.handle(loud(480), 0.0)
+    (start,) = of(effects, Transcribe)
+    m.handle(AsrResult(start.item_id, "hel"), 0.05)
+    effects = m.handle(AsrResult(start.item_id, "hel", final=True, error="AsrProcessLost"), 0.06)
+    assert [f.item_id for f in of(effects, InputTranscriptionFailed)] == [start.item_id]
+    effects = m.handle(silence(640), 0.1)
+    assert [c.item_id for c in of(effects, InputAudioCommitted)] == [start.item_id]
+    assert of(effects, Transcribe) == []
+    (reply,) = of(effects, AgentReply)
+    assert [(i.role, i.text) for i in reply.context] == [("user", "hel")]
 
 
 def test_transcription_events_only_when_transcription_is_on():

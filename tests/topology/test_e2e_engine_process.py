@@ -19,13 +19,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
+import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
+from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect as ws_connect
 
 from duplex.sessions import shard_of
-from duplex.transport._openpi_wire import INTERNAL_ERROR, pack, unpack
+from duplex.transport._openpi import UNAVAILABLE
+from duplex.transport._openpi_wire import pack, unpack
 
 from ..transport.test_e2e_duplex import open_session
 from ..transport.test_e2e_shards import (
@@ -165,7 +169,8 @@ async def test_a_new_session_is_refused_while_the_engine_restarts_and_admitted_a
 
 
 async def test_a_stopped_engine_process_is_reported_stalled_and_recovers() -> None:
-    async with running_server(**BASE, **ON) as server, client(server) as c:
+    never = {"server.engine_stall_timeout_s": 0}  # reported only: no watchdog (next test)
+    async with running_server(**BASE, **ON, **never) as server, client(server) as c:
         (pid,) = engine_pids()
         await open_session(c)
         await echo(c, tone(3))
@@ -187,6 +192,44 @@ async def test_a_stopped_engine_process_is_reported_stalled_and_recovers() -> No
                 await trio.sleep(0.1)
         c.events.clear()
         await echo(c, tone(3, amplitude=0.2), timeout=30)
+
+
+async def test_an_engine_process_stopped_past_the_stall_timeout_is_killed_and_replaced() -> None:
+    stall = {"server.engine_stall_timeout_s": 1.0}
+    async with running_server(**BASE, **ON, **stall) as server, AsyncExitStack() as stack:
+        (pid,) = engine_pids()
+        speaking = await stack.enter_async_context(client(server))
+        idle = await stack.enter_async_context(client(server))
+        for c in (speaking, idle):
+            await open_session(c)
+        await speaking.stream(tone(30), realtime=False)  # stopped in the middle of an answer
+        await speaking.until("response.audio.delta", timeout=20)
+        os.kill(pid, signal.SIGSTOP)
+        try:  # told as on a crash: the watchdog killed it (SIGKILL ends a stopped process)
+            for c in (speaking, idle):
+                error = await c.until("error", timeout=OPEN_TIMEOUT_S)
+                assert error["error"]["code"] == "engine_error"
+            assert [d["response"]["status"] for d in speaking.of("response.done")] == ["failed"]
+            for c in (speaking, idle):
+                error = await c.until("error", timeout=OPEN_TIMEOUT_S)
+                assert "restarted" in error["error"]["message"]
+        finally:
+            if pid in engine_pids():
+                os.kill(pid, signal.SIGCONT)
+        for n, c in enumerate((speaking, idle)):
+            c.events.clear()
+            await echo(c, tone(4, amplitude=0.2 + 0.1 * n), timeout=30)
+        (new_pid,) = engine_pids()
+        assert new_pid != pid
+        text = await metrics_over_http(server)
+        assert sample(text, "duplex_engine_stall_kills_total") == 1
+        assert sample(text, "duplex_engine_process_restarts_total") == 1
+        assert sample(text, "duplex_engine_live_slots", model="loopback") == 2
+        # the new one ticks at its own pace: never killed while it does
+        await trio.sleep(3.0)
+        await echo(speaking, tone(3, amplitude=0.4), timeout=30)
+        assert sample(await metrics_over_http(server), "duplex_engine_stall_kills_total") == 1
+        assert engine_pids() == [new_pid]
 
 
 def test_the_served_bench_runs_the_topology_end_to_end(tmp_path: Path) -> None:
@@ -256,7 +299,8 @@ async def test_two_engine_processes_share_the_sessions_and_a_lost_one_costs_only
 async def test_the_robot_policy_runs_in_the_engine_process_and_survives_its_restart() -> None:
     """``--policy`` with engine processes: the policy is built and batched in the engine
     process (its metadata and counters come over the link); a robot whose engine process is
-    killed is answered an error frame or waits, keeps its socket, and is served again."""
+    killed is answered ``Policy unavailable`` (not the policy's ``Internal inference
+    error``) or waits, keeps its socket, and is served again."""
     policy = {"server.policy": "reference"}
     async with running_server(**BASE, **ON, **policy) as server:
         (pid,) = engine_pids()
@@ -289,9 +333,73 @@ async def test_the_robot_policy_runs_in_the_engine_process_and_survives_its_rest
                     answers.append(answer)
                     await trio.sleep(0.05)
             assert answer["actions"].shape == (10, 8)
-            assert all(a == {"type": "error", "message": INTERNAL_ERROR} for a in answers)
+            assert all(a == {"type": "error", "message": UNAVAILABLE} for a in answers)
+            text = await metrics_over_http(server)
+            assert sample(text, "duplex_robot_errors_total", reason="engine_unavailable") == len(
+                answers
+            )
+            assert sample(text, "duplex_robot_errors_total", reason="inference_failed") in (0, None)
         (new_pid,) = engine_pids()
         assert new_pid != pid
+
+
+async def test_a_video_job_and_stream_whose_engine_process_dies_fail_engine_unavailable() -> None:
+    """A video generation running in the engine process when it is killed ends ``failed``
+    with ``engine_unavailable`` (not ``generation_failed``: the pipeline did not fail), the
+    stream with that error and 1011; the same request then succeeds on the new process."""
+    media = {"server.video_model": "tiny", "server.video_chunk_frames": 4}
+    async with (
+        running_server(**BASE, **ON, **media) as server,
+        httpx.AsyncClient(timeout=60) as http,
+    ):
+        (pid,) = engine_pids()
+        form = {"prompt": "waves", "size": "32x16", "seconds": "0.5", "fps": "8"}
+        long = {**form, "seconds": "10", "num_inference_steps": "500"}  # minutes on this CPU
+        job = (await http.post(server.http + "/v1/videos", data=long)).json()
+        start = {"type": "session.start", "prompt": "waves", "format": "m4s", "width": 32,
+                 "height": 16, "fps": 8, "num_frames": 80, "num_inference_steps": 500}  # fmt: skip
+        video_url = server.http.replace("http://", "ws://") + "/v1/realtime/video"
+        async with ws_connect(video_url) as ws:
+            await ws.send(json.dumps(start))
+            assert json.loads(await ws.recv())["type"] == "video.start"
+            with trio.fail_after(30):
+                while (await video_job(http, server, job["id"]))["status"] != "in_progress":
+                    await trio.sleep(0.1)
+            os.kill(pid, signal.SIGKILL)
+            with trio.fail_after(30):
+                error = json.loads(await ws.recv())
+                assert (error["type"], error["code"]) == ("error", "engine_unavailable"), error
+                with pytest.raises(ConnectionClosed):
+                    await ws.recv()
+            assert ws.close_code == 1011
+        with trio.fail_after(30):
+            while (failed := await video_job(http, server, job["id"]))["status"] != "failed":
+                await trio.sleep(0.1)
+        assert failed["error"]["code"] == "engine_unavailable", failed
+        assert "engine process" in failed["error"]["message"]
+        # the same kind of job succeeds once the new engine process serves (503 until then)
+        with trio.fail_after(60):
+            while True:
+                answer = await http.post(server.http + "/v1/videos",
+                                         data={**form, "num_inference_steps": "2"})  # fmt: skip
+                if answer.status_code == 200:
+                    break
+                assert answer.status_code == 503, answer.text
+                assert answer.json()["error"]["code"] == "model_starting"
+                await trio.sleep(0.2)
+        again = answer.json()
+        with trio.fail_after(120):
+            while (done := await video_job(http, server, again["id"]))["status"] not in (
+                "completed",
+                "failed",
+            ):
+                await trio.sleep(0.1)
+        assert done["status"] == "completed", done
+        assert engine_pids() != [pid]
+
+
+async def video_job(http: httpx.AsyncClient, server: Server, job_id: str) -> dict[str, Any]:
+    return (await http.get(f"{server.http}/v1/videos/{job_id}")).json()  # type: ignore[no-any-return]
 
 
 def engine_histograms(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

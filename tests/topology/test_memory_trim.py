@@ -15,7 +15,11 @@ import trio.testing
 from duplex.config import load_config
 from duplex.exceptions import ConfigError
 from duplex.models import Slack
-from duplex.topology._memory import _glibc, malloc_trim, trim_memory_every
+from duplex.topology._memory import TRIMS, _glibc, malloc_trim, trim_memory_every
+
+from ..transport.test_e2e_workers import BASE, metrics_over_http
+from ..transport.wsclient import running_server
+from .test_e2e_engine_process import ON, sample
 
 pytestmark = pytest.mark.skipif(_glibc() is None, reason="malloc_trim is glibc's")
 
@@ -61,7 +65,9 @@ def test_the_server_trims_every_interval() -> None:
             await trim_memory_every(60.0)
         seen.append(rss_mb())  # 61 s: trimmed once
 
+    trims = TRIMS.count
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert TRIMS.count == trims + 1  # its duration, in duplex_malloc_trim_seconds
     assert seen[0] > held - 10
     assert seen[1] < held - 30
     del kept
@@ -96,3 +102,24 @@ def test_the_interval_is_bounded() -> None:
     with pytest.raises(ConfigError, match="malloc_trim_interval_s"):
         load_config(env={"DUPLEX_MALLOC_TRIM_INTERVAL_S": "1e9"})
     assert load_config(env={}).server.malloc_trim_interval_s == 60.0
+
+
+async def test_each_process_exports_how_long_its_trims_take() -> None:
+    """``duplex_malloc_trim_seconds``: the server's own trims (``process="session"``) and
+    the engine process's (``process="engine"``), which reach it in the engine's status."""
+    every_s = {"server.malloc_trim_interval_s": 1.0}
+    async with running_server(**BASE, **ON, **every_s) as server:
+        name = "duplex_malloc_trim_seconds_count"
+        with trio.fail_after(30):
+            while True:
+                text = await metrics_over_http(server)
+                session = sample(text, name, process="session")
+                engine = sample(text, name, process="engine", engine="0")
+                if session and engine and session >= 2 and engine >= 2:
+                    break
+                await trio.sleep(0.5)
+        assert "# TYPE duplex_malloc_trim_seconds histogram" in text
+        inf = sample(text, "duplex_malloc_trim_seconds_bucket", process="engine", engine="0",
+                     le="+Inf")  # fmt: skip
+        assert inf == sample(text, name, process="engine", engine="0")
+        assert sample(text, "duplex_malloc_trim_seconds_sum", process="session") > 0

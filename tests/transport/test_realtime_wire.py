@@ -165,6 +165,7 @@ def session_story(config: ds.SessionConfig | None = None) -> list:
         ds.InputSpeechStopped(980.6, "item_u1"),
         ds.InputTranscriptionDelta("item_u1", "hello"),
         ds.InputTranscriptionCompleted("item_u1", "hello there", 0.98),
+        ds.InputTranscriptionFailed("item_u2", "transcription_failed", "The ASR was lost."),
         ds.InputAudioCommitted("item_u1", 1, 980.6),
         ds.InputAudioCommitted("item_u2", 2, 1980.6, "item_u1"),
         ds.InputAudioTimeout(1980.6, 6980.6, "item_u3"),

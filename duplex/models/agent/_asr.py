@@ -156,7 +156,13 @@ class PocketSphinxRunner:
 
 
 class AsrProcessLost(RuntimeError):
-    """The ASR child died during a batch (the batch fails; a new child is running)."""
+    """The ASR child died during a batch (the batch fails; a new child is running), or
+    before a stream's next chunk (that chunk fails: its decoder died with the child)."""
+
+
+MAX_LOST_STREAMS = 1024
+"""Streams remembered as lost with a dead child until their next chunk fails (the oldest
+is forgotten beyond this: a stream whose session went without a last chunk)."""
 
 
 class AsrProcess:
@@ -178,6 +184,15 @@ class AsrProcess:
         self._process: Any = None
         self._lock = threading.Lock()
         self._starting: threading.Thread | None = None
+        self._open: set[str] = set()
+        """Streams with a decoder in the current child."""
+        self._lost: dict[str, None] = {}
+        """Streams whose decoder died with a child, oldest first: their next chunk fails
+        (a new child would open a fresh stream and hear only the turn's rest as all of it)."""
+        self._batch: list[bool] = []
+        """Per request of the batch `send` handed over: its stream was lost (not sent)."""
+        self._sent: list[AsrChunk] = []
+        """The chunks of that batch handed to the child."""
 
     restarts: int = 0
     """Children started again after one died (a crash, a kill, out of memory)."""
@@ -198,49 +213,80 @@ class AsrProcess:
         if isinstance(ready, BaseException):
             raise ready
 
-    def run_batch(self, requests: Sequence[AsrChunk], gate: UnitGate) -> list[AsrText]:
+    def run_batch(
+        self, requests: Sequence[AsrChunk], gate: UnitGate
+    ) -> list[AsrText | BaseException]:
         """One batch through the child. A child that died (its pipe broke) fails this
         batch at once and a new one starts in the background; the next batch waits for
-        it. Its open streams are lost (a chunk of one opens a new stream). Before, a dead
-        child failed every later batch: the agent heard nothing until the server
-        restarted."""
+        it. The streams it held open are lost: the next chunk of each fails alone
+        (`AsrProcessLost`, so its turn's transcription fails rather than completing with
+        only what came after), and the streams after it are heard by the new child.
+        Before, a dead child failed every later batch: the agent heard nothing until the
+        server restarted."""
         with self._lock:
             self.send(requests)
             return self.receive()
 
     def send(self, requests: Sequence[AsrChunk]) -> None:
-        """Hand the child a batch (`receive` gets its answer; one batch at a time).
+        """Hand the child a batch (`receive` gets its answer; one batch at a time); the
+        chunks of lost streams stay here, answered by `receive` with `AsrProcessLost`.
 
         Raises:
             AsrProcessLost: the child had died (a new one is starting).
         """
+        self._batch = [r.stream in self._lost for r in requests]
+        live = [r for r, lost in zip(requests, self._batch, strict=True) if not lost]
+        self._sent = live
+        for request, lost in zip(requests, self._batch, strict=True):
+            ends = request.final or request.abort
+            if lost:
+                if ends:
+                    self._lost.pop(request.stream, None)
+            elif ends:
+                self._open.discard(request.stream)
+            else:
+                self._open.add(request.stream)
+        if not live:
+            return
         if self._starting is not None:  # a replacement is starting: wait for it
             self._starting.join()
             self._starting = None
         if self._conn is None:  # it failed to start: try again here (raises)
             self.prepare()
         try:
-            self._conn.send(list(requests))
+            self._conn.send(live)
         except (EOFError, OSError) as exc:
-            self._lost(exc)
+            self._lost_with(exc, live)
 
-    def receive(self) -> list[AsrText]:
-        """The answer to the batch `send` handed over.
+    def receive(self) -> list[AsrText | BaseException]:
+        """The answer to the batch `send` handed over, in its order (an `AsrProcessLost`
+        for each chunk of a lost stream).
 
         Raises:
             AsrProcessLost: the child died (a new one is starting).
             Exception: what the child raised for the batch.
         """
-        try:
-            answer = self._conn.recv()
-        except (EOFError, OSError) as exc:
-            self._lost(exc)
-        if isinstance(answer, BaseException):
-            raise answer
-        results: list[AsrText] = answer
-        return results
+        answer: Any = []
+        if self._sent:
+            try:
+                answer = self._conn.recv()
+            except (EOFError, OSError) as exc:
+                self._lost_with(exc, self._sent)
+            if isinstance(answer, BaseException):
+                raise answer
+        answers = iter(answer)
+        lost = AsrProcessLost("the ASR process that held this stream exited")
+        return [lost if gone else next(answers) for gone in self._batch]
 
-    def _lost(self, exc: BaseException) -> NoReturn:
+    def _lost_with(self, exc: BaseException, batch: Sequence[AsrChunk]) -> NoReturn:
+        """The child died: the streams it held are lost, but for those of the batch that
+        fails now (each of those is told by this failure); then a new child starts."""
+        failing = {r.stream for r in batch}
+        for stream in self._open - failing:
+            self._lost[stream] = None
+        while len(self._lost) > MAX_LOST_STREAMS:
+            del self._lost[next(iter(self._lost))]
+        self._open.clear()
         self._replace()
         raise AsrProcessLost("the ASR process exited; a new one takes the next chunks") from exc
 
