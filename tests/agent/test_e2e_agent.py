@@ -102,22 +102,25 @@ async def test_the_agent_answers_on_every_shard_with_engine_processes(tmp_path: 
         "server.session_shards": 2,
         "server.engine_process": "on",
     }
+
+    async def turn(sock: RealtimeSocket) -> None:
+        await sock.stream(wav_pcm16("hello.wav") + silence(1200))
+        await sock.until("response.done")
+
     async with running_server(**_agent(tmp_path), **layout) as server:
         url = server.http.replace("http://", "ws://") + "/v1/realtime"
-        socks: list[RealtimeSocket] = []
-
-        async def one(nursery: trio.Nursery) -> None:
-            async with connect(url, max_queue=None) as ws, trio.open_nursery() as inner:
-                sock = await _session(url, inner, ws)
-                socks.append(sock)
-                await sock.stream(wav_pcm16("hello.wav") + silence(1200))
-                await sock.until("response.done")
-                inner.cancel_scope.cancel()
-
-        with trio.fail_after(120):
-            async with trio.open_nursery() as nursery:
-                for _ in range(2):
-                    nursery.start_soon(one, nursery)
+        # one after the other: the second session is placed on the roomier shard
+        async with connect(url, max_queue=None) as ws0, trio.open_nursery() as pumps0:
+            first = await _session(url, pumps0, ws0)
+            async with connect(url, max_queue=None) as ws1, trio.open_nursery() as pumps1:
+                second = await _session(url, pumps1, ws1)
+                with trio.fail_after(120):
+                    async with trio.open_nursery() as turns:
+                        turns.start_soon(turn, first)
+                        turns.start_soon(turn, second)
+                pumps1.cancel_scope.cancel()
+            pumps0.cancel_scope.cancel()
+    socks = [first, second]
     ids = [sock.of("session.created")[0]["session"]["id"] for sock in socks]
     assert sorted(shard_of(i) for i in ids) == [0, 1], ids
     for sock in socks:

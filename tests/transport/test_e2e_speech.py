@@ -256,13 +256,16 @@ async def test_a_full_queue_refuses_429_then_recovers_and_a_client_that_leaves_f
         # a client that sends a long request and leaves: its work is withdrawn
         host, port = url.removeprefix("http://").rsplit(":", 1)
         body = json.dumps({"input": LONG, "speed": 0.25}).encode()
+        batches = await metric(http, url, "duplex_request_batches_total", runner="tts")
         stream = await trio.open_tcp_stream(host, int(port))
         await stream.send_all(
             b"POST /v1/audio/speech HTTP/1.1\r\nHost: " + f"{host}:{port}".encode() + b"\r\n"
             b"Content-Type: application/json\r\nContent-Length: "
             + str(len(body)).encode() + b"\r\n\r\n" + body
         )  # fmt: skip
-        await trio.sleep(0.5)  # its batch is running
+        with trio.fail_after(60):  # its batch is running (a loaded host may take a while)
+            while await metric(http, url, "duplex_request_batches_total", runner="tts") <= batches:
+                await trio.sleep(0.05)
         await stream.aclose()
         with trio.fail_after(60):
             while await metric(http, url, "duplex_speech_requests_total", outcome="cancelled") < 1:
