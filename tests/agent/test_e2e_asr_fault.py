@@ -24,12 +24,12 @@ COMPLETED = "conversation.item.input_audio_transcription.completed"
 FAILED = "conversation.item.input_audio_transcription.failed"
 
 
-def asr_pids() -> list[int]:
-    """The ASR children: of this process, or of its engine process (multiprocessing
-    children; ``agent_asr_workers`` of them)."""
-    mine = [p.pid for p in multiprocessing.active_children() if p.name == "duplex-asr"]
-    if mine:
-        return mine
+def asr_pids(engine_process: str) -> list[int]:
+    """The ASR children: of this process (``off``), or of its engine process (``on``;
+    multiprocessing children, ``agent_asr_workers`` of them). Only where asked: a child
+    of an earlier test's server in this process may still be alive."""
+    if engine_process == "off":
+        return [p.pid for p in multiprocessing.active_children() if p.name == "duplex-asr"]
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -68,7 +68,7 @@ async def test_a_killed_asr_child_ends_the_turn_and_the_next_is_heard(
 
             nursery.start_soon(speak)
             await sock.until("conversation.item.input_audio_transcription.delta")
-            (pid,) = asr_pids()
+            (pid,) = asr_pids(engine_process)
             os.kill(pid, signal.SIGKILL)  # mid-turn: the speech has been heard in part
             await speaking.wait()
             failed = await sock.until(FAILED, timeout=30)
