@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pytest
@@ -208,11 +209,20 @@ def overlaps(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> int:
     return sum(1 for s0, e0 in a for s1, e1 in b if s0 < e1 - 1e-12 and s1 < e0 - 1e-12)
 
 
-async def test_batches_run_only_in_the_windows_and_no_tick_is_late(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    """A 30 ms step every 80 ms and 20 ms batches: the batches go in the gaps, every tick
-    keeps its time, and the batch work still gets done."""
+@dataclass
+class Ticked:
+    """What `tick_beside_batches` ran: spans of steps and of batches, answers, counters."""
+
+    slack: Slack
+    driver: EngineDriver
+    steps: list[tuple[float, float]]
+    units: list[tuple[float, float]]
+    answers: list[int]
+
+
+async def tick_beside_batches(runner: Units, unit_s: float) -> Ticked:
+    """A 30 ms step every 80 ms for 25 frames while a client a frame submits to ``runner``,
+    whose batches take ``unit_s`` (mock time)."""
     slack = Slack()
     steps: list[tuple[float, float]] = []
     units: list[tuple[float, float]] = []
@@ -221,7 +231,7 @@ async def test_batches_run_only_in_the_windows_and_no_tick_is_late(
     handle = driver.attach("a", send)
     assert handle is not None
     engine = RequestEngine(
-        Units(), max_wait_s=0.0, slack=slack, offload=timed(units, 0.020), timer=trio.current_time
+        runner, max_wait_s=0.0, slack=slack, offload=timed(units, unit_s), timer=trio.current_time
     )
     answers: list[int] = []
 
@@ -236,12 +246,22 @@ async def test_batches_run_only_in_the_windows_and_no_tick_is_late(
             nursery.start_soon(client, k)
             await trio.sleep(PERIOD)
         nursery.cancel_scope.cancel()
+    return Ticked(slack, driver, steps, units, answers)
+
+
+async def test_batches_run_only_in_the_windows_and_no_tick_is_late(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A 30 ms step every 80 ms and 20 ms batches: the batches go in the gaps, every tick
+    keeps its time, and the batch work still gets done."""
+    ran = await tick_beside_batches(Units(), 0.020)
+    answers, slack = ran.answers, ran.slack
     assert sorted(answers) == [k * 10 for k in range(len(answers))] and len(answers) >= 20
-    assert len(steps) >= 24 and len(units) >= 10
-    assert overlaps(steps, units) == 0
-    assert driver.statistics().late_ticks == 0
+    assert len(ran.steps) >= 24 and len(ran.units) >= 10
+    assert overlaps(ran.steps, ran.units) == 0
+    assert ran.driver.statistics().late_ticks == 0
     assert slack.statistics().overran == 0
-    figures = driver.statistics()  # exported with the engine's metrics
+    figures = ran.driver.statistics()  # exported with the engine's metrics
     assert figures.metric("duplex_engine_slack_units_total") == slack.statistics().units >= 10
     assert figures.metric("duplex_engine_slack_overran_total") == 0
 
@@ -258,39 +278,13 @@ async def test_a_runner_beside_realtime_runs_during_steps_and_no_tick_is_late(
     """The same load as above, the runner declaring ``beside_realtime``: its 60 ms batches
     (wider than any 50 ms window) start between steps and run on beside the next, and
     the ticks keep their time."""
-    slack = Slack()
-    steps: list[tuple[float, float]] = []
-    units: list[tuple[float, float]] = []
-    driver = EngineDriver(loopback_engine(), offload=timed(steps, 0.030), slack=slack)
-    send, _recv = trio.open_memory_channel[Any](64)
-    handle = driver.attach("a", send)
-    assert handle is not None
-    engine = RequestEngine(
-        BesideUnits(),
-        max_wait_s=0.0,
-        slack=slack,
-        offload=timed(units, 0.060),
-        timer=trio.current_time,
-    )
-    answers: list[int] = []
-
-    async def client(i: int) -> None:
-        answers.append(await engine.submit(i))
-
-    async with trio.open_nursery() as nursery:
-        await nursery.start(driver.run)
-        await nursery.start(engine.run)
-        for k in range(25):
-            driver.push_input(handle, tone(1, k))
-            nursery.start_soon(client, k)
-            await trio.sleep(PERIOD)
-        nursery.cancel_scope.cancel()
-    assert len(answers) >= 20 and len(units) >= 20
-    assert overlaps(steps, units) >= 10
-    assert driver.statistics().late_ticks == 0
-    statistics = slack.statistics()
+    ran = await tick_beside_batches(BesideUnits(), 0.060)
+    assert len(ran.answers) >= 20 and len(ran.units) >= 20
+    assert overlaps(ran.steps, ran.units) >= 10
+    assert ran.driver.statistics().late_ticks == 0
+    statistics = ran.slack.statistics()
     assert statistics.overran == 0 and statistics.beside >= 3 and statistics.deferred == 0
-    assert driver.statistics().metric("duplex_engine_slack_beside_total") == statistics.beside
+    assert ran.driver.statistics().metric("duplex_engine_slack_beside_total") == statistics.beside
 
 
 async def test_the_window_opens_only_after_a_ticks_outputs_are_handed_on(
