@@ -86,7 +86,8 @@ class BatchRunner(Protocol[Req_contra, Res_co]):
     ``name`` labels its metrics; ``max_batch`` is the most requests one call
     takes; an optional ``metadata`` mapping is what clients are told about it;
     an optional ``beside_realtime`` (true) says its units run on a device stream
-    below the realtime one, so they need no slack window (`Slack.acquire`).
+    below the realtime one, so any window will do, not only one they fit
+    (`Slack.acquire`).
     ``run_batch`` blocks (it runs off the trio thread) and returns one result
     per request, in order; an ``Exception`` instance as a result fails that
     request alone, and raising fails the whole batch. Requests and results

@@ -221,7 +221,7 @@ class ImageRunner:
     Args:
         max_batch: the most requests, and images, one call takes.
         stream: the CUDA stream its device work runs on (``None``: the current one); a
-            batch-priority stream (`priority_stream`) lets its units run beside realtime
+            batch-priority stream (`priority_stream`) lets its units run on into realtime
             steps (`beside_realtime`).
     """
 
@@ -237,7 +237,8 @@ class ImageRunner:
         """What clients are told: the model id they may name."""
         self._stream = stream
         self.beside_realtime = stream is not None
-        """Its units may start while a realtime step runs (`Slack.acquire`)."""
+        """Its units start in any window between realtime steps and may run on into the next
+        (`Slack.acquire`)."""
 
     def run_batch(self, requests: Sequence[ImageRequest], gate: UnitGate) -> list[ImageResult]:
         results: list[ImageResult | None] = [None] * len(requests)
@@ -329,7 +330,7 @@ def load_image_runner(
 ) -> ImageRunner:
     """Load ``model`` (seconds for a real checkpoint): call off the event loop.
     ``beside_realtime``: on a CUDA device, its units run on a batch-priority stream and may
-    start while a realtime step runs (off CUDA it has no effect)."""
+    run on into a realtime step (off CUDA it has no effect)."""
     pipeline = _load(model, device)
     return ImageRunner(pipeline, model, max_batch, _stream(device, beside_realtime))
 
