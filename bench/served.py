@@ -37,9 +37,12 @@ With ``--beside-images K`` (a server started with ``--image-model``), the images
 share is measured in the same run: ``bench/images_load.py`` (K clients posting one
 ``--image-size`` image of ``--image-steps`` steps back to back) alone for the same
 span as one N, then each N alone as above, then each N again with the image clients
-running beside it; each row gains the images per minute alone and beside, the
-realtime delay p99 beside, and both as ratios to alone (issue: realtime p99 ratio
-at most 1.1, images at least 0.8 of alone).
+running beside it (``--rounds R``: R such pairs in turn); each row gains the images per
+minute alone and beside, the realtime delay p99 beside, and both as ratios to alone
+(issue: realtime p99 ratio at most 1.1, images at least 0.8 of alone); with rounds,
+the p99s pool every round's delays and the images per minute are the rounds' mean.
+Each phase also gives the engine's tick lateness p99 (from its histogram's buckets:
+as coarse as they are), which tells a tick loop kept from its timer from a slower step.
 """
 
 from __future__ import annotations
@@ -193,7 +196,40 @@ def _gpu_memory_mib() -> list[int] | None:
     return [int(line) for line in out.split()] or None
 
 
-async def _metrics(http: str) -> dict[str, float]:
+LATENESS = "duplex_engine_tick_lateness_seconds"
+
+
+def _buckets(text: str, name: str) -> dict[float, float]:
+    """Histogram ``name``'s cumulative bucket counts by upper bound, summed over labels."""
+    counts: dict[float, float] = {}
+    for labels, value in re.findall(rf"^{name}_bucket\{{([^}}]*)\}} (\S+)$", text, re.M):
+        bound = re.search(r'le="([^"]+)"', labels)
+        if bound:
+            le = float(bound.group(1))
+            counts[le] = counts.get(le, 0.0) + float(value)
+    return counts
+
+
+def _bucket_p99_ms(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The 99th percentile of what a histogram observed between two scrapes, interpolated
+    linearly within its bucket (coarse: as fine as the buckets)."""
+    bounds = sorted(after)
+    cumulative = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not cumulative or cumulative[-1] <= 0:
+        return None
+    target = 0.99 * cumulative[-1]
+    low, below = 0.0, 0.0
+    for bound, count in zip(bounds, cumulative, strict=True):
+        if count >= target:
+            if bound == float("inf"):
+                return round(low * 1000, 2)
+            share = (target - below) / (count - below) if count > below else 1.0
+            return round((low + share * (bound - low)) * 1000, 2)
+        low, below = bound, count
+    return None
+
+
+async def _metrics(http: str) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=10) as client:
         text = (await client.get(http + "/metrics")).text
     wanted = (
@@ -207,7 +243,7 @@ async def _metrics(http: str) -> dict[str, float]:
         "duplex_engine_slack_overran_total",
         "duplex_engine_slack_beside_total",
     )
-    values: dict[str, float] = {}
+    values: dict[str, Any] = {LATENESS: _buckets(text, LATENESS)}
     for name in wanted:
         found = re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)
         if found:
@@ -299,6 +335,7 @@ async def _one_count(
         "server_cpu_cores": round(cpu, 2) if cpu is not None else None,
         "gpu_memory_mib": gpu_peak,
         "step_p99_ms": round(after.get("duplex_engine_step_p99_seconds", 0) * 1000, 1),
+        "tick_lateness_p99_ms": _bucket_p99_ms(before[LATENESS], after[LATENESS]),
         "late_ticks": after.get("duplex_engine_late_ticks_total", 0)
         - before.get("duplex_engine_late_ticks_total", 0),
         "underruns": after.get("duplex_engine_underruns_total", 0)
@@ -312,6 +349,7 @@ async def _one_count(
         },
     }
     print(json.dumps(row), file=sys.stderr)
+    row["_delays"] = delays  # for rounds pooled (`_beside_images`); not in the report
     return row
 
 
@@ -356,28 +394,38 @@ async def _images(http: str, args: argparse.Namespace) -> dict[str, Any]:
 async def _beside_images(
     args: argparse.Namespace, http: str, n: int, server_pid: int | None, alone: dict[str, Any]
 ) -> dict[str, Any]:
-    """N sessions with the image clients running beside them, as ratios to each alone."""
-    realtime = await _one_count(args, http, n, server_pid)
-    beside: dict[str, Any] = {}
+    """N sessions alone, then with the image clients running beside them, ``--rounds``
+    times in turn; the p99 ratio pools each side's delays over the rounds (one round's p99
+    rests on its slowest 1% of outputs: a few ticks)."""
+    rounds: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = []
+    for _ in range(args.rounds):
+        realtime = await _one_count(args, http, n, server_pid)
+        beside: dict[str, Any] = {}
 
-    async def images() -> None:
-        beside.update(await _images(http, args))
+        async def images(into: dict[str, Any] = beside) -> None:
+            into.update(await _images(http, args))
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(images)
-        both = await _one_count(args, http, n, server_pid)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(images)
+            both = await _one_count(args, http, n, server_pid)
+        rounds.append((realtime, both, beside))
+    alone_delays = [d for realtime, _, _ in rounds for d in realtime.pop("_delays")]
+    both_delays = [d for _, both, _ in rounds for d in both.pop("_delays")]
+    alone_p99, both_p99 = _pct(alone_delays, 99), _pct(both_delays, 99)
     alone_rate = alone["images_per_min"]
+    beside_rate = sum(beside["images_per_min"] for _, _, beside in rounds) / len(rounds)
+    realtime, both, beside = rounds[0]
     return {
         **realtime,
         "images_alone": alone,
         "beside": both,
         "images_beside": beside,
-        "realtime_p99_ratio": (
-            round(both["delay_p99_ms"] / realtime["delay_p99_ms"], 2)
-            if both["delay_p99_ms"] and realtime["delay_p99_ms"]
-            else None
-        ),
-        "images_ratio": round(beside["images_per_min"] / alone_rate, 2) if alone_rate else None,
+        "rounds": [{"realtime": r, "beside": b, "images_beside": i} for r, b, i in rounds[1:]],
+        "delay_p99_ms_pooled": alone_p99,
+        "beside_delay_p99_ms_pooled": both_p99,
+        "realtime_p99_ratio": round(both_p99 / alone_p99, 2) if both_p99 and alone_p99 else None,
+        "images_per_min_beside": round(beside_rate, 1),
+        "images_ratio": round(beside_rate / alone_rate, 2) if alone_rate else None,
     }
 
 
@@ -408,6 +456,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 row = await _beside_images(args, http, n, pid, alone)
             else:
                 row = await _one_count(args, http, n, pid)
+                row.pop("_delays")
             if n in engine:
                 row["engine_only_step_p99_ms"] = engine[n]
                 row["served_over_engine_step"] = round(row["step_p99_ms"] / engine[n], 2)
@@ -446,6 +495,9 @@ def main() -> int:
     parser.add_argument("--beside-images", type=int, default=0, metavar="K")
     parser.add_argument("--image-size", default="512x512")
     parser.add_argument("--image-steps", type=int, default=30)
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="with --beside-images: alone/beside pairs per N"
+    )
     parser.add_argument("--load", help=argparse.SUPPRESS)
     parser.add_argument("--load-range", help=argparse.SUPPRESS)
     parser.add_argument("serve_args", nargs="*", help="after --: duplex serve arguments")

@@ -32,7 +32,7 @@ from .._batcher import Priority
 from .._options import ModelOptions
 from .._requests import UnitGate
 from .._streams import priority_stream
-from ._graphs import GraphedDenoiser
+from ._graphs import graph_pipeline
 from ._tiny import tiny_pipeline
 
 __all__ = [
@@ -161,16 +161,26 @@ def _load(model: DiffusionModel, device: str) -> Any:
         )
     pipeline.set_progress_bar_config(disable=True)
     pipeline = pipeline.to(device)
-    if device.startswith("cuda") and model.kind == "image" and hasattr(pipeline, "unet"):
-        GraphedDenoiser(pipeline.unet)
-        note(f"capturing the {model.id} denoiser's CUDA graph at the default size")
-        pipeline(prompt="", num_inference_steps=2, output_type="np")
+    if device.startswith("cuda") and model.kind == "image" and graph_pipeline(pipeline):
+        note(f"capturing the {model.id} pipeline's CUDA graphs at the default size")
+        pipeline(prompt="", num_inference_steps=2, output_type="pt")
     return pipeline
 
 
 def _uint8(values: Any) -> np.ndarray:
     array = np.asarray(values, dtype=np.float32)
     return (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+
+
+def _uint8_images(images: Any) -> np.ndarray:
+    """A pipeline's ``output_type="pt"`` images (``n x 3 x h x w`` in [0, 1], on its device)
+    as ``n x h x w x 3`` uint8, converted where they are: one small copy to the host, no
+    float arrays for the engine process's CPU to scale (the same float32 arithmetic as
+    `_uint8`, so the same bytes)."""
+    import torch
+
+    scaled = images.float().clamp(0.0, 1.0).mul(255.0).add(0.5).to(torch.uint8)
+    return scaled.permute(0, 2, 3, 1).contiguous().cpu().numpy()
 
 
 def _generator(seed: int) -> Any:
@@ -268,10 +278,10 @@ class ImageRunner:
             num_inference_steps=first.steps,
             guidance_scale=first.guidance_scale,
             generator=generators,
-            output_type="np",
+            output_type="pt",
             callback_on_step_end=_step_callback(gate),
         )
-        images = iter(_uint8(image) for image in output.images)
+        images = iter(_uint8_images(output.images))
         return [ImageResult(tuple(next(images) for _ in range(r.n))) for r in requests]
 
 

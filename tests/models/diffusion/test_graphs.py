@@ -1,4 +1,5 @@
-"""The CUDA-graphed denoiser: the same pictures as the eager pipeline, replayed per shape."""
+"""The CUDA-graphed pipeline (denoiser, text encoder, VAE decode): the same pictures as the
+eager pipeline, replayed per shape."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from duplex.models import ModelOptions
 from duplex.models.diffusion import resolve_diffusion
-from duplex.models.diffusion._graphs import GraphedDenoiser
+from duplex.models.diffusion._graphs import GraphedDenoiser, graph_pipeline
 
 
 def _pipeline(cache: Path, device: str) -> Any:  # a diffusers pipeline
@@ -40,7 +41,7 @@ def _image(pipeline: Any, seed: int, size: int = 32) -> np.ndarray:
 def test_on_the_cpu_every_call_runs_eagerly_with_the_same_result(tmp_path: Path) -> None:
     pipeline = _pipeline(tmp_path, "cpu")
     eager = _image(pipeline, seed=3)
-    graphed = GraphedDenoiser(pipeline.unet)
+    graphed = GraphedDenoiser(pipeline.unet).table
     assert np.array_equal(_image(pipeline, seed=3), eager)
     assert graphed.captures == 0 and graphed.replays == 0
     assert graphed.eager_calls == 4  # one per step: CPU tensors are never captured
@@ -50,7 +51,7 @@ def test_on_the_cpu_every_call_runs_eagerly_with_the_same_result(tmp_path: Path)
 def test_on_cuda_steps_replay_graphs_keyed_by_shape_and_match_eager(tmp_path: Path) -> None:
     pipeline = _pipeline(tmp_path, "cuda")
     eager = [_image(pipeline, seed=3), _image(pipeline, seed=4, size=48)]
-    graphed = GraphedDenoiser(pipeline.unet, max_graphs=1)
+    graphed = GraphedDenoiser(pipeline.unet, max_graphs=1).table
     first = _image(pipeline, seed=3)
     assert graphed.captures == 1 and graphed.replays == 4
     np.testing.assert_allclose(first, eager[0], atol=2e-2)
@@ -59,3 +60,38 @@ def test_on_cuda_steps_replay_graphs_keyed_by_shape_and_match_eager(tmp_path: Pa
     # a second shape finds the table full: eager, the same picture as before
     np.testing.assert_allclose(_image(pipeline, seed=4, size=48), eager[1], atol=2e-2)
     assert graphed.captures == 1 and graphed.eager_calls == 4
+
+
+def test_on_the_cpu_the_whole_pipeline_graphed_runs_eagerly_with_the_same_result(
+    tmp_path: Path,
+) -> None:
+    pipeline = _pipeline(tmp_path, "cpu")
+    eager = _image(pipeline, seed=5)
+    unet, text, vae = graph_pipeline(pipeline)
+    assert np.array_equal(_image(pipeline, seed=5), eager)
+    assert [t.captures for t in (unet, text, vae)] == [0, 0, 0]
+    # 4 steps; the prompt and the (empty) negative prompt each encoded once; one decode
+    assert [t.eager_calls for t in (unet, text, vae)] == [4, 2, 1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_text_encoder_and_the_decoder_replay_too_and_match_eager(
+    tmp_path: Path,
+) -> None:
+    pipeline = _pipeline(tmp_path, "cuda")
+    eager = _image(pipeline, seed=6)
+    embeds = pipeline.text_encoder(torch.arange(77, device="cuda")[None] % 50)[0].clone()
+    unet, text, vae = graph_pipeline(pipeline)
+    first = _image(pipeline, seed=6)
+    assert [t.captures for t in (unet, text, vae)] == [1, 1, 1]  # prompt and negative: one shape
+    assert [t.replays for t in (unet, text, vae)] == [4, 2, 1]
+    np.testing.assert_allclose(first, eager, atol=2e-2)
+    assert np.array_equal(_image(pipeline, seed=6), first)
+    replayed = pipeline.text_encoder(torch.arange(77, device="cuda")[None] % 50)
+    torch.testing.assert_close(replayed[0], embeds, atol=1e-2, rtol=0)
+    # what the graphs do not cover runs eagerly: a mask, a dict from the decoder
+    ids = torch.arange(77, device="cuda")[None] % 50
+    pipeline.text_encoder(ids, attention_mask=torch.ones_like(ids))
+    latents = torch.zeros(1, 4, 4, 4, device="cuda", dtype=torch.float16)
+    assert pipeline.vae.decode(latents).sample.shape[0] == 1
+    assert text.eager_calls == 1 and vae.eager_calls == 1
