@@ -151,7 +151,9 @@ class GraphedDenoiser:
             return self._eager(
                 sample, timestep, encoder_hidden_states, *args, return_dict=return_dict, **kwargs
             )
-        return (self.table(sample, timestep.to(sample.device), encoder_hidden_states),)
+        # a host timestep (`_timesteps_on_host`) goes over without waiting for the device
+        timestep = timestep.to(sample.device, non_blocking=True)
+        return (self.table(sample, timestep, encoder_hidden_states),)
 
 
 @final

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from duplex.models import ModelOptions
-from duplex.models.diffusion import resolve_diffusion
+from duplex.models.diffusion import ImageRequest, load_image_runner, resolve_diffusion
 from duplex.models.diffusion._graphs import GraphedDenoiser, graph_pipeline
 
 
@@ -95,3 +95,23 @@ def test_on_cuda_the_text_encoder_and_the_decoder_replay_too_and_match_eager(
     latents = torch.zeros(1, 4, 4, 4, device="cuda", dtype=torch.float16)
     assert pipeline.vae.decode(latents).sample.shape[0] == 1
     assert text.eager_calls == 1 and vae.eager_calls == 1
+
+
+class _Open:
+    def next_unit(self, kind: str = "step") -> None:
+        pass
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_served_runner_on_cuda_paints_the_plain_pipelines_picture(tmp_path: Path) -> None:
+    """Graphed networks, timesteps on the host, uint8 made on the device, the batch stream:
+    the picture of the pipeline as diffusers runs it."""
+    plain = _image(_pipeline(tmp_path, "cuda"), seed=7)
+    model = resolve_diffusion("tiny", "image", ModelOptions(cache_dir=tmp_path))
+    runner = load_image_runner(model, "cuda", beside_realtime=True)
+    asked = ImageRequest(prompt="a red cat", width=32, height=32, steps=4, seed=7)
+    (result,) = runner.run_batch([asked], _Open())
+    assert runner.pipeline.scheduler.timesteps.device.type == "cpu"
+    (image,) = result.images
+    assert image.dtype == np.uint8 and image.shape == (32, 32, 3)
+    assert np.abs(image.astype(np.float64) - plain * 255.0).max() <= 6.0

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import trio
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from duplex.exceptions import ConfigError, RequestCancelled, RequestsOverloaded
@@ -112,6 +112,17 @@ def test_same_seed_same_images_other_seed_other_images(image_runner: ImageRunner
     assert gate.kinds == ["step", "decode"] * 3
 
 
+def test_the_schedulers_keep_their_timesteps_on_the_host(
+    image_runner: ImageRunner, video_runner: VideoRunner
+) -> None:
+    """Whatever device a pipeline names (on a GPU, read back with the GIL held each step)."""
+    for runner in (image_runner, video_runner):
+        scheduler = runner.pipeline.scheduler
+        scheduler.set_timesteps(4, device="meta")
+        assert scheduler.timesteps.device.type == "cpu" and len(scheduler.timesteps) == 4
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)  # slow on a busy host
 @given(
     st.lists(st.tuples(st.sampled_from([(32, 24), (16, 16)]), st.sampled_from([2, 3]),
                        st.integers(1, 3)), max_size=12),
