@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from duplex.models import ModelOptions  # noqa: E402
 from duplex.models.diffusion import ImageRequest, load_image_runner, resolve_diffusion  # noqa: E402
+from duplex.topology._server import freeze_startup_objects  # noqa: E402
 
 
 class _Gate:
@@ -81,6 +82,7 @@ def main() -> int:
     width, height = (int(v) for v in args.size.split("x"))
     model = resolve_diffusion(args.image_model, "image", ModelOptions(device=args.device))
     runner = load_image_runner(model, args.device, beside_realtime=args.device == "cuda")
+    freeze_startup_objects()  # as an engine process does once its runners are built
     for module in ("text_encoder", "unet", "vae"):
         if getattr(runner.pipeline, module, None) is None:
             raise SystemExit(f"the pipeline has no {module}")

@@ -398,7 +398,9 @@ async def _beside_images(
     times in turn; the p99 ratio pools each side's delays over the rounds (one round's p99
     rests on its slowest 1% of outputs: a few ticks)."""
     rounds: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = []
-    for _ in range(args.rounds):
+    for index in range(args.rounds):
+        if index:  # the last images of the round before stop at their next step
+            await trio.sleep(2.0)
         realtime = await _one_count(args, http, n, server_pid)
         beside: dict[str, Any] = {}
 

@@ -218,13 +218,31 @@ def _generator(seed: int) -> Any:
 
 
 def _step_callback(gate: UnitGate) -> Any:
+    """The pipeline's ``callback_on_step_end``: the step's unit ends when its kernels have run.
+
+    On a GPU the pipeline's thread only queues a step's kernels; without waiting for them
+    it would queue step after step, each in the next window, and the device would run them
+    all at once beside the realtime steps (measured on one H200 beside 64 Moshi-7B
+    sessions: step p99 from 40 to 152 ms). Waiting on the stream (the GIL released) keeps
+    one step on the device at a time and makes a unit's measured time its device time.
+    """
+
     def on_step_end(pipeline: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> Any:
+        _wait_for_device(pipeline.device)
         # after the last step comes the VAE decode: its own kind of unit, wider than a step
         last = step + 1 >= getattr(pipeline, "num_timesteps", math.inf)
         gate.next_unit("decode" if last else "step")
         return tensors
 
     return on_step_end
+
+
+def _wait_for_device(device: Any) -> None:
+    """Until this thread's current stream on ``device`` has run its kernels (no-op off CUDA)."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.current_stream(device).synchronize()  # releases the GIL while it waits
 
 
 def image_calls(requests: Sequence[ImageRequest], max_images: int) -> list[list[int]]:
