@@ -197,6 +197,7 @@ def _gpu_memory_mib() -> list[int] | None:
 
 
 LATENESS = "duplex_engine_tick_lateness_seconds"
+STEPS = "duplex_engine_step_seconds"
 
 
 def _buckets(text: str, name: str) -> dict[float, float]:
@@ -210,14 +211,16 @@ def _buckets(text: str, name: str) -> dict[float, float]:
     return counts
 
 
-def _bucket_p99_ms(before: dict[float, float], after: dict[float, float]) -> float | None:
-    """The 99th percentile of what a histogram observed between two scrapes, interpolated
+def _bucket_pct_ms(
+    before: dict[float, float], after: dict[float, float], q: float = 99
+) -> float | None:
+    """The ``q``th percentile of what a histogram observed between two scrapes, interpolated
     linearly within its bucket (coarse: as fine as the buckets)."""
     bounds = sorted(after)
     cumulative = [after[b] - before.get(b, 0.0) for b in bounds]
     if not cumulative or cumulative[-1] <= 0:
         return None
-    target = 0.99 * cumulative[-1]
+    target = q / 100 * cumulative[-1]
     low, below = 0.0, 0.0
     for bound, count in zip(bounds, cumulative, strict=True):
         if count >= target:
@@ -243,7 +246,7 @@ async def _metrics(http: str) -> dict[str, Any]:
         "duplex_engine_slack_overran_total",
         "duplex_engine_slack_beside_total",
     )
-    values: dict[str, Any] = {LATENESS: _buckets(text, LATENESS)}
+    values: dict[str, Any] = {name: _buckets(text, name) for name in (LATENESS, STEPS)}
     for name in wanted:
         found = re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)
         if found:
@@ -335,7 +338,10 @@ async def _one_count(
         "server_cpu_cores": round(cpu, 2) if cpu is not None else None,
         "gpu_memory_mib": gpu_peak,
         "step_p99_ms": round(after.get("duplex_engine_step_p99_seconds", 0) * 1000, 1),
-        "tick_lateness_p99_ms": _bucket_p99_ms(before[LATENESS], after[LATENESS]),
+        "tick_lateness_p99_ms": _bucket_pct_ms(before[LATENESS], after[LATENESS]),
+        # over the whole window, every batch size together (the gauge above: recent steps)
+        "step_p50_ms_window": _bucket_pct_ms(before[STEPS], after[STEPS], 50),
+        "step_p99_ms_window": _bucket_pct_ms(before[STEPS], after[STEPS]),
         "late_ticks": after.get("duplex_engine_late_ticks_total", 0)
         - before.get("duplex_engine_late_ticks_total", 0),
         "underruns": after.get("duplex_engine_underruns_total", 0)
