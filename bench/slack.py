@@ -63,6 +63,7 @@ from duplex.models import (  # noqa: E402
     UnitGate,
     get_model,
 )
+from duplex.topology._requests import BATCH_SWITCH_INTERVAL_S  # noqa: E402
 
 SD15_UNET = {
     "sample_size": 64,
@@ -176,7 +177,7 @@ class ImageRequests:
 
 class TtsRunner:
     """espeak-ng, the server's default TTS (``duplex.models.tts``): one request is a text of
-    ``--units`` sentences, one unit each."""
+    ``--units`` sentences (units: `EspeakRunner`'s, a sentence or about 2 ms of synthesis)."""
 
     name = "tts"
     max_batch = 1
@@ -185,6 +186,7 @@ class TtsRunner:
         from duplex.models.tts import EspeakRunner, SpeechRequest
 
         self.runner = EspeakRunner()
+        self.elastic_unit_s = self.runner.elastic_unit_s  # its units end at a window's close
         sentence = "The quick brown fox jumps over the lazy dog near the river bank."
         self.request = SpeechRequest(" ".join([sentence] * units))
 
@@ -294,6 +296,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.beside:  # as batch_beside_realtime makes a GPU pipeline: any window, run on into a step
         runner.beside_realtime = True
     requests = RequestEngine(runner, max_wait_s=0.0, slack=slack)
+    # as the server's processes that host request runners do (`start_request_engines`)
+    sys.setswitchinterval(min(sys.getswitchinterval(), BATCH_SWITCH_INTERVAL_S))
     period = spec.frame_period_s
     out: dict[str, Any] = {
         "command": "python3 bench/slack.py " + " ".join(sys.argv[1:]),

@@ -35,6 +35,7 @@ also return an ``Exception`` instance for one request, which fails alone.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,11 @@ DEFAULT_MAX_QUEUE: Final = 1024
 class UnitGate(Protocol):
     """What a runner's thread calls between its units of preemption."""
 
+    until: float
+    """When the running unit's window closes (``time.perf_counter`` seconds, its margin
+    before the next tick taken off; ``inf``: no realtime work to make way for). A runner
+    with ``elastic_unit_s`` ends its unit at its first boundary this close to it."""
+
     def next_unit(self, kind: str = "step") -> None:
         """Block until there is slack for another unit; ``kind``: what that unit is. Each
         kind has its own cost estimate, so a unit unlike the rest (an image's final VAE
@@ -87,7 +93,10 @@ class BatchRunner(Protocol[Req_contra, Res_co]):
     takes; an optional ``metadata`` mapping is what clients are told about it;
     an optional ``beside_realtime`` (true) says its units run on a device stream
     below the realtime one, so any window will do, not only one they fit
-    (`Slack.acquire`).
+    (`Slack.acquire`); an optional ``elastic_unit_s`` (seconds) says its work can
+    stop at a boundary at least that often (espeak-ng's audio blocks), so a unit
+    needs a window of only that much and runs until the window closes
+    (`UnitGate.until`), whatever its past units took.
     ``run_batch`` blocks (it runs off the trio thread) and returns one result
     per request, in order; an ``Exception`` instance as a result fails that
     request alone, and raising fails the whole batch. Requests and results
@@ -205,14 +214,17 @@ class _Gate:
         estimates: Callable[[str], UnitEstimate],
         timer: Callable[[], float],
         beside: bool = False,
+        elastic_s: float | None = None,
     ) -> None:
         self._batch = batch
         self._slack = slack
         self._beside = beside
+        self._elastic_s = elastic_s
         self._estimates = estimates
         self._timer = timer
         self.holding = False
         self.unit_started = timer()
+        self.until = math.inf
         self.kind = "step"
         """The running unit's kind (a batch's first unit is a ``step``)."""
 
@@ -223,15 +235,17 @@ class _Gate:
         self.kind = kind
         if self._slack is not None and not trio.lowlevel.in_trio_run():
             # one hop to the event loop: hand the window back and wait for the next
-            trio.from_thread.run(self._next_window, self._slack, self._estimates(kind))
+            estimate = self._elastic_s if self._elastic_s is not None else self._estimates(kind)
+            trio.from_thread.run(self._next_window, self._slack, estimate)
         self.unit_started = self._timer()
 
-    async def _next_window(self, slack: Slack, estimate: UnitEstimate) -> None:
+    async def _next_window(self, slack: Slack, estimate: UnitEstimate | float) -> None:
         if self.holding:
             self.holding = False
             slack.release(beside_steps=self._beside)
         await slack.acquire(estimate, beside_steps=self._beside)
         self.holding = True
+        self.until = self._timer() + slack.time_left()
 
     def end(self) -> None:
         """The runner call returned (on the event loop): its last unit's time, and the window
@@ -277,6 +291,8 @@ class RequestEngine(Generic[Req, Res]):
         self._slack = slack
         self._beside: bool = getattr(runner, "beside_realtime", False)
         """Its units run below realtime steps on their device (`Slack.acquire`)."""
+        self._elastic_s: float | None = getattr(runner, "elastic_unit_s", None)
+        """Its units can end within this much, at the window's close (`UnitGate.until`)."""
         self._offload: Offload = offload or trio.to_thread.run_sync
         self._timer = timer
         self._estimates: dict[str, UnitEstimate] = {}
@@ -383,7 +399,8 @@ class RequestEngine(Generic[Req, Res]):
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(give_way)
-            await self._slack.acquire(self._estimate, beside_steps=self._beside)
+            first = self._elastic_s if self._elastic_s is not None else self._estimate
+            await self._slack.acquire(first, beside_steps=self._beside)
             held = True  # (no checkpoint since the acquire: the window is ours)
             nursery.cancel_scope.cancel()
         if held and self._batcher.next_class() is Priority.REALTIME:
@@ -405,9 +422,11 @@ class RequestEngine(Generic[Req, Res]):
         batch = [self._waiting[ticket] for ticket in tickets]
         requests = [waiting.request for waiting in batch]
         slack = self._slack if gated else None
-        gate = _Gate(batch, slack, self.unit_estimate, self._timer, self._beside)
+        gate = _Gate(batch, slack, self.unit_estimate, self._timer, self._beside, self._elastic_s)
         gate.holding = gated
         start = gate.unit_started = self._timer()
+        if slack is not None:
+            gate.until = start + slack.time_left()
         results: list[Res | BaseException]
         try:
             results = list(await self._offload(partial(self.runner.run_batch, requests, gate)))

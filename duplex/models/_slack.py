@@ -183,6 +183,15 @@ class Slack:
 
     # the request engines' side
 
+    def time_left(self) -> float:
+        """Seconds until the open window closes, its margin taken off (``inf``: no realtime
+        work is live; 0 while a step runs)."""
+        if not self.realtime:
+            return math.inf
+        if self._stepping:
+            return 0.0
+        return max(0.0, self._window_end - self.margin_s - self._clock())
+
     def fits(self, estimate_s: float, *, beside_steps: bool = False) -> bool:
         """A unit of ``estimate_s`` may start now (``beside_steps``: whatever its estimate)."""
         if not self.realtime:

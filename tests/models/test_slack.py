@@ -4,6 +4,7 @@ whose thread waits for windows between its units."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -466,3 +467,56 @@ async def test_each_kind_of_unit_has_its_own_estimate(
         nursery.cancel_scope.cancel()
     assert engine.unit_estimate("step").seconds == pytest.approx(0.001)
     assert engine.unit_estimate("decode").seconds == pytest.approx(0.005)
+
+
+async def test_time_left_is_the_open_window_less_its_margin(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    slack = Slack(margin_s=0.002)
+    assert slack.time_left() == math.inf  # no realtime work: the window never closes
+    now = trio.current_time()
+    slack.step_started()
+    assert slack.time_left() == 0.0
+    slack.step_ended(now + 0.020)
+    assert slack.time_left() == pytest.approx(0.018)
+    await trio.sleep(0.019)
+    assert slack.time_left() == 0.0  # past the margin: nothing left, never negative
+    slack.idle()
+    assert slack.time_left() == math.inf
+
+
+async def test_an_elastic_runner_needs_only_its_least_unit_and_is_told_the_windows_close(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A runner that can stop at any moment (``elastic_unit_s``): a unit starts in a 10 ms
+    window after one took 50 ms (a unit-sized estimate would wait for a wider one), and
+    the gate says when the window closes (``until``: ``inf`` while nothing realtime runs)."""
+    now = [100.0]
+    seen: list[float] = []
+
+    class Elastic:
+        name = "elastic"
+        max_batch = 1
+        elastic_unit_s = 0.001
+
+        def run_batch(self, requests: Sequence[int], gate: UnitGate) -> list[int]:
+            seen.append(gate.until)
+            now[0] += 0.050  # ran on until its window closed
+            return list(requests)
+
+    slack = Slack(margin_s=0.002)
+    engine = RequestEngine(
+        Elastic(), max_wait_s=0.0, slack=slack, offload=inline, timer=lambda: now[0]
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        assert [await engine.submit(k) for k in range(2)] == [0, 1]
+        assert seen == [math.inf, math.inf]
+        slack.step_started()
+        slack.step_ended(trio.current_time() + 0.010)
+        started = trio.current_time()
+        with trio.fail_after(1):  # a 50 ms estimate would never fit: this would time out
+            assert await engine.submit(2) == 2
+        assert trio.current_time() == started
+        assert seen[2] == pytest.approx(now[0] - 0.050 + 0.008)  # the window less the margin
+        nursery.cancel_scope.cancel()

@@ -14,6 +14,7 @@ use one, so what it hears is deterministic).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -436,5 +437,7 @@ def _serve_asr(conn: Any, options: dict[str, Any]) -> None:
 
 
 class _NoGate:
+    until = math.inf
+
     def next_unit(self, kind: str = "step") -> None:
         return None

@@ -129,7 +129,8 @@ class Espeak:
             raise OSError(f"espeak_Initialize failed ({rate}) with data at {data}")
         self.sample_rate: int = rate
         self._chunks: list[bytes] = []
-        self._abort: Callable[[], bool] = lambda: False
+        self._between: Callable[[], None] = _nothing
+        self._stopped: BaseException | None = None
         self._callback = _SynthCallback(self._collect)  # kept alive: the library holds it
         lib.espeak_SetSynthCallback(self._callback)
         self._voices = self._list(variants=False) + self._list(variants=True)
@@ -137,7 +138,12 @@ class Espeak:
     def _collect(self, wav: ctypes._Pointer[ctypes.c_short] | None, count: int, _: int) -> int:
         if wav and count > 0:
             self._chunks.append(ctypes.string_at(wav, count * 2))
-        return 1 if self._abort() else 0
+        try:
+            self._between()
+        except BaseException as exc:  # never through the C library: kept, raised after it
+            self._stopped = exc
+            return 1  # stops the synthesis
+        return 0
 
     def _list(self, *, variants: bool) -> list[EspeakVoice]:
         spec = _Voice()
@@ -174,13 +180,15 @@ class Espeak:
         *,
         rate_wpm: int = ESPEAK_RATE_WPM,
         word_gap: int = 0,
-        abort: Callable[[], bool] = lambda: False,
+        between_blocks: Callable[[], None] | None = None,
     ) -> npt.NDArray[np.int16]:
         """Speak ``text`` with ``voice`` (``en-us``, ``en-us+Andy``) at ``rate_wpm``, with
         ``word_gap`` (10 ms units at the normal rate) of extra pause between words.
 
-        ``abort`` is polled after each block the library hands back (about 20 ms of audio);
-        returning ``True`` stops the synthesis early (the samples so far are returned).
+        ``between_blocks`` is called after each block the library hands back (about 60 ms
+        of audio, a fraction of a millisecond to make): the synthesis waits while it blocks
+        (a unit boundary, `EspeakRunner`), and stops if it raises, the exception then
+        raised from here.
 
         Raises:
             ValueError: the library does not know ``voice``.
@@ -192,18 +200,25 @@ class Espeak:
                 raise ValueError(f"espeak has no voice {voice!r}")
             self._lib.espeak_SetParameter(_ESPEAK_RATE, rate, 0)
             self._lib.espeak_SetParameter(_ESPEAK_WORDGAP, word_gap, 0)
-            self._chunks = []
-            self._abort = abort
+            self._chunks, self._stopped = [], None
+            self._between = between_blocks or _nothing
             try:
                 status = self._lib.espeak_Synth(
                     data, len(data), 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
                 )
                 chunks, self._chunks = self._chunks, []
+                stopped, self._stopped = self._stopped, None
             finally:
-                self._abort = lambda: False
+                self._between = _nothing
+        if stopped is not None:
+            raise stopped
         if status != _EE_OK:
             raise OSError(f"espeak_Synth failed ({status})")
         return np.frombuffer(b"".join(chunks), dtype=np.int16).copy()
+
+
+def _nothing() -> None:
+    return None
 
 
 def _read_languages(address: int | None) -> tuple[str, ...]:

@@ -1,10 +1,20 @@
 """espeak-ng as a speech runner: the default TTS, offline and fast on one core.
 
 Requests run one after another (the library is process-global and not
-thread-safe, `ESPEAK_LOCK`), one sentence per unit: ``gate.next_unit()`` comes
-between sentences (the first unit is granted before the call), so realtime
-ticks run in between and a withdrawn batch stops at the next sentence. A
-request with an unknown voice fails alone (its result is the `UnknownVoice`).
+thread-safe, `ESPEAK_LOCK`). Units are elastic (``elastic_unit_s``): the library
+hands its audio back in blocks of about 60 ms, each a fraction of a millisecond
+to make, and waits while its callback does, so a unit ends at the first block
+boundary within `UNIT_S` of its window's close (`UnitGate.until`), and at the
+end of each sentence; ``gate.next_unit()`` then waits for the next window (the
+first unit is granted before the call). With no realtime work the window never
+closes and the synthesis runs straight through. A withdrawn batch stops at its
+next unit. A request with an unknown voice fails alone (its result is the
+`UnknownVoice`).
+
+Sentences as units were too coarse for the windows between ticks: measured
+beside 64 loopback sessions (a tick every 20 ms) on a 2-core host, a sentence
+took 10-20 ms, its estimate often did not fit the window left, and the strict
+rule gave the TTS 0.40-0.45x of its rate alone (docs/benchmarks.md).
 
 ``speed`` becomes espeak's rate (175 words per minute at 1.0). espeak-ng
 speaks no slower than 80 words per minute, so below ``speed = 80 / 175`` the
@@ -13,7 +23,8 @@ rest of the slowdown is a longer gap between words (`_slow`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, final
 
 import numpy as np
@@ -27,22 +38,44 @@ from ._voices import OPENAI_TO_ESPEAK
 
 __all__ = ["EspeakRunner"]
 
+UNIT_S = 0.0005
+"""How close to its window's close a unit ends (a block takes well under this), and the
+least window a unit asks for."""
+
 _PROBE_GAP = 20
 """Word gap of the probe synthesis that measures how much a gap slows a sentence."""
 
 
-def _slow(engine: Espeak, text: str, voice: str, speed: float) -> np.ndarray:
+def _at_blocks(
+    gate: UnitGate, timer: Callable[[], float] = time.perf_counter
+) -> Callable[[], None]:
+    """espeak's ``between_blocks``: ends the unit at a block boundary near its window's close."""
+
+    def at_block() -> None:
+        if timer() >= gate.until - UNIT_S:
+            gate.next_unit()
+
+    return at_block
+
+
+def _slow(
+    engine: Espeak, text: str, voice: str, speed: float, blocks: Callable[[], None]
+) -> np.ndarray:
     """``text`` slower than espeak's floor rate: at the floor rate, with the word gap that
     stretches it to ``speed``'s length, measured on a probe (the gap's effect depends on the
     words), then padded with silence to the length if it still falls short."""
-    plain = engine.synthesize(text, voice, rate_wpm=MIN_RATE_WPM)
+    plain = engine.synthesize(text, voice, rate_wpm=MIN_RATE_WPM, between_blocks=blocks)
     target = round(plain.size * MIN_RATE_WPM / (ESPEAK_RATE_WPM * speed))
-    probe = engine.synthesize(text, voice, rate_wpm=MIN_RATE_WPM, word_gap=_PROBE_GAP)
+    probe = engine.synthesize(
+        text, voice, rate_wpm=MIN_RATE_WPM, word_gap=_PROBE_GAP, between_blocks=blocks
+    )
     per_unit = (probe.size - plain.size) / _PROBE_GAP
     pcm = plain
     if per_unit > 0:
         gap = max(0, round((target - plain.size) / per_unit))
-        pcm = engine.synthesize(text, voice, rate_wpm=MIN_RATE_WPM, word_gap=gap)
+        pcm = engine.synthesize(
+            text, voice, rate_wpm=MIN_RATE_WPM, word_gap=gap, between_blocks=blocks
+        )
     if pcm.size < target:
         pcm = np.concatenate([pcm, np.zeros(target - pcm.size, dtype=np.int16)])
     return pcm
@@ -58,6 +91,7 @@ class EspeakRunner:
     """
 
     name = "tts"
+    elastic_unit_s = UNIT_S
 
     def __init__(self, engine: Espeak | None = None, *, max_batch: int = 8) -> None:
         self._engine = engine or espeak()
@@ -135,13 +169,18 @@ class EspeakRunner:
     ) -> SpeechAudio:
         wpm = ESPEAK_RATE_WPM * request.speed
         parts: list[np.ndarray] = []
+        blocks = _at_blocks(gate)
         for sentence in split_sentences(request.text):
             if not first:  # the batch's first unit was granted before the call
                 gate.next_unit()
             first = False
             if wpm < MIN_RATE_WPM:
-                parts.append(_slow(self._engine, sentence, voice, request.speed))
+                parts.append(_slow(self._engine, sentence, voice, request.speed, blocks))
             else:
-                parts.append(self._engine.synthesize(sentence, voice, rate_wpm=round(wpm)))
+                parts.append(
+                    self._engine.synthesize(
+                        sentence, voice, rate_wpm=round(wpm), between_blocks=blocks
+                    )
+                )
         pcm = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
         return SpeechAudio(pcm, self.sample_rate)

@@ -105,6 +105,8 @@ class VoiceInfo:
 class _NoGate:
     """A gate for direct calls: never waits, never cancels."""
 
+    until = math.inf
+
     def next_unit(self, kind: str = "step") -> None:
         return None
 

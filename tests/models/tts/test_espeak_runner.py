@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 
 import numpy as np
@@ -110,9 +111,12 @@ def test_requests_are_checked_when_built() -> None:
 
 
 class CountingGate:
-    def __init__(self, cancel_after: int | None = None) -> None:
+    """``until``: when the window closes (``inf``: never; ``-inf``: always closing)."""
+
+    def __init__(self, cancel_after: int | None = None, until: float = math.inf) -> None:
         self.units = 0
         self.cancel_after = cancel_after
+        self.until = until
 
     def next_unit(self, kind: str = "step") -> None:
         if self.cancel_after is not None and self.units >= self.cancel_after:
@@ -128,6 +132,25 @@ def test_one_unit_per_sentence_and_a_raising_gate_stops_the_batch(runner: Espeak
     with pytest.raises(RuntimeError, match="withdrawn"):
         runner.run_batch([SpeechRequest("One. Two. Three. Four.")], stopping)
     assert stopping.units == 1
+
+
+def test_a_unit_ends_at_a_block_when_its_window_closes_and_the_audio_is_the_same(
+    runner: EspeakRunner,
+) -> None:
+    """Elastic units: at every block once the window is closing, the synthesis paused
+    there and resumed (blocks of about 60 ms of audio), the same audio as without pauses."""
+    whole = runner.run_batch([SpeechRequest(TEXT)], CountingGate())[0].pcm
+    closing = CountingGate(until=-math.inf)
+    paused = runner.run_batch([SpeechRequest(TEXT)], closing)[0].pcm
+    assert closing.units >= whole.size / runner.sample_rate / 0.1  # a unit a block (~60 ms)
+    assert paused.size == pytest.approx(whole.size, abs=100)
+    # a withdrawal at a block stops the synthesis mid-sentence, and is raised
+    stopping = CountingGate(cancel_after=3, until=-math.inf)
+    with pytest.raises(RuntimeError, match="withdrawn"):
+        runner.run_batch([SpeechRequest(TEXT)], stopping)
+    assert stopping.units == 3
+    after = runner.run_batch([SpeechRequest(TEXT)], CountingGate())[0].pcm  # still usable
+    assert after.size == pytest.approx(whole.size, abs=100)
 
 
 def test_batch_results_are_in_request_order(runner: EspeakRunner) -> None:
