@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -174,6 +175,27 @@ def test_video_chunk_frames_and_seed(video_runner: VideoRunner) -> None:
     assert first.frames.shape == (3, 16, 32, 3)
     assert first.frames.dtype == np.uint8
     assert np.array_equal(first.frames, again.frames)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_video_runner_with_host_timesteps_paints_the_plain_pipelines_frames(
+    cache: Path,
+) -> None:
+    """As served (batch stream, timesteps on the host) against the pipeline as diffusers
+    loads it (timesteps on the device): the same frames, up to a rounding."""
+    from diffusers import DiffusionPipeline
+
+    model = resolve_diffusion("tiny", "video", ModelOptions(cache_dir=cache))
+    served = load_video_runner(model, "cuda", beside_realtime=True)
+    plain = DiffusionPipeline.from_pretrained(model.folder, dtype=torch.float16).to("cuda")
+    plain.set_progress_bar_config(disable=True)
+    chunk = VideoRequest(prompt="waves", width=32, height=16, frames=3, seed=4, steps=2)
+    (ours,) = served.run_batch([chunk], Open())
+    (theirs,) = VideoRunner(plain, model).run_batch([chunk], Open())
+    assert served.pipeline.scheduler.timesteps.device.type == "cpu"
+    assert plain.scheduler.timesteps.device.type == "cuda"
+    assert ours.frames.shape == theirs.frames.shape == (3, 16, 32, 3)
+    assert np.abs(ours.frames.astype(int) - theirs.frames.astype(int)).max() <= 2
 
 
 async def test_on_a_request_engine_a_full_queue_refuses_a_leaving_client_frees_it(
