@@ -71,9 +71,10 @@ class UnitGate(Protocol):
     """What a runner's thread calls between its units of preemption."""
 
     until: float
-    """When the running unit's window closes (``time.perf_counter`` seconds, its margin
-    before the next tick taken off; ``inf``: no realtime work to make way for). A runner
-    with ``elastic_unit_s`` ends its unit at its first boundary this close to it."""
+    """When the running unit's window closes (``time.perf_counter`` seconds; ``inf``: no
+    realtime work to make way for): the slack's margin before the next tick, or for a
+    runner with ``elastic_unit_s`` that much, taken off. Such a runner ends its unit at
+    its first boundary past it."""
 
     def next_unit(self, kind: str = "step") -> None:
         """Block until there is slack for another unit; ``kind``: what that unit is. Each
@@ -95,8 +96,8 @@ class BatchRunner(Protocol[Req_contra, Res_co]):
     below the realtime one, so any window will do, not only one they fit
     (`Slack.acquire`); an optional ``elastic_unit_s`` (seconds) says its work can
     stop at a boundary at least that often (espeak-ng's audio blocks), so a unit
-    needs a window of only that much and runs until the window closes
-    (`UnitGate.until`), whatever its past units took.
+    needs a window of only that much and runs until that much before the next tick
+    (`UnitGate.until`), whatever its past units took: no other margin is kept.
     ``run_batch`` blocks (it runs off the trio thread) and returns one result
     per request, in order; an ``Exception`` instance as a result fails that
     request alone, and raising fails the whole batch. Requests and results
@@ -243,9 +244,10 @@ class _Gate:
         if self.holding:
             self.holding = False
             slack.release(beside_steps=self._beside)
-        await slack.acquire(estimate, beside_steps=self._beside)
+        elastic = self._elastic_s is not None
+        await slack.acquire(estimate, beside_steps=self._beside, elastic=elastic)
         self.holding = True
-        self.until = self._timer() + slack.time_left()
+        self.until = self._timer() + slack.time_left(self._elastic_s)
 
     def end(self) -> None:
         """The runner call returned (on the event loop): its last unit's time, and the window
@@ -399,8 +401,9 @@ class RequestEngine(Generic[Req, Res]):
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(give_way)
-            first = self._elastic_s if self._elastic_s is not None else self._estimate
-            await self._slack.acquire(first, beside_steps=self._beside)
+            elastic = self._elastic_s is not None
+            first = self._elastic_s if elastic else self._estimate
+            await self._slack.acquire(first, beside_steps=self._beside, elastic=elastic)
             held = True  # (no checkpoint since the acquire: the window is ours)
             nursery.cancel_scope.cancel()
         if held and self._batcher.next_class() is Priority.REALTIME:
@@ -426,7 +429,7 @@ class RequestEngine(Generic[Req, Res]):
         gate.holding = gated
         start = gate.unit_started = self._timer()
         if slack is not None:
-            gate.until = start + slack.time_left()
+            gate.until = start + slack.time_left(self._elastic_s)
         results: list[Res | BaseException]
         try:
             results = list(await self._offload(partial(self.runner.run_batch, requests, gate)))

@@ -183,35 +183,46 @@ class Slack:
 
     # the request engines' side
 
-    def time_left(self) -> float:
-        """Seconds until the open window closes, its margin taken off (``inf``: no realtime
-        work is live; 0 while a step runs)."""
+    def time_left(self, margin_s: float | None = None) -> float:
+        """Seconds until the open window closes, ``margin_s`` (the slack's margin by
+        default) taken off (``inf``: no realtime work is live; 0 while a step runs)."""
         if not self.realtime:
             return math.inf
         if self._stepping:
             return 0.0
-        return max(0.0, self._window_end - self.margin_s - self._clock())
+        margin = self.margin_s if margin_s is None else margin_s
+        return max(0.0, self._window_end - margin - self._clock())
 
-    def fits(self, estimate_s: float, *, beside_steps: bool = False) -> bool:
-        """A unit of ``estimate_s`` may start now (``beside_steps``: whatever its estimate)."""
+    def fits(self, estimate_s: float, *, beside_steps: bool = False, elastic: bool = False) -> bool:
+        """A unit of ``estimate_s`` may start now (``beside_steps``: whatever its estimate;
+        ``elastic``: a unit that ends itself at the window's close, ``estimate_s`` before
+        the tick, so it needs no other margin)."""
         if not self.realtime:
             return True
         if self._stepping or self._running:
             return False
         if beside_steps:
             return True
-        return self._clock() + estimate_s + self.margin_s <= self._window_end
+        margin = 0.0 if elastic else self.margin_s
+        return self._clock() + estimate_s + margin <= self._window_end
 
-    async def acquire(self, estimate: UnitEstimate | float, *, beside_steps: bool = False) -> None:
+    async def acquire(
+        self,
+        estimate: UnitEstimate | float,
+        *,
+        beside_steps: bool = False,
+        elastic: bool = False,
+    ) -> None:
         """Wait for a window that fits the unit (its runner's `UnitEstimate`, read again at
         each window, or a fixed number of seconds), then hold it until `release`;
         ``beside_steps``: the unit runs below realtime steps on its device, so any window
-        will do. Cancellable while it waits."""
+        will do; ``elastic``: as `fits`. Cancellable while it waits."""
         await trio.lowlevel.checkpoint_if_cancelled()
         deferred = False
         while not self.fits(
             estimate.seconds if isinstance(estimate, UnitEstimate) else estimate,
             beside_steps=beside_steps,
+            elastic=elastic,
         ):
             if not deferred and not self._stepping and not self._running:
                 self._deferred += 1  # a window is open but too short for this unit

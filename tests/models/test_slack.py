@@ -479,6 +479,8 @@ async def test_time_left_is_the_open_window_less_its_margin(
     assert slack.time_left() == 0.0
     slack.step_ended(now + 0.020)
     assert slack.time_left() == pytest.approx(0.018)
+    assert slack.time_left(0.0005) == pytest.approx(0.0195)  # an elastic unit's own margin
+    assert slack.fits(0.019, elastic=True) and not slack.fits(0.019)
     await trio.sleep(0.019)
     assert slack.time_left() == 0.0  # past the margin: nothing left, never negative
     slack.idle()
@@ -488,9 +490,10 @@ async def test_time_left_is_the_open_window_less_its_margin(
 async def test_an_elastic_runner_needs_only_its_least_unit_and_is_told_the_windows_close(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """A runner that can stop at any moment (``elastic_unit_s``): a unit starts in a 10 ms
-    window after one took 50 ms (a unit-sized estimate would wait for a wider one), and
-    the gate says when the window closes (``until``: ``inf`` while nothing realtime runs)."""
+    """A runner that can stop at any moment (``elastic_unit_s``): a unit starts in a 1.5 ms
+    window (less than the slack's 2 ms margin) after one took 50 ms (a unit-sized estimate
+    would wait for a wider one), and the gate says when to end it (``until``: its own 1 ms
+    before the tick; ``inf`` while nothing realtime runs)."""
     now = [100.0]
     seen: list[float] = []
 
@@ -513,10 +516,10 @@ async def test_an_elastic_runner_needs_only_its_least_unit_and_is_told_the_windo
         assert [await engine.submit(k) for k in range(2)] == [0, 1]
         assert seen == [math.inf, math.inf]
         slack.step_started()
-        slack.step_ended(trio.current_time() + 0.010)
+        slack.step_ended(trio.current_time() + 0.0015)
         started = trio.current_time()
         with trio.fail_after(1):  # a 50 ms estimate would never fit: this would time out
             assert await engine.submit(2) == 2
         assert trio.current_time() == started
-        assert seen[2] == pytest.approx(now[0] - 0.050 + 0.008)  # the window less the margin
+        assert seen[2] == pytest.approx(now[0] - 0.050 + 0.0005)  # the window less 1 ms
         nursery.cancel_scope.cancel()

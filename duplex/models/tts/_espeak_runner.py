@@ -4,7 +4,7 @@ Requests run one after another (the library is process-global and not
 thread-safe, `ESPEAK_LOCK`). Units are elastic (``elastic_unit_s``): the library
 hands its audio back in blocks of about 60 ms, each a fraction of a millisecond
 to make, and waits while its callback does, so a unit ends at the first block
-boundary within `UNIT_S` of its window's close (`UnitGate.until`), and at the
+boundary past `UNIT_S` before the next tick (`UnitGate.until`), and at the
 end of each sentence; ``gate.next_unit()`` then waits for the next window (the
 first unit is granted before the call). With no realtime work the window never
 closes and the synthesis runs straight through. A withdrawn batch stops at its
@@ -39,8 +39,8 @@ from ._voices import OPENAI_TO_ESPEAK
 __all__ = ["EspeakRunner"]
 
 UNIT_S = 0.0005
-"""How close to its window's close a unit ends (a block takes well under this), and the
-least window a unit asks for."""
+"""How long before the next tick a unit ends (`UnitGate.until`: a block takes well under
+this), and the least window a unit asks for."""
 
 _PROBE_GAP = 20
 """Word gap of the probe synthesis that measures how much a gap slows a sentence."""
@@ -52,7 +52,7 @@ def _at_blocks(
     """espeak's ``between_blocks``: ends the unit at a block boundary near its window's close."""
 
     def at_block() -> None:
-        if timer() >= gate.until - UNIT_S:
+        if timer() >= gate.until:
             gate.next_unit()
 
     return at_block
