@@ -38,7 +38,7 @@ from ._voices import OPENAI_TO_ESPEAK
 
 __all__ = ["EspeakRunner"]
 
-UNIT_S = 0.0005
+UNIT_S = 0.001
 """How long before the next tick a unit ends (`UnitGate.until`: a block takes well under
 this), and the least window a unit asks for."""
 
