@@ -41,8 +41,9 @@ running beside it (``--rounds R``: R such pairs in turn); each row gains the ima
 minute alone and beside, the realtime delay p99 beside, and both as ratios to alone
 (issue: realtime p99 ratio at most 1.1, images at least 0.8 of alone); with rounds,
 the p99s pool every round's delays and the images per minute are the rounds' mean.
-Each phase also gives the engine's tick lateness p99 (from its histogram's buckets:
-as coarse as they are), which tells a tick loop kept from its timer from a slower step.
+Each phase also gives the engine's tick lateness p99 and step p50/p99 and the server
+process's event-loop lag p99 (from their histograms' buckets: as coarse as they are),
+which tell a tick loop kept from its timer, a slower step and a busy server apart.
 """
 
 from __future__ import annotations
@@ -198,6 +199,7 @@ def _gpu_memory_mib() -> list[int] | None:
 
 LATENESS = "duplex_engine_tick_lateness_seconds"
 STEPS = "duplex_engine_step_seconds"
+LAG = "duplex_event_loop_lag_seconds"
 
 
 def _buckets(text: str, name: str) -> dict[float, float]:
@@ -246,7 +248,7 @@ async def _metrics(http: str) -> dict[str, Any]:
         "duplex_engine_slack_overran_total",
         "duplex_engine_slack_beside_total",
     )
-    values: dict[str, Any] = {name: _buckets(text, name) for name in (LATENESS, STEPS)}
+    values: dict[str, Any] = {name: _buckets(text, name) for name in (LATENESS, STEPS, LAG)}
     for name in wanted:
         found = re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)
         if found:
@@ -342,6 +344,8 @@ async def _one_count(
         # over the whole window, every batch size together (the gauge above: recent steps)
         "step_p50_ms_window": _bucket_pct_ms(before[STEPS], after[STEPS], 50),
         "step_p99_ms_window": _bucket_pct_ms(before[STEPS], after[STEPS]),
+        # the server process's own event loop (a sleeper's lateness, 10 ms at a time)
+        "server_loop_lag_p99_ms": _bucket_pct_ms(before[LAG], after[LAG]),
         "late_ticks": after.get("duplex_engine_late_ticks_total", 0)
         - before.get("duplex_engine_late_ticks_total", 0),
         "underruns": after.get("duplex_engine_underruns_total", 0)

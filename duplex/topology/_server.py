@@ -61,6 +61,7 @@ from duplex.transport import (
 from . import _link
 from ._engine_client import EngineConnection, engine_spec, export_engine_histograms
 from ._engines import EngineProcesses
+from ._loop_lag import export_loop_lag, watch_loop_lag
 from ._media import open_media
 from ._memory import export_trim_histogram, trim_memory_every
 from ._requests import model_cards, open_request_engines, runner_specs
@@ -401,6 +402,7 @@ async def open_backend(
         frozen = True
         export_trim_histogram(registry, hub)
         nursery.start_soon(trim_memory_every, server.malloc_trim_interval_s, slack)
+        nursery.start_soon(watch_loop_lag, export_loop_lag(registry))
         backend.ready.set()
 
     try:
