@@ -23,8 +23,13 @@ OPENAI_TO_ESPEAK: Final[dict[str, str]] = {
     "verse": "en-gb-scotland+m1",
     "marin": "en-us+f5",
     "cedar": "en-us+m6",
+    # OpenAI's speech endpoint also has these three (its Realtime sessions do not)
+    "fable": "en-gb-x-rp+f1",
+    "onyx": "en-us+m4",
+    "nova": "en-us+f1",
 }
 """OpenAI voice -> espeak ``language+variant`` (each pair distinct)."""
 
 OPENAI_VOICES: Final[tuple[str, ...]] = tuple(OPENAI_TO_ESPEAK)
-"""The same names as ``duplex.sessions.VOICES``, in the same order."""
+"""The names ``/v1/audio/speech`` takes as OpenAI's: ``duplex.sessions.VOICES`` (the
+Realtime sessions' names), in the same order, then ``fable``, ``onyx`` and ``nova``."""
