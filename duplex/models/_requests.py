@@ -76,6 +76,11 @@ class UnitGate(Protocol):
     runner with ``elastic_unit_s`` that much, taken off. Such a runner ends its unit at
     its first boundary past it."""
 
+    within: bool
+    """Whether the running unit's estimate ends before its window closes; a unit of a
+    ``beside_realtime`` runner that does not runs on into the next realtime step (its
+    runner may give it a narrower share of the device), and is timed as its own kind."""
+
     def next_unit(self, kind: str = "step") -> None:
         """Block until there is slack for another unit; ``kind``: what that unit is. Each
         kind has its own cost estimate, so a unit unlike the rest (an image's final VAE
@@ -226,6 +231,7 @@ class _Gate:
         self.holding = False
         self.unit_started = timer()
         self.until = math.inf
+        self.within = True
         self.kind = "step"
         """The running unit's kind (a batch's first unit is a ``step``)."""
 
@@ -236,8 +242,7 @@ class _Gate:
         self.kind = kind
         if self._slack is not None and not trio.lowlevel.in_trio_run():
             # one hop to the event loop: hand the window back and wait for the next
-            estimate = self._elastic_s if self._elastic_s is not None else self._estimates(kind)
-            trio.from_thread.run(self._next_window, self._slack, estimate)
+            trio.from_thread.run(self._next_window, self._slack, self._cost(kind))
         self.unit_started = self._timer()
 
     async def _next_window(self, slack: Slack, estimate: UnitEstimate | float) -> None:
@@ -247,7 +252,22 @@ class _Gate:
         elastic = self._elastic_s is not None
         await slack.acquire(estimate, beside_steps=self._beside, elastic=elastic)
         self.holding = True
-        self.until = self._timer() + slack.time_left(self._elastic_s)
+        self.opened(slack, estimate)
+
+    def _cost(self, kind: str) -> UnitEstimate | float:
+        """What a unit of ``kind`` asks the slack for: an elastic runner's own span, or the
+        kind's estimate."""
+        return self._elastic_s if self._elastic_s is not None else self._estimates(kind)
+
+    def opened(self, slack: Slack, estimate: UnitEstimate | float) -> None:
+        """A window is held for the unit of ``estimate``: when it closes, whether the unit
+        ends within it, and, for a beside-steps unit that will not, its own kind."""
+        left = slack.time_left(self._elastic_s)
+        self.until = self._timer() + left
+        seconds = estimate.seconds if isinstance(estimate, UnitEstimate) else estimate
+        self.within = seconds <= left
+        if self._beside and not self.within:
+            self.kind = f"{self.kind} beside"
 
     def end(self) -> None:
         """The runner call returned (on the event loop): its last unit's time, and the window
@@ -388,6 +408,11 @@ class RequestEngine(Generic[Req, Res]):
         finally:  # stopped or crashed: no request is left waiting on a dead loop
             self._fail_all(f"the {self.name} engine stopped")
 
+    @property
+    def _first_cost(self) -> UnitEstimate | float:
+        """What a batch's first unit (a ``step``) asks the slack for (`_Gate._cost`)."""
+        return self._elastic_s if self._elastic_s is not None else self._estimate
+
     async def _window_unless_realtime(self) -> bool:
         """Hold a slack window for the next batch-class batch; ``False`` (no window held):
         a realtime request arrived while it waited, and goes first."""
@@ -402,8 +427,7 @@ class RequestEngine(Generic[Req, Res]):
 
             nursery.start_soon(give_way)
             elastic = self._elastic_s is not None
-            first = self._elastic_s if elastic else self._estimate
-            await self._slack.acquire(first, beside_steps=self._beside, elastic=elastic)
+            await self._slack.acquire(self._first_cost, beside_steps=self._beside, elastic=elastic)
             held = True  # (no checkpoint since the acquire: the window is ours)
             nursery.cancel_scope.cancel()
         if held and self._batcher.next_class() is Priority.REALTIME:
@@ -429,7 +453,7 @@ class RequestEngine(Generic[Req, Res]):
         gate.holding = gated
         start = gate.unit_started = self._timer()
         if slack is not None:
-            gate.until = start + slack.time_left(self._elastic_s)
+            gate.opened(slack, self._first_cost)
         results: list[Res | BaseException]
         try:
             results = list(await self._offload(partial(self.runner.run_batch, requests, gate)))
