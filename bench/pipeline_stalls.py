@@ -38,8 +38,6 @@ from duplex.topology._server import freeze_startup_objects  # noqa: E402
 class _Gate:
     """The runner's `UnitGate`, never waiting (nothing realtime here): it marks each step."""
 
-    within = True
-
     def __init__(self, phases: list[tuple[float, str]]) -> None:
         self.phases = phases
         self.step = 0

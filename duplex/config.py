@@ -225,11 +225,6 @@ class ServerConfig:
     """On a CUDA device, image and video units run on a low-priority stream (the realtime
     steps on a high-priority one), so a unit that starts between two steps need not end
     before the next: it runs on beside it."""
-    batch_sms: int = 0
-    """On a CUDA device, with `batch_beside_realtime`: an image or video unit that will run
-    on into a realtime step runs on a green context of this many SMs (the driver rounds up:
-    8 at a time on Hopper), so the step's kernels find the rest free; one that ends
-    before the step still has the whole device. 0: every unit has the whole device."""
     video_chunk_frames: int = 16
     """Frames one video request generates: a job's and a stream's chunk."""
     video_max_jobs: int = 64
@@ -348,7 +343,6 @@ class ServerConfig:
         counts = (
             ("media_max_queue", self.media_max_queue, 1, 10_000),
             ("image_max_batch", self.image_max_batch, 1, 64),
-            ("batch_sms", self.batch_sms, 0, 1024),
             ("video_chunk_frames", self.video_chunk_frames, 1, 1024),
             ("video_max_jobs", self.video_max_jobs, 1, 100_000),
             ("video_max_active_jobs", self.video_max_active_jobs, 1, self.video_max_jobs),

@@ -76,11 +76,6 @@ class UnitGate(Protocol):
     runner with ``elastic_unit_s`` that much, taken off. Such a runner ends its unit at
     its first boundary past it."""
 
-    within: bool
-    """Whether the running unit's estimate ends before its window closes; a unit of a
-    ``beside_realtime`` runner that does not runs on into the next realtime step (its
-    runner may give it a narrower share of the device), and is timed as its own kind."""
-
     def next_unit(self, kind: str = "step") -> None:
         """Block until there is slack for another unit; ``kind``: what that unit is. Each
         kind has its own cost estimate, so a unit unlike the rest (an image's final VAE
@@ -231,7 +226,6 @@ class _Gate:
         self.holding = False
         self.unit_started = timer()
         self.until = math.inf
-        self.within = True
         self.kind = "step"
         """The running unit's kind (a batch's first unit is a ``step``)."""
 
@@ -252,22 +246,16 @@ class _Gate:
         elastic = self._elastic_s is not None
         await slack.acquire(estimate, beside_steps=self._beside, elastic=elastic)
         self.holding = True
-        self.opened(slack, estimate)
+        self.opened(slack)
 
     def _cost(self, kind: str) -> UnitEstimate | float:
         """What a unit of ``kind`` asks the slack for: an elastic runner's own span, or the
         kind's estimate."""
         return self._elastic_s if self._elastic_s is not None else self._estimates(kind)
 
-    def opened(self, slack: Slack, estimate: UnitEstimate | float) -> None:
-        """A window is held for the unit of ``estimate``: when it closes, whether the unit
-        ends within it, and, for a beside-steps unit that will not, its own kind."""
-        left = slack.time_left(self._elastic_s)
-        self.until = self._timer() + left
-        seconds = estimate.seconds if isinstance(estimate, UnitEstimate) else estimate
-        self.within = seconds <= left
-        if self._beside and not self.within:
-            self.kind = f"{self.kind} beside"
+    def opened(self, slack: Slack) -> None:
+        """A window is held for the running unit: when it closes (`UnitGate.until`)."""
+        self.until = self._timer() + slack.time_left(self._elastic_s)
 
     def end(self) -> None:
         """The runner call returned (on the event loop): its last unit's time, and the window
@@ -453,7 +441,7 @@ class RequestEngine(Generic[Req, Res]):
         gate.holding = gated
         start = gate.unit_started = self._timer()
         if slack is not None:
-            gate.opened(slack, self._first_cost)
+            gate.opened(slack)
         results: list[Res | BaseException]
         try:
             results = list(await self._offload(partial(self.runner.run_batch, requests, gate)))

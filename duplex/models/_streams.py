@@ -18,7 +18,7 @@ from typing import Any
 
 from ._batcher import Priority
 
-__all__ = ["narrow_stream", "partition_of", "priority_stream"]
+__all__ = ["priority_stream"]
 
 
 def priority_stream(device: Any, priority: Priority) -> Any | None:
@@ -34,35 +34,3 @@ def priority_stream(device: Any, priority: Priority) -> Any | None:
     stream = torch.cuda.Stream(device=device, priority=level)
     stream.wait_stream(torch.cuda.current_stream(device))
     return stream
-
-
-_partitions: dict[int, tuple[Any, int]] = {}
-"""A narrow stream's id: its green context (a stream does not keep it alive) and SMs."""
-
-
-def narrow_stream(device: Any, sms: int) -> Any | None:
-    """A stream of a green context of ``sms`` SMs on ``device`` (``None`` off CUDA or for 0):
-    its kernels' blocks never take the other SMs, which a realtime step's kernels then find
-    free (a priority orders the dispatch of waiting blocks; it does not free an SM a running
-    block holds). A CUDA graph keeps the partition only if captured on such a stream
-    (`partition_of`): one captured elsewhere and replayed here runs on the whole device
-    (measured: ``bench/green_contexts.py``)."""
-    import torch
-
-    device = torch.device(device)
-    if device.type != "cuda" or not sms:
-        return None
-    from torch.cuda.green_contexts import GreenContext
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    context = GreenContext.create(num_sms=sms, device_id=index)
-    stream = context.Stream()
-    stream.wait_stream(torch.cuda.current_stream(device))
-    _partitions[stream.stream_id] = (context, sms)
-    return stream
-
-
-def partition_of(stream: Any) -> int:
-    """The SMs of the green context ``stream`` belongs to (`narrow_stream`); 0: the device."""
-    entry = _partitions.get(stream.stream_id)
-    return entry[1] if entry is not None else 0

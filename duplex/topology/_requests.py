@@ -103,12 +103,10 @@ def _diffusion(config: Config, device: str, kind: Literal["image", "video"]) -> 
 
     def build() -> BatchRunner[Any, Any]:
         model = resolve_diffusion(name, kind, options)
-        beside, sms = server.batch_beside_realtime, server.batch_sms
+        beside = server.batch_beside_realtime
         if kind == "image":
-            return load_image_runner(
-                model, device, server.image_max_batch, beside_realtime=beside, sms=sms
-            )
-        return load_video_runner(model, device, beside_realtime=beside, sms=sms)
+            return load_image_runner(model, device, server.image_max_batch, beside_realtime=beside)
+        return load_video_runner(model, device, beside_realtime=beside)
 
     return RunnerSpec(kind, build, 0.0, max_queue=server.media_max_queue)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -11,15 +10,13 @@ import pytest
 import torch
 
 from duplex.models import ModelOptions, Priority
-from duplex.models._streams import narrow_stream, partition_of, priority_stream
+from duplex.models._streams import priority_stream
 from duplex.models.diffusion import ImageRequest, load_image_runner, resolve_diffusion
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 class NoGate:
-    within = True
-
     def next_unit(self, kind: str = "step") -> None:
         pass
 
@@ -77,56 +74,3 @@ def test_images_on_the_batch_stream_beside_realtime_work_equal_the_plain_runners
         thread.join()
     assert steps[0] > 0
     np.testing.assert_array_equal(beside.images[0], plain.images[0])
-
-
-class Beside:
-    """A gate whose units all run on into a realtime step (none ends within its window)."""
-
-    within = False
-
-    def next_unit(self, kind: str = "step") -> None:
-        pass
-
-
-@CUDA
-def test_a_narrow_stream_keeps_its_sm_partition_in_graphs_captured_on_it() -> None:
-    narrow = narrow_stream("cuda", 16)
-    assert narrow is not None and partition_of(narrow) == 16
-    assert partition_of(torch.cuda.current_stream()) == 0
-    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
-
-    def timed(stream: torch.cuda.Stream, capture_on: torch.cuda.Stream | None) -> float:
-        side = capture_on or torch.cuda.Stream()
-        with torch.cuda.stream(side):
-            a @ a
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=capture_on):
-            a @ a
-        with torch.cuda.stream(stream):
-            graph.replay()
-            stream.synchronize()
-            start = time.perf_counter()
-            for _ in range(20):
-                graph.replay()
-            stream.synchronize()
-        return time.perf_counter() - start
-
-    whole = timed(torch.cuda.Stream(), None)
-    assert timed(narrow, narrow) > 2 * whole  # 16 of the device's SMs (132 on an H200)
-    assert timed(narrow, None) < 2 * whole  # captured elsewhere: the whole device
-
-
-@CUDA
-def test_units_beside_a_step_run_narrow_on_their_own_graphs_and_make_the_same_image(
-    tmp_path: Path,
-) -> None:
-    model = resolve_diffusion("tiny", "image", ModelOptions(cache_dir=tmp_path))
-    runner = load_image_runner(model, "cuda", beside_realtime=True, sms=16)
-    table = runner.pipeline.unet.forward.table
-    assert table.lanes() == {0, 16}  # both captured at load, at the default size
-    wide = runner.run_batch([REQUEST], NoGate())[0]
-    narrow = runner.run_batch([REQUEST], Beside())[0]
-    assert table.lanes() == {0, 16}
-    np.testing.assert_allclose(narrow.images[0], wide.images[0], atol=2)
-    assert torch.cuda.current_stream() == torch.cuda.default_stream()  # the lane put back

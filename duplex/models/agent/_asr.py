@@ -437,7 +437,6 @@ def _serve_asr(conn: Any, options: dict[str, Any]) -> None:
 
 
 class _NoGate:
-    within = True
     until = math.inf
 
     def next_unit(self, kind: str = "step") -> None:

@@ -25,8 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, final
 
-from .._streams import partition_of
-
 __all__ = [
     "GraphTable",
     "GraphedDecoder",
@@ -80,47 +78,37 @@ class GraphTable:
         # CPU first: a CPU-only torch cannot even ask whether a stream captures
         if not all(t.is_cuda for t in tensors) or torch.cuda.is_current_stream_capturing():
             return self.eager(*tensors)
-        # a narrow stream's graphs are its own: captured there, they keep its SM partition
-        lane = partition_of(torch.cuda.current_stream(tensors[0].device))
-        key = (lane, *((tuple(t.shape), t.dtype) for t in tensors))
+        key = tuple((tuple(t.shape), t.dtype) for t in tensors)
         graph = self._graphs.get(key)
         if graph is None:
             if len(self._graphs) >= self._max_graphs:
                 return self.eager(*tensors)
-            graph = self._graphs[key] = self._capture(tensors, narrow=lane > 0)
+            graph = self._graphs[key] = self._capture(tensors)
         for static, value in zip(graph.inputs, tensors, strict=True):
             static.copy_(value)
         graph.graph.replay()
         self.replays += 1
         return _cloned(graph.out)
 
-    def lanes(self) -> set[int]:
-        """The SM partitions (`partition_of`; 0: the whole device) it holds graphs for."""
-        return {key[0] for key in self._graphs}
-
     def eager(self, *args: Any) -> Any:
         """A call outside the graphs (counted)."""
         self.eager_calls += 1
         return self._fn(*args)
 
-    def _capture(self, tensors: tuple[Any, ...], *, narrow: bool = False) -> _Graph:
+    def _capture(self, tensors: tuple[Any, ...]) -> _Graph:
         import torch
 
         device = tensors[0].device
-        current = torch.cuda.current_stream(device)
         static = tuple(t.clone() for t in tensors)
-        # warm-up (lazy inits and autotuning stay out of the graph) and capture on a side
-        # stream, or on a narrow stream itself (its graph keeps its SM partition)
-        side = current if narrow else torch.cuda.Stream(device=device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up: lazy inits and autotuning stay out of the graph
             for _ in range(2):
                 self._fn(*static)
-        current.wait_stream(side)
+        torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread-local: the realtime engine's thread keeps launching while this one captures
-        capture = current if narrow else None
-        with torch.cuda.graph(graph, stream=capture, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             out = self._fn(*static)
         self.captures += 1
         return _Graph(graph, static, out)

@@ -32,7 +32,7 @@ from duplex.progress import note
 from .._batcher import Priority
 from .._options import ModelOptions
 from .._requests import UnitGate
-from .._streams import narrow_stream, priority_stream
+from .._streams import priority_stream
 from ._graphs import graph_pipeline
 from ._tiny import tiny_pipeline
 
@@ -41,7 +41,6 @@ __all__ = [
     "ImageRequest",
     "ImageResult",
     "ImageRunner",
-    "Lanes",
     "VideoRequest",
     "VideoResult",
     "VideoRunner",
@@ -164,6 +163,9 @@ def _load(model: DiffusionModel, device: str) -> Any:
     pipeline.set_progress_bar_config(disable=True)
     pipeline = pipeline.to(device)
     _timesteps_on_host(pipeline.scheduler)
+    if device.startswith("cuda") and model.kind == "image" and graph_pipeline(pipeline):
+        note(f"capturing the {model.id} pipeline's CUDA graphs at the default size")
+        pipeline(prompt="", num_inference_steps=2, output_type="pt")
     return pipeline
 
 
@@ -215,22 +217,7 @@ def _generator(seed: int) -> Any:
     return torch.Generator("cpu").manual_seed(seed)  # CPU noise: the same on every device
 
 
-@final
-@dataclass(frozen=True, slots=True)
-class Lanes:
-    """Where a runner's units run on a GPU: a unit that ends within its window on ``wide``
-    (a batch-priority stream on the whole device), one that will run on into a realtime
-    step on ``narrow`` (a green context's stream, `narrow_stream`: the step's kernels find
-    the other SMs free) when there is one. ``None``: the thread's stream, as it is."""
-
-    wide: Any = None
-    narrow: Any = None
-
-    def pick(self, gate: UnitGate) -> Any:
-        return self.narrow if self.narrow is not None and not gate.within else self.wide
-
-
-def _step_callback(gate: UnitGate, lanes: Lanes) -> Any:
+def _step_callback(gate: UnitGate) -> Any:
     """The pipeline's ``callback_on_step_end``: the step's unit ends when its kernels have run.
 
     On a GPU the pipeline's thread only queues a step's kernels; without waiting for them
@@ -245,10 +232,6 @@ def _step_callback(gate: UnitGate, lanes: Lanes) -> Any:
         # after the last step comes the VAE decode: its own kind of unit, wider than a step
         last = step + 1 >= getattr(pipeline, "num_timesteps", math.inf)
         gate.next_unit("decode" if last else "step")
-        if lanes.narrow is not None:  # the step before has run: no wait between the two
-            import torch
-
-            torch.cuda.set_stream(lanes.pick(gate))  # `_on` puts the call's own back
         return tensors
 
     return on_step_end
@@ -293,30 +276,30 @@ class ImageRunner:
 
     Args:
         max_batch: the most requests, and images, one call takes.
-        lanes: the CUDA streams its device work runs on (`Lanes`; none: the current one);
-            a batch-priority stream (`priority_stream`) lets its units run on into realtime
+        stream: the CUDA stream its device work runs on (``None``: the current one); a
+            batch-priority stream (`priority_stream`) lets its units run on into realtime
             steps (`beside_realtime`).
     """
 
     name = "image"
 
     def __init__(
-        self, pipeline: Any, model: DiffusionModel, max_batch: int = 1, lanes: Lanes | None = None
+        self, pipeline: Any, model: DiffusionModel, max_batch: int = 1, stream: Any = None
     ) -> None:
         self.pipeline = pipeline
         self.model = model
         self.max_batch = max_batch
         self.metadata = {"model": model.id}
         """What clients are told: the model id they may name."""
-        self._lanes = lanes = lanes or Lanes()
-        self.beside_realtime = lanes.wide is not None
+        self._stream = stream
+        self.beside_realtime = stream is not None
         """Its units start in any window between realtime steps and may run on into the next
         (`Slack.acquire`)."""
 
     def run_batch(self, requests: Sequence[ImageRequest], gate: UnitGate) -> list[ImageResult]:
         results: list[ImageResult | None] = [None] * len(requests)
         for call in image_calls(requests, self.max_batch):
-            with _on(self._lanes.pick(gate)):
+            with _on(self._stream):
                 done = self._run([requests[i] for i in call], gate)
             for index, result in zip(call, done, strict=True):
                 results[index] = result
@@ -342,7 +325,7 @@ class ImageRunner:
             guidance_scale=first.guidance_scale,
             generator=generators,
             output_type="pt",
-            callback_on_step_end=_step_callback(gate, self._lanes),
+            callback_on_step_end=_step_callback(gate),
         )
         images = iter(_uint8_images(output.images))
         return [ImageResult(tuple(next(images) for _ in range(r.n))) for r in requests]
@@ -355,17 +338,17 @@ class VideoRunner:
     name = "video"
     max_batch = 1
 
-    def __init__(self, pipeline: Any, model: DiffusionModel, lanes: Lanes | None = None) -> None:
+    def __init__(self, pipeline: Any, model: DiffusionModel, stream: Any = None) -> None:
         self.pipeline = pipeline
         self.model = model
         self.metadata = {"model": model.id}
         """What clients are told: the model id they may name."""
-        self._lanes = lanes = lanes or Lanes()
-        self.beside_realtime = lanes.wide is not None
+        self._stream = stream
+        self.beside_realtime = stream is not None
         """As `ImageRunner`'s."""
 
     def run_batch(self, requests: Sequence[VideoRequest], gate: UnitGate) -> list[VideoResult]:
-        with _on(self._lanes.pick(gate)):
+        with _on(self._stream):
             return [self._run(request, gate) for request in requests]
 
     def _run(self, request: VideoRequest, gate: UnitGate) -> VideoResult:
@@ -379,7 +362,7 @@ class VideoRunner:
             guidance_scale=request.guidance_scale,
             generator=_generator(request.seed),
             output_type="np",
-            callback_on_step_end=_step_callback(gate, self._lanes),
+            callback_on_step_end=_step_callback(gate),
         )
         frames = _uint8(output.frames)
         return VideoResult(frames.reshape(-1, *frames.shape[-3:])[: request.frames])
@@ -394,42 +377,23 @@ def _on(stream: Any) -> AbstractContextManager[Any]:
     return torch.cuda.stream(stream)
 
 
-def _lanes(pipeline: Any, model: DiffusionModel, device: str, beside: bool, sms: int) -> Lanes:
-    """``beside``: the runner's streams on a CUDA device; an image pipeline's graphs are
-    captured on each (a narrow stream keeps its own), so no request waits for a capture."""
-    if not beside:
-        lanes = Lanes()
-    else:
-        lanes = Lanes(priority_stream(device, Priority.BATCH), narrow_stream(device, sms))
-    if device.startswith("cuda") and model.kind == "image" and graph_pipeline(pipeline):
-        note(f"capturing the {model.id} pipeline's CUDA graphs at the default size")
-        for stream in [s for s in (lanes.wide, lanes.narrow) if s is not None] or [None]:
-            with _on(stream):
-                pipeline(prompt="", num_inference_steps=2, output_type="pt")
-    return lanes
+def _stream(device: str, beside_realtime: bool) -> Any:
+    return priority_stream(device, Priority.BATCH) if beside_realtime else None
 
 
 def load_image_runner(
-    model: DiffusionModel,
-    device: str,
-    max_batch: int = 1,
-    *,
-    beside_realtime: bool = False,
-    sms: int = 0,
+    model: DiffusionModel, device: str, max_batch: int = 1, *, beside_realtime: bool = False
 ) -> ImageRunner:
     """Load ``model`` (seconds for a real checkpoint): call off the event loop.
     ``beside_realtime``: on a CUDA device, its units run on a batch-priority stream and may
-    run on into a realtime step, on a green context of ``sms`` SMs when not 0 (off CUDA it
-    has no effect)."""
+    run on into a realtime step (off CUDA it has no effect)."""
     pipeline = _load(model, device)
-    return ImageRunner(
-        pipeline, model, max_batch, _lanes(pipeline, model, device, beside_realtime, sms)
-    )
+    return ImageRunner(pipeline, model, max_batch, _stream(device, beside_realtime))
 
 
 def load_video_runner(
-    model: DiffusionModel, device: str, *, beside_realtime: bool = False, sms: int = 0
+    model: DiffusionModel, device: str, *, beside_realtime: bool = False
 ) -> VideoRunner:
     """As `load_image_runner`."""
     pipeline = _load(model, device)
-    return VideoRunner(pipeline, model, _lanes(pipeline, model, device, beside_realtime, sms))
+    return VideoRunner(pipeline, model, _stream(device, beside_realtime))

@@ -98,8 +98,6 @@ def test_on_cuda_the_text_encoder_and_the_decoder_replay_too_and_match_eager(
 
 
 class _Open:
-    within = True
-
     def next_unit(self, kind: str = "step") -> None:
         pass
 

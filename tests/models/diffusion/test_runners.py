@@ -32,8 +32,6 @@ from duplex.models.diffusion import (
 class Open:
     """A gate that always lets the next step run, counting them by kind."""
 
-    within = True
-
     def __init__(self) -> None:
         self.units = 0
         self.kinds: list[str] = []
@@ -45,8 +43,6 @@ class Open:
 
 class CancelAfter:
     """A gate that withdraws the request after ``units`` steps."""
-
-    within = True
 
     def __init__(self, units: int) -> None:
         self.left = units

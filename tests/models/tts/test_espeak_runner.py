@@ -116,8 +116,6 @@ def test_requests_are_checked_when_built() -> None:
 class CountingGate:
     """``until``: when the window closes (``inf``: never; ``-inf``: always closing)."""
 
-    within = True
-
     def __init__(self, cancel_after: int | None = None, until: float = math.inf) -> None:
         self.units = 0
         self.cancel_after = cancel_after

@@ -84,7 +84,6 @@ def test_voices_and_unknown_voice(runner: VitsRunner) -> None:
 
 def test_one_unit_per_forward(runner: VitsRunner) -> None:
     class Gate:
-        within = True
         units = 0
 
         def next_unit(self, kind: str = "step") -> None:
