@@ -16,8 +16,9 @@ Three phases, each ``--seconds`` long, in this order:
 Reported: output delay p50/p99/max, late ticks and step p99 for ``realtime`` and ``both``,
 with the ratio of the p99s (the goal: at most 1.1), and batch throughput for ``batch`` and
 ``both`` with their ratio (the goal: at least 0.8 of alone). ``--rounds R`` runs the
-``realtime`` and ``both`` phases R times in turn; the p99s then pool every round's delays
-and the throughput is the rounds' mean.
+three phases R times in turn (the sessions attached after each ``batch`` phase, detached
+after each ``both``); the p99s then pool every round's delays and each throughput is the
+rounds' mean (espeak-ng's rate alone varied 13.6-16.5 requests/s between single phases).
 
 Runners (one request = ``--units`` units, `gate.next_unit()` between them):
 
@@ -312,36 +313,39 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         await nursery.start(driver.run)
         await nursery.start(requests.run)
         common = {"seconds": args.seconds, "period": period, "frame": spec.frame_samples}
-        out["batch"] = await phase(None, [], [], requests, clients=args.clients, **common)
-        print("batch", out["batch"], flush=True)
-        handles, receivers = [], []
-        for i in range(args.sessions):
-            send, receive = trio.open_memory_channel[SlotOutput](64)
-            handle = driver.attach(f"s{i}", send)
-            if handle is None:
-                raise SystemExit(f"admission refused session {i}: {driver.capacity()}")
-            handles.append(handle)
-            receivers.append(receive)
         rounds = []
         for _ in range(args.rounds):
+            batch = await phase(None, [], [], requests, clients=args.clients, **common)
+            print("batch", batch, flush=True)
+            handles, receivers = [], []
+            for i in range(args.sessions):
+                send, receive = trio.open_memory_channel[SlotOutput](64)
+                handle = driver.attach(f"s{i}", send)
+                if handle is None:
+                    raise SystemExit(f"admission refused session {i}: {driver.capacity()}")
+                handles.append(handle)
+                receivers.append(receive)
             realtime = await phase(driver, handles, receivers, None, clients=0, **common)
             print("realtime", {k: v for k, v in realtime.items() if k != "_delays"}, flush=True)
             both = await phase(driver, handles, receivers, requests, clients=args.clients, **common)
             print("both", {k: v for k, v in both.items() if k != "_delays"}, flush=True)
-            rounds.append((realtime, both))
+            for handle in handles:  # the next round's batch phase runs with no session live
+                driver.detach(handle)
+            rounds.append((batch, realtime, both))
         nursery.cancel_scope.cancel()
     stats = slack.statistics()
     out["slack"] = {"units": stats.units, "deferred": stats.deferred, "overran": stats.overran}
-    alone = [d for realtime, _ in rounds for d in realtime.pop("_delays")]
-    beside = [d for _, both in rounds for d in both.pop("_delays")]
-    out["realtime"], out["both"] = rounds[0]
-    out["rounds"] = [{"realtime": r, "both": b} for r, b in rounds[1:]]
-    batch_rate = sum(both["requests_per_s"] for _, both in rounds) / len(rounds)
+    alone = [d for _, realtime, _ in rounds for d in realtime.pop("_delays")]
+    beside = [d for _, _, both in rounds for d in both.pop("_delays")]
+    out["batch"], out["realtime"], out["both"] = rounds[0]
+    out["rounds"] = [{"batch": a, "realtime": r, "both": b} for a, r, b in rounds[1:]]
+    alone_rate = sum(batch["requests_per_s"] for batch, _, _ in rounds) / len(rounds)
+    batch_rate = sum(both["requests_per_s"] for _, _, both in rounds) / len(rounds)
     # pooled over the rounds: one round's p99 rests on a few ticks
     out["delay_p99_ms_pooled"] = round(percentile(alone, 99) * 1000, 2)
     out["both_delay_p99_ms_pooled"] = round(percentile(beside, 99) * 1000, 2)
     out["delay_p99_ratio"] = round(out["both_delay_p99_ms_pooled"] / out["delay_p99_ms_pooled"], 3)
-    out["batch_throughput_ratio"] = round(batch_rate / out["batch"]["requests_per_s"], 3)
+    out["batch_throughput_ratio"] = round(batch_rate / alone_rate, 3)
     return out
 
 
@@ -378,7 +382,7 @@ if __name__ == "__main__":
     parser.add_argument("--dim", type=int, default=512, help="matmul size")
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument(
-        "--rounds", type=int, default=1, help="realtime-alone / both pairs, in turn (pooled)"
+        "--rounds", type=int, default=1, help="batch / realtime / both rounds, in turn"
     )
     parser.add_argument("--out", default="")
     parser.add_argument(
