@@ -37,8 +37,13 @@ def main(argv: list[str]) -> int:
     for item in reports:
         label, path = item.split("=", 1)
         points.setdefault(label, []).append(_point(json.loads(Path(path).read_text())))
-    for label, xy in points.items():
-        axes.scatter([x for x, _ in xy], [y for _, y in xy], label=label, s=45)
+    colours = plt.get_cmap("tab20").colors  # more labels than the default cycle's ten
+    markers = "os^D"
+    for index, (label, xy) in enumerate(points.items()):
+        colour, marker = colours[(2 * index) % 20], markers[index % len(markers)]
+        axes.scatter(
+            [x for x, _ in xy], [y for _, y in xy], label=label, s=45, color=colour, marker=marker
+        )
     axes.fill_between([GOAL_SHARE, 1.1], 0, GOAL_P99, color="tab:green", alpha=0.12)
     axes.text(GOAL_SHARE + 0.01, GOAL_P99 - 0.12, "goal", color="tab:green")
     axes.set_xlim(0, 1.1)
