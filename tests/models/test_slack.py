@@ -406,6 +406,27 @@ async def test_a_threaded_runner_waits_for_a_window_between_its_units() -> None:
     assert slack.statistics().steps > 0
 
 
+@pytest.mark.parametrize("realtime", [True, False])
+async def test_a_unit_that_fits_the_window_held_goes_on_in_it_without_a_hop(
+    realtime: bool,
+) -> None:
+    """Six 2 ms units in a worker thread: inside one long window they all run in it (one
+    window taken: no hop to the event loop between them); with no realtime work (``until``
+    is inf) each unit takes a window, so sessions that start meanwhile are seen."""
+    slack = Slack()
+    if realtime:
+        slack.step_started()
+        slack.step_ended(trio.current_time() + 5.0)
+    runner = Steps(slack, units=6, unit_s=0.002)
+    engine = RequestEngine(runner, max_wait_s=0.0, slack=slack)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        assert await engine.submit(1) == 1
+        nursery.cancel_scope.cancel()
+    assert len(runner.began_during_a_step) == 6
+    assert slack.statistics().units == (1 if realtime else 6)
+
+
 async def test_a_batch_whose_clients_all_left_stops_at_its_next_unit() -> None:
     slack = Slack()
     runner = Steps(slack, units=50, unit_s=0.01)
