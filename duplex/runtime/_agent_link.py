@@ -184,6 +184,9 @@ class AgentLink:
                     self._streams.pop(stream.item_id, None)  # the turn ends with what was heard
                     error = f"{type(exc).__name__}: {str(exc)[:200]}"
                     await self._deliver(AsrResult(stream.item_id, stream.text, True, error=error))
+                    # closed in the ASR too: its decoder (a full queue left it open) or its
+                    # lost-stream entry (a dead child's) would otherwise stay for good
+                    await self._abort(stream)
 
     async def _advance(self, stream: _Stream) -> None:
         """Hear what the stream has gathered; its end may come while a chunk is heard, so
@@ -221,11 +224,15 @@ class AgentLink:
     async def _abort_streams(self) -> None:
         streams, self._streams = list(self._streams.values()), {}
         for stream in streams:
-            empty = np.zeros(0, np.int16)
-            try:
-                await self.models.hear(AsrChunk(stream.key, empty, final=True, abort=True))
-            except Exception:  # the engine is going away too: nothing left to free
-                self._log.debug("asr stream abort failed", exc_info=True)
+            await self._abort(stream)
+
+    async def _abort(self, stream: _Stream) -> None:
+        """Close ``stream`` in the ASR without hearing more (best effort)."""
+        empty = np.zeros(0, np.int16)
+        try:
+            await self.models.hear(AsrChunk(stream.key, empty, final=True, abort=True))
+        except Exception:  # the engine is going away too, or still full: nothing more to do
+            self._log.debug("asr stream abort failed", exc_info=True)
 
     def clear_input(self) -> None:
         """The input was cleared: drop the audio and the open streams (freed in the ASR)."""
