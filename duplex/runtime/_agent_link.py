@@ -324,8 +324,9 @@ class AgentLink:
         if not text.strip():
             return 0
         samples, rate = await self.models.speak(text.strip(), voice)
-        if rate != self._rate:
-            samples = StreamingResampler(rate, self._rate).process(samples)
+        if rate != self._rate:  # a sentence's seconds of audio: off the sessions' loop
+            resampler = StreamingResampler(rate, self._rate)
+            samples = await trio.to_thread.run_sync(resampler.process, samples)
         await self._deliver(AgentChunk(rid, samples, text))
         return 1
 

@@ -14,6 +14,7 @@ import json
 import struct
 import wave
 from pathlib import Path
+from typing import Any
 
 import av
 import httpx
@@ -25,6 +26,7 @@ from websockets.trio.client import connect
 
 from ..models.tts.tiny_vits import save_tiny_vits
 from .test_e2e_openpi import served
+from .wsclient import running_server
 
 SPEECH = "/v1/audio/speech"
 LONG = " ".join(["This sentence keeps the speech engine busy for a while."] * 70)  # 3,990 chars
@@ -364,3 +366,56 @@ async def test_streaming_clients_that_leave_stop_their_sentences() -> None:
             await metric(http, url, "duplex_requests_total", runner="tts") < submitted + sentences
         )
         assert (await http.post(SPEECH, json={"input": "Still serving."})).status_code == 200
+
+
+async def test_audio_is_resampled_and_encoded_off_the_sessions_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A long clip's encode takes hundreds of milliseconds (MP3, Opus): on the event loop it
+    held every session's ticks. Every route's resampling and encoding runs in a worker
+    thread (in process, so the calls can be watched)."""
+    from duplex.transport import _speech
+
+    on_loop: list[tuple[str, bool]] = []
+
+    def watched(name: str, work: Any) -> Any:
+        def call(*args: Any) -> Any:
+            on_loop.append((name, trio.lowlevel.in_trio_run()))
+            return work(*args)
+
+        return call
+
+    class WatchedStream(_speech.AudioStream):
+        def chunk(self, pcm: np.ndarray) -> bytes:
+            return watched("chunk", super().chunk)(pcm)
+
+        def end(self) -> bytes:
+            return watched("end", super().end)()
+
+    monkeypatch.setattr(_speech, "encode_audio", watched("encode", _speech.encode_audio))
+    monkeypatch.setattr(_speech, "resample_pcm16", watched("resample", _speech.resample_pcm16))
+    monkeypatch.setattr(_speech, "AudioStream", WatchedStream)
+    async with (
+        running_server(**{"server.tts": "espeak"}) as server,
+        httpx.AsyncClient(base_url=server.http, timeout=60) as http,
+    ):
+        text = "Hello there. How are you?"
+        mp3 = await http.post(SPEECH, json={"input": text, "response_format": "mp3"})
+        assert decoded(mp3.content)[0] == "mp3float"
+        opus = await http.post(
+            SPEECH, json={"input": text, "stream": True, "response_format": "opus"}
+        )
+        assert decoded(opus.content)[0] == "opus"
+        batch = await http.post(
+            SPEECH + "/batch", json={"input": [text], "response_format": "flac"}
+        )
+        assert batch.status_code == 200, batch.text
+        async with connect(server.http.replace("http://", "ws://") + SPEECH + "/stream") as ws:
+            await ws.send(json.dumps({"type": "session.config", "sample_rate": 16000}))
+            await ws.send(json.dumps({"type": "input.text", "text": text}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            kinds = [json.loads(await ws.recv())["type"], type(await ws.recv())]
+            assert kinds == ["audio.start", bytes]
+    names = {name for name, _ in on_loop}
+    assert names == {"encode", "resample", "chunk", "end"}
+    assert not [call for call in on_loop if call[1]], on_loop
