@@ -213,6 +213,7 @@ class _Gate:
         batch: Sequence[_Waiting[object, object]],
         slack: Slack | None,
         estimates: Callable[[str], UnitEstimate],
+        costs: Callable[[str], UnitEstimate | float],
         timer: Callable[[], float],
         beside: bool = False,
         elastic_s: float | None = None,
@@ -222,6 +223,7 @@ class _Gate:
         self._beside = beside
         self._elastic_s = elastic_s
         self._estimates = estimates
+        self._costs = costs
         self._timer = timer
         self.holding = False
         self.unit_started = timer()
@@ -235,7 +237,7 @@ class _Gate:
         now = self._timer()
         self._estimates(self.kind).record(now - self.unit_started)
         self.kind = kind
-        cost = self._cost(kind)
+        cost = self._costs(kind)
         if self._slack is not None and not trio.lowlevel.in_trio_run():
             seconds = cost.seconds if isinstance(cost, UnitEstimate) else cost
             # the window held still fits the next unit: it goes on in it, with no hop to the
@@ -255,11 +257,6 @@ class _Gate:
         await slack.acquire(estimate, beside_steps=self._beside, elastic=elastic)
         self.holding = True
         self.opened(slack)
-
-    def _cost(self, kind: str) -> UnitEstimate | float:
-        """What a unit of ``kind`` asks the slack for: an elastic runner's own span, or the
-        kind's estimate."""
-        return self._elastic_s if self._elastic_s is not None else self._estimates(kind)
 
     def opened(self, slack: Slack) -> None:
         """A window is held for the running unit: when it closes (`UnitGate.until`)."""
@@ -314,7 +311,6 @@ class RequestEngine(Generic[Req, Res]):
         self._offload: Offload = offload or trio.to_thread.run_sync
         self._timer = timer
         self._estimates: dict[str, UnitEstimate] = {}
-        self._estimate = self.unit_estimate("step")
         self._tickets = itertools.count()
         self._waiting: dict[int, _Waiting[Req, Res]] = {}
         self._submitted = trio.Event()
@@ -404,11 +400,6 @@ class RequestEngine(Generic[Req, Res]):
         finally:  # stopped or crashed: no request is left waiting on a dead loop
             self._fail_all(f"the {self.name} engine stopped")
 
-    @property
-    def _first_cost(self) -> UnitEstimate | float:
-        """What a batch's first unit (a ``step``) asks the slack for (`_Gate._cost`)."""
-        return self._elastic_s if self._elastic_s is not None else self._estimate
-
     async def _window_unless_realtime(self) -> bool:
         """Hold a slack window for the next batch-class batch; ``False`` (no window held):
         a realtime request arrived while it waited, and goes first."""
@@ -423,7 +414,8 @@ class RequestEngine(Generic[Req, Res]):
 
             nursery.start_soon(give_way)
             elastic = self._elastic_s is not None
-            await self._slack.acquire(self._first_cost, beside_steps=self._beside, elastic=elastic)
+            first = self.unit_cost("step")  # a batch's first unit is a step
+            await self._slack.acquire(first, beside_steps=self._beside, elastic=elastic)
             held = True  # (no checkpoint since the acquire: the window is ours)
             nursery.cancel_scope.cancel()
         if held and self._batcher.next_class() is Priority.REALTIME:
@@ -445,7 +437,15 @@ class RequestEngine(Generic[Req, Res]):
         batch = [self._waiting[ticket] for ticket in tickets]
         requests = [waiting.request for waiting in batch]
         slack = self._slack if gated else None
-        gate = _Gate(batch, slack, self.unit_estimate, self._timer, self._beside, self._elastic_s)
+        gate = _Gate(
+            batch,
+            slack,
+            self.unit_estimate,
+            self.unit_cost,
+            self._timer,
+            self._beside,
+            self._elastic_s,
+        )
         gate.holding = gated
         start = gate.unit_started = self._timer()
         if slack is not None:
@@ -479,6 +479,11 @@ class RequestEngine(Generic[Req, Res]):
             else:
                 waiting.reply = Completed(result, run_ms, len(requests))
             waiting.done.set()
+
+    def unit_cost(self, kind: str) -> UnitEstimate | float:
+        """What a unit of ``kind`` asks the slack for: an elastic runner's own span, or the
+        kind's estimate."""
+        return self._elastic_s if self._elastic_s is not None else self.unit_estimate(kind)
 
     def unit_estimate(self, kind: str) -> UnitEstimate:
         """What the runner's next unit of ``kind`` will cost (`UnitGate.next_unit`)."""
