@@ -11,7 +11,7 @@ WebSocket endpoint and each HTTP route, from a seeded generator, over ``--lanes`
 connections at once per endpoint. The kinds of frame (`KINDS`):
 
 - ``mutated``: a valid client event (each event type the endpoint takes, every field
-  set; the examples of ``tests/transport/test_field_fuzz.py``, with this session's real
+  set; the examples of ``tests/wire/test_field_fuzz.py``, with this session's real
   ids) with 1 to 3 fields, at any depth, replaced by a hostile JSON literal (bignums,
   ``NaN``, ``Infinity``, ``1e999``, negatives, wrong types, a 100 kB string);
 - ``wrong_type``: a bad ``type`` (unknown, a number, null, missing) or a top level that is
@@ -115,7 +115,6 @@ from _served import (
     tone,
     write_report,
 )
-
 from tests.transport.test_field_fuzz import (
     HOSTILE,
     _duplex_events,

@@ -44,8 +44,8 @@ from duplex.sessions import (
     SessionMachine,
     StreamingResampler,
 )
-from duplex.transport._duplex_wire import parse_client_event
-from duplex.transport._realtime_wire import TURN_BASED_OPTIONS, RealtimeProjection, WireFormats
+from duplex.wire._native import parse_client_event
+from duplex.wire._realtime import TURN_BASED_OPTIONS, RealtimeProjection, WireFormats
 
 MIB = 1024 * 1024
 

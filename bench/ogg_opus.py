@@ -22,8 +22,8 @@ from collections.abc import Callable
 import numpy as np
 import sphn
 
-from duplex.transport._ogg import AudioPacket, OggReader, OggWriter, OpusHead
-from duplex.transport._opus import OggOpusDecoder, OggOpusEncoder
+from duplex.codecs._ogg import AudioPacket, OggReader, OggWriter, OpusHead
+from duplex.codecs._opus import OggOpusDecoder, OggOpusEncoder
 
 FRAME = 1920
 

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from duplex.models import PolicyOptions, PolicyRequest, load_policy  # noqa: E402
-from duplex.transport._openpi_wire import pack, unpack  # noqa: E402
+from duplex.wire._openpi import pack, unpack  # noqa: E402
 
 PATH = "/v1/realtime/robot/openpi"
 PERIOD_S = 0.1

@@ -72,11 +72,14 @@ class RestartIntensityExceeded(ActorError):
 class ProtocolError(DuplexError):
     """A client event that is refused; the session stays usable.
 
-    Subclasses set ``code``; ``error_type`` follows from the code's family.
+    Subclasses set ``code``; ``error_type`` follows from the code's family;
+    ``status_hint`` is the HTTP status of a request refused with it (as h11's
+    ``error_status_hint``; ``duplex.refusals.Refusal.of`` reads it).
     """
 
     code: ClassVar[str] = "bad_event"
     error_type: ClassVar[str] = "invalid_request_error"
+    status_hint: ClassVar[int] = 400
 
     def __init__(self, message: str, *, event_id: str | None = None, param: str | None = None):
         super().__init__(message)
@@ -91,8 +94,11 @@ class ProtocolError(DuplexError):
         closes with this WebSocket code and reason."""
 
 
-def _code(name: str, code: str, error_type: str = "invalid_request_error") -> type[ProtocolError]:
-    cls = type(name, (ProtocolError,), {"code": code, "error_type": error_type, "__doc__": code})
+def _code(
+    name: str, code: str, error_type: str = "invalid_request_error", status_hint: int = 400
+) -> type[ProtocolError]:
+    attributes = {"code": code, "error_type": error_type, "status_hint": status_hint}
+    cls = type(name, (ProtocolError,), {**attributes, "__doc__": code})
     cls.__module__ = __name__
     return cls
 
@@ -116,8 +122,8 @@ SessionResumeExpired = _code("SessionResumeExpired", "session_resume_expired")
 SessionClosed = _code("SessionClosed", "session_closed")
 IllegalState = _code("IllegalState", "illegal_state")
 InputBackpressure = _code("InputBackpressure", "input_backpressure", "rate_limit_error")
-ResourceExhausted = _code("ResourceExhausted", "resource_exhausted", "rate_limit_error")
-InternalError = _code("InternalError", "internal_error", "server_error")
+ResourceExhausted = _code("ResourceExhausted", "resource_exhausted", "rate_limit_error", 429)
+InternalError = _code("InternalError", "internal_error", "server_error", 500)
 EngineError = _code("EngineError", "engine_error", "server_error")
 UnsupportedEvent = _code("UnsupportedEvent", "unsupported_event")
 UnsupportedParameter = _code("UnsupportedParameter", "unsupported_parameter")
@@ -126,7 +132,7 @@ ItemNotFound = _code("ItemNotFound", "item_not_found")
 AudioEndOutOfRange = _code("AudioEndOutOfRange", "audio_end_ms_out_of_range")
 FirstEventTimeout = _code("FirstEventTimeout", "first_event_timeout")
 InvalidPayload = _code("InvalidPayload", "invalid_payload")
-RateLimited = _code("RateLimited", "rate_limited", "rate_limit_error")
+RateLimited = _code("RateLimited", "rate_limited", "rate_limit_error", 429)
 
 
 class InvalidParameters(ProtocolError):

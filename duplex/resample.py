@@ -10,13 +10,16 @@ with it, and so does the client (`duplex talk`'s WAV files and sound devices).
 
 from __future__ import annotations
 
+import math
 from math import gcd
 
 import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
-__all__ = ["StreamingResampler"]
+from duplex.pcm import float_to_pcm16, pcm16_to_float
+
+__all__ = ["StreamingResampler", "resample_pcm16"]
 
 Pcm = npt.NDArray[np.float32]
 _PIECE = 8192  # input samples resampled at a time (at most 1 MiB of products at 32 taps)
@@ -121,3 +124,20 @@ class StreamingResampler:
         self._produced += count
         self._history = buf[buf.size - (taps - 1) :]
         return out
+
+
+def resample_pcm16(
+    pcm: npt.NDArray[np.int16], in_rate: int, out_rate: int, *, taps_per_phase: int = 32
+) -> npt.NDArray[np.int16]:
+    """A whole clip (mono int16 at ``in_rate``) at ``out_rate``, through a
+    `StreamingResampler` with its group delay compensated: the output lines up with the
+    input and has ``round(n * out_rate / in_rate)`` samples. The one whole-clip resampler
+    (speech answers, voice files, ``duplex talk``'s WAV files)."""
+    if in_rate == out_rate or pcm.size == 0:
+        return np.asarray(pcm, dtype=np.int16).copy()
+    resampler = StreamingResampler(in_rate, out_rate, taps_per_phase=taps_per_phase)
+    want = round(pcm.size * out_rate / in_rate)
+    skip = round(resampler.delay_samples)
+    pad = math.ceil((skip + 2) * in_rate / out_rate) + 1
+    y = resampler.process(np.concatenate([pcm16_to_float(pcm), np.zeros(pad, np.float32)]))
+    return float_to_pcm16(y[skip : skip + want])

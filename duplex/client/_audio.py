@@ -15,7 +15,6 @@ tests use as a microphone fed from a file) behaves like one that does.
 
 from __future__ import annotations
 
-import math
 import wave
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +26,7 @@ import numpy as np
 import trio
 
 from duplex.pcm import float_to_pcm16, pcm16_to_float
-from duplex.resample import StreamingResampler
+from duplex.resample import StreamingResampler, resample_pcm16
 
 from ._state import SAMPLE_RATE
 
@@ -92,16 +91,8 @@ def read_wav(path: str | Path) -> np.ndarray:
 
 
 def resample_clip(pcm: np.ndarray, rate: int, out_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """A whole int16 clip from ``rate`` to ``out_rate``, lined up (the resampler's delay
-    removed), ``round(n * out_rate / rate)`` samples long."""
-    if rate == out_rate or not len(pcm):
-        return np.asarray(pcm, np.int16).copy()
-    resampler = StreamingResampler(rate, out_rate)
-    want = round(len(pcm) * out_rate / rate)
-    skip = round(resampler.delay_samples)
-    pad = math.ceil((skip + 2) * rate / out_rate) + 1
-    y = resampler.process(np.concatenate([pcm16_to_float(pcm), np.zeros(pad, np.float32)]))
-    return float_to_pcm16(y[skip : skip + want])
+    """A whole int16 clip from ``rate`` to ``out_rate`` (`duplex.resample.resample_pcm16`)."""
+    return resample_pcm16(np.asarray(pcm, np.int16), rate, out_rate)
 
 
 def write_wav(path: str | Path, pcm: np.ndarray) -> None:

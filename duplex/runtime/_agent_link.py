@@ -39,6 +39,7 @@ from duplex.models.agent import (
     ReplyRequest,
     ToolSpec,
 )
+from duplex.pcm import float_to_pcm16
 from duplex.sessions import (
     AgentChunk,
     AgentReply,
@@ -139,7 +140,7 @@ class AgentLink:
             self._resampler = StreamingResampler(self._rate, ASR_SAMPLE_RATE)
         self._input_ms = start_ms + len(pcm) * 1000.0 / self._rate
         samples = self._resampler.process(np.asarray(pcm, np.float32))
-        pcm16 = (np.clip(samples, -1.0, 1.0) * 32767.0).astype(np.int16)
+        pcm16 = float_to_pcm16(samples)
         self._audio = np.concatenate([self._audio, pcm16])
         keep_from = min([s.cursor_ms for s in self._streams.values()] + [self._end_ms]) - KEEP_MS
         self._trim(keep_from)

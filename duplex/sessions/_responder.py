@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from duplex.pcm import pcm16_to_float
+
 from ._events import ModelFrame, Pcm
 
 __all__ = ["ResponderSource", "TurnResponder"]
@@ -142,5 +144,5 @@ class TurnResponder:
 def _float(pcm: Pcm | bytes) -> np.ndarray:
     """Model-rate samples as float32 (PCM16 bytes are scaled to [-1, 1))."""
     if isinstance(pcm, bytes | bytearray):
-        return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+        return pcm16_to_float(np.frombuffer(pcm, dtype="<i2"))
     return np.asarray(pcm, dtype=np.float32)

@@ -35,6 +35,7 @@ from duplex.transport import (
     SocketGone,
     build_app,
     hypercorn_config,
+    relayed,
     serve_http,
 )
 
@@ -61,6 +62,7 @@ from ._link import (
     Written,
 )
 from ._relay import RelayClient
+from ._routes import robot_limits, service_routes
 from ._workers import WorkerSettings
 
 HTTP_TIMEOUT_S = 5.0
@@ -322,7 +324,7 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
         realtime_agent=settings.agent,
         access=settings.access,
         client_secret_ttl_s=settings.client_secret_ttl_s,
-        generation=backend.relay,
+        routes=relayed(service_routes(None, None, None), backend.relay),
     )
     hyper = hypercorn_config(
         f"fd://{listen_fd}",
@@ -330,7 +332,7 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
         graceful_timeout_s=settings.shutdown_grace_s,
         tls_certfile=settings.tls_certfile,
         tls_keyfile=settings.tls_keyfile,
-        robot_payload_bytes=settings.robot_payload_bytes,
+        message_limits=robot_limits(settings.robot_payload_bytes),
     )
     stopping = trio.Event()
 

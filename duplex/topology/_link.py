@@ -53,6 +53,7 @@ def _code_fingerprint() -> str:
         *root.glob("sessions/*.py"),
         *root.glob("runtime/*.py"),
         *root.glob("transport/*.py"),
+        *root.glob("wire/*.py"),
         *root.glob("topology/*.py"),
         *root.glob("models/*.py"),
         root / "exceptions.py",

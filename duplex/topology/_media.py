@@ -21,7 +21,7 @@ from duplex.metrics import MetricsRegistry
 from duplex.models import ModelOptions
 from duplex.models.diffusion import resolve_diffusion
 from duplex.runtime import RequestEngines
-from duplex.transport import MediaService, MediaSettings
+from duplex.services.media import MediaService, MediaSettings
 
 __all__ = ["media_settings", "open_media", "resolve_media"]
 

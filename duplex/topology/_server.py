@@ -42,21 +42,21 @@ from duplex.models import (
 from duplex.models.agent import AgentModels, AgentOptions, build_replier
 from duplex.progress import Startup, TerminalBar, render_line
 from duplex.runtime import RequestEngines, SessionHub
+from duplex.services.media import MediaService
+from duplex.services.robots import RobotService
+from duplex.services.speech import SpeechService
 from duplex.sessions import Capabilities, SessionConfig, VadMode
 from duplex.transport import (
-    MAX_PAYLOAD_BYTES,
     AccessSettings,
     HubBackend,
-    MediaService,
     ResumeGuard,
-    RobotService,
-    SpeechService,
     build_app,
     digest,
-    generation_app,
     hypercorn_config,
+    routes_app,
     serve_http,
 )
+from duplex.wire import MAX_PAYLOAD_BYTES
 
 from . import _link
 from ._engine_client import EngineConnection, engine_spec, export_engine_histograms
@@ -65,6 +65,7 @@ from ._loop_lag import export_loop_lag, watch_loop_lag
 from ._media import open_media
 from ._memory import export_trim_histogram, trim_memory_every
 from ._requests import model_cards, open_request_engines, runner_specs
+from ._routes import robot_limits, service_routes
 from ._shards import ShardProcesses
 from ._watchdog import EngineWatchdog, Killer
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
@@ -557,11 +558,11 @@ async def _serve_sessions(
             graceful_timeout_s=server.shutdown_grace_s / 2,
             tls_certfile=server.tls_certfile,
             tls_keyfile=server.tls_keyfile,
-            robot_payload_bytes=robot_payload_bytes,
+            message_limits=robot_limits(robot_payload_bytes),
         )
         async with trio.open_nursery() as nursery:
             if server.connection_workers:
-                relayed = generation_app(media, speech, robots)
+                relayed = routes_app(service_routes(media, speech, robots))
                 urls = await nursery.start(
                     partial(
                         serve_with_workers,
@@ -650,9 +651,7 @@ async def _serve_here(
         access=access,
         client_secret_ttl_s=server.client_secret_ttl_s,
         registry=registry,
-        robots=robots,
-        media=media,
-        speech=speech,
+        routes=service_routes(media, speech, robots),
     )
 
     async def shutdown_trigger() -> None:

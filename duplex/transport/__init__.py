@@ -1,49 +1,42 @@
-"""duplex.transport: wire protocols (sans-I/O codecs), the connection actor and the ASGI app.
+"""duplex.transport: the socket shell: the ASGI app, the HTTP boundary, access, connections.
 
-What the process topology (``duplex.topology``) builds on is exported here; no
-other package imports a ``_`` module of this one.
+The app serves the sessions' routes over a ``Backend`` and takes the service
+routes (``duplex.services``) from whoever builds it (the topology); the
+connection actor runs one client socket through its wire projection
+(``duplex.wire``). What the process topology (``duplex.topology``) builds on is
+exported here; no other package imports a ``_`` module of this one.
 """
 
 from ._access import AccessSettings, ResumeGuard, digest
-from ._app import HttpAnswer, HttpRoute, HubBackend, build_app, generation_app, hypercorn_config
-from ._duplex_wire import (
-    CLIENT_EVENT_NAMES,
-    DEFAULT_MAX_EVENT_BYTES,
-    SERVER_EVENT_NAMES,
-    encode_server_event,
-    parse_client_event,
+from ._app import (
+    HttpAnswer,
+    HttpRoute,
+    HubBackend,
+    build_app,
+    hypercorn_config,
+    refusal_response,
+    relayed,
+    routes_app,
 )
+from ._connection import ShutDown
 from ._http import serve_http
-from ._media import MediaService, MediaSettings
-from ._media_wire import MediaLimits
-from ._openpi import RobotService
-from ._openpi_wire import MAX_PAYLOAD_BYTES
 from ._sockets import EventSocket, Received, SocketGone
-from ._speech import SpeechService
 
 __all__ = [
-    "CLIENT_EVENT_NAMES",
-    "DEFAULT_MAX_EVENT_BYTES",
-    "MAX_PAYLOAD_BYTES",
-    "SERVER_EVENT_NAMES",
     "AccessSettings",
     "EventSocket",
     "HttpAnswer",
     "HttpRoute",
     "HubBackend",
-    "MediaLimits",
-    "MediaService",
-    "MediaSettings",
     "Received",
     "ResumeGuard",
-    "RobotService",
+    "ShutDown",
     "SocketGone",
-    "SpeechService",
     "build_app",
     "digest",
-    "encode_server_event",
-    "generation_app",
     "hypercorn_config",
-    "parse_client_event",
+    "refusal_response",
+    "relayed",
+    "routes_app",
     "serve_http",
 ]

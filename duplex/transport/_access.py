@@ -2,7 +2,7 @@
 
 Pure policy, as h11 is pure protocol: no trio, no Starlette, no clock of its own.
 The ASGI edge (``_app.py``) hands it a request's method, path, headers and peer,
-with ``now``; it answers with a typed decision, ``Allowed`` or ``Denied``, and
+with ``now``; it answers with a typed decision, ``Allowed`` or ``Refusal``, and
 the edge only applies it. In order, a request must pass:
 
 1. **Host** (DNS rebinding): on a loopback bind, only ``localhost``, ``127.0.0.1``
@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal, final
 from urllib.parse import urlsplit
+
+from duplex.refusals import Refusal
 
 SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 """A browser cannot set headers on a WebSocket: it offers its key as a subprotocol."""
@@ -77,35 +79,23 @@ class Allowed:
     """A client secret the edge must still redeem (the store may live in another process)."""
 
 
-@final
-@dataclass(frozen=True, slots=True)
-class Denied:
-    """A refusal: the HTTP status, the WebSocket close code and a generic public message."""
+Decision = Allowed | Refusal
+"""A refusal carries the HTTP status, a generic public message and, for a WebSocket
+handshake that cannot be answered over HTTP, its close code (``duplex.refusals``)."""
 
-    status: int
-    code: str
-    message: str
-    error_type: str = "invalid_request_error"
-    close_code: int = 1008
-
-    def body(self) -> dict[str, dict[str, str | None]]:
-        """OpenAI's error shape: ``{"error": {"message", "type", "code"}}``."""
-        return {"error": {"message": self.message, "type": self.error_type, "code": self.code}}
-
-
-Decision = Allowed | Denied
-
-UNAUTHORIZED = Denied(401, "invalid_api_key", "Missing or invalid credentials.")
-FORBIDDEN_ORIGIN = Denied(403, "origin_not_allowed", "This origin may not use this server.")
-MISDIRECTED_HOST = Denied(421, "host_not_allowed", "This host name is not served here.")
-RATE_LIMITED = Denied(
-    429, "rate_limited", "Too many failed attempts; try again later.", "rate_limit_error"
+UNAUTHORIZED = Refusal(
+    401,
+    "Missing or invalid credentials.",
+    "invalid_api_key",
+    headers=(("WWW-Authenticate", "Bearer"),),
 )
-TOO_MANY_CONNECTIONS = Denied(
+FORBIDDEN_ORIGIN = Refusal(403, "This origin may not use this server.", "origin_not_allowed")
+MISDIRECTED_HOST = Refusal(421, "This host name is not served here.", "host_not_allowed")
+RATE_LIMITED = Refusal(429, "Too many failed attempts; try again later.", "rate_limited")
+TOO_MANY_CONNECTIONS = Refusal(
     429,
-    "too_many_connections",
     "Too many open connections from this address; close one and try again.",
-    "rate_limit_error",
+    "too_many_connections",
 )
 
 
@@ -194,7 +184,7 @@ def origin_host(origin: str) -> tuple[str, int] | None:
     return name, port if port is not None else default
 
 
-def client_secret_request(body: bytes, default_ttl_s: int) -> tuple[int, dict[str, Any]] | Denied:
+def client_secret_request(body: bytes, default_ttl_s: int) -> tuple[int, dict[str, Any]] | Refusal:
     """The lifetime and session of a ``POST /v1/realtime/client_secrets`` body, OpenAI's shape:
     ``{"expires_after": {"anchor": "created_at", "seconds": N}, "session": {...}}``, both
     optional (``N``: 10..7200). The session is echoed back, not applied to the socket."""
@@ -241,8 +231,8 @@ def _finite(text: str) -> float:
     return value
 
 
-def _bad_request(message: str, param: str | None = None) -> Denied:
-    return Denied(400, "invalid_value" if param else "invalid_json", message)
+def _bad_request(message: str, param: str | None = None) -> Refusal:
+    return Refusal(400, message, "invalid_value" if param else "invalid_json", param)
 
 
 # -- the pieces ----------------------------------------------------------------
@@ -523,7 +513,7 @@ class AccessPolicy:
         self.failures.fail(peer_key, now)
         return UNAUTHORIZED
 
-    def secret_refused(self, peer: str | None, now: float) -> Denied:
+    def secret_refused(self, peer: str | None, now: float) -> Refusal:
         """A client secret failed to redeem: one failure of ``peer``."""
         self.failures.fail(f"peer:{peer}", now)
         return UNAUTHORIZED

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Final, Literal, Protocol
@@ -40,8 +40,19 @@ from duplex.exceptions import ProtocolError
 from duplex.logs import get_logger
 from duplex.metrics import Counter, MetricsRegistry, Sample, merge_labelled, render
 from duplex.progress import Startup
+from duplex.refusals import JSON_CONTENT_TYPE, Refusal
 from duplex.runtime import SessionHub
 from duplex.sessions import ErrorEvent, RefusalLog
+from duplex.wire import (
+    ChatQuery,
+    MoshiProjection,
+    NativeProjection,
+    PcmProjection,
+    RealtimeProjection,
+    duplex_flag,
+    moshi_error_frame,
+    schema_from_headers,
+)
 
 from ._access import (
     TOO_MANY_CONNECTIONS,
@@ -49,7 +60,6 @@ from ._access import (
     AccessSettings,
     Allowed,
     ClientSecrets,
-    Denied,
     PeerConnections,
     ResumeGuard,
     SecretStoreFull,
@@ -57,21 +67,13 @@ from ._access import (
     select_subprotocol,
 )
 from ._connection import ConnectionActor, ShutDown
-from ._duplex_wire import NativeProjection
 from ._http import PathLimitedConfig
 from ._latency import LatencyMetrics
-from ._media import MediaService, media_routes
-from ._moshi_wire import ChatQuery, MoshiProjection, error_frame
-from ._openpi import ROBOT_PATH, RobotService, robot_routes
-from ._pcm_wire import PcmProjection
-from ._realtime_wire import RealtimeProjection, duplex_flag, schema_from_headers
 from ._sockets import EventSocket, WebSocketEvents
-from ._speech import SpeechService, speech_routes
 from ._stream_socket import FramedSocket
 from ._wait_queue import WaitQueue
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-JSON_CONTENT_TYPE = "application/json"
 HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 HttpRoute = Literal["health", "models", "metrics", "client_secrets", "redeem"]
@@ -133,8 +135,22 @@ class HttpAnswer:
         text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
         return cls(status, JSON_CONTENT_TYPE, text.encode())
 
+    @classmethod
+    def refused(cls, refusal: Refusal) -> HttpAnswer:
+        """A refusal as an answer that crosses a link (its extra headers stay behind: the
+        routes that answer over a link refuse with none)."""
+        return cls(refusal.status, JSON_CONTENT_TYPE, refusal.body_bytes())
+
     def response(self) -> Response:
         return Response(self.body, status_code=self.status, media_type=self.media_type)
+
+
+def refusal_response(refusal: Refusal) -> Response:
+    """A refusal as Starlette's response, with every header it needs."""
+    response = Response(refusal.body_bytes(), status_code=refusal.status)
+    for name, value in refusal.http_headers():
+        response.headers[name] = value
+    return response
 
 
 class Backend(Protocol):
@@ -346,8 +362,7 @@ class HubBackend:
         try:
             minted = self.secrets.mint(wall_time(), request["ttl_s"])
         except SecretStoreFull:
-            error = {"message": "Too many live client secrets.", "type": "rate_limit_error"}
-            return HttpAnswer.json({"error": {**error, "code": "rate_limited"}}, 429)
+            return HttpAnswer.refused(Refusal(429, "Too many live client secrets.", "rate_limited"))
         answer = {"value": minted.value, "expires_at": int(minted.expires_at)}
         return HttpAnswer.json({**answer, "session": request["session"]})
 
@@ -425,13 +440,13 @@ def hypercorn_config(
     graceful_timeout_s: float,
     tls_certfile: str = "",
     tls_keyfile: str = "",
-    robot_payload_bytes: int = 0,
+    message_limits: Mapping[str, int] | None = None,
 ) -> HypercornConfig:
     """hypercorn's settings for every process that serves the app (the server, each worker).
 
     With ``tls_certfile`` and ``tls_keyfile`` the port speaks TLS only (HTTPS, WSS).
-    ``robot_payload_bytes``: the robot endpoint's own frame limit, when it is served; up to
-    twice it reaches that endpoint (which refuses what is over it), on that path only.
+    ``message_limits``: routes with a frame limit of their own (the robot endpoint's, when it
+    is served), by path; up to twice it reaches that route (which refuses what is over it).
     """
     hyper = PathLimitedConfig()
     hyper.bind = [bind]
@@ -440,8 +455,8 @@ def hypercorn_config(
         hyper.keyfile = tls_keyfile
     # up to 2x reaches the projection (event_too_large); beyond that, hypercorn closes 1009
     hyper.websocket_max_message_size = 2 * max_frame_bytes
-    if robot_payload_bytes:
-        hyper.websocket_message_limits[ROBOT_PATH] = 2 * robot_payload_bytes
+    for path, limit in (message_limits or {}).items():
+        hyper.websocket_message_limits[path] = 2 * limit
     hyper.graceful_timeout = graceful_timeout_s
     hyper.accesslog = None
     hyper.errorlog = None
@@ -498,7 +513,7 @@ class Guard:
                 decision = self.policy.secret_refused(peer, now)
         if kind == "websocket" and isinstance(decision, Allowed) and not self.peers.enter(peer):
             decision = TOO_MANY_CONNECTIONS
-        if isinstance(decision, Denied):
+        if isinstance(decision, Refusal):
             if self.refused is not None:
                 self.refused.inc(code=decision.code)
             unlogged = self.refusal_log.note(decision.code, now)
@@ -523,11 +538,9 @@ class Guard:
             self.peers.leave(peer)
 
 
-async def _deny(scope: dict[str, Any], receive: Any, send: Any, denied: Denied) -> None:
-    body = HttpAnswer.json(denied.body(), denied.status).body
-    headers = [(b"content-type", JSON_CONTENT_TYPE.encode())]
-    if denied.status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
+async def _deny(scope: dict[str, Any], receive: Any, send: Any, denied: Refusal) -> None:
+    body = denied.body_bytes()
+    headers = [(name.encode(), value.encode()) for name, value in denied.http_headers()]
     if scope["type"] == "http":
         await send({"type": "http.response.start", "status": denied.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -547,15 +560,13 @@ async def _http_refused(request: Request, exc: Exception) -> Response:
     """Starlette's own refusals (no such route, a method the route does not take), in
     the error shape of every other answer."""
     assert isinstance(exc, HTTPException)
-    error = {
-        "message": f"{request.method} {request.url.path}: {exc.detail}",
-        "type": "invalid_request_error",
-        "param": None,  # OpenAI's shape has all four keys (the media routes' own do)
-        "code": HTTP_ERROR_CODES.get(exc.status_code, "invalid_request"),
-    }
-    response = HttpAnswer.json({"error": error}, exc.status_code).response()
-    response.headers.update(exc.headers or {})
-    return response
+    refusal = Refusal(
+        exc.status_code,
+        f"{request.method} {request.url.path[:_PATH_LOGGED]}: {exc.detail}",
+        HTTP_ERROR_CODES.get(exc.status_code, "invalid_request"),
+        headers=tuple((exc.headers or {}).items()),
+    )
+    return refusal_response(refusal)
 
 
 async def _http_failed(request: Request, exc: Exception) -> Response:
@@ -563,29 +574,20 @@ async def _http_failed(request: Request, exc: Exception) -> Response:
     get_logger(component="http").error(
         "request failed", method=request.method, path=request.url.path, exc_info=exc
     )
-    error = {
-        "message": "internal error",
-        "type": "server_error",
-        "param": None,
-        "code": "internal_error",
-    }
-    return HttpAnswer.json({"error": error}, 500).response()
+    return refusal_response(Refusal(500, "internal error", "internal_error"))
 
 
 EXCEPTION_HANDLERS: Final[dict[Any, Any]] = {HTTPException: _http_refused, Exception: _http_failed}
 
 
-def generation_app(
-    media: MediaService | None, speech: SpeechService | None, robots: RobotService | None
-) -> Starlette:
-    """The routes that run where their engines are (speech, images, videos, robots), alone,
-    as a server process runs them for its connection workers, which relay them whole
-    (``topology/_relay.py``)."""
-    routes = [*media_routes(media), *speech_routes(speech), *robot_routes(robots)]
-    return Starlette(exception_handlers=EXCEPTION_HANDLERS, routes=routes)
+def routes_app(routes: Sequence[BaseRoute]) -> Starlette:
+    """``routes`` alone, in the error shape of every answer: the service routes that run
+    where their engines are, as a server process runs them for its connection workers,
+    which relay them whole (``topology/_relay.py``)."""
+    return Starlette(exception_handlers=EXCEPTION_HANDLERS, routes=list(routes))
 
 
-def _relayed(routes: list[BaseRoute], relay: Any) -> list[BaseRoute]:
+def relayed(routes: Sequence[BaseRoute], relay: Any) -> list[BaseRoute]:
     """``routes``' paths and methods, each answered by the ASGI app ``relay``."""
     relayed: list[BaseRoute] = []
     for route in routes:
@@ -606,10 +608,7 @@ def build_app(
     access: AccessSettings | None = None,
     client_secret_ttl_s: int = 600,
     registry: MetricsRegistry | None = None,
-    robots: RobotService | None = None,
-    media: MediaService | None = None,
-    speech: SpeechService | None = None,
-    generation: Any | None = None,
+    routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     """The routes, over ``backend``, behind ``Guard``.
 
@@ -620,12 +619,10 @@ def build_app(
     ``access``: who may connect (``None``: anyone on loopback, same-origin browsers).
     ``client_secret_ttl_s``: a client secret's lifetime when its request names none.
     ``registry``: where refusals are counted (``None`` in a worker, whose metrics no one reads).
-    ``robots``: the robot policy endpoint's service (``None``: ``Robot policy not available``).
-    ``media``: image and video generation (``None``: those routes answer ``model_not_loaded``).
-    ``speech``: the TTS engine of the speech routes (``None``: they answer ``tts_not_loaded``).
-    ``generation``: in a connection worker, the ASGI app that relays the routes of
-    `generation_app` (speech, images, videos, robots) to the server process, which runs them
-    (``media``, ``speech`` and ``robots`` are then unused).
+    ``routes``: the service routes (speech, images, videos, robots: ``duplex.services``), as
+    the topology builds them: served here, or in a connection worker relayed whole to the
+    process that runs them (`relayed`). A plain HTTP request on any WebSocket route, the
+    sessions' and these, is answered 426.
     """
     policy = AccessPolicy(access or AccessSettings())
     refused = None
@@ -651,13 +648,10 @@ def build_app(
         async for chunk in request.stream():
             body += chunk
             if len(body) > MAX_CLIENT_SECRET_BODY:
-                error = {"message": "The body is too large.", "type": "invalid_request_error"}
-                return HttpAnswer.json(
-                    {"error": {**error, "code": "body_too_large"}}, 413
-                ).response()
+                return refusal_response(Refusal(413, "The body is too large.", "body_too_large"))
         parsed = client_secret_request(body, client_secret_ttl_s)
-        if isinstance(parsed, Denied):
-            return HttpAnswer.json(parsed.body(), parsed.status).response()
+        if isinstance(parsed, Refusal):
+            return refusal_response(parsed)
         ttl_s, session = parsed
         body = json.dumps({"ttl_s": ttl_s, "session": session}).encode()
         return (await backend.http("client_secrets", body)).response()
@@ -670,8 +664,7 @@ def build_app(
         name = "index.html" if path in WEB_PATHS else path.removeprefix("/web/")
         body = files.get(name)
         if body is None:
-            error = {"message": f"no such file: {path[:200]}", "type": "invalid_request_error"}
-            return HttpAnswer.json({"error": {**error, "code": "not_found"}}, 404).response()
+            return refusal_response(Refusal(404, f"no such file: {path[:200]}", "not_found"))
         media_type = WEB_TYPES[name[name.rindex(".") :]]
         return Response(body, media_type=media_type, headers=WEB_HEADERS)
 
@@ -679,16 +672,9 @@ def build_app(
 
     async def upgrade_required(request: Request) -> Response:
         """A plain HTTP request on a WebSocket route: 426, naming the upgrade it needs."""
-        error = {
-            "message": f"{request.url.path} is a WebSocket endpoint: send an Upgrade: "
-            "websocket request",
-            "type": "invalid_request_error",
-            "code": "upgrade_required",
-        }
-        response = HttpAnswer.json({"error": error}, 426).response()
-        response.headers["Upgrade"] = "websocket"
-        response.headers["Connection"] = "Upgrade"
-        return response
+        message = f"{request.url.path} is a WebSocket endpoint: send an Upgrade: websocket request"
+        upgrade = (("Upgrade", "websocket"), ("Connection", "Upgrade"))
+        return refusal_response(Refusal(426, message, "upgrade_required", headers=upgrade))
 
     async def accept(websocket: WebSocket) -> str | None:
         """Accept, echoing ``realtime`` when a browser offered it; returns the peer address."""
@@ -759,7 +745,7 @@ def build_app(
             query = ChatQuery.parse(websocket.query_params)
         except ProtocolError as exc:
             refuse_query("/api/chat", peer, exc)
-            await websocket.send_bytes(error_frame(ErrorEvent.from_exception(exc)))
+            await websocket.send_bytes(moshi_error_frame(ErrorEvent.from_exception(exc)))
             await websocket.close(1008, "bad_query")
             return
         socket = FramedSocket(websocket, MoshiProjection(query, max_size=max_frame_bytes))
@@ -775,35 +761,27 @@ def build_app(
         """OpenPI's ``GET /healthz``: 200 ``OK`` while the server runs."""
         return PlainTextResponse("OK\n")
 
-    generated = [media_routes(media), speech_routes(speech), robot_routes(robots)]
-    if generation is not None:
-        generated = [_relayed(routes, generation) for routes in generated]
-    app = Starlette(
-        exception_handlers=EXCEPTION_HANDLERS,
-        routes=[
-            Route("/", web),
-            Route("/index.html", web),
-            Route("/web/{name:path}", web),
-            Route("/health", health),
-            Route("/healthz", healthz),
-            Route("/v1/models", models),
-            Route("/metrics", metrics),
-            Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
-            WebSocketRoute("/v1/duplex", duplex_socket),
-            WebSocketRoute("/v1/realtime", realtime_socket),
-            WebSocketRoute("/api/chat", chat_socket),
-            WebSocketRoute("/v1/audio/duplex", pcm_socket),
-            *generated[2],
-            Route("/v1/duplex", upgrade_required),  # a plain GET: 426, not 404
-            Route("/v1/realtime", upgrade_required),
-            Route("/api/chat", upgrade_required),
-            Route("/v1/audio/duplex", upgrade_required),
-            Route(ROBOT_PATH, upgrade_required),
-            *generated[0],
-            Route("/v1/realtime/video", upgrade_required),
-            *generated[1],
-            Route("/v1/audio/speech/stream", upgrade_required),
-        ],
-    )
+    all_routes: list[BaseRoute] = [
+        Route("/", web),
+        Route("/index.html", web),
+        Route("/web/{name:path}", web),
+        Route("/health", health),
+        Route("/healthz", healthz),
+        Route("/v1/models", models),
+        Route("/metrics", metrics),
+        Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
+        WebSocketRoute("/v1/duplex", duplex_socket),
+        WebSocketRoute("/v1/realtime", realtime_socket),
+        WebSocketRoute("/api/chat", chat_socket),
+        WebSocketRoute("/v1/audio/duplex", pcm_socket),
+        *routes,
+    ]
+    http_paths = {route.path for route in all_routes if isinstance(route, Route)}
+    all_routes += [  # a plain GET on a WebSocket route: 426, not 404
+        Route(route.path, upgrade_required)
+        for route in all_routes
+        if isinstance(route, WebSocketRoute) and route.path not in http_paths
+    ]
+    app = Starlette(exception_handlers=EXCEPTION_HANDLERS, routes=all_routes)
     app.add_middleware(Guard, policy=policy, backend=backend, refused=refused)
     return app

@@ -60,20 +60,3 @@ def test_only_the_drivers_import_trio() -> None:
         uses_trio = any(n == "trio" or n.startswith("trio.") for n in _imports(path))
         assert uses_trio == (path.name in TRIO_DRIVERS), path.name
     assert {p.name for p in PACKAGE.glob("*.py")} >= set(SANS_TRIO)
-
-
-def test_models_import_only_the_layers_below() -> None:
-    # actors is the bottom layer; exceptions, the PCM16 scale, the metrics registry and
-    # startup progress are leaf modules; the kernels (duplex.kernels) import only torch
-    # and triton
-    allowed = {
-        "duplex.exceptions", "duplex.actors", "duplex.pcm", "duplex.metrics", "duplex.progress",
-    }  # fmt: skip
-    below = ("duplex.models", "duplex.kernels")
-    for path in PACKAGE.rglob("*.py"):
-        for name in _imports(path):
-            if name.startswith("duplex"):
-                assert name in allowed or name.startswith(below), (path.name, name)
-    for path in (PACKAGE.parent / "kernels").rglob("*.py"):
-        for name in _imports(path):
-            assert not name.startswith("duplex") or name.startswith("duplex.kernels"), name

@@ -27,9 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect as ws_connect
 
+from duplex.services.robots._serving import UNAVAILABLE
 from duplex.sessions import shard_of
-from duplex.transport._openpi import UNAVAILABLE
-from duplex.transport._openpi_wire import pack, unpack
+from duplex.wire._openpi import pack, unpack
 
 from ..transport.test_e2e_duplex import open_session
 from ..transport.test_e2e_shards import (

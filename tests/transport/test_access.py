@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from duplex.refusals import Refusal
 from duplex.transport._access import (
     FORBIDDEN_ORIGIN,
     MISDIRECTED_HOST,
@@ -18,7 +19,6 @@ from duplex.transport._access import (
     Allowed,
     ApiKeys,
     ClientSecrets,
-    Denied,
     FailureLimiter,
     PeerConnections,
     Principal,
@@ -208,7 +208,7 @@ def test_client_secret_store_is_bounded_and_frees_expired_ones() -> None:
 def test_client_secret_request(body: bytes, expected: object) -> None:
     parsed = client_secret_request(body, 600)
     if isinstance(expected, str):
-        assert isinstance(parsed, Denied) and parsed.status == 400
+        assert isinstance(parsed, Refusal) and parsed.status == 400
         assert expected in parsed.message
     else:
         assert parsed == expected

@@ -23,7 +23,7 @@ import trio
 from websockets.trio.client import connect
 
 from duplex.models import PolicyOptions, PolicyRequest, ReferencePolicy
-from duplex.transport._openpi_wire import pack, unpack
+from duplex.wire._openpi import pack, unpack
 
 from .test_e2e_media import IMAGES, frames_of, png, receive_stream, refused, wait_job, wait_metric
 from .test_e2e_media import metric as runner_metric

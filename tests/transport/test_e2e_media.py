@@ -89,11 +89,17 @@ async def test_images(tmp_path: Path) -> None:
         data = first.json()["data"]
         assert [png(item).shape for item in data] == [(48, 64, 3)] * 2
         assert [item["seed"] for item in data] == [5, 6]
-        again = (await http.post(url + IMAGES, json={**ask, "seed": 5})).json()["data"]
-        other = (await http.post(url + IMAGES, json={**ask, "seed": 6})).json()["data"]
-        assert again[0]["b64_json"] == data[0]["b64_json"]  # same seed, same PNG
-        assert other[0]["b64_json"] == data[1]["b64_json"]  # image i draws seed + i
-        assert not np.array_equal(png(data[0]), png(data[1]))
+        again = (await http.post(url + IMAGES, json={**ask, "n": 2, "seed": 5})).json()["data"]
+        assert [item["b64_json"] for item in again] == [item["b64_json"] for item in data]
+        # image i draws seed + i: the image of that seed alone, up to the rounding of a
+        # batched forward (docs/images-video.md: a level or two of a pixel)
+        alone_of: dict[int, str] = {}
+        for i, seed in enumerate((5, 6)):
+            (alone,) = (await http.post(url + IMAGES, json={**ask, "seed": seed})).json()["data"]
+            alone_of[seed] = alone["b64_json"]
+            diff = np.abs(png(alone).astype(int) - png(data[i]).astype(int))
+            assert diff.max() <= 2 and (diff > 0).mean() < 0.01, (i, diff.max())
+        assert np.abs(png(data[0]).astype(int) - png(data[1]).astype(int)).max() > 2
 
         for body, param, code in (
             ({**ask, "prompt": ""}, "prompt", "invalid_value"),
@@ -141,7 +147,7 @@ async def test_images(tmp_path: Path) -> None:
         await wait_metric(http, url, "duplex_requests_cancelled_total", "image", cancelled + 1)
         await wait_metric(http, url, "duplex_request_batches_stopped_total", "image", stopped + 1)
         recovered = await http.post(url + IMAGES, json={**ask, "seed": 5})  # the engine is free
-        assert recovered.json()["data"][0]["b64_json"] == data[0]["b64_json"]
+        assert recovered.json()["data"][0]["b64_json"] == alone_of[5]
 
 
 async def wait_job(http: httpx.AsyncClient, url: str, job_id: str, *states: str) -> dict[str, Any]:

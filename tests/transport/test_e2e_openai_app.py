@@ -16,7 +16,7 @@ from typing import Any
 import trio
 from openai import AsyncOpenAI
 
-from .test_realtime_wire import check_wire
+from ..wire.test_realtime import check_wire
 from .wsclient import ENERGY_VAD, running_server
 
 WEATHER = {

@@ -29,7 +29,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.trio.client import ClientConnection, connect
 
 from duplex.models import PolicyOptions, PolicyRequest, ReferencePolicy
-from duplex.transport._openpi_wire import (
+from duplex.wire._openpi import (
     INTERNAL_ERROR,
     INVALID_PAYLOAD,
     MAX_PAYLOAD_BYTES,

@@ -16,11 +16,11 @@ import pytest
 import trio
 from websockets.trio.client import connect
 
+from duplex.codecs._g711 import ulaw_encode
 from duplex.runtime._actor import Inspect
 from duplex.sessions import SessionMachine
-from duplex.transport._g711 import ulaw_encode
 
-from .test_realtime_wire import check_wire
+from ..wire.test_realtime import check_wire
 from .wsclient import Client, Server, running_server
 
 G711 = {"input_audio_format": "g711_ulaw", "output_audio_format": "g711_ulaw"}

@@ -20,7 +20,7 @@ import pytest
 import trio
 from openai import AsyncOpenAI
 
-from .test_realtime_wire import check_wire
+from ..wire.test_realtime import check_wire
 from .wsclient import ENERGY_VAD, running_server, silence, tone
 
 CHUNK = 3840  # 80 ms of PCM16 at 24 kHz

@@ -25,7 +25,7 @@ from websockets.trio.client import connect
 from duplex.models import SileroRunner, StepPlan
 
 from ..signals import pcm16, voiced
-from .test_realtime_wire import check_wire
+from ..wire.test_realtime import check_wire
 from .wsclient import FRAME, Client, Server, running_server, silence, tone
 
 RATE = 24_000

@@ -374,7 +374,7 @@ async def test_audio_is_resampled_and_encoded_off_the_sessions_event_loop(
     """A long clip's encode takes hundreds of milliseconds (MP3, Opus): on the event loop it
     held every session's ticks. Every route's resampling and encoding runs in a worker
     thread (in process, so the calls can be watched)."""
-    from duplex.transport import _speech
+    from duplex.services.speech import _serving as _speech
 
     on_loop: list[tuple[str, bool]] = []
 

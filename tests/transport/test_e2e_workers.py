@@ -28,8 +28,8 @@ from duplex.topology import _link
 from duplex.topology._link import WINDOW
 from duplex.topology._workers import LinkedSocket
 
+from ..wire.test_realtime import check_wire
 from .test_e2e_duplex import open_session, resume, use_session
-from .test_realtime_wire import check_wire
 from .wsclient import FRAME, Client, Server, append, running_server, silence, tone
 
 BASE = {"session.overlap_policy": "model", "server.realtime_vad": "energy"}

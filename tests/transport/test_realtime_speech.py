@@ -32,7 +32,7 @@ import pytest
 import trio
 from openai import AsyncOpenAI
 
-from .test_realtime_wire import check_wire
+from ..wire.test_realtime import check_wire
 from .wsclient import running_server
 
 SPEECH = Path(__file__).resolve().parent.parent / "fixtures" / "speech"

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from duplex.exceptions import ConfigError, ModelError
+from duplex.pcm import pcm16_to_float
 
 from .._batcher import Priority
 from ._asr import AsrChunk, AsrPool, AsrProcess, AsrText
@@ -79,7 +80,7 @@ class AgentModels:
 
         request = SpeechRequest(text, voice=voice)
         audio = await self._engine(TTS_RUNNER).submit(request, priority=Priority.REALTIME)
-        return np.asarray(audio.pcm, dtype=np.float32) / 32768.0, audio.sample_rate
+        return pcm16_to_float(audio.pcm), audio.sample_rate
 
     @property
     def metadata(self) -> Mapping[str, str]:

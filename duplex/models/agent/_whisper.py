@@ -43,6 +43,7 @@ import numpy.typing as npt
 
 from duplex.exceptions import ConfigError
 from duplex.models import UnitGate
+from duplex.pcm import pcm16_to_float
 
 from ._asr import ASR_SAMPLE_RATE, AsrChunk, AsrText
 
@@ -322,7 +323,7 @@ class WhisperRunner:
         import torch
 
         extractor = self._processor.feature_extractor
-        audio = [np.asarray(w, np.float32) / 32768.0 for w in windows]
+        audio = [pcm16_to_float(w) for w in windows]
         full = int(extractor.n_samples)
         hop = int(extractor.hop_length)
         length = full

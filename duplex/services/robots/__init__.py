@@ -1,0 +1,5 @@
+"""Robot policies over OpenPI's protocol: ``WS /v1/realtime/robot/openpi``."""
+
+from ._serving import ROBOT_PATH, RobotService, robot_routes
+
+__all__ = ["ROBOT_PATH", "RobotService", "robot_routes"]

@@ -1,0 +1,495 @@
+"""The speech endpoints: thin adapters between the wire (``_speech_wire.py``) and the TTS engine.
+
+``POST /v1/audio/speech`` (whole file, or ``stream: true``: audio sentence by
+sentence as it is made), ``POST /v1/audio/speech/batch`` (results in input
+order), ``GET /v1/audio/voices`` and ``WS /v1/audio/speech/stream``. Each
+request is one or more `SpeechRequest`s submitted to the process's TTS
+`RequestEngine` (the one the voice agent speaks with), which batches them
+across clients and runs them in the slack a realtime engine leaves.
+
+Overload is ``429`` with ``Retry-After``; a client that leaves withdraws its
+requests (HTTP: the handler watches for ``http.disconnect``; a stream: the
+socket's reader ends the connection's nursery). Without a TTS engine
+(``--tts none``) every speech route answers ``404``
+``tts_not_loaded``; while it loads, ``503`` with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Final, TypeVar, final
+
+import numpy as np
+import trio
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from duplex.codecs import MEDIA_TYPES, OPUS_RATE, AudioStream, encode_audio, resample_pcm16
+from duplex.exceptions import EngineUnavailable, RequestFailed, RequestsOverloaded
+from duplex.logs import get_logger
+from duplex.metrics import Counter, MetricsRegistry
+from duplex.models.tts import TTS_RUNNER, SpeechRequest, split_sentences, voice_problem
+from duplex.refusals import Refusal
+from duplex.runtime import RequestEngines, RequestService
+from duplex.transport import refusal_response
+from duplex.wire import dumps
+
+from ._protocol import (
+    MAX_SPEECH_BODY,
+    CloseStream,
+    FinishUtterance,
+    Reply,
+    Speak,
+    SpeechParams,
+    SpeechStream,
+    StreamConfig,
+    error_event,
+    parse_batch,
+    parse_speech,
+)
+
+_T = TypeVar("_T")
+
+__all__ = ["SpeechService", "speech_routes"]
+
+STREAM_CONFIG_TIMEOUT_S: Final = 10.0
+"""A stream's ``session.config`` must come this soon (vLLM-Omni's limit)."""
+STREAM_IDLE_TIMEOUT_S: Final = 30.0
+"""A stream that sends nothing this long, with nothing queued, is closed (vLLM-Omni's)."""
+STREAM_QUEUE: Final = 64
+"""Sentences (and utterance ends) one stream may have queued; its reader waits beyond."""
+OVERLOAD_RETRY_S: Final = 30.0
+"""How long a started stream keeps retrying a sentence the full queue refused."""
+
+NOT_LOADED = Refusal(
+    404,
+    "No text-to-speech model is loaded on this server (start it with --tts espeak, or "
+    "--tts PATH for a VITS checkpoint).",
+    "tts_not_loaded",
+)
+LOADING = Refusal(503, "The text-to-speech model is loading.", "tts_loading", retry_after_s=1.0)
+FAILED = Refusal(500, "Speech synthesis failed.", "tts_failed")
+UNAVAILABLE = Refusal(
+    503,
+    "The text-to-speech engine is restarting; retry shortly.",
+    "tts_unavailable",
+    retry_after_s=1.0,
+)
+
+
+def _overloaded(exc: RequestsOverloaded) -> Response:
+    message = "Too many speech requests are waiting; retry later."
+    refused = Refusal(429, message, "rate_limit_exceeded", retry_after_s=exc.retry_after_s)
+    return refusal_response(refused)
+
+
+@final
+class SpeechService:
+    """The server's TTS, as the speech routes see it: the request engine named ``tts`` in the
+    process's registry (local, or in an engine process; replaced when it restarts).
+
+    Args:
+        requests: the process's request engines.
+        registry: where the speech endpoints' counters go (the engine's own are exported by
+            ``requests``, labelled ``runner="tts"``).
+    """
+
+    def __init__(self, requests: RequestEngines, registry: MetricsRegistry | None = None) -> None:
+        self.requests = requests
+        self._workers = trio.CapacityLimiter(max(1, (os.cpu_count() or 2) - 1))
+        """Resampling and encoding run in worker threads, at most one per core but one, so
+        the sessions' event loop keeps a core however many clips are encoded at once."""
+        self._outcomes: Counter | None = None
+        if registry is not None:
+            self._outcomes = registry.counter(
+                "duplex_speech_requests_total",
+                "Speech endpoint requests, by endpoint and outcome",
+                ["endpoint", "outcome"],
+            )
+
+    @property
+    def configured(self) -> bool:
+        """This server serves a TTS (``--tts`` is not ``none``)."""
+        return TTS_RUNNER in self.requests.configured
+
+    @property
+    def engine(self) -> RequestService | None:
+        """The TTS engine now (``None``: starting, or restarting)."""
+        return self.requests.get(TTS_RUNNER)
+
+    def count(self, endpoint: str, outcome: str) -> None:
+        if self._outcomes is not None:
+            self._outcomes.inc(endpoint=endpoint, outcome=outcome)
+
+    def _metadata(self) -> Mapping[str, Any]:
+        engine = self.engine
+        assert engine is not None
+        return engine.metadata
+
+    def check_voice(self, voice: str) -> str | None:
+        """The engine's verdict on ``voice``: ``None``, or a message listing the valid ones."""
+        return voice_problem(self._metadata(), voice)
+
+    @property
+    def native_rate(self) -> int:
+        return int(self._metadata()["sample_rate"])
+
+    async def speak(self, text: str, params: SpeechParams | StreamConfig) -> np.ndarray:
+        """``text`` spoken as ``params`` asks, at its output rate (int16).
+
+        Raises:
+            RequestsOverloaded, RequestFailed: as `RequestEngine.submit` (``RequestFailed``
+                also when the engine is not running).
+        """
+        engine = self.engine
+        if engine is None:
+            raise RequestFailed("the TTS engine is not running")
+        audio = await engine.submit(SpeechRequest(text, params.voice, params.speed))
+        return await self.off_loop(
+            resample_pcm16, audio.pcm, audio.sample_rate, self.output_rate(params)
+        )
+
+    async def off_loop(self, work: Callable[..., _T], *args: Any) -> _T:
+        """``work(*args)`` in a worker thread: a 17 s clip took 235 ms to encode as MP3, 330
+        ms as Opus (resampled to 24 kHz first: 55 ms more) on CPU-2, which on the event loop
+        held every session's ticks (a served trial, 16 sessions and 6 SDK requests at once:
+        delay p99 0.6-0.8 s, 130-170 missed ticks); the codecs release the GIL for most of
+        it."""
+        return await trio.to_thread.run_sync(work, *args, limiter=self._workers)
+
+    def output_rate(self, params: SpeechParams | StreamConfig) -> int:
+        if params.response_format == "opus":
+            return OPUS_RATE
+        return int(params.sample_rate or self.native_rate)
+
+    def voices_body(self) -> dict[str, Any]:
+        metadata = self._metadata()
+        voices = metadata["voices"]
+        return {
+            "object": "list",
+            "voices": [voice["name"] for voice in voices],
+            "data": voices,
+            "sample_rate": metadata["sample_rate"],
+            "variants": metadata.get("variants", []),
+        }
+
+
+async def _read_body(request: Request) -> bytes | Refusal:
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_SPEECH_BODY:
+            return Refusal(413, f"The body is over {MAX_SPEECH_BODY} bytes.", "body_too_large")
+    return body
+
+
+async def _unless_gone(request: Request, work: Callable[[], Awaitable[Any]]) -> tuple[bool, Any]:
+    """Run ``work`` while watching the client: ``(False, None)`` if it left first (the work is
+    cancelled, which withdraws its engine requests), else ``(True, result)``; what ``work``
+    raises is raised here, as itself."""
+    outcome: list[Any] = []
+    failure: list[Exception] = []
+
+    async def run(cancel: trio.CancelScope) -> None:
+        try:
+            outcome.append(await work())
+        except Exception as exc:  # re-raised below, outside the nursery's group
+            failure.append(exc)
+        cancel.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run, nursery.cancel_scope)
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                nursery.cancel_scope.cancel()
+                break
+    if failure:
+        raise failure[0]
+    return (True, outcome[0]) if outcome else (False, None)
+
+
+def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
+    """The speech routes over ``service`` (``None``: no TTS here; each route says so)."""
+    log = get_logger(component="speech")
+
+    def ready(endpoint: str) -> Response | None:
+        if service is None or not service.configured:
+            return refusal_response(NOT_LOADED)
+        if service.engine is None:
+            service.count(endpoint, "loading")
+            return refusal_response(LOADING)
+        return None
+
+    async def attempt(endpoint: str, what: str, work: Callable[[], Awaitable[Any]]) -> Any:
+        """``work``'s result, or the answer to its refusal (429) or failure (500, logged as
+        ``what``), counted either way."""
+        assert service is not None
+        try:
+            return await work()
+        except RequestsOverloaded as exc:
+            service.count(endpoint, "refused")
+            return _overloaded(exc)
+        except EngineUnavailable as exc:  # its engine process is being restarted: retry
+            service.count(endpoint, "unavailable")
+            log.warning(what, error=str(exc))
+            return refusal_response(UNAVAILABLE)
+        except RequestFailed as exc:
+            service.count(endpoint, "failed")
+            log.error(what, exc_info=exc)
+            return refusal_response(FAILED)
+
+    async def parsed_body(
+        request: Request, endpoint: str, parse: Callable[..., Any]
+    ) -> Any | Response:
+        assert service is not None
+        body = await _read_body(request)
+        if isinstance(body, Refusal):
+            service.count(endpoint, "invalid")
+            return refusal_response(body)
+        parsed = parse(body, service.check_voice)
+        if isinstance(parsed, Refusal):
+            service.count(endpoint, "invalid")
+            return refusal_response(parsed)
+        return parsed
+
+    async def speech(request: Request) -> Response:
+        endpoint = "speech"
+        if (early := ready(endpoint)) is not None:
+            return early
+        assert service is not None
+        params = await parsed_body(request, endpoint, parse_speech)
+        if isinstance(params, Response):
+            return params
+        if params.stream:
+            return await stream_http(request, params)
+        outcome = await attempt(
+            endpoint,
+            "speech failed",
+            lambda: _unless_gone(request, lambda: service.speak(params.input, params)),
+        )
+        if isinstance(outcome, Response):
+            return outcome
+        done, pcm = outcome
+        if not done:
+            service.count(endpoint, "cancelled")
+            return Response(status_code=499)  # nobody reads it
+        service.count(endpoint, "ok")
+        rate = service.output_rate(params)
+        body = await service.off_loop(encode_audio, pcm, rate, params.response_format)
+        return Response(body, media_type=MEDIA_TYPES[params.response_format])
+
+    async def stream_http(request: Request, params: SpeechParams) -> Response:
+        """``stream: true``: the first sentence is made before answering (so overload is still
+        a 429), the rest as the client reads."""
+        assert service is not None
+        endpoint = "speech_stream"
+        sentences = split_sentences(params.input)
+        first = await attempt(
+            endpoint, "speech failed", lambda: service.speak(sentences[0], params)
+        )
+        if isinstance(first, Response):
+            return first
+        encoder = AudioStream(params.response_format, service.output_rate(params))
+
+        async def body() -> AsyncIterator[bytes]:
+            outcome = "cancelled"  # until the last byte is handed over
+            try:
+                yield await service.off_loop(encoder.chunk, first)
+                for sentence in sentences[1:]:
+                    pcm = await speak_retrying(sentence, params)
+                    yield await service.off_loop(encoder.chunk, pcm)
+                yield await service.off_loop(encoder.end)
+                outcome = "ok"
+            except RequestFailed as exc:
+                outcome = "failed"
+                log.error("speech failed mid-stream", exc_info=exc)
+            finally:
+                service.count(endpoint, outcome)
+
+        return StreamingResponse(body(), media_type=MEDIA_TYPES[params.response_format])
+
+    async def speak_retrying(text: str, params: SpeechParams) -> np.ndarray:
+        """A started stream's next sentence: a full queue is waited out (up to
+        `OVERLOAD_RETRY_S`), since the client already has the start of the audio."""
+        assert service is not None
+        deadline = trio.current_time() + OVERLOAD_RETRY_S
+        while True:
+            try:
+                return await service.speak(text, params)
+            except RequestsOverloaded as exc:
+                if trio.current_time() >= deadline:
+                    raise RequestFailed("the TTS queue stayed full") from exc
+                await trio.sleep(min(1.0, exc.retry_after_s))
+
+    async def batch(request: Request) -> Response:
+        endpoint = "speech_batch"
+        if (early := ready(endpoint)) is not None:
+            return early
+        assert service is not None
+        items = await parsed_body(request, endpoint, parse_batch)
+        if isinstance(items, Response):
+            return items
+        results: list[np.ndarray | None] = [None] * len(items)
+
+        async def all_items() -> None:
+            failed: list[Exception] = []
+
+            async def one(i: int, params: SpeechParams, everyone: trio.CancelScope) -> None:
+                try:
+                    results[i] = await service.speak(params.input, params)
+                except (RequestsOverloaded, RequestFailed) as exc:  # the batch fails as one
+                    failed.append(exc)
+                    everyone.cancel()
+
+            async with trio.open_nursery() as nursery:  # submitted together: batched together
+                for i, params in enumerate(items):
+                    nursery.start_soon(one, i, params, nursery.cancel_scope)
+            if failed:
+                raise failed[0]
+
+        outcome = await attempt(
+            endpoint, "speech batch failed", lambda: _unless_gone(request, all_items)
+        )
+        if isinstance(outcome, Response):
+            return outcome
+        done, _ = outcome
+        if not done:
+            service.count(endpoint, "cancelled")
+            return Response(status_code=499)
+        service.count(endpoint, "ok")
+        rates = [service.output_rate(params) for params in items]
+
+        def answer() -> bytes:
+            data = []
+            for i, (params, pcm, rate) in enumerate(zip(items, results, rates, strict=True)):
+                assert pcm is not None
+                audio = encode_audio(pcm, rate, params.response_format)
+                data.append(
+                    {
+                        "index": i,
+                        "object": "audio.speech",
+                        "format": params.response_format,
+                        "media_type": MEDIA_TYPES[params.response_format],
+                        "sample_rate": rate,
+                        "duration_s": round(pcm.size / rate, 3),
+                        "audio": base64.b64encode(audio).decode("ascii"),
+                    }
+                )
+            return dumps({"object": "list", "model": items[0].model, "data": data}).encode()
+
+        return Response(await service.off_loop(answer), media_type="application/json")
+
+    async def voices(request: Request) -> Response:
+        if (early := ready("voices")) is not None:
+            return early
+        assert service is not None
+        return Response(dumps(service.voices_body()), media_type="application/json")
+
+    async def stream_socket(websocket: WebSocket) -> None:
+        await websocket.accept()
+        if service is None or not service.configured or service.engine is None:
+            loading = service is not None and service.configured
+            refused = LOADING if loading else NOT_LOADED
+            await websocket.send_text(error_event(refused.message, refused.code))
+            await websocket.close(1000 if loading else 1008, refused.code)
+            return
+        await SpeechSocket(service, websocket).run()
+
+    return [
+        Route("/v1/audio/speech", speech, methods=["POST"]),
+        Route("/v1/audio/speech/batch", batch, methods=["POST"]),
+        Route("/v1/audio/voices", voices, methods=["GET"]),
+        WebSocketRoute("/v1/audio/speech/stream", stream_socket),
+    ]
+
+
+@final
+class SpeechSocket:
+    """One ``WS /v1/audio/speech/stream`` connection: a reader that feeds the protocol
+    (`SpeechStream`) and answers its errors at once, and a speaker that runs its sentences in
+    order. Either ending (the client left, ``session.close``) ends both."""
+
+    def __init__(self, service: SpeechService, websocket: WebSocket) -> None:
+        self.service = service
+        self.ws = websocket
+        self.protocol = SpeechStream(service.check_voice)
+        self._send_lock = trio.Lock()
+        self._unsaid = 0  # sentences queued and not yet sent
+
+    async def run(self) -> None:
+        send, receive = trio.open_memory_channel[Speak | FinishUtterance | CloseStream](
+            STREAM_QUEUE
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._speaker, receive, nursery.cancel_scope)
+            await self._reader(send)
+            nursery.cancel_scope.cancel()  # the client left: withdraw what is queued
+        if self._unsaid:  # counted once the connection's work is over: nothing more runs
+            self.service.count("speech_stream_ws", "cancelled")
+
+    async def _send_text(self, text: str) -> None:
+        async with self._send_lock:
+            await self.ws.send_text(text)
+
+    async def _reader(self, queue: trio.MemorySendChannel[Any]) -> None:
+        timeout = STREAM_CONFIG_TIMEOUT_S
+        while True:
+            with trio.move_on_after(timeout) as waited:
+                try:
+                    message = await self.ws.receive()
+                except (RuntimeError, WebSocketDisconnect):
+                    return
+            if waited.cancelled_caught:
+                reason = "config_timeout" if self.protocol.config is None else "idle_timeout"
+                await self._send_text(error_event(f"no message for {timeout:g} s", reason))
+                await self.ws.close(1000 if self.protocol.config else 1008, reason)
+                return
+            if message["type"] == "websocket.disconnect":
+                return
+            frame = message.get("text")
+            if frame is None:
+                frame = message.get("bytes") or b""
+            for action in self.protocol.receive(frame):
+                if isinstance(action, Reply):
+                    await self._send_text(action.text)
+                else:
+                    self._unsaid += isinstance(action, Speak)
+                    await queue.send(action)  # full: this reader waits (backpressure)
+            timeout = STREAM_IDLE_TIMEOUT_S if self.protocol.config else STREAM_CONFIG_TIMEOUT_S
+
+    async def _speaker(
+        self, queue: trio.MemoryReceiveChannel[Any], everything: trio.CancelScope
+    ) -> None:
+        async for action in queue:
+            if isinstance(action, CloseStream):
+                await self.ws.close(action.code, action.reason)
+                everything.cancel()
+                return
+            if isinstance(action, FinishUtterance):
+                await self._send_text(action.event())
+                continue
+            await self._say(action)
+
+    async def _say(self, speak: Speak) -> None:
+        config = speak.config
+        try:
+            pcm = await self.service.speak(speak.text, config)
+        except (RequestsOverloaded, RequestFailed) as exc:
+            code = "rate_limit_exceeded" if isinstance(exc, RequestsOverloaded) else "tts_failed"
+            self.service.count("speech_stream_ws", "refused" if code != "tts_failed" else "failed")
+            await self._send_text(error_event(f"sentence {speak.sentence_index}: {exc}", code))
+            self._unsaid -= 1
+            return
+        rate = self.service.output_rate(config)
+        audio = await self.service.off_loop(encode_audio, pcm, rate, config.response_format)
+        async with self._send_lock:
+            await self.ws.send_text(speak.start_event(rate))
+            await self.ws.send_bytes(audio)
+            await self.ws.send_text(speak.done_event())
+        self._unsaid -= 1
+        self.service.count("speech_stream_ws", "ok")

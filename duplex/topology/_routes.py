@@ -1,0 +1,30 @@
+"""The service routes a server serves, as the topology hands them to the app.
+
+The app (``duplex.transport``) imports no service: the process that runs the
+engines builds the services and passes their routes; a connection worker
+passes the same routes' shapes, relayed whole to that process. Every family is
+always routed: a service that is not loaded answers its own ``*_not_loaded``.
+"""
+
+from __future__ import annotations
+
+from starlette.routing import BaseRoute
+
+from duplex.services.media import MediaService, media_routes
+from duplex.services.robots import ROBOT_PATH, RobotService, robot_routes
+from duplex.services.speech import SpeechService, speech_routes
+
+__all__ = ["robot_limits", "service_routes"]
+
+
+def service_routes(
+    media: MediaService | None, speech: SpeechService | None, robots: RobotService | None
+) -> list[BaseRoute]:
+    """Every service family's routes, over the services this process runs (``None``: not
+    loaded here, or only the shapes, for a worker that relays them)."""
+    return [*robot_routes(robots), *media_routes(media), *speech_routes(speech)]
+
+
+def robot_limits(robot_payload_bytes: int) -> dict[str, int]:
+    """The robot endpoint's own frame limit, by path, when a policy is served (0: none)."""
+    return {ROBOT_PATH: robot_payload_bytes} if robot_payload_bytes else {}
