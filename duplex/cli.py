@@ -59,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
         "--model-seed on the model device, without a checkpoint (benchmarks)",
     )
     serve.add_argument(
-        "--kv-cache-dtype", choices=["auto", "fp8"], help="Moshi KV ring storage (default auto)"
+        "--kv-cache-dtype",
+        choices=["auto", "fp8", "int4"],
+        help="Moshi KV ring storage (default auto)",
     )
     serve.add_argument(
         "--connection-workers",

@@ -99,9 +99,10 @@ class ServerConfig:
     """Serve a Moshi preset (``moshi-7b``, ``personaplex-7b``, ``tiny``) with weights drawn
     from ``model_seed`` on ``model_device`` instead of a checkpoint: for benchmarks without a
     download; nothing is written. Refused for ``loopback`` and for a checkpoint folder."""
-    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
-    """Storage of Moshi's KV rings: ``auto`` (the LM's dtype: bf16 on a GPU) or ``fp8``
-    (e4m3: half the bytes, about twice the sessions; accuracy cost in docs/benchmarks.md)."""
+    kv_cache_dtype: Literal["auto", "fp8", "int4"] = "auto"
+    """Storage of Moshi's KV rings: ``auto`` (the LM's dtype: bf16 on a GPU), ``fp8``
+    (e4m3: half the bytes, about twice the sessions) or ``int4`` (4-bit values with a float16
+    scale a group of 32: 0.28 of bf16's bytes); accuracy cost in docs/benchmarks.md."""
     loopback_delay_ms: int = 240
     """Echo delay of the ``loopback`` model, a multiple of 80 ms."""
     model_cache_dir: str = ""
