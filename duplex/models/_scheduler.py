@@ -5,6 +5,11 @@ are free, live or being released, and a window of measured step times); the
 runner holds the tensors. It imports no trio, numpy or torch and reads no
 clock: durations and the time (trio's clock, from the engine's caller) are
 handed to it.
+
+Replay steps (a prompt replay, any prefill: slots that take no input yet) may
+run between ticks, in the slack. How many fit a window is decided here too
+(`Scheduler.replay_steps`), from the replay steps' own measured times, kept in a
+window of their own so they never move admission.
 """
 
 from __future__ import annotations
@@ -92,6 +97,10 @@ class SchedulerStatistics:
     max_step_s: float | None
 
 
+_REPLAY_RECENT = 16
+"""Replay steps of one batch size that the estimate reads (`Scheduler.replay_step_s`)."""
+
+
 def _nearest_rank(sorted_values: list[float], q: float) -> float:
     """The q-quantile by nearest rank: deterministic and never interpolated."""
     rank = max(1, math.ceil(q * len(sorted_values)))
@@ -149,6 +158,8 @@ class Scheduler:
         self._releasing = 0
         self._steps: deque[tuple[int, float, float]] = deque(maxlen=window)
         """(batch size, duration, time recorded)."""
+        self._replays: deque[tuple[int, float]] = deque(maxlen=window)
+        """Replay steps run between ticks: (batch size, duration)."""
         self._now = -math.inf
         self._over: int | None = None
         """The smallest batch size last found over budget; forgotten once it measures fine."""
@@ -248,6 +259,45 @@ class Scheduler:
             self._over = over if self._over is None else min(over, self._over)
         elif batch_size == self._over and self._fits(batch_size, self._now):
             self._over = None
+
+    def record_replay_step(self, batch_size: int, duration_s: float) -> None:
+        """Add one measured replay step (run between ticks over ``batch_size`` replaying
+        slots). Kept apart from `record_step`: a replay step skips the codec, and its
+        batch is not the tick's, so it is no evidence for admission."""
+        if batch_size <= 0 or duration_s < 0:
+            raise ValueError("batch_size must be positive and duration_s non-negative")
+        self._replays.append((batch_size, duration_s))
+
+    def replay_step_s(self, batch_size: int) -> float | None:
+        """What one replay step over ``batch_size`` slots will cost (``None``: unknown).
+
+        The rule: the 90th percentile (nearest rank) of the last `_REPLAY_RECENT` replay
+        steps of the smallest measured batch size at least ``batch_size`` (more rows
+        never cost less); with none, of the tick steps of that kind (a tick step runs
+        the codec as well: an upper bound). High, not the mean: a replay that overruns
+        its window costs every live session a late tick, one that stops short costs
+        only the replaying session a few milliseconds.
+        """
+        for steps in (self._replays, self._steps):
+            sizes = sorted({b for b, *_ in steps if b >= batch_size})
+            if sizes:
+                size = sizes[0]
+                recent = [d for b, d, *_ in steps if b == size][-_REPLAY_RECENT:]
+                return _nearest_rank(sorted(recent), 0.9)
+        return None
+
+    def replay_steps(self, batch_size: int, time_s: float, limit: int) -> int:
+        """How many replay steps over ``batch_size`` slots fit in ``time_s`` seconds (at
+        most ``limit``): ``floor(time_s / replay_step_s)``; with no estimate yet, one (the
+        probe whose time is the first evidence); 0 with nothing to replay or no time."""
+        if batch_size <= 0 or limit <= 0 or not time_s > 0:
+            return 0
+        estimate = self.replay_step_s(batch_size)
+        if estimate is None:
+            return 1
+        if estimate <= 0 or math.isinf(time_s):
+            return limit
+        return min(limit, int(time_s / estimate))
 
     def statistics(self, now: float | None = None) -> SchedulerStatistics:
         """Snapshot of the pool and of step times over the window."""
