@@ -25,7 +25,8 @@ given), so they start only after a tick's outputs are handed on, one unit at a
 time with any batch work, and only when the next tick is not due: the engine's
 scheduler says how many steps fit the time left (`Engine.replay_steps`, from
 measured replay steps; one probe step before any is measured), capped by
-``max_replay_steps`` and by one frame period when no tick bounds the window. A
+``max_replay_steps`` and by the next tick on the grid even when nothing else is
+live (the slack's window is then open). A
 tick due while a unit runs waits for it (late, and counted by the slack as an
 overrun); the unit's time raises the estimate. A replay step's output is silent;
 only a slot's last one (``holds_input`` false: its next step takes input) is
@@ -372,8 +373,9 @@ class EngineDriver:
                 continue
             await windows.acquire(self._engine.replay_step_s())
             try:
-                # no tick bounds an open window (nothing else is live): one period at most
-                budget = min(windows.time_left(), self._ticker.period_s - windows.margin_s)
+                # the next tick bounds the unit even where no live slot bounds the window
+                until_tick = self._ticker.next_at - windows.margin_s - trio.current_time()
+                budget = min(windows.time_left(), until_tick)
                 steps = self._engine.replay_steps(budget, self._max_replay_steps)
                 if steps:
                     await self._replay_unit(steps)
