@@ -23,8 +23,9 @@ batched over every replaying slot (`Engine.replay`). They run as units of the
 process's `Slack` (the one request engines share; a private one when none is
 given), so they start only after a tick's outputs are handed on, one unit at a
 time with any batch work, and only when the next tick is not due: the engine's
-scheduler says how many steps fit the time left (`Engine.replay_steps`, from
-measured replay steps; one probe step before any is measured), capped by
+scheduler says whether a step fits the time left (`Engine.replay_steps`, from
+measured replay steps; one probe step before any is measured), asked again before
+each step of the unit with the time really left, capped by
 ``max_replay_steps`` and by the next tick on the grid even when nothing else is
 live (the slack's window is then open). A
 tick due while a unit runs waits for it (late, and counted by the slack as an
@@ -378,19 +379,21 @@ class EngineDriver:
                 budget = min(windows.time_left(), until_tick)
                 steps = self._engine.replay_steps(budget, self._max_replay_steps)
                 if steps:
-                    await self._replay_unit(steps)
+                    await self._replay_unit(budget)
             finally:
                 windows.release()
             if not steps:  # the window is too short for a step: the next one may not be
                 await self._tick_ended.wait()
 
-    async def _replay_unit(self, steps: int) -> None:
-        """Run ``steps`` replay steps off the trio thread and hand on each slot's last."""
+    async def _replay_unit(self, budget_s: float) -> None:
+        """Run replay steps off the trio thread while the scheduler says the next fits the
+        time left of ``budget_s``, and hand on each slot's last."""
         async with self._engine_busy:
             now = trio.current_time()
             self._stepping_since = now
+            replay = partial(self._engine.replay, now, self._max_replay_steps, within_s=budget_s)
             try:
-                done = await self._offload(partial(self._engine.replay, now, steps))
+                done = await self._offload(replay)
             finally:
                 self._stepping_since = None
         self._replay_units += 1

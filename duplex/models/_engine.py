@@ -553,9 +553,14 @@ class Engine:
             batch = sum(slot.holding for slot in self._slots.values())
             return self._scheduler.replay_steps(batch, time_s, limit)
 
-    def replay(self, now: float, steps: int) -> list[dict[SlotHandle, SlotOutput]]:
+    def replay(
+        self, now: float, steps: int, *, within_s: float | None = None
+    ) -> list[dict[SlotHandle, SlotOutput]]:
         """Run up to ``steps`` replay steps (see the module docstring), each over the slots
-        that still hold their input; stop early when none does. ``now`` stamps the outputs.
+        that still hold their input; stop early when none does, or, with ``within_s``, when
+        the scheduler says the next step no longer fits the time left of ``within_s``
+        seconds from the call (on the engine's timer: the steps' real times, not their
+        estimate, decide how many run). ``now`` stamps the outputs.
 
         Returns:
             Each step's outputs, in order (empty: nothing replays).
@@ -567,8 +572,11 @@ class Engine:
         if not self._stepping.acquire(blocking=False):
             raise RuntimeError("Engine.replay runs beside no other step")
         try:
+            until = None if within_s is None else self._timer() + within_s
             done: list[dict[SlotHandle, SlotOutput]] = []
             for _ in range(steps):
+                if until is not None and not self.replay_steps(until - self._timer(), 1):
+                    break
                 outputs = self._step(now, None, replay=True)
                 if not outputs:
                     break
