@@ -196,8 +196,8 @@ class EngineDriver:
         self._replays = replay_in_slack and engine.spec.supports_prompts
         self._max_replay_steps = max_replay_steps
         self._engine_busy = trio.Lock()
-        """Held around every trip to the engine's thread: a tick and a replay unit never
-        step at once (`Engine.step` is not reentrant)."""
+        """Held around every trip to the engine's thread when replays run in the slack: a
+        tick and a replay unit never step at once (`Engine.step` is not reentrant)."""
         self._replay_wanted = trio.Event()
         self._tick_ended = trio.Event()
         self._taken_at: dict[SlotHandle, float] = {}
@@ -333,16 +333,10 @@ class EngineDriver:
             self._recorder.tick(trio.current_time() - scheduled)
         self._windows.step_started()
         try:
-            async with self._engine_busy:  # after a replay unit still running, if any
-                self._stepping_since = trio.current_time()
-                try:
-                    if self._steps_per_tick == 1:
-                        step = partial(self._engine.step, scheduled, phase)
-                        steps = [await self._offload(step)]
-                    else:
-                        steps = await self._offload(partial(self._catch_up, scheduled))
-                finally:
-                    self._stepping_since = None
+            if self._steps_per_tick == 1:
+                steps = [await self._on_engine(partial(self._engine.step, scheduled, phase))]
+            else:
+                steps = await self._on_engine(partial(self._catch_up, scheduled))
             taken = self._taken_at
             for outputs in steps:
                 for handle, output in outputs.items():
@@ -357,6 +351,21 @@ class EngineDriver:
             self._windows.step_ended(scheduled + self._ticker.period_s)
             self._tick_ended.set()
             self._tick_ended = trio.Event()
+
+    async def _on_engine(self, work: Callable[[], _T]) -> _T:
+        """One trip to the engine's thread, timed for `stalled`; with replays in the slack,
+        after any other trip still running (a tick waits for a replay unit that overran)."""
+        if not self._replays:
+            return await self._timed(work)
+        async with self._engine_busy:
+            return await self._timed(work)
+
+    async def _timed(self, work: Callable[[], _T]) -> _T:
+        self._stepping_since = trio.current_time()
+        try:
+            return await self._offload(work)
+        finally:
+            self._stepping_since = None
 
     def _ready(self, handle: SlotHandle) -> None:
         """The prompted slot's replay is done: its time to ready is recorded."""
@@ -388,14 +397,9 @@ class EngineDriver:
     async def _replay_unit(self, budget_s: float) -> None:
         """Run replay steps off the trio thread while the scheduler says the next fits the
         time left of ``budget_s``, and hand on each slot's last."""
-        async with self._engine_busy:
-            now = trio.current_time()
-            self._stepping_since = now
-            replay = partial(self._engine.replay, now, self._max_replay_steps, within_s=budget_s)
-            try:
-                done = await self._offload(replay)
-            finally:
-                self._stepping_since = None
+        now = trio.current_time()
+        replay = partial(self._engine.replay, now, self._max_replay_steps, within_s=budget_s)
+        done = await self._on_engine(replay)
         self._replay_units += 1
         delivered = False
         taken = self._taken_at
