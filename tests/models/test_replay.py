@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from duplex.models import (
     Engine,
@@ -115,6 +117,31 @@ def test_replay_steps_fit_the_time_left_by_measured_replay_steps() -> None:
     assert scheduler.replay_step_s(3) == 0.03  # none at 3 or more: the tick steps' bound
     assert scheduler.replay_steps(2, math.inf, limit=5) == 5
     assert scheduler.statistics().window_steps == 1  # replay steps never reach admission
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 8), st.floats(0.0005, 0.05)), min_size=1, max_size=40),
+    st.integers(1, 8),
+    st.floats(0.0, 0.2),
+    st.integers(1, 64),
+)
+def test_the_steps_granted_never_outlast_the_time_at_the_estimate(
+    replays: list[tuple[int, float]], batch: int, time_s: float, limit: int
+) -> None:
+    scheduler = Scheduler(8, PERIOD)
+    for size, duration in replays:
+        scheduler.record_replay_step(size, duration)
+    steps = scheduler.replay_steps(batch, time_s, limit)
+    estimate = scheduler.replay_step_s(batch)
+    assert 0 <= steps <= limit
+    if estimate is None:  # nothing measured at this batch size or above: one probe
+        assert steps == (1 if time_s > 0 else 0)
+    else:
+        assert steps * estimate <= time_s + 1e-12
+        assert steps == limit or (steps + 1) * estimate > time_s  # as many as fit
+        longer = scheduler.replay_steps(batch, time_s + estimate, limit)
+        assert longer >= steps  # more time never grants fewer
 
 
 # -- the engine's replay steps -------------------------------------------------------------
