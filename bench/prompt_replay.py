@@ -10,8 +10,9 @@ temporary folder; ``personaplex-7b``: `random_moshi` on the device, bf16, CUDA g
 captured first). The voice is a WAV of ``--voice-seconds`` of seeded noisy tones put in
 the model's ``voices/`` folder (random 7B weights have no folder: the bench gives the
 runner one that holds only the voice), the persona ``--text``. One runner serves every
-phase, so every phase has the same weights; each phase's first replay (which also
-Mimi-encodes the voice once) is a warm-up, reported apart as ``cold``.
+phase, so every phase has the same weights. The runner builds a prompt's replay once (the
+voice Mimi-encoded, the text tokenized) and keeps it: that first build is timed apart
+(``prepare_s``, a probe step before the phases), and every timed replay reuses it.
 
 ``alone``
     One session. ``reference``: NVIDIA's pattern (``LMGen.step_system_prompts``): the
@@ -21,7 +22,8 @@ Mimi-encodes the voice once) is a warm-up, reported apart as ``cold``.
     the server runs them), the replay in the slack; timed from `EngineDriver.attach` to
     the subscriber's receipt of the first output after the replay (what turns into
     ``session.ready``). ``per_tick``: the same driver with ``replay_in_slack=False``:
-    one frame per 80 ms tick, as before. ``--repeats`` replays each.
+    one frame per 80 ms tick, as before. ``--repeats`` pairs of reference and slack,
+    interleaved (their per-repeat ratio is reported), then ``--per-tick-repeats``.
 ``load``
     ``--live`` unprompted sessions stream noise in real time (one frame pushed per
     period) from the start; after ``--settle`` seconds ``--join`` sessions attach at once
@@ -173,22 +175,21 @@ def summary(values: Sequence[float]) -> dict[str, float]:
 
 
 async def alone(args: argparse.Namespace, runner: MoshiEngineRunner) -> dict[str, Any]:
+    """Each repeat runs the reference, then the slack replay (interleaved, so load on a shared
+    machine falls on both alike); the one-frame-per-tick replay after them."""
     prompt = SlotPrompt(text=args.text, voice=VOICE)
-    result: dict[str, Any] = {}
-    for name in ("reference", "slack", "per_tick"):
-        times = []
-        for _ in range(args.repeats + 1):
-            if name == "reference":
-                took = reference_once(runner, prompt, args.device)
-            else:
-                took = await driver_once(runner, prompt, in_slack=name == "slack")
-            times.append(took)
-        result[name] = {"cold_s": times[0], "warm_s": summary(times[1:])}
-        warm = result[name]["warm_s"]["p50"]
-        print(f"alone {name:>9}: cold {times[0]:.3f} s, warm p50 {warm:.3f} s")
-    result["slack_over_reference"] = (
-        result["slack"]["warm_s"]["p50"] / result["reference"]["warm_s"]["p50"]
-    )
+    times: dict[str, list[float]] = {"reference": [], "slack": [], "per_tick": []}
+    for _ in range(args.repeats):
+        times["reference"].append(reference_once(runner, prompt, args.device))
+        times["slack"].append(await driver_once(runner, prompt, in_slack=True))
+    for _ in range(args.per_tick_repeats):
+        times["per_tick"].append(await driver_once(runner, prompt, in_slack=False))
+    result: dict[str, Any] = {name: summary(values) for name, values in times.items() if values}
+    for name, row in result.items():
+        print(f"alone {name:>9}: p50 {row['p50']:.3f} s, max {row['max']:.3f} s (n={row['n']})")
+    ratios = [s / r for s, r in zip(times["slack"], times["reference"], strict=True)]
+    result["slack_over_reference"] = summary(ratios)
+    print(f"alone slack / reference, per repeat: p50 {statistics.median(ratios):.2f}")
     return result
 
 
@@ -308,11 +309,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         probe = Engine(runner)
         handle = probe.acquire_slot("probe", replay)
         assert handle is not None
-        probe.step(0.0)
+        sync(args.device)
+        start = time.perf_counter()
+        probe.step(0.0)  # builds the replay: the voice Mimi-encoded, the text tokenized
+        sync(args.device)
+        prepare_s = time.perf_counter() - start
         held = runner.replay(handle.slot).held  # type: ignore[union-attr]
         probe.release_slot(handle)
         probe.step(0.0)
-        print(f"{args.model} on {args.device}: the prompt replays {held} frames")
+        print(
+            f"{args.model} on {args.device}: the prompt replays {held} frames; building it "
+            f"(once per prompt and runner) took {prepare_s:.3f} s"
+        )
         result: dict[str, Any] = {
             "model": args.model,
             "device": args.device,
@@ -320,6 +328,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "voice_seconds": args.voice_seconds,
             "text": args.text,
             "replay_frames": held,
+            "prepare_s": prepare_s,
             "alone": await alone(args, runner),
         }
         if args.live or args.join:
@@ -335,7 +344,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--voice-seconds", type=float, default=10.0)
     parser.add_argument("--text", default=PERSONA)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--per-tick-repeats", type=int, default=1)
     parser.add_argument("--live", type=int, default=4)
     parser.add_argument("--join", type=int, default=2)
     parser.add_argument("--settle", type=float, default=2.0, help="seconds before the joins")
