@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -327,6 +328,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "torch_threads": torch.get_num_threads(),
             "voice_seconds": args.voice_seconds,
             "text": args.text,
+            "load_average_at_start": os.getloadavg(),
             "replay_frames": held,
             "prepare_s": prepare_s,
             "alone": await alone(args, runner),
@@ -334,6 +336,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if args.live or args.join:
             result["load"] = {"live": args.live, "join": args.join}
             result["load"].update(await under_load(args, runner))
+        result["load_average_at_end"] = os.getloadavg()
+        print(f"load average: {result['load_average_at_start']} at the start, "
+              f"{result['load_average_at_end']} at the end")  # fmt: skip
         return result
 
 
