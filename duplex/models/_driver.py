@@ -22,18 +22,18 @@ holds its input) takes its frame in every tick and, between ticks, extra steps
 batched over every replaying slot (`Engine.replay`). They run as units of the
 process's `Slack` (the one request engines share; a private one when none is
 given), so they start only after a tick's outputs are handed on, one unit at a
-time with any batch work, and only when the next tick is not due: the engine's
-scheduler says whether a step fits the time left (`Engine.replay_steps`, from
-measured replay steps; one probe step before any is measured), asked again before
-each step of the unit with the time really left, capped by
-``max_replay_steps`` and by the next tick on the grid even when nothing else is
-live (the slack's window is then open). A
-tick due while a unit runs waits for it (late, and counted by the slack as an
-overrun); the unit's time raises the estimate. A replay step's output is silent;
-only a slot's last one (``holds_input`` false: its next step takes input) is
-delivered, so the session is ready at once and hears no extra silence; the others
-are counted as ``replay_frames_skipped``. Each prompted slot's time from `attach`
-to that output goes to the recorder (``duplex_engine_prompt_ready_seconds``).
+time with any batch work, and only when the next tick is not due. The engine's
+scheduler says whether a step fits the time left (`Engine.replay_steps`: from
+measured replay steps; before any, from a bound the tick steps give, or one probe
+step), asked again before each step of a unit with the time really left; a unit
+runs at most ``max_replay_steps`` and ends before the next tick on the grid even
+when nothing else is live (the slack's window is then open). A tick due while a
+unit runs waits for it (late, and counted by the slack as an overrun); the unit's
+time raises the estimate. A replay step's output is silent; only a slot's last one
+(``holds_input`` false: its next step takes input) is delivered, so the session is
+ready at once and hears no extra silence; the others are counted as
+``replay_frames_skipped``. Each prompted slot's time from `attach` to that output
+goes to the recorder (``duplex_engine_prompt_ready_seconds``).
 """
 
 from __future__ import annotations

@@ -539,8 +539,8 @@ class Engine:
             return sum(slot.holding for slot in self._slots.values())
 
     def replay_step_s(self) -> float:
-        """The scheduler's estimate of one replay step over the slots replaying now (0: not
-        known yet, or nothing replays)."""
+        """The window one replay step over the slots replaying now needs, by the scheduler
+        (`Scheduler.replay_step_s`; 0: nothing measured yet, or nothing replays)."""
         with self._lock:
             batch = sum(slot.holding for slot in self._slots.values())
             estimate = self._scheduler.replay_step_s(batch) if batch else None

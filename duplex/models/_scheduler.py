@@ -269,35 +269,64 @@ class Scheduler:
         self._replays.append((batch_size, duration_s))
 
     def replay_step_s(self, batch_size: int) -> float | None:
-        """What one replay step over ``batch_size`` slots will cost (``None``: unknown).
-
-        The rule: the 90th percentile (nearest rank) of the last `_REPLAY_RECENT` replay
-        steps of the smallest measured batch size at least ``batch_size`` (more rows
-        never cost less); with none, of the tick steps of that kind (a tick step runs
-        the codec as well: an upper bound). High, not the mean: a replay that overruns
-        its window costs every live session a late tick, one that stops short costs
-        only the replaying session a few milliseconds.
-        """
-        for steps in (self._replays, self._steps):
-            sizes = sorted({b for b, *_ in steps if b >= batch_size})
-            if sizes:
-                size = sizes[0]
-                recent = [d for b, d, *_ in steps if b == size][-_REPLAY_RECENT:]
-                return _nearest_rank(sorted(recent), 0.9)
-        return None
+        """The window a replay step over ``batch_size`` slots needs: its estimate (see
+        `replay_steps`), or before any replay step is measured, half the tick steps' bound
+        (the probe's window); ``None``: nothing measured at all."""
+        estimate = self._replay_estimate(batch_size)
+        if estimate is not None:
+            return estimate
+        bound = self._tick_bound(batch_size)
+        return None if bound is None else bound / 2
 
     def replay_steps(self, batch_size: int, time_s: float, limit: int) -> int:
         """How many replay steps over ``batch_size`` slots fit in ``time_s`` seconds (at
-        most ``limit``): ``floor(time_s / replay_step_s)``; with no estimate yet, one (the
-        probe whose time is the first evidence); 0 with nothing to replay or no time."""
+        most ``limit``; 0 with nothing to replay or no time).
+
+        The rule: ``floor(time_s / estimate)``, the estimate being the 90th percentile
+        (nearest rank) of the last `_REPLAY_RECENT` replay steps of the smallest measured
+        batch size at least ``batch_size`` (more rows never cost less), else of the
+        largest smaller one scaled by rows (an upper bound: a step's fixed cost does not
+        grow). High, not the mean: a step that overruns its window costs every live
+        session a late tick, one that stops short costs only the replaying sessions a
+        few milliseconds. Before any replay step is measured, the tick steps of that
+        batch size or more bound one (a tick also runs the codec): as many as that bound
+        fits, or else one *probe* step, the first evidence, when ``time_s`` is at least
+        half the bound (it overruns its window by at most that half, once); with no tick
+        step measured either, one probe.
+        """
         if batch_size <= 0 or limit <= 0 or not time_s > 0:
             return 0
-        estimate = self.replay_step_s(batch_size)
+        estimate = self._replay_estimate(batch_size)
         if estimate is None:
-            return 1
+            bound = self._tick_bound(batch_size)
+            if bound is None or bound <= 0 or math.isinf(time_s):
+                return 1
+            fits = min(limit, int(time_s / bound))
+            return fits or int(time_s >= bound / 2)
         if estimate <= 0 or math.isinf(time_s):
             return limit
         return min(limit, int(time_s / estimate))
+
+    def _replay_estimate(self, batch_size: int) -> float | None:
+        """`replay_steps`'s estimate from measured replay steps (``None``: none yet)."""
+        sizes = {b for b, _ in self._replays}
+        if not sizes:
+            return None
+        above = [b for b in sizes if b >= batch_size]
+        size = min(above) if above else max(sizes)
+        recent = [d for b, d in self._replays if b == size][-_REPLAY_RECENT:]
+        p90 = _nearest_rank(sorted(recent), 0.9)
+        return p90 if above else p90 * batch_size / size
+
+    def _tick_bound(self, batch_size: int) -> float | None:
+        """The 90th percentile of the recent tick steps of the smallest measured batch size
+        at least ``batch_size`` (``None``: none)."""
+        above = [b for b, _, _ in self._steps if b >= batch_size]
+        if not above:
+            return None
+        size = min(above)
+        recent = [d for b, d, _ in self._steps if b == size][-_REPLAY_RECENT:]
+        return _nearest_rank(sorted(recent), 0.9)
 
     def statistics(self, now: float | None = None) -> SchedulerStatistics:
         """Snapshot of the pool and of step times over the window."""

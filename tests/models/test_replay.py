@@ -105,8 +105,11 @@ def test_replay_steps_fit_the_time_left_by_measured_replay_steps() -> None:
     assert scheduler.replay_steps(2, 0.05, limit=32) == 1  # a probe: nothing measured yet
     assert scheduler.replay_steps(0, 0.05, limit=32) == 0  # nothing replays
     assert scheduler.replay_steps(2, 0.0, limit=32) == 0  # no time
-    scheduler.record_step(4, 0.03)  # a tick step: an upper bound until replays are measured
-    assert scheduler.replay_step_s(2) == 0.03 and scheduler.replay_steps(2, 0.07, 32) == 2
+    scheduler.record_step(4, 0.03)  # a tick step bounds a replay step until one is measured
+    assert scheduler.replay_steps(2, 0.07, limit=32) == 2  # as many as the bound fits
+    assert scheduler.replay_steps(2, 0.02, limit=32) == 1  # none: a probe, in half the bound
+    assert scheduler.replay_steps(2, 0.01, limit=32) == 0  # not even that
+    assert scheduler.replay_step_s(2) == 0.015  # the probe's window
     for duration in [0.01] * 8 + [0.02] * 2:
         scheduler.record_replay_step(2, duration)
     assert scheduler.replay_step_s(2) == 0.02  # the 90th percentile, not the mean
@@ -114,7 +117,7 @@ def test_replay_steps_fit_the_time_left_by_measured_replay_steps() -> None:
     assert scheduler.replay_steps(2, 0.07, limit=2) == 2
     assert scheduler.replay_steps(2, 0.01, limit=32) == 0  # too short: none
     assert scheduler.replay_step_s(1) == 0.02  # a larger batch bounds a smaller one
-    assert scheduler.replay_step_s(3) == 0.03  # none at 3 or more: the tick steps' bound
+    assert scheduler.replay_step_s(4) == pytest.approx(0.04)  # a smaller one, scaled by rows
     assert scheduler.replay_steps(2, math.inf, limit=5) == 5
     assert scheduler.statistics().window_steps == 1  # replay steps never reach admission
 
@@ -134,14 +137,11 @@ def test_the_steps_granted_never_outlast_the_time_at_the_estimate(
         scheduler.record_replay_step(size, duration)
     steps = scheduler.replay_steps(batch, time_s, limit)
     estimate = scheduler.replay_step_s(batch)
-    assert 0 <= steps <= limit
-    if estimate is None:  # nothing measured at this batch size or above: one probe
-        assert steps == (1 if time_s > 0 else 0)
-    else:
-        assert steps * estimate <= time_s + 1e-12
-        assert steps == limit or (steps + 1) * estimate > time_s  # as many as fit
-        longer = scheduler.replay_steps(batch, time_s + estimate, limit)
-        assert longer >= steps  # more time never grants fewer
+    assert estimate is not None and 0 <= steps <= limit
+    assert steps * estimate <= time_s + 1e-12
+    assert steps == limit or (steps + 1) * estimate > time_s  # as many as fit
+    longer = scheduler.replay_steps(batch, time_s + estimate, limit)
+    assert longer >= steps  # more time never grants fewer
 
 
 # -- the engine's replay steps -------------------------------------------------------------
@@ -293,6 +293,34 @@ async def test_replays_wait_while_no_window_fits_a_step_and_resume_when_one_does
     ready = next(i for i, out in enumerate(fast_outs) if not out.frame.holds_input)
     assert ready <= 2 and stats.engine.replay_steps >= 9  # in the slack, once windows fit
     assert stats.slack is None
+
+
+async def test_a_probe_step_is_the_first_evidence_where_the_tick_bound_fits_no_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    timer = FakeTimer()
+    # ticks of 41-42 ms: windows of 36 ms; the tick bound fits none, but half of it does
+    runner = PrefillRunner(autojump_clock, timer, tick_s=0.04, replay_s=0.005)
+    driver = EngineDriver(Engine(runner, timer=timer), offload=inline)
+    live_send, live_recv = _channel()
+    send, recv = _channel()
+    got: list[tuple[float, SlotOutput]] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_collect, recv, got)
+        nursery.start_soon(_collect, live_recv, [])
+        await nursery.start(driver.run)
+        live = driver.attach("live", live_send)
+        assert live is not None
+        for k in range(100):
+            driver.push_input(live, tone(1, k))
+        await trio.sleep(3 * PERIOD)
+        assert driver.attach("a", send, prompt=SlotPrompt(text="x" * 40)) is not None
+        await trio.sleep(12 * PERIOD)
+        nursery.cancel_scope.cancel()
+    stats = driver.statistics()
+    assert stats.late_ticks == 0 and stats.engine.replay_steps >= 30
+    ready = next(i for i, (_, out) in enumerate(got) if not out.frame.holds_input)
+    assert ready < 10  # 40 frames
 
 
 async def test_the_one_frame_per_tick_replay_is_still_there_when_asked_for(
