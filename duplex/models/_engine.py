@@ -800,9 +800,12 @@ class Engine:
             if plan is not None and warmup:  # it measured a capture, not the batch
                 self._warmups += 1
             elif plan is not None and replay:
-                self._scheduler.record_replay_step(len(plan.inputs), duration)
+                self._scheduler.record_replay_step(len(plan.inputs), duration, now)
             elif plan is not None:
                 self._scheduler.record_step(len(plan.inputs), duration, now)
+                if self._spec.supports_prompts and all(item.held for item in plan.inputs):
+                    # every slot replayed: this tick measured a replay step too
+                    self._scheduler.record_replay_step(len(plan.inputs), duration, now)
                 if self._recorder is not None:
                     self._recorder.step(len(plan.inputs), duration)
                 self._overruns += duration > self._spec.frame_period_s / self._spec.tick_phases

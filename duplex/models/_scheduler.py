@@ -98,7 +98,9 @@ class SchedulerStatistics:
 
 
 _REPLAY_RECENT = 16
-"""Replay steps of one batch size that the estimate reads (`Scheduler.replay_step_s`)."""
+"""Replay steps of one batch size that the estimate reads (`Scheduler.replay_steps`)."""
+_REPLAY_HORIZON_S = 10.0
+"""How long a replay step's time counts (`Scheduler.replay_steps`)."""
 
 
 def _nearest_rank(sorted_values: list[float], q: float) -> float:
@@ -158,8 +160,8 @@ class Scheduler:
         self._releasing = 0
         self._steps: deque[tuple[int, float, float]] = deque(maxlen=window)
         """(batch size, duration, time recorded)."""
-        self._replays: deque[tuple[int, float]] = deque(maxlen=window)
-        """Replay steps run between ticks: (batch size, duration)."""
+        self._replays: deque[tuple[int, float, float]] = deque(maxlen=window)
+        """Replay steps: (batch size, duration, time recorded)."""
         self._now = -math.inf
         self._over: int | None = None
         """The smallest batch size last found over budget; forgotten once it measures fine."""
@@ -260,13 +262,18 @@ class Scheduler:
         elif batch_size == self._over and self._fits(batch_size, self._now):
             self._over = None
 
-    def record_replay_step(self, batch_size: int, duration_s: float) -> None:
-        """Add one measured replay step (run between ticks over ``batch_size`` replaying
-        slots). Kept apart from `record_step`: a replay step skips the codec, and its
-        batch is not the tick's, so it is no evidence for admission."""
+    def record_replay_step(
+        self, batch_size: int, duration_s: float, now: float | None = None
+    ) -> None:
+        """Add one measured replay step over ``batch_size`` replaying slots, taken at ``now``
+        (``None``: the latest time seen): one run between ticks, or a tick whose every
+        slot replayed. Kept apart from the admission window: a replay step between ticks
+        skips the codec, and its batch is not the tick's."""
         if batch_size <= 0 or duration_s < 0:
             raise ValueError("batch_size must be positive and duration_s non-negative")
-        self._replays.append((batch_size, duration_s))
+        if now is not None:
+            self._now = max(self._now, now)
+        self._replays.append((batch_size, duration_s, self._now))
 
     def replay_step_s(self, batch_size: int) -> float | None:
         """The window a replay step over ``batch_size`` slots needs: its estimate (see
@@ -287,12 +294,13 @@ class Scheduler:
         batch size at least ``batch_size`` (more rows never cost less), else of the
         largest smaller one scaled by rows (an upper bound: a step's fixed cost does not
         grow). High, not the mean: a step that overruns its window costs every live
-        session a late tick, one that stops short costs only the replaying sessions a
-        few milliseconds. Before any replay step is measured, the tick steps of that
-        batch size or more bound one (a tick also runs the codec): as many as that bound
-        fits, or else one *probe* step, the first evidence, when ``time_s`` is at least
-        half the bound (it overruns its window by at most that half, once); with no tick
-        step measured either, one probe.
+        session a late tick, one that stops short costs only the replaying sessions a few
+        milliseconds. A replay step older than `_REPLAY_HORIZON_S` no longer counts, so
+        one slow step (a busy host) cannot keep replays out of every window for good.
+        With none measured, the tick steps of that batch size or more bound one (a tick
+        also runs the codec): as many as that bound fits, or else one *probe* step, the
+        first evidence, when ``time_s`` is at least half the bound (it overruns its
+        window by at most that half, once a horizon); with no tick step either, one probe.
         """
         if batch_size <= 0 or limit <= 0 or not time_s > 0:
             return 0
@@ -309,12 +317,14 @@ class Scheduler:
 
     def _replay_estimate(self, batch_size: int) -> float | None:
         """`replay_steps`'s estimate from measured replay steps (``None``: none yet)."""
-        sizes = {b for b, _ in self._replays}
+        oldest = self._now - _REPLAY_HORIZON_S
+        replays = [(b, d) for b, d, at in self._replays if at >= oldest]
+        sizes = {b for b, _ in replays}
         if not sizes:
             return None
         above = [b for b in sizes if b >= batch_size]
         size = min(above) if above else max(sizes)
-        recent = [d for b, d in self._replays if b == size][-_REPLAY_RECENT:]
+        recent = [d for b, d in replays if b == size][-_REPLAY_RECENT:]
         p90 = _nearest_rank(sorted(recent), 0.9)
         return p90 if above else p90 * batch_size / size
 

@@ -122,6 +122,16 @@ def test_replay_steps_fit_the_time_left_by_measured_replay_steps() -> None:
     assert scheduler.statistics().window_steps == 1  # replay steps never reach admission
 
 
+def test_a_slow_replay_step_stops_counting_after_the_horizon() -> None:
+    scheduler = Scheduler(8, PERIOD)
+    scheduler.record_replay_step(1, 0.07, now=0.0)  # one step on a busy host
+    assert scheduler.replay_steps(1, 0.05, limit=32) == 0  # it keeps replays out
+    scheduler.record_step(2, 0.01, now=5.0)
+    assert scheduler.replay_steps(1, 0.05, limit=32) == 0  # still, within the horizon
+    scheduler.record_step(2, 0.01, now=10.5)
+    assert scheduler.replay_steps(1, 0.05, limit=32) == 5  # expired: the tick bound again
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(1, 8), st.floats(0.0005, 0.05)), min_size=1, max_size=40),
@@ -170,6 +180,19 @@ def test_replay_steps_take_only_the_replaying_slots_and_no_tick() -> None:
     assert engine.replay_step_s() == 0.0  # nothing replays now
     engine.push_input(a, tone(2, 0))
     assert engine.step(0.0)[a].input_samples == 1920  # live: takes input at once
+
+
+def test_a_tick_whose_every_slot_replays_measures_a_replay_step() -> None:
+    timer = FakeTimer()
+    engine = Engine(PrefillRunner(None, timer, tick_s=0.01, per_row_s=0.001), timer=timer)
+    a = engine.acquire_slot("a", SlotPrompt(text="x" * 20))
+    assert a is not None and engine.replay_step_s() == 0.0  # nothing measured
+    engine.step(0.0)  # a tick of one replaying slot
+    assert engine.replay_step_s() == pytest.approx(0.006)
+    live = engine.acquire_slot("live")
+    assert live is not None
+    engine.step(0.08)  # a tick with a live slot: no replay evidence
+    assert engine.replay_step_s() == pytest.approx(0.006)
 
 
 def test_a_reset_slot_replays_again_in_replay_steps() -> None:
