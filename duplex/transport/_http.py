@@ -91,6 +91,7 @@ class _WebSocketStream(WSStream):
     """hypercorn's WebSocket stream, with no extensions and a close frame for every bad frame."""
 
     _lingering = False
+    _app_told_closed = False
 
     async def handle(self, event: Event) -> None:
         if isinstance(event, Request):
@@ -103,7 +104,18 @@ class _WebSocketStream(WSStream):
                     self.buffer = WebsocketBuffer(limit)
         elif isinstance(event, Data) and self._lingering:
             return  # after our close frame: read and dropped until the linger ends
+        elif isinstance(event, StreamClosed) and self._app_told_closed:
+            self.closed = True  # the app has its disconnect, with the code on the wire
+            return
         await super().handle(event)
+
+    async def _tell_app_closed(self, code: int, reason: str) -> None:
+        """The app's one ``websocket.disconnect``, with ``code`` and ``reason``."""
+        if self.app_put is not None and not self._app_told_closed:
+            self._app_told_closed = True
+            await self.app_put(
+                {"type": "websocket.disconnect", "code": int(code), "reason": reason}
+            )
 
     async def app_send(self, message: Any) -> None:
         if self._lingering and (message is None or message["type"] == "websocket.close"):
@@ -131,6 +143,9 @@ class _WebSocketStream(WSStream):
                     return
                 if self.connection.state is ConnectionState.REMOTE_CLOSING:
                     await self._send_wsproto_event(event.response())
+                # the app hears the code and reason on the wire (hypercorn's own disconnect,
+                # sent at StreamClosed, says 1006 for any close the peer began)
+                await self._tell_app_closed(event.code, event.reason or "")
                 await self.send(StreamClosed(stream_id=self.stream_id))
 
     async def _fail(self, code: int, reason: str) -> None:
@@ -138,8 +153,7 @@ class _WebSocketStream(WSStream):
         await self._send_wsproto_event(CloseConnection(code=code, reason=reason))
         self.buffer.clear()
         self._lingering = True
-        if self.app_put is not None:
-            await self.app_put({"type": "websocket.disconnect", "code": int(code)})
+        await self._tell_app_closed(code, reason)
         self.task_group.spawn(self._end_after_linger)
 
     async def _end_after_linger(self) -> None:
