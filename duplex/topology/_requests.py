@@ -32,7 +32,7 @@ from duplex.models import (
     Slack,
     load_policy,
 )
-from duplex.models.agent import ASR_RUNNER, AgentOptions, build_asr
+from duplex.models.agent import ASR_RUNNER, AgentOptions, build_asr, reply_capabilities
 from duplex.models.diffusion import load_image_runner, load_video_runner, resolve_diffusion
 from duplex.models.tts import TTS_RUNNER, SpeechRunner, load_tts
 from duplex.runtime import RequestEngines
@@ -232,7 +232,8 @@ def model_cards(
     """OpenAI's model cards of the request-batched models ``config`` serves, and of the
     agent's reply model: the running engine's own name for its model (``metadata["model"]``)
     where it says one, else the configured one; ``ready`` is false while it starts.
-    ``agent_llm``: the running agent's reply model (``None``: not running yet)."""
+    ``agent_llm``: the running agent's reply model (``None``: not running yet). The reply
+    model's card carries its ``capabilities`` (``tools``, ``instructions``, ``text_only``)."""
     server = config.server
     configured = {
         "image": server.image_model, "video": server.video_model, TTS_RUNNER: server.tts,
@@ -247,7 +248,10 @@ def model_cards(
         cards.append(_card(str(model or _shown(configured[name])), kind, engine is not None))
     if server.agent:
         llm = agent_llm()
-        cards.append(_card(llm or _shown(server.agent_llm or "echo"), "chat", llm is not None))
+        card = _card(llm or _shown(server.agent_llm or "echo"), "chat", llm is not None)
+        # what it does with a session's tools and instructions, before anyone finds out
+        card["capabilities"] = reply_capabilities(server.agent_llm).as_dict()
+        cards.append(card)
     return cards
 
 

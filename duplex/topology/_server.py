@@ -39,7 +39,7 @@ from duplex.models import (
     policy_factory,
     silero_engine,
 )
-from duplex.models.agent import AgentModels, AgentOptions, build_replier
+from duplex.models.agent import AgentModels, AgentOptions, build_replier, reply_capabilities
 from duplex.progress import Startup, TerminalBar, render_line
 from duplex.runtime import RequestEngines, SessionHub
 from duplex.services.media import MediaService
@@ -320,6 +320,8 @@ async def open_backend(
     max_sessions = server.max_sessions
     if shard is not None:
         max_sessions = shard_max_sessions(max_sessions, server.session_shards, shard)
+    agent = server.agent and requests is not None
+    reply = reply_capabilities(server.agent_llm)  # the agent's reply model answers turns
     hub_spec = spec
     if engine_paths:  # the hub's slot pool is every engine's
         hub_spec = dataclasses.replace(spec, max_slots=sum(s.max_slots for s in specs))
@@ -328,7 +330,10 @@ async def open_backend(
         hub_spec,
         config=session_cfg,
         capabilities=dataclasses.replace(
-            capabilities_for(spec), agent_cascade=server.agent and requests is not None
+            capabilities_for(spec),
+            agent_cascade=agent,
+            reply_tools=agent and reply.tools,
+            reply_instructions=agent and reply.instructions,
         ),
         max_sessions=max_sessions,
         registry=registry,

@@ -153,6 +153,16 @@ def refusal_response(refusal: Refusal) -> Response:
     return response
 
 
+async def refuse_upgrade(websocket: WebSocket, refusal: Refusal) -> None:
+    """Refuse a WebSocket handshake with ``refusal`` as its HTTP answer (status and body:
+    the client reads why), or, where the server cannot answer a handshake over HTTP, with
+    a close before accepting (a 403 with no body)."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(refusal_response(refusal))
+    else:
+        await websocket.close(refusal.close_code)
+
+
 class Backend(Protocol):
     """What the routes need from the process that owns the sessions."""
 
@@ -629,7 +639,8 @@ def build_app(
     if registry is not None:
         refused = registry.counter(
             "duplex_access_refused_total",
-            "HTTP requests and WebSocket handshakes refused by the access policy",
+            "HTTP requests and WebSocket handshakes refused by the access policy, and "
+            "WebSocket handshakes no route takes (code not_found)",
             ["code"],
         )
 
@@ -783,5 +794,47 @@ def build_app(
         if isinstance(route, WebSocketRoute) and route.path not in http_paths
     ]
     app = Starlette(exception_handlers=EXCEPTION_HANDLERS, routes=all_routes)
+    app.router.default = _NoWebSocketRoute(app.router.not_found, all_routes, refused)
     app.add_middleware(Guard, policy=policy, backend=backend, refused=refused)
     return app
+
+
+class _NoWebSocketRoute:
+    """The answer to a WebSocket upgrade no route takes: 404 with a body that names the
+    WebSocket routes there are, and a log line (Starlette's own is a 403 with no body, and
+    nothing logged). HTTP requests keep Starlette's 404 (``_http_refused``)."""
+
+    def __init__(
+        self, http_not_found: Any, routes: Sequence[BaseRoute], refused: Counter | None
+    ) -> None:
+        self.http_not_found = http_not_found
+        self.paths = sorted(r.path for r in routes if isinstance(r, WebSocketRoute))
+        self.refused = refused
+        self.log_rate = RefusalLog()
+        self.log = get_logger(component="http")
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            await self.http_not_found(scope, receive, send)
+            return
+        path = str(scope.get("path", ""))[:_PATH_LOGGED]
+        refusal = Refusal(
+            404,
+            f"no WebSocket endpoint at {path}; the WebSocket endpoints are "
+            + ", ".join(self.paths),
+            "not_found",
+        )
+        if self.refused is not None:
+            self.refused.inc(code=refusal.code)
+        unlogged = self.log_rate.note("not_found", trio.current_time())
+        if unlogged is not None:
+            client = scope.get("client")
+            self.log.warning(
+                "websocket refused",
+                path=path,
+                peer=client[0] if client else None,
+                status=404,
+                code=refusal.code,
+                unlogged_since_last=unlogged,
+            )
+        await _deny(scope, receive, send, refusal)
