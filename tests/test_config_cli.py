@@ -44,7 +44,7 @@ def test_layers_override_in_order(tmp_path: Path) -> None:
         ({"DUPLEX_PORT": "eighty"}, "server.port: must be a number"),
         ({"DUPLEX_PORT": "70000"}, "server.port: must be 0..65535"),
         ({"DUPLEX_LOG_FORMAT": "xml"}, "server.log_format: must be one of"),
-        ({"DUPLEX_KV_CACHE_DTYPE": "int4"}, "server.kv_cache_dtype: must be one of"),
+        ({"DUPLEX_KV_CACHE_DTYPE": "int3"}, "server.kv_cache_dtype: must be one of"),
         ({"DUPLEX_CONNECTION_WORKERS": "-1"}, "connection_workers: must be 0..64, got -1"),
         ({"DUPLEX_CONNECTION_WORKERS": "65"}, "connection_workers: must be 0..64, got 65"),
         ({"DUPLEX_NO_SUCH": "1"}, "unknown key server.no_such"),
