@@ -32,24 +32,22 @@ def resolve_media(config: Config) -> None:
     Raises:
         ConfigError: a named folder is no diffusers pipeline.
     """
-    server = config.server
-    options = ModelOptions(
-        cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None
-    )
-    for kind, name in (("image", server.image_model), ("video", server.video_model)):
+    cache_dir = config.engine.model_cache_dir
+    options = ModelOptions(cache_dir=Path(cache_dir).expanduser() if cache_dir else None)
+    for kind, name in (("image", config.media.image_model), ("video", config.media.video_model)):
         if name and name != "tiny":
             resolve_diffusion(name, kind, options)  # type: ignore[arg-type]
 
 
 def media_settings(config: Config) -> MediaSettings:
-    server = config.server
+    media = config.media
     return MediaSettings(
-        chunk_frames=server.video_chunk_frames,
-        max_jobs=server.video_max_jobs,
-        max_active_jobs=server.video_max_active_jobs,
-        job_retention_s=server.video_job_retention_s,
-        start_timeout_s=server.video_start_timeout_s,
-        stall_timeout_s=server.video_stall_timeout_s,
+        chunk_frames=media.video_chunk_frames,
+        max_jobs=media.video_max_jobs,
+        max_active_jobs=media.video_max_active_jobs,
+        job_retention_s=media.video_job_retention_s,
+        start_timeout_s=media.video_start_timeout_s,
+        stall_timeout_s=media.video_stall_timeout_s,
     )
 
 
@@ -58,8 +56,7 @@ async def open_media(
     config: Config, registry: MetricsRegistry, requests: RequestEngines
 ) -> AsyncIterator[MediaService | None]:
     """The generation routes' service with its jobs' nursery; ``None``: nothing served here."""
-    server = config.server
-    if not (server.image_model or server.video_model):
+    if not (config.media.image_model or config.media.video_model):
         yield None
         return
     service = MediaService(requests, settings=media_settings(config), registry=registry)
