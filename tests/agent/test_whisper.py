@@ -331,7 +331,7 @@ def test_serve_refuses_a_folder_that_is_not_whisper(
     (path, _), *_ = not_whisper(tmp_path)
     assert main(["serve", "--asr", path, "--port", "0"]) == 2
     err = capsys.readouterr().err
-    assert "agent_asr" in err and path in err and "Whisper" in err
+    assert "agent.asr" in err and path in err and "Whisper" in err
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
