@@ -21,9 +21,9 @@ from duplex.metrics import MetricsRegistry
 from duplex.models import ModelOptions
 from duplex.models.diffusion import resolve_diffusion
 from duplex.runtime import RequestEngines
-from duplex.services.media import MediaService, MediaSettings
+from duplex.services.media import MediaService
 
-__all__ = ["media_settings", "open_media", "resolve_media"]
+__all__ = ["open_media", "resolve_media"]
 
 
 def resolve_media(config: Config) -> None:
@@ -39,18 +39,6 @@ def resolve_media(config: Config) -> None:
             resolve_diffusion(name, kind, options)  # type: ignore[arg-type]
 
 
-def media_settings(config: Config) -> MediaSettings:
-    media = config.media
-    return MediaSettings(
-        chunk_frames=media.video_chunk_frames,
-        max_jobs=media.video_max_jobs,
-        max_active_jobs=media.video_max_active_jobs,
-        job_retention_s=media.video_job_retention_s,
-        start_timeout_s=media.video_start_timeout_s,
-        stall_timeout_s=media.video_stall_timeout_s,
-    )
-
-
 @asynccontextmanager
 async def open_media(
     config: Config, registry: MetricsRegistry, requests: RequestEngines
@@ -59,7 +47,7 @@ async def open_media(
     if not (config.media.image_model or config.media.video_model):
         yield None
         return
-    service = MediaService(requests, settings=media_settings(config), registry=registry)
+    service = MediaService(requests, config=config.media, registry=registry)
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
         yield service
