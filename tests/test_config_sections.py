@@ -207,6 +207,9 @@ def test_serve_help_shows_the_declared_help() -> None:
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "--no-agent" in out and "--tts-max-queue N" in out and "(default 64)" in out
+    assert "--host HOST" in out and "--engine-process MODE" in out  # no SECTION.KEY metavars
+    groups = [line for line in out.splitlines() if line.startswith("[")]
+    assert groups == [f"[{name}]:" for name in SECTIONS if name != "session"]
     assert "`" not in out and "](#" not in out  # Markdown dropped
 
 

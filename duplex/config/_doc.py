@@ -104,30 +104,33 @@ def plain(markdown: str) -> str:
 
 
 def add_flags(parser: argparse.ArgumentParser, rows: Sequence[Declared]) -> None:
-    """One flag per key that declares one; each sets ``section.key`` (`flag_overrides`)."""
+    """One flag per key that declares one, grouped by section; each sets ``section.key``
+    (`flag_overrides`)."""
+    groups: dict[str, Any] = {}
     for row in rows:
         flag = row.setting.flag
         if flag is None:
             continue
-        kwargs: dict[str, Any] = {
-            "dest": row.name,
-            "default": None,
-            "help": plain(row.setting.help),
-        }
-        if row.setting.metavar:
-            kwargs["metavar"] = row.setting.metavar
+        if row.section not in groups:
+            groups[row.section] = parser.add_argument_group(f"[{row.section}]")
+        kwargs: dict[str, Any] = {"dest": row.name, "default": None}
+        kwargs["help"] = plain(row.setting.help)
         if row.kind == "bool":
             on = row.default is True
             kwargs["action"] = argparse.BooleanOptionalAction if on else "store_true"
-        elif row.kind == "list":
-            kwargs["action"] = "append"
         elif row.kind == "choice":
             kwargs["choices"] = list(row.choices)
-        elif row.kind in ("int", "float"):
-            kwargs["type"] = int if row.kind == "int" else float
+            if row.setting.metavar:
+                kwargs["metavar"] = row.setting.metavar
+        else:
+            kwargs["metavar"] = row.setting.metavar or row.key.upper()
+            if row.kind == "list":
+                kwargs["action"] = "append"
+            elif row.kind in ("int", "float"):
+                kwargs["type"] = int if row.kind == "int" else float
         if row.kind not in ("bool", "list") and row.default not in ("", ()):
             kwargs["help"] += f" (default {row.default})"
-        parser.add_argument(flag, **kwargs)
+        groups[row.section].add_argument(flag, **kwargs)
 
 
 def flag_overrides(args: argparse.Namespace, rows: Sequence[Declared]) -> dict[str, Any]:
