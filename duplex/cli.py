@@ -7,11 +7,12 @@ import sys
 from collections.abc import Sequence
 
 from duplex import __version__
-from duplex.config import DECLARED, add_flags, flag_overrides
 from duplex.exceptions import ConfigError, UnknownModel
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(*, serve_flags: bool = True) -> argparse.ArgumentParser:
+    """The command line; ``serve_flags=False`` leaves out ``duplex serve``'s flags, whose
+    declarations import the config (and the session core): ``duplex talk`` needs neither."""
     parser = argparse.ArgumentParser(
         prog="duplex",
         description="Event-driven actor runtime for realtime full-duplex AI sessions.",
@@ -25,7 +26,10 @@ def _parser() -> argparse.ArgumentParser:
         "< flags.",
     )
     serve.add_argument("--config", metavar="FILE", help="TOML config file")
-    add_flags(serve, DECLARED)  # one per declared key (duplex/config/_sections.py)
+    if serve_flags:
+        from duplex.config import DECLARED, add_flags
+
+        add_flags(serve, DECLARED)  # one per declared key (duplex/config/_sections.py)
     serve.set_defaults(command_parser=serve)
     talk = commands.add_parser(
         "talk",
@@ -56,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, unknown = _parser().parse_known_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, unknown = _parser(serve_flags=argv[:1] == ["serve"]).parse_known_args(argv)
     if unknown:  # the subcommand's usage, not the top level's (argparse's own error: exit 2)
         args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "serve":
@@ -72,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from duplex.config import api_keys_of, load_config
+    from duplex.config import DECLARED, api_keys_of, flag_overrides, load_config
     from duplex.topology import resolve_media, resolve_model, resolve_policy, run_server
 
     overrides = flag_overrides(args, DECLARED)

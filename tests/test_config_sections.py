@@ -294,3 +294,14 @@ def test_worker_settings_carry_the_server_section_through_json() -> None:
         access=AccessSettings(key_digests=("d",), allowed_hosts=("h",)),
     )  # fmt: skip
     assert WorkerSettings.from_json(settings_.to_json()) == settings_
+
+
+def test_duplex_talk_does_not_import_the_config() -> None:
+    """``duplex serve``'s flags come from the declarations, which import the session core;
+    ``duplex talk`` and ``--version`` build their parser without them."""
+    code = (
+        "import sys\nfrom duplex.cli import main\n"
+        "try:\n    main(['talk', '--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'duplex.config' not in sys.modules and 'duplex.sessions' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)

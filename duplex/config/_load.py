@@ -101,10 +101,9 @@ def load_config(
         try:
             built[section] = cls(**kwargs)
         except ConfigError as exc:
-            if section == "session":  # the sessions' own messages start with the key
-                sources = {key: found.source for key, found in given.items()}
-                raise ConfigError(f"{section}.{exc} (sources: {sources or 'defaults'})") from None
             sources = {key: found.source for key, found in given.items()}
+            if section == "session":  # the sessions' own messages start with the key
+                raise ConfigError(f"{section}.{exc} (sources: {sources or 'defaults'})") from None
             raise _named(exc, f"{section}.{exc.key}", layers, sources) from None
     try:
         return Config(**built)
