@@ -1,8 +1,8 @@
 """Docs that stay true: docs/operations.md against the CLI and the config schema, and no
 committed file that names one machine's paths.
 
-Each check reads the source of truth (the ``duplex serve`` parser, the ``ServerConfig`` and
-``SessionConfig`` dataclasses, ``git ls-files``), so a flag or key added without its line in
+Each check reads the source of truth (the ``duplex serve`` parser, the config's declarations,
+the ``SessionConfig`` dataclass, ``git ls-files``), so a flag or key added without its line in
 the docs fails here, and so does a line for one that no longer exists.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from duplex.cli import _parser
-from duplex.config import ServerConfig, SessionConfig
+from duplex.config import DECLARED, SessionConfig, with_table
 
 ROOT = Path(__file__).resolve().parent.parent
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -74,18 +74,21 @@ def first_table_after(marker: str) -> list[list[str]]:
     return rows("\n".join(lines[start:end]))
 
 
-def test_the_flags_table_is_the_parser() -> None:
-    table = first_table_after("**Flags:**")
-    documented = {code(row[0])[0].split()[0] for row in table if code(row[0])}
-    assert documented == serve_flags()
-    keys = {field.name for field in dataclasses.fields(ServerConfig)}
-    for row in table:
-        assert set(code(row[1])) <= keys, row
+def test_the_config_table_is_generated_from_the_declarations() -> None:
+    """Regenerate it (``python -m duplex.config --write-doc``) and compare."""
+    assert with_table(text(), DECLARED) == text()
+
+
+def test_every_serve_flag_is_in_the_config_table() -> None:
+    table = rows(section("### Every key"))
+    documented = {flag.split()[0] for row in table for flag in code(row[5])}
+    assert documented | {"--config"} == serve_flags()
 
 
 def test_every_flag_the_docs_name_exists() -> None:
-    """Outside the commands of other programs (``python bench/... --targets``)."""
-    prose = re.sub(r"`python (bench|tools)/[^`]*`", "", text(), flags=re.S)
+    """Outside the commands of other programs (``python bench/... --targets``, ``python -m
+    duplex.config --write-doc``)."""
+    prose = re.sub(r"`python (bench/|tools/|-m duplex\.config)[^`]*`", "", text(), flags=re.S)
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", prose))
     assert named - serve_flags() - OTHER_FLAGS == set()
 
@@ -93,7 +96,6 @@ def test_every_flag_the_docs_name_exists() -> None:
 @pytest.mark.parametrize(
     ("heading", "schema", "env_prefix"),
     [
-        ("### `[server]`", ServerConfig, "DUPLEX_"),
         ("### `[session]`", SessionConfig, "DUPLEX_SESSION__"),
     ],
 )
