@@ -282,15 +282,17 @@ class SessionHub:
 
     def engine_health(self) -> list[dict[str, Any]]:
         """Each engine this process has had: ``ok``, ``stalled`` (a tick far past its
-        deadline, see ``SlotEngine.stalled``) or ``unavailable`` (restarting)."""
+        deadline, see ``SlotEngine.stalled``) or ``unavailable`` (restarting), and its
+        ``slots`` now (0 while unavailable), so shards that share it count it once."""
         now = trio.current_time()
         health = []
         for index in sorted(self._engine_indices):
             engine = self.engines.get(index)
-            status = "unavailable"
+            status, slots = "unavailable", 0
             if engine is not None:
                 status = "stalled" if engine.stalled(now) else "ok"
-            health.append({"engine": index, "status": status})
+                slots = engine.capacity().slots
+            health.append({"engine": index, "status": status, "slots": slots})
         return health
 
     def _stalled_samples(self) -> list[Sample]:
