@@ -11,6 +11,16 @@ from duplex import __version__
 from duplex.exceptions import ConfigError, UnknownModel
 
 
+def _count_or_auto(text: str) -> int | str:
+    """A process count, or ``auto`` (the config checks the range)."""
+    if text.strip() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number or auto, got {text!r}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="duplex",
@@ -63,15 +73,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--connection-workers",
-        type=int,
-        metavar="N",
-        help="processes for WebSocket I/O, JSON and base64 (default 0: all in one process)",
+        type=_count_or_auto,
+        metavar="N|auto",
+        help="processes for WebSocket I/O, JSON and base64; 0: all in one process (default "
+        "auto: from the cores and the engine's slots, 0 for a CPU model, 4 for one GPU "
+        "engine of 146 slots on 16 cores)",
     )
     serve.add_argument(
         "--session-shards",
-        type=int,
-        metavar="K",
-        help="session processes, each with its own engine (default 1; needs connection workers)",
+        type=_count_or_auto,
+        metavar="K|auto",
+        help="session processes (above 1 needs connection workers; default auto: 1 for a CPU "
+        "model or up to 64 slots, else one per 75 slots within the cores)",
     )
     serve.add_argument(
         "--engine-process",

@@ -140,20 +140,21 @@ class ServerConfig:
     """A socket that has opened no session by then (``/v1/duplex`` before its first event,
     ``/v1/realtime?resume=1`` before ``session.resume``) gets ``first_event_timeout`` and is
     closed with 1008; 0 disables. Admission counts sessions, so idle sockets are bounded here."""
-    connection_workers: int = 0
+    connection_workers: int | Literal["auto"] = "auto"
     """Worker processes that accept the port's connections and do their WebSocket I/O, JSON
     and base64, relaying decoded events to this process, which keeps every session and the
-    engine (docs/operations.md, "Connection workers"). 0: one process does everything."""
+    engine (docs/operations.md, "Connection workers"). 0: one process does everything.
+    ``auto``: from the cores and the engine's slots (docs/operations.md, "Layout")."""
     engine_process: Literal["auto", "on", "off"] = "auto"
     """Where the engine runs: ``on``, in an engine process per device of ``model_device``,
     which every session process links to (docs/operations.md, "Engine processes"); ``off``,
     inside each session process; ``auto``: ``on`` for a GPU (or several devices), else ``off``."""
-    session_shards: int = 1
+    session_shards: int | Literal["auto"] = "auto"
     """Session processes, each with its own sessions, engine and share of ``max_sessions``;
     connection workers send a new session to the least loaded one and a resume to its owner
     (docs/operations.md, "Session shards"). Above 1 it needs ``connection_workers`` and a
     model on the CPU or engine processes: a GPU model must batch every session in one
-    engine."""
+    engine. ``auto``: from the cores and the engine's slots (docs/operations.md, "Layout")."""
     engine_stall_timeout_s: float = 5.0
     """An engine process with live slots and no tick for this long (alive but stuck: a
     signal stopped it, a step hangs in a kernel) is killed and restarted as on a crash
@@ -283,17 +284,17 @@ class ServerConfig:
             )
         if self.max_frame_bytes < 1024:
             raise ConfigError(f"max_frame_bytes: must be at least 1024, got {self.max_frame_bytes}")
-        if not 0 <= self.connection_workers <= MAX_CONNECTION_WORKERS:
+        workers, shards = self.connection_workers, self.session_shards
+        if workers != "auto" and not 0 <= workers <= MAX_CONNECTION_WORKERS:
             raise ConfigError(
-                f"connection_workers: must be 0..{MAX_CONNECTION_WORKERS}, "
-                f"got {self.connection_workers}"
+                f"connection_workers: must be 0..{MAX_CONNECTION_WORKERS} or auto, got {workers}"
             )
-        if not 1 <= self.session_shards <= MAX_SESSION_SHARDS:
+        if shards != "auto" and not 1 <= shards <= MAX_SESSION_SHARDS:
             raise ConfigError(
-                f"session_shards: must be 1..{MAX_SESSION_SHARDS}, got {self.session_shards}"
+                f"session_shards: must be 1..{MAX_SESSION_SHARDS} or auto, got {shards}"
             )
-        if self.session_shards > 1:
-            self._check_shards()
+        if shards != "auto" and shards > 1:
+            self._check_shards(shards)
         if self.vad_streams < 1:
             raise ConfigError(f"vad_streams: must be >= 1, got {self.vad_streams}")
         if self.shutdown_grace_s < 0:
@@ -439,9 +440,8 @@ class ServerConfig:
             return self.model_device != "cpu"
         return self.engine_process == "on"
 
-    def _check_shards(self) -> None:
-        shards = self.session_shards
-        if not self.connection_workers:
+    def _check_shards(self, shards: int) -> None:
+        if not self.connection_workers:  # auto: the topology gives shards their workers
             raise ConfigError(
                 f"session_shards: {shards} shards need connection_workers >= 1 "
                 "(the workers route each socket to its shard)"
@@ -581,8 +581,23 @@ def _coerce(key: str, hint: Any, value: Any, source: str) -> Any:
         if value not in choices:
             raise ConfigError(f"{key}: must be one of {list(choices)}, got {value!r} ({source})")
         return value
-    if origin in (typing.Union, types.UnionType):
-        raise ConfigError(f"{key}: optional values are not configurable here")  # pragma: no cover
+    if origin in (typing.Union, types.UnionType):  # a number or a word (``int | "auto"``)
+        members = [arg for arg in get_args(hint) if arg is not type(None)]
+        if len(members) != len(get_args(hint)):
+            raise ConfigError(
+                f"{key}: optional values are not configurable here"
+            )  # pragma: no cover
+        for member in sorted(members, key=lambda arg: get_origin(arg) is not Literal):
+            try:
+                return _coerce(
+                    key, member, value.strip() if isinstance(value, str) else value, source
+                )
+            except ConfigError:
+                continue
+        words = [
+            choice for arg in members if get_origin(arg) is Literal for choice in get_args(arg)
+        ]
+        raise ConfigError(f"{key}: must be a number or one of {words}, got {value!r} ({source})")
     if hint is bool:
         if isinstance(value, str):
             lowered = value.strip().lower()

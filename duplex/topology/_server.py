@@ -61,6 +61,7 @@ from duplex.transport import (
 from . import _link
 from ._engine_client import EngineConnection, engine_spec, export_engine_histograms
 from ._engines import EngineProcesses
+from ._layout import available_cores, resolve_layout
 from ._loop_lag import export_loop_lag, watch_loop_lag
 from ._media import open_media
 from ._memory import export_trim_histogram, trim_memory_every
@@ -489,6 +490,14 @@ async def serve_duplex(
         if engines.devices:  # built and listening before any session process links to them
             await nursery.start(engines.children.run)
         try:
+            slots = sum([(await engine_spec(path)).max_slots for path in engines.paths])
+            config, chosen = resolve_layout(config, slots=slots, cores=available_cores())
+            get_logger(component="server").info(
+                "layout",
+                connection_workers=chosen.connection_workers,
+                session_shards=chosen.session_shards,
+                reason=chosen.reason,
+            )
             await _serve_sessions(
                 config,
                 system,
