@@ -155,6 +155,10 @@ class ServerConfig:
     (docs/operations.md, "Session shards"). Above 1 it needs ``connection_workers`` and a
     model on the CPU or engine processes: a GPU model must batch every session in one
     engine. ``auto``: from the cores and the engine's slots (docs/operations.md, "Layout")."""
+    node_name: str = ""
+    """This server's name as a node of a duplex cluster (docs/cluster.md): 1-16 lowercase
+    letters and digits, carried in its session ids so the cluster's ingress routes a resume
+    here without a lookup; set by the cluster. Empty: not a cluster node."""
     engine_stall_timeout_s: float = 5.0
     """An engine process with live slots and no tick for this long (alive but stuck: a
     signal stopped it, a step hangs in a kernel) is killed and restarted as on a crash
@@ -295,6 +299,10 @@ class ServerConfig:
             )
         if shards != "auto" and shards > 1:
             self._check_shards(shards)
+        if self.node_name and not re.fullmatch(r"[a-z0-9]{1,16}", self.node_name):
+            raise ConfigError(
+                f"node_name: 1-16 lowercase letters and digits, got {self.node_name!r}"
+            )
         if self.vad_streams < 1:
             raise ConfigError(f"vad_streams: must be >= 1, got {self.vad_streams}")
         if self.shutdown_grace_s < 0:

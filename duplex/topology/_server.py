@@ -333,6 +333,7 @@ async def open_backend(
         max_sessions=max_sessions,
         registry=registry,
         shard=shard,
+        node=server.node_name or None,
     )
     hub.export_engine_metrics = not engine_paths or not shard  # one engine, exported once
     startup = startup if startup is not None else Startup()
