@@ -7,6 +7,7 @@ placement (``_placement``). Ray carries the control plane only: frames go socket
 socket. Nothing below this package imports it.
 """
 
+from ._cli import cluster_main, cluster_parser
 from ._controller import CONTROLLER_NAME, NAMESPACE, NODE_RESOURCE, Controller, NodeRow
 from ._ingress import Ingress, NodeTable, TableUnavailable, serve_ingress
 from ._node import NodeServer, ServerReport
@@ -44,6 +45,8 @@ __all__ = [
     "RayTable",
     "ServerReport",
     "TableUnavailable",
+    "cluster_main",
+    "cluster_parser",
     "controller",
     "node_object_id",
     "node_of_object",

@@ -20,6 +20,7 @@ import os
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, final
@@ -100,7 +101,8 @@ class Controller:
         self.drain_grace_s = drain_grace_s
         self.env = dict(env or {})
         self._nodes: dict[str, _Node] = {}
-        self._drained_hosts: set[str] = set()
+        self._drained_hosts: Counter[str] = Counter()
+        """Drained nodes per Ray node: their room there is not refilled until ``undrain``."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="duplex-controller", daemon=True)
@@ -131,13 +133,15 @@ class Controller:
             node.seq += 1
             node.drain_seq = node.seq  # its live count is trusted from the next report on
             node.drain_deadline = time.monotonic() + deadline_s if deadline_s > 0 else None
-            self._drained_hosts.add(node.ray_node)
+            self._drained_hosts[node.ray_node] += 1
             return True
 
-    def undrain_host(self, ray_node: str) -> None:
-        """Let a drained host take a new node again (``duplex cluster join`` after a drain)."""
+    def undrain(self) -> int:
+        """Let every drained node's room take a new node again; how many."""
         with self._lock:
-            self._drained_hosts.discard(ray_node)
+            count = self._drained_hosts.total()
+            self._drained_hosts.clear()
+            return count
 
     def shutdown(self) -> None:
         """Stop watching and stop every node's server (the cluster is being taken down)."""
@@ -160,37 +164,26 @@ class Controller:
             log.exception("controller loop failed; exiting so Ray reports the actor dead")
             os._exit(1)
 
-    def _offers(self, resources: dict[str, float]) -> bool:
+    def _offers(self, resources: dict[str, float]) -> int:
+        """Duplex nodes a Ray node holds: one per ``gpus_per_node`` GPUs, or one per unit
+        of the ``duplex_node`` resource."""
         if self.gpus_per_node:
-            return resources.get("GPU", 0) >= self.gpus_per_node
-        return resources.get(NODE_RESOURCE, 0) >= 1
+            return int(resources.get("GPU", 0) // self.gpus_per_node)
+        return int(resources.get(NODE_RESOURCE, 0))
 
     def _start_missing(self) -> None:
         with self._lock:
-            served = {n.ray_node for n in self._nodes.values() if n.state is not NodeState.GONE}
-            skip = served | self._drained_hosts
+            held = Counter(
+                n.ray_node for n in self._nodes.values() if n.state is not NodeState.GONE
+            )
+            held.update(self._drained_hosts)
         started = []
         for info in ray.nodes():
             ray_node = info["NodeID"]
-            if not info["Alive"] or ray_node in skip or not self._offers(info["Resources"]):
+            if not info["Alive"]:
                 continue
-            name = secrets.token_hex(4)
-            options: dict[str, Any] = {
-                "num_cpus": 0,
-                "scheduling_strategy": NodeAffinitySchedulingStrategy(ray_node, soft=False),
-                "name": f"duplex-node-{name}",
-                "max_restarts": 0,
-            }
-            if self.gpus_per_node:
-                options["num_gpus"] = self.gpus_per_node
-            else:
-                options["resources"] = {NODE_RESOURCE: 1}
-            actor = (
-                ray.remote(NodeServer)
-                .options(**options)
-                .remote(name, self.serve_args, env=self.env)
-            )
-            started.append((name, ray_node, actor))
+            for _ in range(self._offers(info["Resources"]) - held[ray_node]):
+                started.append(self._start(ray_node))
         for name, ray_node, actor in started:  # every one starts at once; then ask each
             try:
                 url, pid = ray.get([actor.url.remote(), actor.pid.remote()], timeout=60)
@@ -200,6 +193,24 @@ class Controller:
                 continue
             with self._lock:
                 self._nodes[name] = _Node(name, ray_node, actor, pid, url)
+
+    def _start(self, ray_node: str) -> tuple[str, str, Any]:
+        """A new node's actor on ``ray_node`` (a fresh name: ids of old nodes never match)."""
+        name = secrets.token_hex(4)
+        options: dict[str, Any] = {
+            "num_cpus": 0,
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(ray_node, soft=False),
+            "name": f"duplex-node-{name}",
+            "max_restarts": 0,
+        }
+        if self.gpus_per_node:
+            options["num_gpus"] = self.gpus_per_node
+        else:
+            options["resources"] = {NODE_RESOURCE: 1}
+        actor = (
+            ray.remote(NodeServer).options(**options).remote(name, self.serve_args, env=self.env)
+        )
+        return name, ray_node, actor
 
     def _collect(self) -> None:
         with self._lock:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Callable
 from contextlib import AsyncExitStack, suppress
 from functools import partial
@@ -108,7 +109,7 @@ class Ingress:
         self.refresh_s = refresh_s
         self.first_event_timeout_s = first_event_timeout_s
         self.max_frame_bytes = max_frame_bytes
-        self.placement = Placement()
+        self.placement = Placement(salt=secrets.randbits(31) + 1)  # its own tie-breaks
         self.refreshed = trio.Event()
         """Set once the first table arrived (before it, every node is unknown)."""
         self.relays = 0

@@ -14,6 +14,7 @@ reports have not shown is dropped (the session failed to open, or ended at once)
 from __future__ import annotations
 
 import enum
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import final
@@ -132,9 +133,18 @@ class _Node:
 @final
 @dataclass
 class Placement:
-    """One ingress's view of the nodes: reports in, decisions out."""
+    """One ingress's view of the nodes: reports in, decisions out.
 
+    Args:
+        salt: breaks ties between equally roomy nodes (each ingress copy its own, so
+            copies that saw the same report do not all pick the same node before the
+            next one; 0: by name).
+    """
+
+    salt: int = 0
     _nodes: dict[str, _Node] = field(default_factory=dict)
+    _serving: list[_Node] = field(default_factory=list)
+    _ties: dict[str, int] = field(default_factory=dict)
     _refused_full: int = 0
     _expired: int = 0
     _placed_gone: dict[str, int] = field(default_factory=dict)
@@ -153,6 +163,9 @@ class Placement:
             if name not in fresh and old.placed:
                 self._placed_gone[name] = old.placed
         self._nodes = fresh
+        self._serving = [n for n in fresh.values() if n.report.state is NodeState.SERVING]
+        for name in fresh.keys() - self._ties.keys():
+            self._ties[name] = zlib.crc32(name.encode(), self.salt) if self.salt else 0
 
     def nodes(self) -> list[NodeReport]:
         """The reports held, by name."""
@@ -167,25 +180,32 @@ class Placement:
         return max(node.report.free - len(node.pending), 0)
 
     def place(self, *, exclude: frozenset[str] = frozenset(), count: bool = True) -> Placed | Full:
-        """The node for a new session: the most free slots, then the lower step load, then
-        the name (so every ingress breaks ties alike); counted as taken there.
+        """The node for a new session: the largest share of its capacity free (so nodes of
+        any size fill alike), then the lower step load, then the tie-breaker (``salt``),
+        then the name; counted as taken there.
 
         ``exclude``: nodes that just failed to answer (tried next: another);
         ``count=False``: a request that holds no session (HTTP), sent where there is room.
         """
         best: _Node | None = None
-        best_key: tuple[int, float, str] | None = None
-        for name, node in self._nodes.items():
-            room = self.room(name)
-            if room <= 0 or name in exclude:
+        best_key: tuple[float, float, int] = (0.0, 0.0, 0)
+        for node in self._serving:
+            report = node.report
+            free = report.capacity - report.live - len(node.pending)
+            if free <= 0 or (exclude and report.name in exclude):
                 continue
-            key = (-room, node.report.step_load, name)
-            if best_key is None or key < best_key:
+            key = (free / report.capacity, -report.step_load, -self._ties[report.name])
+            if (
+                best is None
+                or key > best_key
+                or (key == best_key and report.name < best.report.name)
+            ):
                 best, best_key = node, key
         if best is None:
             self._refused_full += count
-            serving = sum(n.report.state is NodeState.SERVING for n in self._nodes.values())
-            return Full(f"every node is full ({serving} serving, {len(self._nodes)} known)")
+            return Full(
+                f"every node is full ({len(self._serving)} serving, {len(self._nodes)} known)"
+            )
         if count:
             best.pending.append(best.report.seq)
             best.placed += 1

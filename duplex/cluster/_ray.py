@@ -18,6 +18,7 @@ from typing import Any, Final
 import ray
 import trio
 from ray.exceptions import GetTimeoutError, RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ._controller import CONTROLLER_NAME, NAMESPACE, Controller
 from ._ingress import TableUnavailable
@@ -43,14 +44,18 @@ def start_controller(
     drain_grace_s: float = 5.0,
     env: dict[str, str] | None = None,
 ) -> Any:
-    """Start the cluster's controller (detached: it outlives this driver); its handle.
+    """Start the cluster's controller (detached: it outlives this driver) on this Ray node
+    (the head, where ``duplex cluster head`` runs: losing a worker machine must not take
+    the control plane with it); its handle.
 
     Raises:
         ValueError: a controller already runs in this Ray cluster.
     """
+    here = ray.get_runtime_context().get_node_id()
     return (
         ray.remote(Controller)
         .options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
             name=CONTROLLER_NAME,
             namespace=NAMESPACE,
             lifetime="detached",

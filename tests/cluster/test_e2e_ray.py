@@ -27,6 +27,7 @@ from ray.cluster_utils import Cluster
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect
 
+from duplex.cli import main
 from duplex.cluster import (
     LOOPBACK_ENV,
     NODE_RESOURCE,
@@ -271,15 +272,25 @@ async def test_a_killed_node_tells_its_clients_at_once_and_spares_the_others(ray
             await close_session(c)
 
 
-async def test_a_drained_node_keeps_its_sessions_to_the_end_then_stops(ray3: Ray3) -> None:
+async def test_a_drained_node_keeps_its_sessions_to_the_end_then_stops(
+    ray3: Ray3, capsys: pytest.CaptureFixture[str]
+) -> None:
     async with AsyncExitStack() as stack:
         ingress, url = await stack.enter_async_context(ingress_of(ray3))
         await wait_for("every slot free", lambda: ingress.sessions()["live"] == 0)
         c = await stack.enter_async_context(client_of(url))
         created = await open_session(c)
         drained = node_id(created)
-        assert ray.get(ray3.controller.drain.remote(drained), timeout=10)
+        address = ["--address", ray3.cluster.address]
+        assert main(["cluster", "drain", drained, *address]) == 0  # what an operator runs
+        assert main(["cluster", "drain", "nosuchnode", *address]) == 1
         await wait_for("the drain seen", lambda: ingress.placement.room(drained) == 0)
+        assert main(["cluster", "nodes", *address]) == 0
+        listed = {
+            line.split()[0]: line.split()[1:4] for line in capsys.readouterr().out.splitlines()
+        }
+        state, _, capacity = listed[drained]  # (live: as of its last report)
+        assert (state, capacity) == ("draining", str(PER_NODE))
         # new sessions go elsewhere; the drained node's own session goes on, nothing lost
         others = []
         for _ in range(2):

@@ -73,10 +73,25 @@ def test_a_video_id_is_named_for_its_node_and_unwrapped_for_it(node: str, token:
 
 def test_a_new_session_goes_to_the_most_room_then_the_lower_step_load() -> None:
     placement = Placement()
-    placement.update([report("a", 5, 10), report("b", 2, 10), report("c", 0, 4)])
-    assert placement.place() == Placed("b", "http://b")  # 8 free
+    placement.update([report("a", 5, 10), report("b", 2, 10), report("c", 2, 4)])
+    assert placement.place() == Placed("b", "http://b")  # 80% free
+    # room is the share of its capacity free: nodes of any size fill alike
+    placement.update([report("a", 50, 100, seq=2), report("c", 1, 4, seq=2)])
+    assert placement.place() == Placed("c", "http://c")  # 75% free beats 50% (50 slots)
     placement.update([report("a", 0, 10, step_load=0.9), report("b", 0, 10, step_load=0.2)])
     assert placement.place() == Placed("b", "http://b")
+
+
+def test_ingress_copies_break_ties_each_their_own_way() -> None:
+    table = [report(name, 0, 10) for name in "abcdefgh"]
+    firsts = set()
+    for salt in range(1, 40):
+        placement = Placement(salt=salt)
+        placement.update(table)
+        first = placement.place()
+        assert isinstance(first, Placed)
+        firsts.add(first.node)
+    assert len(firsts) > 3  # copies that saw one report do not all pick one node
 
 
 def test_placements_between_reports_are_counted_until_a_report_shows_them() -> None:
