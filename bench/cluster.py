@@ -46,6 +46,9 @@ SERVE_ENV = {
     "DUPLEX_REALTIME_VAD": "energy",
     "DUPLEX_TTS": "none",
     "DUPLEX_LOG_LEVEL": "warning",
+    # every frame the model speaks is sent (as bench/served.py): the loopback echoes the
+    # tone 240 ms later, so each session gets one output a tick
+    "DUPLEX_SESSION__OVERLAP_POLICY": "model",
 }
 
 

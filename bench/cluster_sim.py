@@ -61,6 +61,9 @@ def main() -> None:
     parser.add_argument("--drains", type=int, default=10, help="nodes drained over the run")
     parser.add_argument("--joins", type=int, default=20, help="nodes added over the run")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--no-share", dest="share", action="store_false", help="copies=1: each copy counts all room"
+    )
     parser.add_argument("--json", default="", help="write the figures here too")
     args = parser.parse_args()
 
@@ -72,7 +75,10 @@ def main() -> None:
         return SimNode(f"{next(counter):x}", rng.choice(caps))
 
     nodes = {n.name: n for n in (new_node() for _ in range(args.nodes))}
-    ingresses = [Placement(salt=rng.getrandbits(31) + 1) for _ in range(args.ingresses)]
+    copies = args.ingresses if args.share else 1
+    ingresses = [
+        Placement(salt=rng.getrandbits(31) + 1, copies=copies) for _ in range(args.ingresses)
+    ]
     lost: list[str] = []  # sessions of nodes that died: their clients try to resume
     owner: dict[str, str] = {}  # live session -> node that admitted it
     ends: dict[str, float] = {}
@@ -87,6 +93,7 @@ def main() -> None:
     figures = dict(
         placed=0, refused_full=0, refused_by_node=0, resumes=0, resumed_ok=0, misrouted=0,
         expired_dead=0, lost_with_node=0, routed_to_dead=0, resumes_of_lost=0,
+        placed_on_gone=0, placed_on_draining=0,
     )  # fmt: skip
     utilisation_samples: list[float] = []
     place_s = 0.0
@@ -136,8 +143,13 @@ def main() -> None:
                 figures["refused_full"] += 1
                 continue
             node = nodes[decision.node]
-            if node.state is not NodeState.SERVING or len(node.sessions) >= node.capacity:
-                figures["refused_by_node"] += 1  # the node's own admission says no
+            if node.state is NodeState.GONE:  # the table is a report old: the real ingress
+                figures["placed_on_gone"] += 1  # fails to connect and tries another node
+                continue
+            if node.state is NodeState.DRAINING:
+                figures["placed_on_draining"] += 1  # admitted there: drains take a report
+            elif len(node.sessions) >= node.capacity:
+                figures["refused_by_node"] += 1  # full: copies raced it within a report
                 continue
             sid = new_session_id(rng.randbytes, None, node.name)
             node.sessions.add(sid)
@@ -184,6 +196,7 @@ def main() -> None:
         "nodes_start": args.nodes,
         "nodes_serving_end": len(serving),
         "ingresses": args.ingresses,
+        "copies_counted": copies,
         "simulated_s": args.seconds,
         "live_end": len(owner),
         "capacity_end": sum(n.capacity for n in serving),

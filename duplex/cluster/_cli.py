@@ -3,7 +3,7 @@
 ``head`` starts Ray's head on this machine and the cluster's controller; ``join``
 adds this machine to it; ``ingress`` serves the cluster's port; ``nodes`` lists the
 nodes with their load; ``drain`` stops new sessions on one; ``undrain`` gives drained
-room back; ``down`` stops every node and Ray here.
+room back; ``down`` stops every node and the controller (Ray stays: ``ray stop``).
 """
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ def cluster_parser() -> argparse.ArgumentParser:
     ingress = with_address(commands.add_parser("ingress", help="serve the cluster's port"))
     ingress.add_argument("--host", default="127.0.0.1")
     ingress.add_argument("--port", type=int, default=8000)
+    ingress.add_argument(
+        "--copies", type=int, default=1, help="ingress copies running (each places its share)"
+    )
 
     with_address(commands.add_parser("nodes", help="list the nodes with their load"))
     drain = with_address(commands.add_parser("drain", help="stop new sessions on a node"))
@@ -77,7 +80,7 @@ def cluster_parser() -> argparse.ArgumentParser:
         "--deadline", type=float, default=0.0, help="stop it after this many seconds anyway"
     )
     with_address(commands.add_parser("undrain", help="refill the room drained nodes left"))
-    with_address(commands.add_parser("down", help="stop every node and Ray on this machine"))
+    with_address(commands.add_parser("down", help="stop every node and the controller"))
     return parser
 
 
@@ -122,7 +125,7 @@ def cluster_main(argv: Sequence[str]) -> int:
     _connect(args.address)
     handle = controller()
     if args.action == "ingress":
-        ingress = Ingress(RayTable(handle))
+        ingress = Ingress(RayTable(handle), copies=max(args.copies, 1))
 
         async def run() -> None:
             async with trio.open_nursery() as nursery:
@@ -149,8 +152,8 @@ def cluster_main(argv: Sequence[str]) -> int:
     if args.action == "undrain":
         print(f"duplex cluster: {ray.get(handle.undrain.remote(), timeout=10)} node(s) refilled")
         return 0
-    ray.get(handle.shutdown.remote(), timeout=60)  # down: the nodes first, then Ray here
-    ray.kill(handle)
+    ray.get(handle.shutdown.remote(), timeout=60)  # down: every node's server, then the
+    ray.kill(handle)  # controller; Ray itself stays (`ray stop` on each machine ends it)
     ray.shutdown()
-    ray_cli = shutil.which("ray") or "ray"
-    return subprocess.run([ray_cli, "stop"], check=False).returncode
+    print("duplex cluster: nodes and controller stopped; `ray stop` on each machine ends Ray")
+    return 0

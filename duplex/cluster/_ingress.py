@@ -104,12 +104,15 @@ class Ingress:
         refresh_s: float = 0.25,
         first_event_timeout_s: float = 30.0,
         max_frame_bytes: int = 16 * 1024 * 1024,
+        copies: int = 1,
     ) -> None:
+        """``copies``: ingress copies running (each places within its share of a node's
+        free slots between reports; ``Placement``)."""
         self.table = table
         self.refresh_s = refresh_s
         self.first_event_timeout_s = first_event_timeout_s
         self.max_frame_bytes = max_frame_bytes
-        self.placement = Placement(salt=secrets.randbits(31) + 1)  # its own tie-breaks
+        self.placement = Placement(salt=secrets.randbits(31) + 1, copies=copies)
         self.refreshed = trio.Event()
         """Set once the first table arrived (before it, every node is unknown)."""
         self.relays = 0

@@ -139,9 +139,13 @@ class Placement:
         salt: breaks ties between equally roomy nodes (each ingress copy its own, so
             copies that saw the same report do not all pick the same node before the
             next one; 0: by name).
+        copies: ingress copies placing at once: each counts only its share of a node's
+            free slots (rounded up) until the next report, so a node that just joined
+            (all of it free) is not sent its room once per copy.
     """
 
     salt: int = 0
+    copies: int = 1
     _nodes: dict[str, _Node] = field(default_factory=dict)
     _serving: list[_Node] = field(default_factory=list)
     _ties: dict[str, int] = field(default_factory=dict)
@@ -177,7 +181,7 @@ class Placement:
         node = self._nodes.get(name)
         if node is None or node.report.state is not NodeState.SERVING:
             return 0
-        return max(node.report.free - len(node.pending), 0)
+        return max(-(-node.report.free // self.copies) - len(node.pending), 0)
 
     def place(self, *, exclude: frozenset[str] = frozenset(), count: bool = True) -> Placed | Full:
         """The node for a new session: the largest share of its capacity free (so nodes of
@@ -189,9 +193,10 @@ class Placement:
         """
         best: _Node | None = None
         best_key: tuple[float, float, int] = (0.0, 0.0, 0)
+        copies = self.copies
         for node in self._serving:
             report = node.report
-            free = report.capacity - report.live - len(node.pending)
+            free = -(-report.free // copies) - len(node.pending)
             if free <= 0 or (exclude and report.name in exclude):
                 continue
             key = (free / report.capacity, -report.step_load, -self._ties[report.name])

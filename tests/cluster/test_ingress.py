@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import httpx
 import trio
+from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect
 
 from duplex.cluster import Ingress, NodeReport, NodeState, serve_ingress
@@ -60,4 +60,66 @@ async def test_a_session_through_the_ingress_echoes_and_carries_its_node() -> No
         async with httpx.AsyncClient() as http:
             health = (await http.get(url + "/health")).json()
         assert health["sessions"] == {"live": 0, "capacity": 8}  # as the table says
-        print(json.dumps(health))
+        assert [n["node"] for n in health["nodes"]] == ["a1"]
+
+
+async def test_http_is_routed_by_the_id_it_names_and_refused_when_none_can_take_it() -> None:
+    table = Table()
+    async with AsyncExitStack() as stack:
+        server = await stack.enter_async_context(running_server(**{"server.node_name": "a1"}))
+        table.reports = [node("a1", server)]
+        ingress, url = await stack.enter_async_context(ingress_at(table))
+        await ingress.refreshed.wait()
+        http = await stack.enter_async_context(httpx.AsyncClient(timeout=10))
+        models = await http.get(url + "/v1/models")  # names nothing: a node with room
+        assert models.status_code == 200 and models.json()["data"][0]["id"] == "loopback"
+        # a video id named for a1 reaches a1 unwrapped: a1 answers for its own id
+        reply = await http.get(url + "/v1/videos/video_na1-0123abcd")
+        assert reply.status_code == 404 and "video_0123abcd" in reply.text
+        # one naming a node the cluster does not have: 404 here, no node asked
+        reply = await http.get(url + "/v1/videos/video_nzz-0123abcd")
+        assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found"
+        # every node full: 503 with Retry-After, and room that comes back is used again
+        table.reports = [node("a1", server, live=8, capacity=8, seq=2)]
+        await wait_refreshed(ingress, "a1", 0)
+        reply = await http.get(url + "/v1/models")
+        assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
+        table.reports = [node("a1", server, live=7, capacity=8, seq=3)]
+        await wait_refreshed(ingress, "a1", 1)
+        assert (await http.get(url + "/v1/models")).status_code == 200
+
+
+async def wait_refreshed(ingress: Ingress, name: str, room: int) -> None:
+    with trio.fail_after(5):
+        while ingress.placement.room(name) != room:
+            await trio.sleep(0.01)
+
+
+async def test_a_resume_naming_no_serving_node_expires_like_one_server() -> None:
+    table = Table()
+    async with AsyncExitStack() as stack:
+        server = await stack.enter_async_context(running_server(**{"server.node_name": "a1"}))
+        table.reports = [
+            node("a1", server),
+            NodeReport("b2", "http://127.0.0.1:9", NodeState.GONE, 0, 0),
+        ]
+        ingress, url = await stack.enter_async_context(ingress_at(table))
+        await ingress.refreshed.wait()
+        for session_id in ("duplex-nb2-" + "0" * 32, "duplex-" + "0" * 32):
+            ws = await stack.enter_async_context(connect(url.replace("http", "ws") + "/v1/duplex"))
+            c = Client(ws)
+            await c.send({"type": "session.resume", "session_id": session_id, "resume_token": "x",
+                          "last_received_server_event_seq": 0})  # fmt: skip
+            error = await c.recv()
+            assert error["error"]["code"] == "session_resume_expired"
+            with trio.fail_after(5):
+                try:
+                    await ws.recv()
+                except ConnectionClosed as closed:
+                    assert closed.rcvd is not None and closed.rcvd.code == 1008
+        # a resume of a session the node does not know: the node's own answer, relayed
+        ws = await stack.enter_async_context(connect(url.replace("http", "ws") + "/v1/duplex"))
+        c = Client(ws)
+        await c.send({"type": "session.resume", "session_id": "duplex-na1-" + "0" * 32,
+                      "resume_token": "x", "last_received_server_event_seq": 0})  # fmt: skip
+        assert (await c.recv())["error"]["code"] == "session_resume_expired"

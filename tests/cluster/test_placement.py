@@ -206,3 +206,14 @@ class PlacementMachine(RuleBasedStateMachine):
 
 
 TestPlacementMachine = PlacementMachine.TestCase
+
+
+def test_each_copy_places_only_its_share_of_a_node_between_reports() -> None:
+    copies = [Placement(salt=n + 1, copies=4) for n in range(4)]
+    table = [report("old", 8, 10), report("new", 0, 8)]  # "new" just joined: all free
+    for placement in copies:
+        placement.update(table)
+    sent = [p.place() for p in copies for _ in range(3)]
+    to_new = sum(isinstance(d, Placed) and d.node == "new" for d in sent)
+    assert to_new <= 8  # 2 each (8 / 4 copies), never 4 copies x its whole room
+    assert all(p.room("new") == 0 for p in copies)
