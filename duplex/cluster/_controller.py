@@ -69,6 +69,7 @@ class _Node:
     capacity: int = 0
     step_load: float = 0.0
     seq: int = 0
+    refused: int = 0
     drain_deadline: float | None = None
     drain_seq: int = 0
     reason: str = ""
@@ -76,7 +77,14 @@ class _Node:
 
     def report(self) -> NodeReport:
         return NodeReport(
-            self.name, self.url, self.state, self.live, self.capacity, self.step_load, self.seq
+            self.name,
+            self.url,
+            self.state,
+            self.live,
+            self.capacity,
+            self.step_load,
+            self.seq,
+            self.refused,
         )
 
 
@@ -238,7 +246,7 @@ class Controller:
                     node.state = NodeState.SERVING
                 if report.status:
                     node.live, node.capacity = report.live, report.capacity
-                    node.step_load = report.step_load
+                    node.step_load, node.refused = report.step_load, report.refused
                     node.seq += 1
 
     def _finish_drains(self) -> None:

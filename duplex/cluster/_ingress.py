@@ -177,6 +177,7 @@ class Ingress:
                     "live": n.live,
                     "capacity": n.capacity,
                     "step_load": round(n.step_load, 3),
+                    "refused": n.refused,
                 }
                 for n in nodes
             ],
@@ -240,6 +241,12 @@ class Ingress:
                 "gauge",
                 "Each node's engine step p99 over the 80 ms frame",
                 per_node("duplex_cluster_node_step_load", lambda n: n.step_load),
+            ),
+            family(
+                "duplex_cluster_node_refused_total",
+                "counter",
+                "Sessions each node's own admission refused (its duplex_sessions_refused_total)",
+                per_node("duplex_cluster_node_refused_total", lambda n: n.refused),
             ),
             family(
                 "duplex_cluster_placed_total",

@@ -29,6 +29,7 @@ FRAME_S = 0.08
 """The frame period: a step p99 of this much is a step load of 1."""
 
 _STEP_P99 = re.compile(r"^duplex_engine_step_p99_seconds(?:\{[^}]*\})? (\S+)$", re.M)
+_REFUSED = re.compile(r"^duplex_sessions_refused_total(?:\{[^}]*\})? (\S+)$", re.M)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -56,6 +57,8 @@ class ServerReport:
     capacity: int
     step_load: float
     exited: int | None = None
+    refused: int = 0
+    """Sessions its admission refused so far (``duplex_sessions_refused_total``, summed)."""
 
 
 class NodeServer:
@@ -121,7 +124,8 @@ class NodeServer:
         metrics = (_get(self.url() + "/metrics") or b"").decode("utf-8", "replace")
         steps = [float(value) for value in _STEP_P99.findall(metrics)]
         load = max(steps, default=0.0) / FRAME_S
-        return ServerReport(self.url(), status, live, capacity, load)
+        refused = int(sum(float(value) for value in _REFUSED.findall(metrics)))
+        return ServerReport(self.url(), status, live, capacity, load, refused=refused)
 
     def stop(self, grace_s: float = 5.0) -> int:
         """Stop the server as SIGTERM does (sockets closed 1001), killed after ``grace_s``."""

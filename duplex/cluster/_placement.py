@@ -59,6 +59,7 @@ class NodeReport:
         step_load: its engine's step time p99 over the frame budget (0: idle or not
             measured; 1: at the deadline); breaks ties between equal room.
         seq: the report's number for this node; a new one confirms what was placed.
+        refused: sessions its own admission refused so far (the node's counter).
     """
 
     name: str
@@ -68,6 +69,7 @@ class NodeReport:
     capacity: int
     step_load: float = 0.0
     seq: int = 0
+    refused: int = 0
 
     @property
     def free(self) -> int:

@@ -61,6 +61,16 @@ async def test_a_session_through_the_ingress_echoes_and_carries_its_node() -> No
             health = (await http.get(url + "/health")).json()
         assert health["sessions"] == {"live": 0, "capacity": 8}  # as the table says
         assert [n["node"] for n in health["nodes"]] == ["a1"]
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(url + "/metrics")).text
+        for line in (
+            'duplex_cluster_placed_total{node="a1"} 1',
+            'duplex_cluster_node_capacity_sessions{node="a1"} 8',
+            'duplex_cluster_node_refused_total{node="a1"} 0',
+            "duplex_cluster_sessions_capacity 8",
+            'duplex_cluster_nodes{state="serving"} 1',
+        ):
+            assert f"\n{line}" in text, line
 
 
 async def test_http_is_routed_by_the_id_it_names_and_refused_when_none_can_take_it() -> None:
