@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections import Counter
@@ -270,6 +271,46 @@ async def test_a_killed_node_tells_its_clients_at_once_and_spares_the_others(ray
         for n, (c, _) in enumerate(clients[1:]):
             await echo(c, tone(4, amplitude=0.2 + 0.1 * n))
             await close_session(c)
+
+
+async def test_a_node_whose_server_is_killed_is_replaced_on_its_host(ray3: Ray3) -> None:
+    async with AsyncExitStack() as stack:
+        ingress, url = await stack.enter_async_context(ingress_of(ray3))
+        await wait_for("every slot free", lambda: ingress.sessions()["live"] == 0)
+        c = await stack.enter_async_context(client_of(url))
+        victim = node_id(await open_session(c))
+        row = row_of(ray3, victim)
+        os.killpg(row.pid, signal.SIGKILL)  # the server and its children; its host lives
+        code, events = await closed_with(c, timeout=5)
+        assert code == 1011
+        assert [e["error"]["code"] for e in events if e["type"] == "error"] == ["node_lost"]
+
+        def replaced() -> list[NodeRow]:
+            gone = row_of(ray3, victim).report.state is NodeState.GONE
+            fresh = [
+                r
+                for r in ray3.rows()
+                if r.ray_node == row.ray_node
+                and r.report.name != victim
+                and r.report.state is NodeState.SERVING
+            ]
+            return fresh if gone else []
+
+        (fresh,) = await trio.to_thread.run_sync(lambda: wait_until("a replacement", replaced))
+        assert row_of(ray3, victim).reason.startswith("server exited")
+        await wait_for(
+            "the replacement seen", lambda: ingress.placement.room(fresh.report.name) > 0
+        )
+        opened = []
+        while True:  # new sessions reach it (the most room once the others are as full)
+            other = await stack.enter_async_context(client_of(url))
+            opened.append(other)
+            if node_id(await open_session(other)) == fresh.report.name:
+                break
+            assert len(opened) <= 2 * PER_NODE
+        await echo(other, tone(3))
+        for other in opened:
+            await close_session(other)
 
 
 async def test_a_drained_node_keeps_its_sessions_to_the_end_then_stops(
