@@ -56,16 +56,35 @@ def _parser(*, serve_flags: bool = True) -> argparse.ArgumentParser:
         help="environment variable holding the API key, if the server needs one",
     )
     talk.set_defaults(command_parser=talk)
+    cluster = commands.add_parser(
+        "cluster",
+        help="duplex nodes on a Ray cluster: head, join, ingress, nodes, drain, undrain, down "
+        "(docs/cluster.md; `duplex cluster --help`)",
+        add_help=False,
+    )
+    cluster.add_argument("args", nargs=argparse.REMAINDER)
+    cluster.set_defaults(command_parser=cluster)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args, unknown = _parser(serve_flags=argv[:1] == ["serve"]).parse_known_args(argv)
+    if args.command == "cluster":  # its own parser takes every argument after it
+        args.args = [*unknown, *args.args]
+        unknown = []
     if unknown:  # the subcommand's usage, not the top level's (argparse's own error: exit 2)
         args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "serve":
         return _serve(args)
+    if args.command == "cluster":
+        import os
+
+        if "--loopback" in args.args:  # read by Ray when it loads: before the import below
+            os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+        from duplex.cluster import cluster_main
+
+        return cluster_main(args.args)
     if args.command == "talk":
         import os
 

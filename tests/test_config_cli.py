@@ -45,8 +45,10 @@ def test_layers_override_in_order(tmp_path: Path) -> None:
         ({"DUPLEX_PORT": "70000"}, "server.port: must be 0..65535"),
         ({"DUPLEX_LOG_FORMAT": "xml"}, "server.log_format: must be one of"),
         ({"DUPLEX_KV_CACHE_DTYPE": "int3"}, "server.kv_cache_dtype: must be one of"),
-        ({"DUPLEX_CONNECTION_WORKERS": "-1"}, "connection_workers: must be 0..64, got -1"),
-        ({"DUPLEX_CONNECTION_WORKERS": "65"}, "connection_workers: must be 0..64, got 65"),
+        ({"DUPLEX_CONNECTION_WORKERS": "-1"}, "connection_workers: must be 0..64 or auto, got -1"),
+        ({"DUPLEX_CONNECTION_WORKERS": "65"}, "connection_workers: must be 0..64 or auto, got 65"),
+        ({"DUPLEX_CONNECTION_WORKERS": "many"}, "connection_workers: must be a whole number or"),
+        ({"DUPLEX_SESSION_SHARDS": "1.5"}, "session_shards: must be a whole number or auto"),
         ({"DUPLEX_NO_SUCH": "1"}, "unknown key server.no_such"),
         ({"DUPLEX_SESSION__OVERLAP_POLICY": "sometimes"}, "overlap_policy"),
         ({"DUPLEX_SESSION__BARGE_IN_MS": "500"}, "barge_in_ms"),
@@ -63,9 +65,15 @@ def test_bad_values_name_the_key(env: dict[str, str], message: str) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"server.session_shards": 0}, "session_shards: must be 1..64, got 0"),
-        ({"server.session_shards": 65, "server.connection_workers": 1}, "must be 1..64, got 65"),
-        ({"server.session_shards": 2}, "session_shards: 2 shards need connection_workers >= 1"),
+        ({"server.session_shards": 0}, "session_shards: must be 1..64 or auto, got 0"),
+        (
+            {"server.session_shards": 65, "server.connection_workers": 1},
+            "must be 1..64 or auto, got 65",
+        ),
+        (
+            {"server.session_shards": 2, "server.connection_workers": 0},
+            "session_shards: 2 shards need connection_workers >= 1",
+        ),
         (
             {"server.session_shards": 2, "server.connection_workers": 1,
              "server.model_device": "cuda", "server.engine_process": "off"},
@@ -112,10 +120,14 @@ def test_agent_asr_workers_load_at_their_bounds() -> None:
 
 
 def test_session_shards_from_env_and_the_cli_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    assert load_config(env={}).server.session_shards == 1
+    assert load_config(env={}).server.session_shards == "auto"
     env = {"DUPLEX_SERVER__SESSION_SHARDS": "3", "DUPLEX_SERVER__CONNECTION_WORKERS": "2"}
     assert load_config(env=env).server.session_shards == 3
-    assert main(["serve", "--session-shards", "2", "--port", "0"]) == 2  # and no workers
+    env = {"DUPLEX_SERVER__SESSION_SHARDS": " auto", "DUPLEX_SERVER__CONNECTION_WORKERS": "auto"}
+    server = load_config(env=env).server
+    assert (server.session_shards, server.connection_workers) == ("auto", "auto")
+    args = ["serve", "--session-shards", "2", "--connection-workers", "0", "--port", "0"]
+    assert main(args) == 2
     err = capsys.readouterr().err
     assert "session_shards: 2 shards need connection_workers >= 1" in err
 

@@ -34,8 +34,9 @@ FLAT_DEFAULTS: dict[str, Any] = {
     "model_cache_dir": "", "max_sessions": 0, "chat_wait_queue": 0, "max_frame_bytes": 16777216,
     "realtime_vad": "silero", "agent": True, "agent_llm": "", "agent_asr": "pocketsphinx",
     "agent_asr_grammar": "", "agent_asr_workers": 2, "vad_streams": 256,
-    "first_event_timeout_s": 30.0, "connection_workers": 0, "engine_process": "auto",
-    "session_shards": 1, "engine_stall_timeout_s": 5.0, "log_format": "console",
+    "first_event_timeout_s": 30.0, "connection_workers": "auto",
+    "engine_process": "auto", "session_shards": "auto", "node_name": "",
+    "engine_stall_timeout_s": 5.0, "log_format": "console",
     "log_level": "info", "shutdown_grace_s": 5.0, "malloc_trim_interval_s": 60.0, "api_keys": (),
     "api_key_file": "", "allow_unauthenticated": False, "allowed_origins": (),
     "allowed_hosts": (), "tls_certfile": "", "tls_keyfile": "", "client_secret_ttl_s": 600,
@@ -48,7 +49,9 @@ FLAT_DEFAULTS: dict[str, Any] = {
     "video_stall_timeout_s": 60.0, "tts": "espeak", "tts_max_batch": 8,
     "tts_batch_wait_ms": 2.0, "tts_max_queue": 64, "max_connections_per_peer": 0,
 }  # fmt: skip
-"""The flat ``[server]`` table before sections (tree ``0a62554``): every name and default."""
+"""The flat ``[server]`` table before sections (tree ``0a62554``): every name and default
+(since then ``connection_workers`` and ``session_shards`` default to ``auto``, and
+``node_name`` names a cluster node: issue 29)."""
 
 
 def value_of(config: Config, row: Declared) -> Any:

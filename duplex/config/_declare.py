@@ -22,6 +22,11 @@ _META = "duplex.config"
 """The key of a field's metadata that holds its `Setting`."""
 
 
+Count = int | Literal["auto"]
+"""A number of processes, or ``auto``: chosen at startup from the machine (the ``count``
+kind: a flag, env or TOML value is a whole number or the word ``auto``)."""
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class Setting:
@@ -90,7 +95,9 @@ class Declared:
         return f"{ENV_PREFIX}{self.flat.upper()}"
 
     @property
-    def kind(self) -> Literal["bool", "int", "float", "str", "list", "choice"]:
+    def kind(self) -> Literal["bool", "int", "float", "str", "list", "choice", "count"]:
+        if self.hint == Count:
+            return "count"
         if get_origin(self.hint) is Literal:
             return "choice"
         if get_origin(self.hint) is tuple:
@@ -119,7 +126,7 @@ def declared(sections: Sequence[tuple[str, type[Any]]]) -> tuple[Declared, ...]:
             if not isinstance(meta, Setting):
                 raise TypeError(f"{section}.{field.name}: declared without setting()")
             hint = hints[field.name]
-            if get_origin(hint) in (typing.Union, types.UnionType):
+            if get_origin(hint) in (typing.Union, types.UnionType) and hint != Count:
                 raise TypeError(f"{section}.{field.name}: optional values are not configurable")
             row = Declared(section, field.name, hint, field.default, meta)
             row.kind  # noqa: B018  a type the loader cannot read fails here, at import

@@ -39,6 +39,8 @@ def _type(row: Declared) -> str:
         return " \\| ".join(f"`{choice}`" for choice in row.choices)
     if row.kind == "list":
         return "list of str"
+    if row.kind == "count":
+        return "int \\| `auto`"
     return row.kind
 
 
@@ -103,6 +105,16 @@ def plain(markdown: str) -> str:
     return text.replace("%", "%%")
 
 
+def _count(text: str) -> int | str:
+    """A ``count`` flag's value: a whole number or ``auto``."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number or auto, got {text!r}") from None
+
+
 def add_flags(parser: argparse.ArgumentParser, rows: Sequence[Declared]) -> None:
     """One flag per key that declares one, grouped by section; each sets ``section.key``
     (`flag_overrides`)."""
@@ -128,6 +140,8 @@ def add_flags(parser: argparse.ArgumentParser, rows: Sequence[Declared]) -> None
                 kwargs["action"] = "append"
             elif row.kind in ("int", "float"):
                 kwargs["type"] = int if row.kind == "int" else float
+            elif row.kind == "count":
+                kwargs["type"] = _count
         if row.kind not in ("bool", "list") and row.default not in ("", ()):
             kwargs["help"] += f" (default {row.default})"
         groups[row.section].add_argument(flag, **kwargs)

@@ -22,7 +22,7 @@ from typing import Any, Final, Literal, final, get_args, get_origin, get_type_hi
 from duplex.exceptions import ConfigError
 from duplex.sessions import SessionConfig
 
-from ._declare import ENV_PREFIX, Declared, declared
+from ._declare import ENV_PREFIX, Count, Declared, declared
 from ._sections import (
     AccessConfig,
     AgentConfig,
@@ -187,6 +187,15 @@ def _coerce(key: str, hint: Any, value: Any, source: str) -> Any:
         if value not in choices:
             raise ConfigError(f"{key}: must be one of {list(choices)}, got {value!r} ({source})")
         return value
+    if hint == Count:  # a whole number or the word auto
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            return _coerce(key, int, value, source)
+        except ConfigError:
+            raise ConfigError(
+                f"{key}: must be a whole number or auto, got {value!r} ({source})"
+            ) from None
     if origin in (typing.Union, types.UnionType):
         raise ConfigError(f"{key}: optional values are not configurable here")  # pragma: no cover
     if hint is bool:

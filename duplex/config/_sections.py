@@ -90,24 +90,26 @@ class ServerConfig:
         flag="--host",
     )
     port: int = setting(8000, "port to bind; 0..65535; 0 picks a free port", flag="--port")
-    connection_workers: int = setting(
-        0,
+    connection_workers: int | Literal["auto"] = setting(
+        "auto",
         "worker processes that accept this port's connections and do their WebSocket I/O, "
         "JSON and base64; sessions and the engine stay in the server process. 0: one process "
-        f"does everything. 0..{MAX_CONNECTION_WORKERS} "
-        "(see [Connection workers](#connection-workers))",
+        f"does everything. 0..{MAX_CONNECTION_WORKERS}, or `auto`: chosen at startup from "
+        "the cores and the engine's slots (see [Layout](#layout), "
+        "[Connection workers](#connection-workers))",
         flag="--connection-workers",
-        metavar="N",
+        metavar="N|auto",
     )
-    session_shards: int = setting(
-        1,
+    session_shards: int | Literal["auto"] = setting(
+        "auto",
         "session processes, each with its own sessions, engine and part of "
         "`engine.max_sessions`. Above 1 it needs `connection_workers` >= 1, "
         '`engine.model_device = "cpu"` or engine processes (then every shard links to the '
         "same engines), and `engine.max_sessions` (when set) >= K. "
-        f"1..{MAX_SESSION_SHARDS} (see [Session shards](#session-shards))",
+        f"1..{MAX_SESSION_SHARDS}, or `auto` (see [Layout](#layout), "
+        "[Session shards](#session-shards))",
         flag="--session-shards",
-        metavar="K",
+        metavar="K|auto",
     )
     engine_process: Literal["auto", "on", "off"] = setting(
         "auto",
@@ -129,6 +131,12 @@ class ServerConfig:
         "opens one, `/v1/realtime?resume=1` before its `session.resume`) gets `error` "
         "`first_event_timeout` and is closed with 1008. Admission counts sessions, not "
         "sockets: this bounds the idle ones. 0 disables; >= 0",
+    )
+    node_name: str = setting(
+        "",
+        "this server's name as a node of a duplex cluster (docs/cluster.md): 1-16 lowercase "
+        "letters and digits, carried in its session ids so the cluster's ingress routes a "
+        "resume here without a lookup; set by the cluster. Empty: not a cluster node",
     )
     log_format: Literal["console", "json"] = setting("console", "log renderer", flag="--log-format")
     log_level: Literal["debug", "info", "warning", "error"] = setting(
@@ -152,9 +160,17 @@ class ServerConfig:
             refuse("host", "must not be empty")
         if self.max_frame_bytes < 1024:
             refuse("max_frame_bytes", f"must be at least 1024, got {self.max_frame_bytes}")
-        _within("connection_workers", self.connection_workers, 0, MAX_CONNECTION_WORKERS)
-        _within("session_shards", self.session_shards, 1, MAX_SESSION_SHARDS)
-        if self.session_shards > 1 and not self.connection_workers:
+        workers, shards = self.connection_workers, self.session_shards
+        if workers != "auto" and not 0 <= workers <= MAX_CONNECTION_WORKERS:
+            refuse(
+                "connection_workers", f"must be 0..{MAX_CONNECTION_WORKERS} or auto, got {workers}"
+            )
+        if shards != "auto" and not 1 <= shards <= MAX_SESSION_SHARDS:
+            refuse("session_shards", f"must be 1..{MAX_SESSION_SHARDS} or auto, got {shards}")
+        if self.node_name and not re.fullmatch(r"[a-z0-9]{1,16}", self.node_name):
+            refuse("node_name", f"1-16 lowercase letters and digits, got {self.node_name!r}")
+        # auto: the topology gives shards their workers
+        if shards != "auto" and shards > 1 and not workers:
             refuse(
                 "session_shards",
                 f"{self.session_shards} shards need connection_workers >= 1 "
@@ -675,7 +691,7 @@ class Config:
                 f"off, but model_device names {len(devices)} devices: each needs its own "
                 "engine process",
             )
-        shards = server.session_shards
+        shards = 1 if server.session_shards == "auto" else server.session_shards
         if shards > 1 and engine.model_device != "cpu" and not self.engine_processes:
             refuse(
                 "server.session_shards",

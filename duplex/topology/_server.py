@@ -61,6 +61,7 @@ from duplex.wire import MAX_PAYLOAD_BYTES
 from . import _link
 from ._engine_client import EngineConnection, engine_spec, export_engine_histograms
 from ._engines import EngineProcesses
+from ._layout import available_cores, resolve_layout
 from ._loop_lag import export_loop_lag, watch_loop_lag
 from ._media import open_media
 from ._memory import export_trim_histogram, trim_memory_every
@@ -338,6 +339,7 @@ async def open_backend(
         max_sessions=max_sessions,
         registry=registry,
         shard=shard,
+        node=server.node_name or None,
     )
     hub.export_engine_metrics = not engine_paths or not shard  # one engine, exported once
     startup = startup if startup is not None else Startup()
@@ -495,6 +497,14 @@ async def serve_duplex(
         if engines.devices:  # built and listening before any session process links to them
             await nursery.start(engines.children.run)
         try:
+            slots = sum([(await engine_spec(path)).max_slots for path in engines.paths])
+            config, chosen = resolve_layout(config, slots=slots, cores=available_cores())
+            get_logger(component="server").info(
+                "layout",
+                connection_workers=chosen.connection_workers,
+                session_shards=chosen.session_shards,
+                reason=chosen.reason,
+            )
             await _serve_sessions(
                 config,
                 system,

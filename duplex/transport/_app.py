@@ -38,7 +38,7 @@ from duplex import __version__
 from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.exceptions import ProtocolError
 from duplex.logs import get_logger
-from duplex.metrics import Counter, MetricsRegistry, Sample, merge_labelled, render
+from duplex.metrics import Counter, Family, MetricsRegistry, Sample, merge_labelled, render
 from duplex.progress import Startup
 from duplex.refusals import JSON_CONTENT_TYPE, Refusal
 from duplex.runtime import SessionHub
@@ -231,6 +231,11 @@ class Shards(Protocol):
         """Each other shard's answer to ``what`` (``health``, ``metrics``); ``None``: no answer."""
         ...
 
+    def sessions(self, healths: Sequence[dict[str, Any] | None]) -> dict[str, int]:
+        """Every shard's health (this one's first) as the server's ``live`` and ``capacity``:
+        each engine counted once, however many shards share it."""
+        ...
+
 
 WAITING_ENDPOINTS: Final = frozenset({"/api/chat"})
 """Routes whose sockets may wait for a slot (``server.chat_wait_queue``): the Moshi
@@ -259,6 +264,20 @@ _WAIT_QUEUE_METRICS: Final = (
     ),
 )
 """The wait queue's figures (`WaitQueueStatistics` fields), exported when it is on."""
+
+
+def _server_families(sessions: dict[str, int]) -> list[Family]:
+    """The whole server's sessions (every shard, each engine once): per-shard gauges carry a
+    ``shard`` label, and summing their capacity would count a shared engine per shard."""
+    return [
+        Family(
+            f"duplex_server_sessions_{key}",
+            "gauge",
+            f"Sessions {key} over every session shard (each engine's slots counted once)",
+            [Sample(f"duplex_server_sessions_{key}", {}, float(sessions[key]))],
+        )
+        for key in ("live", "capacity")
+    ]
 
 
 class HubBackend:
@@ -383,7 +402,10 @@ class HubBackend:
         if route == "metrics":
             parts = [({"shard": "0"}, self.registry.families())]
             parts += [({"shard": str(i)}, a) for i, a in enumerate(answers, 1) if a is not None]
-            return HttpAnswer(200, PROMETHEUS_CONTENT_TYPE, render(merge_labelled(parts)).encode())
+            healths = [self.health_of(), *await self.shards.query("health")]
+            sessions = self.shards.sessions(healths)
+            families = [*merge_labelled(parts), *_server_families(sessions)]
+            return HttpAnswer(200, PROMETHEUS_CONTENT_TYPE, render(families).encode())
         shards = [{"shard": 0, **self.health_of()}]
         for index, answer in enumerate(answers, 1):
             shards.append({"shard": index, **(answer or {"status": "unavailable"})})
@@ -395,10 +417,7 @@ class HubBackend:
             "status": status,
             "version": __version__,
             "model": self.hub.spec.name,
-            "sessions": {
-                key: sum(shard.get("sessions", {}).get(key, 0) for shard in shards)
-                for key in ("live", "capacity")
-            },
+            "sessions": self.shards.sessions(shards),
             "shards": shards,
         }
         return HttpAnswer.json(health, 503 if status == "starting" else 200)
