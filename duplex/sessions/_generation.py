@@ -44,9 +44,9 @@ VOICES: tuple[str, ...] = (
 model with voices maps it onto one of its own (the loopback and the turn responder
 have one voice and ignore it)."""
 TOOL_CHOICES: tuple[str, ...] = ("auto", "none")
-"""``tool_choice`` values the current responders can honour: they never call a tool, so
-``auto`` and ``none`` behave alike; ``required`` or a named function would be a promise
-they cannot keep, and is refused."""
+"""``tool_choice`` values every reply model can honour: the echo and the turn responder
+never call a tool, and an ``--llm`` model calls one when it chooses to; ``required`` or a
+named function would force a call no reply model is made to guarantee, and is refused."""
 TEMPERATURE_RANGE = (0.0, 2.0)
 MAX_OUTPUT_TOKENS = 4096
 """OpenAI's upper bound for ``max_output_tokens`` (``"inf"`` lifts the limit)."""
@@ -204,8 +204,9 @@ def check_generation(values: dict[str, Any], prefix: str, problems: list[Protoco
             _problem(
                 UnsupportedParameter,
                 f"{prefix}tool_choice",
-                f"must be one of {', '.join(TOOL_CHOICES)}: the current responders never call "
-                f"a tool, so {choice!r} could not be honoured",
+                f"must be one of {', '.join(TOOL_CHOICES)}: {choice!r} would force a tool "
+                "call, which the echo reply model and the turn responder cannot make and an "
+                "--llm model is not made to",
             )
         )
 

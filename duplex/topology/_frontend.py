@@ -218,7 +218,8 @@ class LinkBackend:
     async def _read(self, relay: Relay) -> None:
         while await relay.window.take():
             received = await relay.socket.receive()
-            relay.link.post(FromSocket(relay.conn, received))
+            left = relay.socket.peer_close if received is None else None
+            relay.link.post(FromSocket(relay.conn, received, left))
             if received is None:
                 return
 

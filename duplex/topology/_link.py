@@ -103,10 +103,12 @@ class Connected:
 @final
 @dataclass(frozen=True, slots=True)
 class FromSocket:
-    """One decoded frame (an event or its typed error), or ``None``: the peer left."""
+    """One decoded frame (an event or its typed error), or ``None``: the peer left, with
+    ``peer_close``: the close code and reason it sent (``None``: none came, or unknown)."""
 
     conn: int
     received: Received
+    peer_close: tuple[int | None, str] | None = None
 
 
 @final

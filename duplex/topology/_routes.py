@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
+from duplex.metrics import MetricsRegistry
 from duplex.services.media import MediaService, media_routes
 from duplex.services.robots import ROBOT_PATH, ROOT_PATH, RobotService, robot_routes
 from duplex.services.speech import SpeechService, speech_routes
@@ -18,11 +19,15 @@ __all__ = ["robot_limits", "service_routes"]
 
 
 def service_routes(
-    media: MediaService | None, speech: SpeechService | None, robots: RobotService | None
+    media: MediaService | None,
+    speech: SpeechService | None,
+    robots: RobotService | None,
+    registry: MetricsRegistry | None = None,
 ) -> list[BaseRoute]:
     """Every service family's routes, over the services this process runs (``None``: not
-    loaded here, or only the shapes, for a worker that relays them)."""
-    return [*robot_routes(robots), *media_routes(media), *speech_routes(speech)]
+    loaded here, or only the shapes, for a worker that relays them); ``registry``: where
+    a refusal of a service that is not loaded is counted."""
+    return [*robot_routes(robots, registry), *media_routes(media), *speech_routes(speech)]
 
 
 def robot_limits(robot_payload_bytes: int) -> dict[str, int]:

@@ -577,7 +577,7 @@ async def _serve_sessions(
         )
         async with trio.open_nursery() as nursery:
             if server.connection_workers:
-                relayed = routes_app(service_routes(media, speech, robots))
+                relayed = routes_app(service_routes(media, speech, robots, registry))
                 urls = await nursery.start(
                     partial(
                         serve_with_workers,
@@ -667,7 +667,7 @@ async def _serve_here(
         access=access,
         client_secret_ttl_s=config.access.client_secret_ttl_s,
         registry=registry,
-        routes=service_routes(media, speech, robots),
+        routes=service_routes(media, speech, robots, registry),
     )
 
     async def shutdown_trigger() -> None:

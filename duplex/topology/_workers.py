@@ -104,6 +104,7 @@ class LinkedSocket:
         self.window = Window()  # frames the worker has not yet written
         self._closed = False
         self._peer_left = False
+        self._peer_close: tuple[int | None, str] = (None, "")
 
     @property
     def open(self) -> bool:
@@ -115,17 +116,21 @@ class LinkedSocket:
 
     @property
     def peer_close(self) -> tuple[int | None, str] | None:
-        """The worker says only that its peer left, not with which code."""
-        return (None, "") if self._peer_left else None
+        """The code and reason the worker's peer closed with, as the worker read them off the
+        wire (``None`` code: it sent no close, or the link went first)."""
+        return self._peer_close if self._peer_left else None
 
-    def deliver(self, received: Received) -> None:
-        """A frame from the worker (bounded there by our credits); ``None``: the peer left."""
+    def deliver(self, received: Received, peer_close: tuple[int | None, str] | None = None) -> None:
+        """A frame from the worker (bounded there by our credits); ``None``: the peer left
+        (``peer_close``: with which code and reason)."""
         if received is None:
-            self.peer_left()
+            self.peer_left(peer_close)
             return
         self._inbox_in.send_nowait(received)
 
-    def peer_left(self) -> None:
+    def peer_left(self, peer_close: tuple[int | None, str] | None = None) -> None:
+        if peer_close is not None and not self._peer_left:
+            self._peer_close = peer_close
         self._peer_left = True
         self.window.close()
         self._inbox_in.close()
@@ -268,9 +273,9 @@ class LinkServer:
                 try:
                     async for message in link.messages():
                         match message:
-                            case FromSocket(conn, received):
+                            case FromSocket(conn, received, peer_close):
                                 if (linked := sockets.get(conn)) is not None:
-                                    linked.deliver(received)
+                                    linked.deliver(received, peer_close)
                             case Written(conn, count):
                                 if (linked := sockets.get(conn)) is not None:
                                     linked.window.give(count)

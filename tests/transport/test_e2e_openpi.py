@@ -330,6 +330,8 @@ async def test_without_a_policy_a_websocket_on_root_is_refused_with_why() -> Non
         assert error["code"] == "policy_not_loaded"
         assert "--policy" in error["message"] and "/v1/realtime" in error["message"]
         assert [e["code"] for e in logs if e["event"] == "robot refused"] == ["policy_not_loaded"]
+        refused = 'duplex_robot_errors_total{reason="policy_not_loaded"}'
+        assert await metric(server, refused) == 1
         async with httpx.AsyncClient() as http:  # the page and the health are untouched
             assert (await http.get(server.http + "/")).status_code == 200
             assert (await http.get(server.http + "/healthz")).status_code == 200

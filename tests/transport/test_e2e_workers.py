@@ -156,10 +156,10 @@ class Watched:
             init(socket, *args, **kwargs)
             self.sockets.append(socket)
 
-        def watched_deliver(socket: LinkedSocket, received: Any) -> None:
+        def watched_deliver(socket: LinkedSocket, received: Any, *left: Any) -> None:
             if received is not None:
                 self.delivered[id(socket)] = self.delivered.get(id(socket), 0) + 1
-            deliver(socket, received)
+            deliver(socket, received, *left)
 
         async def gated_receive(socket: LinkedSocket) -> Any:
             if self.taken.get(id(socket), 0) >= 1:

@@ -342,14 +342,18 @@ NO_POLICY_AT_ROOT: Final = (
 )
 
 
-def robot_routes(robots: RobotService | None) -> list[BaseRoute]:
+def robot_routes(
+    robots: RobotService | None, registry: MetricsRegistry | None = None
+) -> list[BaseRoute]:
     """The robot endpoint (OpenPI's protocol), at `ROBOT_PATH` and at `ROOT_PATH`.
 
     Without a policy (``None``): on `ROBOT_PATH` vLLM-Omni's ``Robot policy not available``
     text frame and a close; on `ROOT_PATH` the upgrade is refused (404, the body says
-    why). A connection worker relays both whole to the server process, where the
-    policy's engine is (``topology/_relay.py``)."""
+    why; logged, and counted in ``registry`` as ``policy_not_loaded``). A connection
+    worker relays both whole to the server process, where the policy's engine is
+    (``topology/_relay.py``)."""
     log = get_logger(component="robots")
+    counters = robots.counters if robots is not None else RobotCounters.of(registry)
 
     async def robot_socket(websocket: WebSocket) -> None:
         await websocket.accept()
@@ -366,6 +370,7 @@ def robot_routes(robots: RobotService | None) -> list[BaseRoute]:
             await robot_socket(websocket)
             return
         refusal = Refusal(404, NO_POLICY_AT_ROOT, "policy_not_loaded")
+        counters.refused(refusal.code)
         log.warning(
             "robot refused",
             path=ROOT_PATH,
