@@ -338,8 +338,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "load_average_at_start": os.getloadavg(),
             "replay_frames": held,
             "prepare_s": prepare_s,
-            "alone": await alone(args, runner),
         }
+        if args.repeats:
+            result["alone"] = await alone(args, runner)
         if args.live or args.join:
             result["load"] = {"live": args.live, "join": args.join}
             result["load"].update(await under_load(args, runner))
