@@ -31,8 +31,9 @@ voice Mimi-encoded, the text tokenized) and keeps it: that first build is timed 
     ``no_joins`` (as long as the slack run), ``slack``, ``per_tick``. For the live
     sessions, over the window from the joins to the end (the same span of ``no_joins``):
     delay of each output (its receipt against its tick's scheduled time) p50/p99/max,
-    ``missed`` (outputs received after the next tick was due), the driver's late ticks,
-    and the live slots' underruns; for the joiners, time to ready p50/p99.
+    ``missed`` (outputs received after the next tick was due), and over the whole run the
+    driver's late ticks and the live slots' underruns; for the joiners, time to ready
+    p50/p99 (admission may refuse joiners on a slow host: counted, not waited for).
 
 Prints a table and writes ``--out`` (JSON) if asked. On a shared CPU the figures move
 with the other load: compare rows of one run.
@@ -206,6 +207,7 @@ async def load_run(
     driver = EngineDriver(Engine(runner), recorder=recorder, replay_in_slack=mode == "slack")
     prompt = SlotPrompt(text=args.text, voice=VOICE)
     rng = np.random.default_rng(args.seed)
+    refused = 0
     received: dict[str, list[tuple[float, SlotOutput]]] = {}
     live_handles = []
     join_ready: dict[str, float] = {}
@@ -249,9 +251,11 @@ async def load_run(
             assert duration is not None
             await trio.sleep(duration)
         else:
-            for name in names[args.live :]:
-                assert driver.attach(name, sends[name], prompt=prompt) is not None
-            while len(join_ready) < args.join:
+            joined = 0
+            for name in names[args.live :]:  # admission may refuse some (step time)
+                joined += driver.attach(name, sends[name], prompt=prompt) is not None
+            refused = args.join - joined
+            while len(join_ready) < joined:
                 await trio.sleep(PERIOD)
             await trio.sleep(args.tail)
         span = trio.current_time() - joined_at
@@ -271,6 +275,7 @@ async def load_run(
         "late_ticks": stats.late_ticks,
         "live_underruns": underruns,
         "replay_steps": stats.engine.replay_steps,
+        "joiners_refused": refused,
         "step_p99_ms": (stats.engine.scheduler.p99_step_s or 0.0) * 1000,
     }
     if join_ready:
@@ -290,6 +295,8 @@ async def under_load(args: argparse.Namespace, runner: MoshiEngineRunner) -> dic
         delay = row["live_delay_ms"]
         ready = row.get("ready_s")
         said = "" if ready is None else f", ready p50 {ready['p50']:.2f} s p99 {ready['p99']:.2f} s"
+        if row["joiners_refused"]:
+            said += f", {row['joiners_refused']} joiners refused by admission"
         print(
             f"load {mode:>8}: live delay p50 {delay['p50']:.1f} ms p99 {delay['p99']:.1f} ms "
             f"max {delay['max']:.1f} ms, missed {row['live_missed']}, late ticks "
@@ -331,8 +338,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "load_average_at_start": os.getloadavg(),
             "replay_frames": held,
             "prepare_s": prepare_s,
-            "alone": await alone(args, runner),
         }
+        if args.repeats:
+            result["alone"] = await alone(args, runner)
         if args.live or args.join:
             result["load"] = {"live": args.live, "join": args.join}
             result["load"].update(await under_load(args, runner))
