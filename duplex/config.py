@@ -125,6 +125,9 @@ class ServerConfig:
     agent_llm: str = ""
     """A local chat checkpoint (folder) the agent replies with, through vllm; empty: the
     deterministic responder ("You said: ..."), which needs no weights."""
+    chat_max_choices: int = 64
+    """Chat completion choices (``/v1/chat/completions`` and ``/batch``) in flight at once
+    on the ``agent_llm`` engine; a request past it gets 429 with ``Retry-After``."""
     agent_asr: str = "pocketsphinx"
     """``pocketsphinx`` (its model ships in its wheel), or a local Whisper checkpoint
     folder (transformers)."""
@@ -281,6 +284,8 @@ class ServerConfig:
                 f"chat_wait_queue: must be from 0 to {MAX_CHAT_WAIT_QUEUE}, "
                 f"got {self.chat_wait_queue}"
             )
+        if not 1 <= self.chat_max_choices <= 4096:
+            raise ConfigError(f"chat_max_choices: must be 1..4096, got {self.chat_max_choices}")
         if self.max_frame_bytes < 1024:
             raise ConfigError(f"max_frame_bytes: must be at least 1024, got {self.max_frame_bytes}")
         if not 0 <= self.connection_workers <= MAX_CONNECTION_WORKERS:

@@ -227,12 +227,17 @@ def _shown(name: str) -> str:
 
 
 def model_cards(
-    config: Config, requests: RequestEngines, agent_llm: Callable[[], str | None]
+    config: Config,
+    requests: RequestEngines,
+    agent_llm: Callable[[], str | None],
+    chat_modalities: Callable[[], list[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """OpenAI's model cards of the request-batched models ``config`` serves, and of the
     agent's reply model: the running engine's own name for its model (``metadata["model"]``)
     where it says one, else the configured one; ``ready`` is false while it starts.
-    ``agent_llm``: the running agent's reply model (``None``: not running yet)."""
+    ``agent_llm``: the running agent's reply model (``None``: not running yet);
+    ``chat_modalities``: what the chat model takes (``/v1/chat/completions``), once it runs.
+    A checkpoint's card is named as ``model`` names it in a chat request (its folder)."""
     server = config.server
     configured = {
         "image": server.image_model, "video": server.video_model, TTS_RUNNER: server.tts,
@@ -247,7 +252,11 @@ def model_cards(
         cards.append(_card(str(model or _shown(configured[name])), kind, engine is not None))
     if server.agent:
         llm = agent_llm()
-        cards.append(_card(llm or _shown(server.agent_llm or "echo"), "chat", llm is not None))
+        name = _shown(server.agent_llm) if server.agent_llm else (llm or "echo")
+        card = _card(name, "chat", llm is not None)
+        if server.agent_llm and chat_modalities is not None:
+            card["modalities"] = chat_modalities()
+        cards.append(card)
     return cards
 
 

@@ -10,19 +10,31 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
+from duplex.services.chat import ChatService, chat_routes
 from duplex.services.media import MediaService, media_routes
 from duplex.services.robots import ROBOT_PATH, RobotService, robot_routes
 from duplex.services.speech import SpeechService, speech_routes
+from duplex.services.videochat import VideoChatService, video_chat_routes
 
 __all__ = ["robot_limits", "service_routes"]
 
 
 def service_routes(
-    media: MediaService | None, speech: SpeechService | None, robots: RobotService | None
+    media: MediaService | None,
+    speech: SpeechService | None,
+    robots: RobotService | None,
+    chat: ChatService | None = None,
+    video_chat: VideoChatService | None = None,
 ) -> list[BaseRoute]:
     """Every service family's routes, over the services this process runs (``None``: not
     loaded here, or only the shapes, for a worker that relays them)."""
-    return [*robot_routes(robots), *media_routes(media), *speech_routes(speech)]
+    return [
+        *robot_routes(robots),
+        *media_routes(media),
+        *speech_routes(speech),
+        *chat_routes(chat),
+        *video_chat_routes(video_chat),
+    ]
 
 
 def robot_limits(robot_payload_bytes: int) -> dict[str, int]:

@@ -42,9 +42,11 @@ from duplex.models import (
 from duplex.models.agent import AgentModels, AgentOptions, build_replier
 from duplex.progress import Startup, TerminalBar, render_line
 from duplex.runtime import RequestEngines, SessionHub
+from duplex.services.chat import ChatService, chat_modalities
 from duplex.services.media import MediaService
 from duplex.services.robots import RobotService
 from duplex.services.speech import SpeechService
+from duplex.services.videochat import VideoChatService
 from duplex.sessions import Capabilities, SessionConfig, VadMode
 from duplex.transport import (
     AccessSettings,
@@ -395,9 +397,9 @@ async def open_backend(
         if server.agent and requests is not None:  # (session shards have no request engines)
             options = AgentOptions(llm=server.agent_llm, seed=server.model_seed)
             with startup.step("agent", "loading the agent's reply model"):
-                replier = await trio.to_thread.run_sync(build_replier, options)
+                replier, chat = await trio.to_thread.run_sync(build_replier, options)
                 await nursery.start(replier.run)
-            hub.agent = AgentModels(requests, replier)
+            hub.agent = AgentModels(requests, replier, chat)
             log.info("agent started", llm=server.agent_llm or "echo", asr=server.agent_asr)
         freeze_startup_objects()
         frozen = True
@@ -546,8 +548,24 @@ async def _serve_sessions(
         robots = robot_service(config, system, registry, backend, requests)
         speech = speech_service(config, registry, requests)
         hub = backend.hub
+        chat = ChatService(
+            lambda: hub.agent.chat if hub.agent else None,
+            configured=server.agent and bool(server.agent_llm),
+            registry=registry,
+            max_choices=server.chat_max_choices,
+        )
+        video_chat = VideoChatService(
+            lambda: hub.agent.chat if hub.agent else None,
+            lambda: hub.agent.speak if hub.agent else None,
+            configured=server.agent and bool(server.agent_llm),
+            registry=registry,
+        )
         backend.more_models = partial(
-            model_cards, config, requests, lambda: hub.agent.metadata["llm"] if hub.agent else None
+            model_cards,
+            config,
+            requests,
+            lambda: hub.agent.metadata["llm"] if hub.agent else None,
+            lambda: chat_modalities(hub.agent.chat if hub.agent else None),
         )
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
@@ -562,7 +580,7 @@ async def _serve_sessions(
         )
         async with trio.open_nursery() as nursery:
             if server.connection_workers:
-                relayed = routes_app(service_routes(media, speech, robots))
+                relayed = routes_app(service_routes(media, speech, robots, chat, video_chat))
                 urls = await nursery.start(
                     partial(
                         serve_with_workers,
@@ -588,6 +606,8 @@ async def _serve_sessions(
                     robots,
                     media,
                     speech,
+                    chat,
+                    video_chat,
                 )
             await backend.ready.wait()
             if engine_paths and engine_processes is not None and server.engine_stall_timeout_s:
@@ -638,6 +658,8 @@ async def _serve_here(
     robots: RobotService | None = None,
     media: MediaService | None = None,
     speech: SpeechService | None = None,
+    chat: ChatService | None = None,
+    video_chat: VideoChatService | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -651,7 +673,7 @@ async def _serve_here(
         access=access,
         client_secret_ttl_s=server.client_secret_ttl_s,
         registry=registry,
-        routes=service_routes(media, speech, robots),
+        routes=service_routes(media, speech, robots, chat, video_chat),
     )
 
     async def shutdown_trigger() -> None:
