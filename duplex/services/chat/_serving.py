@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, Final, final
 
 import trio
@@ -247,9 +248,7 @@ def chat_routes(service: ChatService | None) -> list[BaseRoute]:
             async def one(i: int) -> None:
                 usages.append(await _run_choice(engine, parsed.request, i, choices[i]))
 
-            async with trio.open_nursery() as nursery:  # submitted together: batched together
-                for i in range(parsed.n):
-                    nursery.start_soon(one, i)
+            await _together([partial(one, i) for i in range(parsed.n)])
 
         done, _ = await _unless_gone(request, every)
         if not done:
@@ -281,17 +280,18 @@ def chat_routes(service: ChatService | None) -> list[BaseRoute]:
         id_, created, model = _completion_id(), int(service.wall_clock()), parsed.model
         usage = parsed.include_usage
 
+        failure: list[Exception] = []
+
         async def produce(out: trio.MemorySendChannel[tuple[int, Any]]) -> None:
-            async with out:
+            async def one(i: int) -> None:
+                async for item in engine.chat(parsed.request, i):
+                    await out.send((i, item))
 
-                async def one(i: int, out: trio.MemorySendChannel[tuple[int, Any]]) -> None:
-                    async with out:
-                        async for item in engine.chat(parsed.request, i):
-                            await out.send((i, item))
-
-                async with trio.open_nursery() as nursery:
-                    for i in range(parsed.n):
-                        nursery.start_soon(one, i, out.clone())
+            async with out:  # closed when every choice is over: the reader's loop ends
+                try:
+                    await _together([partial(one, i) for i in range(parsed.n)])
+                except Exception as exc:  # raised by the reader, which answers it
+                    failure.append(exc)
 
         async def run(write: Callable[[bytes], Awaitable[None]]) -> None:
             outcome = "cancelled"  # until the last byte is handed over
@@ -325,6 +325,8 @@ def chat_routes(service: ChatService | None) -> list[BaseRoute]:
                                     )
                                 )
                             )
+                if failure:
+                    raise failure[0]
                 if usage:
                     await write(
                         _event(usage_chunk(id_, created, model, prompt_tokens, completion_tokens))
@@ -371,9 +373,7 @@ def chat_routes(service: ChatService | None) -> list[BaseRoute]:
             async def one(i: int, conversation: ChatRequest) -> None:
                 usages[i] = await _run_choice(engine, conversation, 0, choices[i])
 
-            async with trio.open_nursery() as nursery:  # submitted together: batched together
-                for i, conversation in enumerate(parsed.requests):
-                    nursery.start_soon(one, i, conversation)
+            await _together([partial(one, i, c) for i, c in enumerate(parsed.requests)])
 
         done, _ = await _unless_gone(request, every)
         if not done:
@@ -428,6 +428,25 @@ class EventStream(Response):
             await self._run(write)
             nursery.cancel_scope.cancel()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _together(works: Sequence[Callable[[], Awaitable[None]]]) -> None:
+    """Run ``works`` at once (submitted together: vllm batches them); the first to fail
+    cancels the others and is raised as itself, not in an exception group."""
+    failed: list[Exception] = []
+
+    async def guarded(work: Callable[[], Awaitable[None]], everyone: trio.CancelScope) -> None:
+        try:
+            await work()
+        except Exception as exc:  # raised below, outside the nursery's group
+            failed.append(exc)
+            everyone.cancel()
+
+    async with trio.open_nursery() as nursery:
+        for work in works:
+            nursery.start_soon(guarded, work, nursery.cancel_scope)
+    if failed:
+        raise failed[0]
 
 
 def _event(body: dict[str, Any]) -> bytes:
