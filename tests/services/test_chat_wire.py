@@ -335,3 +335,14 @@ def test_any_json_body_parses_or_is_refused_never_raises(fields: dict[str, Any])
 @given(data=st.binary(max_size=200))
 def test_any_bytes_parse_or_are_refused(data: bytes) -> None:
     assert isinstance(parse_chat(data, TEXT), (ChatCompletion, Refusal))
+
+
+def test_a_body_past_the_limit_is_413_and_one_at_it_is_read() -> None:
+    from duplex.services.chat._protocol import MAX_CHAT_BODY
+
+    head = _body()[:-1] + b', "user": "'
+    fits = head + b"u" * (MAX_CHAT_BODY - len(head) - 2) + b'"}'
+    assert len(fits) == MAX_CHAT_BODY
+    assert isinstance(parse_chat(fits, TEXT), ChatCompletion)
+    refused = _refused(fits[:-2] + b'u"}')
+    assert (refused.status, refused.code) == (413, "body_too_large")
