@@ -182,8 +182,11 @@ def test_bounds_and_bad_events_are_typed_errors_and_the_session_goes_on(
     assert 'duplex_video_chat_total{what="evicted"}' in metrics
 
 
-def test_a_text_model_or_none_refuses_the_socket_by_name(tmp_path: Path) -> None:
-    with serve(tmp_path) as s, connect(s.ws + "/v1/video/chat/stream") as ws:
+@pytest.mark.parametrize("workers", [(), ("--connection-workers", "1")])
+def test_without_a_model_the_socket_is_refused_by_name(
+    tmp_path: Path, workers: tuple[str, ...]
+) -> None:
+    with serve(tmp_path, *workers) as s, connect(s.ws + "/v1/video/chat/stream") as ws:
         event = json.loads(ws.recv(timeout=30))
         assert event["type"] == "error" and event["error"]["code"] == "model_not_loaded"
         assert "--llm" in event["error"]["message"]

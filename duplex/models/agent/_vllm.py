@@ -28,7 +28,7 @@ import json
 import math
 import threading
 from collections.abc import AsyncIterator
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 from typing import Any
 
 import trio
@@ -186,6 +186,12 @@ class VllmReplier:
         token = trio.lowlevel.current_trio_token()
         llm = self._llm
 
+        def deliver(item: _Piece | BaseException) -> None:
+            """On the trio thread: hand ``item`` over, unless the reader has left (an output
+            made before vllm saw the abort); raising here would end the whole trio run."""
+            with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                send.send_nowait(item)
+
         async def produce() -> None:
             try:
                 async for output in llm.generate(prompt, params, request_id, priority=priority):
@@ -193,11 +199,11 @@ class VllmReplier:
                     prompt_ids = output.prompt_token_ids
                     item = (piece.text, list(piece.token_ids), piece.finish_reason,
                             len(prompt_ids) if prompt_ids is not None else 0)  # fmt: skip
-                    token.run_sync_soon(send.send_nowait, item)
+                    token.run_sync_soon(deliver, item)
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # the engine failed: the reply fails with it
-                token.run_sync_soon(send.send_nowait, exc)
+                token.run_sync_soon(deliver, exc)
             finally:
                 token.run_sync_soon(send.close)
 
@@ -267,25 +273,28 @@ class VllmReplier:
                 structured = StructuredOutputsParams(
                     json=json.loads(request.response_format.schema_json)
                 )
-        seed = (self._seed + number) if s.seed is None else s.seed + choice
-        return SamplingParams(
-            max_tokens=s.max_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k if s.top_k > 0 else -1,
-            min_p=s.min_p,
-            seed=seed,
-            stop=list(s.stop) or None,
-            stop_token_ids=list(s.stop_token_ids) or None,
-            presence_penalty=s.presence_penalty,
-            frequency_penalty=s.frequency_penalty,
-            repetition_penalty=s.repetition_penalty,
-            min_tokens=s.min_tokens,
-            ignore_eos=s.ignore_eos,
-            output_kind=RequestOutputKind.DELTA,
-            skip_special_tokens=not (request.tools and request.tool_choice == "auto"),
-            structured_outputs=structured,
-        )
+        seed = (self._seed + number) if s.seed is None else (s.seed + choice) % (1 << 63)
+        try:
+            return SamplingParams(
+                max_tokens=s.max_tokens,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                top_k=s.top_k if s.top_k > 0 else -1,
+                min_p=s.min_p,
+                seed=seed,
+                stop=list(s.stop) or None,
+                stop_token_ids=list(s.stop_token_ids) or None,
+                presence_penalty=s.presence_penalty,
+                frequency_penalty=s.frequency_penalty,
+                repetition_penalty=s.repetition_penalty,
+                min_tokens=s.min_tokens,
+                ignore_eos=s.ignore_eos,
+                output_kind=RequestOutputKind.DELTA,
+                skip_special_tokens=not (request.tools and request.tool_choice == "auto"),
+                structured_outputs=structured,
+            )
+        except ValueError as exc:  # vllm's own checks of the sampling fields
+            raise PromptUnsupported(f"the sampling parameters are refused: {exc}") from exc
 
     async def _chat_prompt(self, request: ChatRequest) -> Any:
         """The conversation through the chat template, and its images decoded (in a worker
