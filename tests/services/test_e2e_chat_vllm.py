@@ -263,10 +263,54 @@ def test_choices_past_the_limit_get_429_and_are_served_once_others_end(
     assert 'duplex_chat_requests_total{endpoint="chat_completions",outcome="refused"}' in metrics
 
 
-def test_without_llm_the_routes_name_the_flag(tmp_path: Path) -> None:
-    with serve(tmp_path, "--tts", "espeak") as s:
+def test_structured_output_follows_the_schema(client: OpenAI, tiny_llm: Path) -> None:
+    """vllm's structured output constrains the random model: the answer is the schema's.
+    Sampled (greedy can loop on the whitespace JSON allows between tokens)."""
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"enum": ["red", "blue"]}},
+        "required": ["colour"],
+        "additionalProperties": False,
+    }
+    answer = client.chat.completions.create(
+        model=tiny_llm.name,
+        messages=_user("which colour?"),
+        max_tokens=300,
+        seed=1,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )
+    assert answer.choices[0].finish_reason == "stop", answer
+    assert json.loads(answer.choices[0].message.content or "") in (
+        {"colour": "red"},
+        {"colour": "blue"},
+    )
+    weather = {**WEATHER, "function": {**WEATHER["function"], "parameters": schema}}
+    named = client.chat.completions.create(
+        model=tiny_llm.name,
+        messages=_user("weather?"),
+        max_tokens=300,
+        seed=1,
+        tools=[weather],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    (call,) = named.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["colour"] in ("red", "blue")
+
+
+@pytest.mark.parametrize("workers", [(), ("--connection-workers", "1")])
+def test_without_llm_the_routes_name_the_flag(tmp_path: Path, workers: tuple[str, ...]) -> None:
+    with serve(tmp_path, "--tts", "espeak", *workers) as s:
         for path in ("/v1/chat/completions", "/v1/chat/completions/batch"):
             answer = httpx.post(s.http + path, json={"model": "x", "messages": []}, timeout=30)
             assert answer.status_code == 404
             error = answer.json()["error"]
             assert error["code"] == "model_not_loaded" and "--llm" in error["message"]
+
+
+def test_live_video_chat_on_a_text_model_is_refused_by_name(served: Served) -> None:
+    from websockets.sync.client import connect
+
+    with connect(served.ws + "/v1/video/chat/stream") as ws:
+        event = json.loads(ws.recv(timeout=30))
+    assert event["type"] == "error" and event["error"]["code"] == "image_input_not_supported"
