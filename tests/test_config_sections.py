@@ -35,7 +35,7 @@ FLAT_DEFAULTS: dict[str, Any] = {
     "realtime_vad": "silero", "agent": True, "agent_llm": "", "agent_asr": "pocketsphinx",
     "agent_asr_grammar": "", "agent_asr_workers": 2, "vad_streams": 256,
     "first_event_timeout_s": 30.0, "connection_workers": "auto",
-    "engine_process": "auto", "session_shards": "auto", "node_name": "",
+    "engine_process": "auto", "session_shards": "auto", "node_name": "", "chat_max_choices": 64,
     "engine_stall_timeout_s": 5.0, "log_format": "console",
     "log_level": "info", "shutdown_grace_s": 5.0, "malloc_trim_interval_s": 60.0, "api_keys": (),
     "api_key_file": "", "allow_unauthenticated": False, "allowed_origins": (),
@@ -160,7 +160,7 @@ def test_a_key_given_by_both_names_in_one_layer_is_refused(tmp_path: Path) -> No
         ({"DUPLEX_ENGINE__MODEL_DEVICE": "cuda:0,cuda:0"},
          r"^engine\.model_device: a GPU is named"),
         ({"DUPLEX_AGENT__NOPE": "1"}, r"^unknown key agent\.nope \(env DUPLEX_AGENT__NOPE\); "
-         r"known keys: asr, asr_grammar, asr_workers, enabled, llm$"),
+         r"known keys: asr, asr_grammar, asr_workers, chat_max_choices, enabled, llm$"),
         ({"DUPLEX_AGENT__AGENT_ASR": "x"}, r"^unknown key agent\.agent_asr"),
     ],
 )  # fmt: skip

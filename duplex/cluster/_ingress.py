@@ -34,6 +34,8 @@ from websockets.trio.client import ClientConnection, connect
 
 from duplex.logs import get_logger
 from duplex.metrics import Family, Sample, render
+from duplex.refusals import Refusal
+from duplex.transport import refusal_response
 
 from ._placement import (
     Expired,
@@ -298,19 +300,16 @@ class Ingress:
         else:
             decision = self.placement.place(count=False)
         if isinstance(decision, Full):
-            error = {
-                "message": decision.reason,
-                "type": "rate_limit_error",
-                "code": "resource_exhausted",
-            }
-            return JSONResponse({"error": error}, status_code=503, headers={"Retry-After": "1"})
+            full = Refusal(
+                503,
+                decision.reason,
+                "resource_exhausted",
+                error_type="rate_limit_error",
+                retry_after_s=1.0,
+            )
+            return refusal_response(full)
         if isinstance(decision, Expired):
-            error = {
-                "message": decision.reason,
-                "type": "invalid_request_error",
-                "code": "not_found",
-            }
-            return JSONResponse({"error": error}, status_code=404)
+            return refusal_response(Refusal(404, decision.reason, "not_found"))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         url = decision.url + path + (f"?{request.url.query}" if request.url.query else "")
         try:
@@ -318,12 +317,8 @@ class Ingress:
                 request.method, url, headers=headers, content=await request.body()
             )
         except httpx.HTTPError as exc:
-            error = {
-                "message": f"node {decision.node}: {exc!r}",
-                "type": "server_error",
-                "code": "node_lost",
-            }
-            return JSONResponse({"error": error}, status_code=502)
+            lost = Refusal(502, f"node {decision.node}: {exc!r}", "node_lost")
+            return refusal_response(lost)
         body = reply.content
         if reply.headers.get("content-type", "").startswith("application/json"):
             body = _wrap_ids(body, decision.node)

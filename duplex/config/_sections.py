@@ -478,7 +478,15 @@ class AgentConfig:
         alias="agent_asr_workers",
     )
 
+    chat_max_choices: int = setting(
+        64,
+        "chat completion choices (`/v1/chat/completions` and `/batch`) in flight at once on "
+        "the `agent.llm` engine; a request past it gets 429 with `Retry-After`; 1..4096",
+    )
+
     def __post_init__(self) -> None:
+        if not 1 <= self.chat_max_choices <= 4096:
+            refuse("chat_max_choices", f"must be 1..4096, got {self.chat_max_choices}")
         _within("asr_workers", self.asr_workers, 1, 64)
         if self.asr != "pocketsphinx":
             _check_whisper(self.asr)

@@ -225,13 +225,18 @@ def _shown(name: str) -> str:
 
 
 def model_cards(
-    config: Config, requests: RequestEngines, agent_llm: Callable[[], str | None]
+    config: Config,
+    requests: RequestEngines,
+    agent_llm: Callable[[], str | None],
+    chat_modalities: Callable[[], list[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """OpenAI's model cards of the request-batched models ``config`` serves, and of the
     agent's reply model: the running engine's own name for its model (``metadata["model"]``)
     where it says one, else the configured one; ``ready`` is false while it starts.
     ``agent_llm``: the running agent's reply model (``None``: not running yet). The reply
-    model's card carries its ``capabilities`` (``tools``, ``instructions``, ``text_only``)."""
+    model's card carries its ``capabilities`` (``tools``, ``instructions``, ``text_only``);
+    ``chat_modalities``: what the chat model takes (``/v1/chat/completions``), once it runs.
+    A checkpoint's card is named as ``model`` names it in a chat request (its folder)."""
     configured = {
         "image": config.media.image_model, "video": config.media.video_model,
         TTS_RUNNER: config.speech.tts, ASR_RUNNER: config.agent.asr, "policy": config.policy.model,
@@ -245,9 +250,12 @@ def model_cards(
         cards.append(_card(str(model or _shown(configured[name])), kind, engine is not None))
     if config.agent.enabled:
         llm = agent_llm()
-        card = _card(llm or _shown(config.agent.llm or "echo"), "chat", llm is not None)
+        name = _shown(config.agent.llm) if config.agent.llm else (llm or "echo")
+        card = _card(name, "chat", llm is not None)
         # what it does with a session's tools and instructions, before anyone finds out
         card["capabilities"] = reply_capabilities(config.agent.llm).as_dict()
+        if config.agent.llm and chat_modalities is not None:
+            card["modalities"] = chat_modalities()
         cards.append(card)
     return cards
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 from starlette.routing import BaseRoute
 
 from duplex.metrics import MetricsRegistry
+from duplex.services.chat import ChatService, chat_routes
 from duplex.services.media import MediaService, media_routes
 from duplex.services.robots import ROBOT_PATH, ROOT_PATH, RobotService, robot_routes
 from duplex.services.speech import SpeechService, speech_routes
+from duplex.services.videochat import VideoChatService, video_chat_routes
 
 __all__ = ["robot_limits", "service_routes"]
 
@@ -23,11 +25,19 @@ def service_routes(
     speech: SpeechService | None,
     robots: RobotService | None,
     registry: MetricsRegistry | None = None,
+    chat: ChatService | None = None,
+    video_chat: VideoChatService | None = None,
 ) -> list[BaseRoute]:
     """Every service family's routes, over the services this process runs (``None``: not
     loaded here, or only the shapes, for a worker that relays them); ``registry``: where
     a refusal of a service that is not loaded is counted."""
-    return [*robot_routes(robots, registry), *media_routes(media), *speech_routes(speech)]
+    return [
+        *robot_routes(robots, registry),
+        *media_routes(media),
+        *speech_routes(speech),
+        *chat_routes(chat),
+        *video_chat_routes(video_chat),
+    ]
 
 
 def robot_limits(robot_payload_bytes: int) -> dict[str, int]:

@@ -42,9 +42,11 @@ from duplex.models import (
 from duplex.models.agent import AgentModels, AgentOptions, build_replier, reply_capabilities
 from duplex.progress import Startup, TerminalBar, render_line
 from duplex.runtime import RequestEngines, SessionHub
+from duplex.services.chat import ChatService, chat_modalities
 from duplex.services.media import MediaService
 from duplex.services.robots import RobotService
 from duplex.services.speech import SpeechService
+from duplex.services.videochat import VideoChatService
 from duplex.sessions import Capabilities, SessionConfig, VadMode
 from duplex.transport import (
     AccessSettings,
@@ -403,9 +405,9 @@ async def open_backend(
         if agent.enabled and requests is not None:  # (session shards have no request engines)
             options = AgentOptions(llm=agent.llm, seed=engine.model_seed)
             with startup.step("agent", "loading the agent's reply model"):
-                replier = await trio.to_thread.run_sync(build_replier, options)
+                replier, chat = await trio.to_thread.run_sync(build_replier, options)
                 await nursery.start(replier.run)
-            hub.agent = AgentModels(requests, replier)
+            hub.agent = AgentModels(requests, replier, chat)
             log.info("agent started", llm=agent.llm or "echo", asr=agent.asr)
         freeze_startup_objects()
         frozen = True
@@ -561,8 +563,24 @@ async def _serve_sessions(
         robots = robot_service(config, system, registry, backend, requests)
         speech = speech_service(config, registry, requests)
         hub = backend.hub
+        chat = ChatService(
+            lambda: hub.agent.chat if hub.agent else None,
+            configured=config.agent.enabled and bool(config.agent.llm),
+            registry=registry,
+            max_choices=config.agent.chat_max_choices,
+        )
+        video_chat = VideoChatService(
+            lambda: hub.agent.chat if hub.agent else None,
+            lambda: hub.agent.speak if hub.agent else None,
+            configured=config.agent.enabled and bool(config.agent.llm),
+            registry=registry,
+        )
         backend.more_models = partial(
-            model_cards, config, requests, lambda: hub.agent.metadata["llm"] if hub.agent else None
+            model_cards,
+            config,
+            requests,
+            lambda: hub.agent.metadata["llm"] if hub.agent else None,
+            lambda: chat_modalities(hub.agent.chat if hub.agent else None),
         )
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
@@ -577,7 +595,9 @@ async def _serve_sessions(
         )
         async with trio.open_nursery() as nursery:
             if server.connection_workers:
-                relayed = routes_app(service_routes(media, speech, robots, registry))
+                relayed = routes_app(
+                    service_routes(media, speech, robots, registry, chat, video_chat)
+                )
                 urls = await nursery.start(
                     partial(
                         serve_with_workers,
@@ -603,6 +623,8 @@ async def _serve_sessions(
                     robots,
                     media,
                     speech,
+                    chat,
+                    video_chat,
                 )
             await backend.ready.wait()
             stall_timeout_s = config.engine.stall_timeout_s
@@ -654,6 +676,8 @@ async def _serve_here(
     robots: RobotService | None = None,
     media: MediaService | None = None,
     speech: SpeechService | None = None,
+    chat: ChatService | None = None,
+    video_chat: VideoChatService | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -667,7 +691,7 @@ async def _serve_here(
         access=access,
         client_secret_ttl_s=config.access.client_secret_ttl_s,
         registry=registry,
-        routes=service_routes(media, speech, robots, registry),
+        routes=service_routes(media, speech, robots, registry, chat, video_chat),
     )
 
     async def shutdown_trigger() -> None:

@@ -23,6 +23,7 @@ from duplex.pcm import pcm16_to_float
 
 from .._batcher import Priority
 from ._asr import AsrChunk, AsrPool, AsrProcess, AsrText
+from ._chat import ChatEngine
 from ._reply import EchoReplier, Replier
 from ._whisper import WhisperRunner
 
@@ -59,9 +60,14 @@ class AgentOptions:
 class AgentModels:
     """The shared stages: ``requests`` holds the ``asr`` and ``tts`` engines."""
 
-    def __init__(self, requests: _Engines, replier: Replier) -> None:
+    def __init__(
+        self, requests: _Engines, replier: Replier, chat: ChatEngine | None = None
+    ) -> None:
         self.requests = requests
         self.replier = replier
+        self.chat = chat
+        """The same model, serving chat completions (``None``: the deterministic responder,
+        which serves none)."""
 
     def _engine(self, name: str) -> _Service:
         engine = self.requests.get(name)
@@ -121,14 +127,15 @@ def build_asr(
     return runner
 
 
-def build_replier(options: AgentOptions) -> Replier:
-    """The reply model (blocking: vllm loads for seconds; run it off the trio thread).
+def build_replier(options: AgentOptions) -> tuple[Replier, ChatEngine | None]:
+    """The reply model, and the same model as a chat engine when it is a checkpoint
+    (blocking: vllm loads for seconds; run it off the trio thread).
 
     Raises:
         ConfigError: ``llm`` is not a checkpoint folder.
     """
     if not options.llm:
-        return EchoReplier()
+        return EchoReplier(), None
     from ._vllm import VllmReplier
 
     if not (Path(options.llm) / "config.json").is_file():
@@ -138,4 +145,4 @@ def build_replier(options: AgentOptions) -> Replier:
         )
     vllm = VllmReplier(options.llm, seed=options.seed)
     vllm.load()
-    return vllm
+    return vllm, vllm

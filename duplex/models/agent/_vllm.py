@@ -12,6 +12,12 @@ included); with tools, the reply is read as it streams by vllm's tool parser (``
 its ``extract_tool_calls_streaming``): text before a call comes back as text, a call as
 tool-call `ReplyDelta` s, one as soon as its name is known and one per growth of its
 arguments, the last at its ``</tool_call>`` (or the end of the reply).
+
+The same engine serves chat completions (`VllmReplier.chat`, a `ChatEngine`): each choice
+is one more request on it, at `CHAT_PRIORITY`, behind every live session's reply (the
+engine runs vllm's priority scheduler). A folder whose ``config.json`` has a
+``vision_config`` is loaded as a vision-language model: chat requests may carry images,
+decoded here (on the engine's thread, never the server's event loop).
 """
 
 from __future__ import annotations
@@ -22,15 +28,24 @@ import json
 import math
 import threading
 from collections.abc import AsyncIterator
+from contextlib import aclosing, suppress
 from typing import Any
 
 import trio
 
+from duplex.exceptions import PromptUnsupported
+
+from ._chat import AGENT_PRIORITY, CHAT_PRIORITY, ChatRequest, ChatTurn, ChatUsage
 from ._reply import LLM_CAPABILITIES, ChatMessage, ReplyDelta, ReplyRequest
 
 __all__ = ["VllmReplier"]
 
 TOOL_TAG = "<tool_call>"
+MAX_IMAGES = 64
+"""The most images one prompt may carry (vllm's ``limit_mm_per_prompt``: a live video
+chat's frames; a chat completion takes fewer)."""
+MAX_IMAGE_PIXELS = 4096 * 4096
+"""The largest image, in pixels, once its header is read (before its pixels are)."""
 
 
 class VllmReplier:
@@ -57,6 +72,7 @@ class VllmReplier:
         tool_parser: str = "hermes",
     ) -> None:
         self.path = path
+        self.model = path
         self._seed = seed
         self._memory = gpu_memory_utilization
         self._max_len = max_model_len
@@ -65,6 +81,8 @@ class VllmReplier:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._llm: Any = None
         self._tokenizer: Any = None
+        self.multimodal = _has_vision(path)
+        self.max_images = MAX_IMAGES if self.multimodal else 0
 
     def load(self) -> None:
         """Start the engine thread and load the model (blocking: seconds)."""
@@ -86,6 +104,9 @@ class VllmReplier:
             max_model_len=self._max_len,
             seed=self._seed,
             enforce_eager=True,
+            scheduling_policy="priority",
+            enable_prefix_caching=True,
+            **({"limit_mm_per_prompt": {"image": MAX_IMAGES}} if self.multimodal else {}),
         )
         return AsyncLLM.from_engine_args(args), AutoTokenizer.from_pretrained(self.path)
 
@@ -135,41 +156,19 @@ class VllmReplier:
             skip_special_tokens=not request.tools,
         )
         prompt = self.prompt(request)
-        send, recv = trio.open_memory_channel[_Piece | BaseException](math.inf)
-        token = trio.lowlevel.current_trio_token()
-        llm = self._llm
-
-        async def produce() -> None:
-            try:
-                async for output in llm.generate(prompt, params, f"reply-{number}"):
-                    piece = output.outputs[0]
-                    item = (piece.text, list(piece.token_ids), piece.finish_reason)
-                    token.run_sync_soon(send.send_nowait, item)
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:  # the engine failed: the reply fails with it
-                token.run_sync_soon(send.send_nowait, exc)
-            finally:
-                token.run_sync_soon(send.close)
-
-        future = asyncio.run_coroutine_threadsafe(produce(), self._loop)
-        calls = _ToolCalls(self._tool_parser(request), number) if request.tools else None
+        calls = _ToolCalls(self._tool_parser(request.tools), number) if request.tools else None
         finish = "stop"
-        try:
-            async with recv:
-                async for item in recv:
-                    if isinstance(item, BaseException):
-                        raise item
-                    piece, ids, reason = item
-                    finish = reason or finish
-                    if calls is None:
-                        if piece:
-                            yield ReplyDelta(piece)
-                        continue
-                    for delta in calls.feed(piece, ids):
-                        yield delta
-        finally:
-            future.cancel()  # cancels the asyncio task: vllm aborts the request
+        async with aclosing(
+            self._pieces(prompt, params, f"reply-{number}", AGENT_PRIORITY)
+        ) as pieces:
+            async for piece, ids, reason, _ in pieces:
+                finish = reason or finish
+                if calls is None:
+                    if piece:
+                        yield ReplyDelta(piece)
+                    continue
+                for delta in calls.feed(piece, ids):
+                    yield delta
         if calls is not None:
             for delta in calls.end():
                 yield delta
@@ -178,23 +177,225 @@ class VllmReplier:
                 return
         yield ReplyDelta(finish="length" if finish == "length" else "stop")
 
-    def _tool_parser(self, request: ReplyRequest) -> tuple[Any, Any]:
+    async def _pieces(
+        self, prompt: Any, params: Any, request_id: str, priority: int
+    ) -> AsyncIterator[_Piece]:
+        """One request's outputs, as vllm makes them, on the trio side; leaving early (or
+        being cancelled) aborts the request (its KV blocks are freed at once)."""
+        assert self._loop is not None and self._llm is not None, "load() first"
+        send, recv = trio.open_memory_channel[_Piece | BaseException](math.inf)
+        token = trio.lowlevel.current_trio_token()
+        llm = self._llm
+
+        def deliver(item: _Piece | BaseException) -> None:
+            """On the trio thread: hand ``item`` over, unless the reader has left (an output
+            made before vllm saw the abort); raising here would end the whole trio run."""
+            with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                send.send_nowait(item)
+
+        async def produce() -> None:
+            try:
+                async for output in llm.generate(prompt, params, request_id, priority=priority):
+                    piece = output.outputs[0]
+                    prompt_ids = output.prompt_token_ids
+                    item = (piece.text, list(piece.token_ids), piece.finish_reason,
+                            len(prompt_ids) if prompt_ids is not None else 0)  # fmt: skip
+                    token.run_sync_soon(deliver, item)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # the engine failed: the reply fails with it
+                token.run_sync_soon(deliver, exc)
+            finally:
+                token.run_sync_soon(send.close)
+
+        future = asyncio.run_coroutine_threadsafe(produce(), self._loop)
+        try:
+            async with recv:
+                async for item in recv:
+                    if isinstance(item, BaseException):
+                        if isinstance(item, ValueError):  # vllm's verdict on the prompt
+                            raise PromptUnsupported(str(item)) from item
+                        raise item
+                    yield item
+        finally:
+            future.cancel()  # cancels the asyncio task: vllm aborts the request
+
+    async def chat(
+        self, request: ChatRequest, choice: int, *, priority: int = CHAT_PRIORITY
+    ) -> AsyncIterator[ReplyDelta | ChatUsage]:
+        """One choice of a chat completion, behind every live session's reply (``priority``:
+        for benchmarks that compare)."""
+        number = next(self._count)
+        params = self._chat_params(request, choice, number)
+        prompt = await self._chat_prompt(request)
+        named = request.tool_choice if request.tool_choice not in ("auto", "none") else ""
+        parsed = bool(request.tools) and request.tool_choice == "auto"
+        calls = _ToolCalls(self._tool_parser(request.tools), number) if parsed else None
+        finish, prompt_tokens, completion_tokens = "stop", 0, 0
+        if named:
+            yield ReplyDelta("", f"call_{number}_0", named, call_done=False)
+        pieces = self._pieces(prompt, params, f"chat-{number}-{choice}", priority)
+        async with aclosing(pieces):
+            async for piece, ids, reason, prompt_count in pieces:
+                finish = reason or finish
+                prompt_tokens = prompt_count or prompt_tokens
+                completion_tokens += len(ids)
+                if named:
+                    if piece:
+                        yield ReplyDelta(piece, f"call_{number}_0", named, call_done=False)
+                elif calls is None:
+                    if piece:
+                        yield ReplyDelta(piece)
+                else:
+                    for delta in calls.feed(piece, ids):
+                        yield delta
+        if calls is not None:
+            for delta in calls.end():
+                yield delta
+        if named or (calls is not None and calls.called):
+            yield ReplyDelta(finish="tool_calls")
+        else:
+            yield ReplyDelta(finish="length" if finish == "length" else "stop")
+        yield ChatUsage(prompt_tokens, completion_tokens)
+
+    def _chat_params(self, request: ChatRequest, choice: int, number: int) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        s = request.sampling
+        structured = None
+        if request.tool_choice not in ("auto", "none"):
+            (tool,) = [t for t in request.tools if t.name == request.tool_choice]
+            structured = StructuredOutputsParams(json=json.loads(tool.parameters_json))
+        elif request.response_format is not None:
+            if request.response_format.kind == "json_object":
+                structured = StructuredOutputsParams(json_object=True)
+            else:
+                structured = StructuredOutputsParams(
+                    json=json.loads(request.response_format.schema_json)
+                )
+        seed = (self._seed + number) if s.seed is None else (s.seed + choice) % (1 << 63)
+        try:
+            return SamplingParams(
+                max_tokens=s.max_tokens,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                top_k=s.top_k if s.top_k > 0 else -1,
+                min_p=s.min_p,
+                seed=seed,
+                stop=list(s.stop) or None,
+                stop_token_ids=list(s.stop_token_ids) or None,
+                presence_penalty=s.presence_penalty,
+                frequency_penalty=s.frequency_penalty,
+                repetition_penalty=s.repetition_penalty,
+                min_tokens=s.min_tokens,
+                ignore_eos=s.ignore_eos,
+                output_kind=RequestOutputKind.DELTA,
+                skip_special_tokens=not (request.tools and request.tool_choice == "auto"),
+                structured_outputs=structured,
+            )
+        except ValueError as exc:  # vllm's own checks of the sampling fields
+            raise PromptUnsupported(f"the sampling parameters are refused: {exc}") from exc
+
+    async def _chat_prompt(self, request: ChatRequest) -> Any:
+        """The conversation through the chat template, and its images decoded (in a worker
+        thread: a large PNG takes tens of milliseconds)."""
+        tools = _tool_dicts(request.tools) if request.tool_choice != "none" else None
+        messages = [_turn(t, self.multimodal) for t in request.turns]
+        try:
+            text: str = self._tokenizer.apply_chat_template(
+                messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:  # the checkpoint's template refused this conversation
+            raise PromptUnsupported(f"the chat template cannot render it: {exc}") from exc
+        images = [p.image for t in request.turns for p in t.parts if p.kind == "image"]
+        if not images:
+            return text
+        decoded = await trio.to_thread.run_sync(_decode_images, images)
+        return {"prompt": text, "multi_modal_data": {"image": decoded}}
+
+    def _tool_parser(self, specs: Any) -> tuple[Any, Any]:
         """A fresh streaming tool parser for one reply, and the chat request it reads."""
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.tool_parsers import ToolParserManager
 
-        tools = [
-            {"type": "function", "function": {"name": t.name, "description": t.description,
-             "parameters": json.loads(t.parameters_json)}}
-            for t in request.tools
-        ]  # fmt: skip
+        tools = _tool_dicts(specs)
         chat = ChatCompletionRequest(messages=[], model=self.path, tools=tools)
         parser = ToolParserManager.get_tool_parser(self._parser_name)(self._tokenizer, chat.tools)
         return parser, chat
 
 
-_Piece = tuple[str, list[int], str | None]
-"""What vllm made since the last output: text, token ids, finish reason (or ``None``)."""
+_Piece = tuple[str, list[int], str | None, int]
+"""What vllm made since the last output: text, token ids, finish reason (or ``None``),
+and the prompt's length in tokens."""
+
+
+def _has_vision(path: str) -> bool:
+    """The checkpoint is a vision-language model (its config has a vision tower)."""
+    from pathlib import Path
+
+    config = Path(path) / "config.json"
+    try:
+        return "vision_config" in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def _tool_dicts(specs: Any) -> list[dict[str, Any]]:
+    return [
+        {"type": "function", "function": {"name": t.name, "description": t.description,
+         "parameters": json.loads(t.parameters_json)}}
+        for t in specs
+    ]  # fmt: skip
+
+
+def _turn(turn: ChatTurn, multimodal: bool) -> dict[str, Any]:
+    """One chat turn as chat templates read it (content parts only for a vision model:
+    text-only templates expect a string)."""
+    message: dict[str, Any] = {"role": turn.role}
+    if multimodal and any(p.kind == "image" for p in turn.parts):
+        message["content"] = [
+            {"type": "image"} if p.kind == "image" else {"type": "text", "text": p.text}
+            for p in turn.parts
+        ]
+    else:
+        message["content"] = turn.text
+    if turn.tool_calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+            for c in turn.tool_calls
+        ]  # fmt: skip
+    if turn.tool_call_id:
+        message["tool_call_id"] = turn.tool_call_id
+    return message
+
+
+def _decode_images(images: list[bytes]) -> list[Any]:
+    """Each image decoded to RGB; its size checked from its header, before its pixels.
+
+    Raises:
+        PromptUnsupported: one does not decode, or is over `MAX_IMAGE_PIXELS`.
+    """
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    decoded = []
+    for index, data in enumerate(images):
+        try:
+            image = Image.open(io.BytesIO(data))
+            width, height = image.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise PromptUnsupported(
+                    f"image {index} is {width}x{height}: over {MAX_IMAGE_PIXELS} pixels"
+                )
+            decoded.append(image.convert("RGB"))
+        except PromptUnsupported:
+            raise
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+            raise PromptUnsupported(f"image {index} does not decode: {exc}") from exc
+    return decoded
 
 
 class _ToolCalls:
