@@ -248,6 +248,15 @@ class ServerConfig:
     """How long a speech request waits for others before its batch runs."""
     tts_max_queue: int = 64
     """Speech requests waiting at most; more are refused 429 with ``Retry-After``."""
+    voice_dir: str = ""
+    """The folder of uploaded voices (``POST /v1/audio/voices``), kept across restarts;
+    empty: ``$XDG_DATA_HOME/duplex/voices`` (``~/.local/share`` by default)."""
+    voice_max_count: int = 100
+    """Uploaded voices kept at once; one more is refused 409 until one is deleted."""
+    voice_max_bytes: int = 10 * _MIB
+    """The largest voice sample file accepted (413 past it)."""
+    voice_max_duration_s: float = 30.0
+    """The longest voice sample accepted."""
 
     max_connections_per_peer: int = 0
     """Open WebSockets one peer address may hold (each can hold a session and a model
@@ -348,6 +357,14 @@ class ServerConfig:
             ("video_max_active_jobs", self.video_max_active_jobs, 1, self.video_max_jobs),
         )
         for key, value, low, high in counts:
+            if not low <= value <= high:
+                raise ConfigError(f"{key}: must be {low}..{high}, got {value}", key=key)
+        voices = (
+            ("voice_max_count", self.voice_max_count, 1, 100_000),
+            ("voice_max_bytes", self.voice_max_bytes, 1024, 1024 * _MIB),
+            ("voice_max_duration_s", self.voice_max_duration_s, 1, 3600),
+        )
+        for key, value, low, high in voices:
             if not low <= value <= high:
                 raise ConfigError(f"{key}: must be {low}..{high}, got {value}", key=key)
         for key, seconds in (

@@ -13,16 +13,25 @@ from starlette.routing import BaseRoute
 from duplex.services.media import MediaService, media_routes
 from duplex.services.robots import ROBOT_PATH, RobotService, robot_routes
 from duplex.services.speech import SpeechService, speech_routes
+from duplex.services.voices import VoiceService, voice_routes
 
 __all__ = ["robot_limits", "service_routes"]
 
 
 def service_routes(
-    media: MediaService | None, speech: SpeechService | None, robots: RobotService | None
+    media: MediaService | None,
+    speech: SpeechService | None,
+    robots: RobotService | None,
+    voices: VoiceService | None = None,
 ) -> list[BaseRoute]:
     """Every service family's routes, over the services this process runs (``None``: not
     loaded here, or only the shapes, for a worker that relays them)."""
-    return [*robot_routes(robots), *media_routes(media), *speech_routes(speech)]
+    return [
+        *robot_routes(robots),
+        *media_routes(media),
+        *speech_routes(speech),
+        *voice_routes(voices),
+    ]
 
 
 def robot_limits(robot_payload_bytes: int) -> dict[str, int]:

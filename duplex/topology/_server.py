@@ -44,7 +44,8 @@ from duplex.progress import Startup, TerminalBar, render_line
 from duplex.runtime import RequestEngines, SessionHub
 from duplex.services.media import MediaService
 from duplex.services.robots import RobotService
-from duplex.services.speech import SpeechService
+from duplex.services.speech import SpeechService, UploadedVoices
+from duplex.services.voices import VoiceService
 from duplex.sessions import Capabilities, SessionConfig, VadMode
 from duplex.transport import (
     AccessSettings,
@@ -67,6 +68,7 @@ from ._memory import export_trim_histogram, trim_memory_every
 from ._requests import model_cards, open_request_engines, runner_specs
 from ._routes import robot_limits, service_routes
 from ._shards import ShardProcesses
+from ._voices import voice_folder, voice_store
 from ._watchdog import EngineWatchdog, Killer
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
 
@@ -91,6 +93,7 @@ def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
         cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None,
         loopback_delay_ms=server.loopback_delay_ms,
         random_weights=server.random_weights,
+        voice_dir=voice_folder(config),
     )
     spec, factory = get_model(server.model, options)
     check_model_rate(config, spec)
@@ -463,12 +466,16 @@ def robot_service(
 
 
 def speech_service(
-    config: Config, registry: MetricsRegistry, requests: RequestEngines
+    config: Config,
+    registry: MetricsRegistry,
+    requests: RequestEngines,
+    uploaded: UploadedVoices | None = None,
 ) -> SpeechService:
     """The speech routes' service over the process's request engines (the TTS is the one
     named ``tts``, the engine the voice agent speaks with too). With connection workers it
-    serves the routes they relay here (``_relay.py``)."""
-    return SpeechService(requests, registry)
+    serves the routes they relay here (``_relay.py``). ``uploaded``: the uploaded voices,
+    which the TTS refuses by name (it cannot condition on a sample)."""
+    return SpeechService(requests, registry, uploaded=uploaded)
 
 
 async def serve_duplex(
@@ -544,7 +551,9 @@ async def _serve_sessions(
         open_media(config, registry, requests) as media,
     ):
         robots = robot_service(config, system, registry, backend, requests)
-        speech = speech_service(config, registry, requests)
+        store = voice_store(config)
+        speech = speech_service(config, registry, requests, store)
+        voices = VoiceService(store, speech, registry=registry)
         hub = backend.hub
         backend.more_models = partial(
             model_cards, config, requests, lambda: hub.agent.metadata["llm"] if hub.agent else None
@@ -562,7 +571,7 @@ async def _serve_sessions(
         )
         async with trio.open_nursery() as nursery:
             if server.connection_workers:
-                relayed = routes_app(service_routes(media, speech, robots))
+                relayed = routes_app(service_routes(media, speech, robots, voices))
                 urls = await nursery.start(
                     partial(
                         serve_with_workers,
@@ -588,6 +597,7 @@ async def _serve_sessions(
                     robots,
                     media,
                     speech,
+                    voices,
                 )
             await backend.ready.wait()
             if engine_paths and engine_processes is not None and server.engine_stall_timeout_s:
@@ -638,6 +648,7 @@ async def _serve_here(
     robots: RobotService | None = None,
     media: MediaService | None = None,
     speech: SpeechService | None = None,
+    voices: VoiceService | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -651,7 +662,7 @@ async def _serve_here(
         access=access,
         client_secret_ttl_s=server.client_secret_ttl_s,
         registry=registry,
-        routes=service_routes(media, speech, robots),
+        routes=service_routes(media, speech, robots, voices),
     )
 
     async def shutdown_trigger() -> None:

@@ -189,7 +189,9 @@ def _factory(load: Callable[[torch.dtype], LoadedMoshi], options: ModelOptions) 
         note(f"model {spec.name} loaded; making its runner")
         fp8 = options.kv_cache_dtype == "fp8"
         kv_dtype = torch.float8_e4m3fn if fp8 else None
-        runner = MoshiEngineRunner(loaded, spec, seed=options.seed, kv_dtype=kv_dtype)
+        runner = MoshiEngineRunner(
+            loaded, spec, seed=options.seed, kv_dtype=kv_dtype, voice_dir=options.voice_dir
+        )
         if cuda:  # before the engine is handed over, so /health says starting meanwhile
             runner.prepare_graphs()
         return runner
