@@ -138,6 +138,12 @@ def _parser() -> argparse.ArgumentParser:
         "/v1/realtime/video",
     )
     serve.add_argument(
+        "--audio-model",
+        metavar="PATH",
+        help="diffusers text-to-audio pipeline folder (Stable Audio, or tiny) behind "
+        "POST /v1/audio/generate",
+    )
+    serve.add_argument(
         "--tts",
         metavar="ENGINE",
         help="text to speech of /v1/audio/speech: espeak (default), none, or a VITS checkpoint "
@@ -230,6 +236,7 @@ def _serve(args: argparse.Namespace) -> int:
             ("policy_batch_wait_ms", args.policy_batch_wait_ms),
             ("image_model", args.image_model),
             ("video_model", args.video_model),
+            ("audio_model", args.audio_model),
             ("tts", args.tts),
             ("tts_max_queue", args.tts_max_queue),
         )

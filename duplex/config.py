@@ -216,8 +216,15 @@ class ServerConfig:
     video_model: str = ""
     """The diffusers text-to-video pipeline behind ``/v1/videos`` and ``/v1/realtime/video``
     (a folder whose pipeline takes ``num_frames`` and ``callback_on_step_end``, or ``tiny``)."""
+    audio_model: str = ""
+    """The diffusers text-to-audio pipeline behind ``POST /v1/audio/generate`` (a Stable
+    Audio folder, or ``tiny``); empty: not served (404 ``model_not_loaded``)."""
+    audio_max_length_s: float = 30.0
+    """The longest audio one ``/v1/audio/generate`` request may ask for (also capped by
+    the pipeline's own length)."""
     media_max_queue: int = 16
-    """Image or video requests that may wait for their pipeline; more are refused 429."""
+    """Image, video or audio generation requests that may wait for their pipeline; more are
+    refused 429."""
     image_max_batch: int = 1
     """The most image requests (and images) one pipeline call denoises together: queued
     requests of one size, steps and guidance share a call."""
@@ -368,6 +375,7 @@ class ServerConfig:
             if not low <= value <= high:
                 raise ConfigError(f"{key}: must be {low}..{high}, got {value}", key=key)
         for key, seconds in (
+            ("audio_max_length_s", self.audio_max_length_s),
             ("video_job_retention_s", self.video_job_retention_s),
             ("video_start_timeout_s", self.video_start_timeout_s),
             ("video_stall_timeout_s", self.video_stall_timeout_s),

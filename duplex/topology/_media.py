@@ -36,7 +36,9 @@ def resolve_media(config: Config) -> None:
     options = ModelOptions(
         cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None
     )
-    for kind, name in (("image", server.image_model), ("video", server.video_model)):
+    named = (("image", server.image_model), ("video", server.video_model),
+             ("audio", server.audio_model))  # fmt: skip
+    for kind, name in named:
         if name and name != "tiny":
             resolve_diffusion(name, kind, options)  # type: ignore[arg-type]
 
@@ -50,6 +52,7 @@ def media_settings(config: Config) -> MediaSettings:
         job_retention_s=server.video_job_retention_s,
         start_timeout_s=server.video_start_timeout_s,
         stall_timeout_s=server.video_stall_timeout_s,
+        audio_max_length_s=server.audio_max_length_s,
     )
 
 
@@ -59,7 +62,7 @@ async def open_media(
 ) -> AsyncIterator[MediaService | None]:
     """The generation routes' service with its jobs' nursery; ``None``: nothing served here."""
     server = config.server
-    if not (server.image_model or server.video_model):
+    if not (server.image_model or server.video_model or server.audio_model):
         yield None
         return
     service = MediaService(requests, settings=media_settings(config), registry=registry)

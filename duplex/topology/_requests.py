@@ -33,7 +33,12 @@ from duplex.models import (
     load_policy,
 )
 from duplex.models.agent import ASR_RUNNER, AgentOptions, build_asr
-from duplex.models.diffusion import load_image_runner, load_video_runner, resolve_diffusion
+from duplex.models.diffusion import (
+    load_audio_runner,
+    load_image_runner,
+    load_video_runner,
+    resolve_diffusion,
+)
 from duplex.models.tts import TTS_RUNNER, SpeechRunner, load_tts
 from duplex.runtime import RequestEngines
 
@@ -89,12 +94,13 @@ def _policy(config: Config, device: str) -> RunnerSpec:
     return RunnerSpec("policy", build, server.policy_batch_wait_ms / 1000.0, max_queue=1024)
 
 
-def _diffusion(config: Config, device: str, kind: Literal["image", "video"]) -> RunnerSpec:
+def _diffusion(config: Config, device: str, kind: Literal["image", "video", "audio"]) -> RunnerSpec:
     """``--image-model`` / ``--video-model``: a diffusion step is the unit of preemption, and
     no request waits for others; images batch up to ``image_max_batch`` (the requests that
     gathered while a call ran), videos one chunk a call."""
     server = config.server
-    name = server.image_model if kind == "image" else server.video_model
+    name = {"image": server.image_model, "video": server.video_model,
+            "audio": server.audio_model}[kind]  # fmt: skip
     options = ModelOptions(
         device=device,
         seed=server.model_seed,
@@ -106,6 +112,8 @@ def _diffusion(config: Config, device: str, kind: Literal["image", "video"]) -> 
         beside = server.batch_beside_realtime
         if kind == "image":
             return load_image_runner(model, device, server.image_max_batch, beside_realtime=beside)
+        if kind == "audio":
+            return load_audio_runner(model, device, beside_realtime=beside)
         return load_video_runner(model, device, beside_realtime=beside)
 
     return RunnerSpec(kind, build, 0.0, max_queue=server.media_max_queue)
@@ -149,6 +157,8 @@ def runner_specs(config: Config, device: str | None = None) -> list[RunnerSpec]:
         specs.append(_diffusion(config, device, "image"))
     if config.server.video_model:
         specs.append(_diffusion(config, device, "video"))
+    if config.server.audio_model:
+        specs.append(_diffusion(config, device, "audio"))
     if config.server.tts != "none":
         specs.append(_tts(config, device))
     if config.server.agent:
@@ -216,7 +226,7 @@ async def open_request_engines(
                 await system.stop(ref)
 
 
-_KINDS: Final = {"image": "image", "video": "video", TTS_RUNNER: "speech",
+_KINDS: Final = {"image": "image", "video": "video", "audio": "audio", TTS_RUNNER: "speech",
                  ASR_RUNNER: "transcription", "policy": "policy"}  # fmt: skip
 """Each request engine's ``kind`` on its model card, in the order ``/v1/models`` lists them."""
 
@@ -235,7 +245,8 @@ def model_cards(
     ``agent_llm``: the running agent's reply model (``None``: not running yet)."""
     server = config.server
     configured = {
-        "image": server.image_model, "video": server.video_model, TTS_RUNNER: server.tts,
+        "image": server.image_model, "video": server.video_model, "audio": server.audio_model,
+        TTS_RUNNER: server.tts,
         ASR_RUNNER: server.agent_asr, "policy": server.policy,
     }  # fmt: skip
     cards = []

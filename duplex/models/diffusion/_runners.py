@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import warnings
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ __all__ = [
     "resolve_diffusion",
 ]
 
-PipelineKind = Literal["image", "video"]
+PipelineKind = Literal["image", "video", "audio"]
 
 
 @final
@@ -119,8 +120,8 @@ class DiffusionModel:
 
 
 def resolve_diffusion(name: str, kind: PipelineKind, options: ModelOptions) -> DiffusionModel:
-    """``--image-model`` / ``--video-model``: ``tiny`` (built into the model cache, seeded
-    by ``options.seed``) or a folder holding a diffusers ``model_index.json``.
+    """``--image-model`` / ``--video-model`` / ``--audio-model``: ``tiny`` (built into the model
+    cache, seeded by ``options.seed``) or a folder holding a diffusers ``model_index.json``.
 
     Raises:
         ConfigError: the folder is missing or is no diffusers pipeline.
@@ -150,9 +151,15 @@ def _load(model: DiffusionModel, device: str) -> Any:
     transformers_logging.disable_progress_bar()
     note(f"loading the {model.kind} pipeline {model.id} on {device}")
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
-    pipeline = DiffusionPipeline.from_pretrained(model.folder, dtype=dtype)
+    with warnings.catch_warnings():  # Stable Audio's VAE: weight_norm, deprecated in torch
+        warnings.filterwarnings("ignore", ".*weight_norm.*", FutureWarning)
+        pipeline = DiffusionPipeline.from_pretrained(model.folder, dtype=dtype)
     parameters = inspect.signature(pipeline.__call__).parameters
-    needed = {"callback_on_step_end", "num_inference_steps", "guidance_scale", "generator"}
+    needed = {"num_inference_steps", "guidance_scale", "generator"}
+    if model.kind == "audio":  # Stable Audio's signature: a per-step callback of the old form
+        needed |= {"audio_end_in_s", "callback", "callback_steps"}
+    else:
+        needed.add("callback_on_step_end")
     if model.kind == "video":
         needed.add("num_frames")
     missing = needed - set(parameters)
@@ -162,7 +169,8 @@ def _load(model: DiffusionModel, device: str) -> Any:
         )
     pipeline.set_progress_bar_config(disable=True)
     pipeline = pipeline.to(device)
-    _timesteps_on_host(pipeline.scheduler)
+    if model.kind != "audio":  # Stable Audio's DiT takes its timestep where its latents are
+        _timesteps_on_host(pipeline.scheduler)
     if device.startswith("cuda") and model.kind == "image" and graph_pipeline(pipeline):
         note(f"capturing the {model.id} pipeline's CUDA graphs at the default size")
         pipeline(prompt="", num_inference_steps=2, output_type="pt")

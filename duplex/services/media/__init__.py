@@ -1,6 +1,8 @@
-"""Images and videos: ``/v1/images/generations``, ``/v1/videos``, ``WS /v1/realtime/video``."""
+"""Images, videos and generated audio: ``/v1/images/generations``, ``/v1/videos``,
+``WS /v1/realtime/video``, ``/v1/audio/generate``."""
 
+from ._audio import audio_routes
 from ._protocol import MediaLimits
 from ._serving import MediaService, MediaSettings, media_routes
 
-__all__ = ["MediaLimits", "MediaService", "MediaSettings", "media_routes"]
+__all__ = ["MediaLimits", "MediaService", "MediaSettings", "audio_routes", "media_routes"]

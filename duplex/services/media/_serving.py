@@ -83,6 +83,8 @@ class MediaSettings:
     job_retention_s: float = 3600.0
     start_timeout_s: float = 10.0
     stall_timeout_s: float = 60.0
+    audio_max_length_s: float = 30.0
+    """The longest ``/v1/audio/generate`` audio (also capped by the pipeline's own)."""
 
 
 def _json(content: Any, status: int = 200) -> Response:

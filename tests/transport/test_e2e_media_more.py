@@ -1,0 +1,95 @@
+"""The newer media routes end to end: ``duplex serve`` in a subprocess with the tiny
+pipelines, one connection worker in front (so every route goes through the access layer
+and is relayed to the server process), driven with httpx and the official SDK.
+
+``POST /v1/audio/generate``: formats, seeds, a ten-hour ``audio_length`` refused, a full
+queue refused 429 then recovering, clients that leave withdrawing their work. Waits poll
+``/metrics``, never a clock.
+"""
+
+from __future__ import annotations
+
+import io
+import wave
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import trio
+
+from .test_e2e_media import metric, refused, wait_metric
+from .test_e2e_openpi import served
+
+CONFIG = """
+[server]
+image_model = "tiny"
+video_model = "tiny"
+audio_model = "tiny"
+media_max_queue = 1
+video_chunk_frames = 4
+connection_workers = 1
+agent = false
+tts = "none"
+api_keys = ["sk-media-0123456789"]
+"""
+AUDIO = "/v1/audio/generate"
+AUTH = {"authorization": "Bearer sk-media-0123456789"}
+
+
+@asynccontextmanager
+async def media_server(tmp_path: Path) -> AsyncIterator[str]:
+    config = tmp_path / "media.toml"
+    config.write_text(CONFIG + f'model_cache_dir = "{tmp_path / "models"}"\n')
+    async with served("--config", str(config)) as url:
+        yield url
+
+
+async def test_audio_generation_through_a_worker(tmp_path: Path) -> None:
+    async with (
+        media_server(tmp_path) as url,
+        httpx.AsyncClient(timeout=120, headers=AUTH) as http,
+    ):
+        ask = {"input": "birds at dawn", "audio_length": 2.0, "num_inference_steps": 2, "seed": 4}
+        assert (await httpx.AsyncClient().post(url + AUDIO, json=ask)).status_code == 401
+        first = await http.post(url + AUDIO, json=ask)
+        assert first.status_code == 200, first.text
+        with wave.open(io.BytesIO(first.content)) as w:
+            assert (w.getframerate(), w.getnframes()) == (8000, 16_000)
+        assert (await http.post(url + AUDIO, json=ask)).content == first.content
+        models = (await http.get(url + "/v1/models")).json()["data"]
+        assert {"id": "tiny-audio", "kind": "audio", "ready": True}.items() <= next(
+            card for card in models if card["kind"] == "audio"
+        ).items()
+        await refused(
+            await http.post(url + AUDIO, json={**ask, "audio_length": 36_000}),
+            400,
+            "audio_length",
+            "invalid_value",
+        )
+
+        # a full queue: one running, one queued, the next refused 429; then it recovers
+        long = {**ask, "num_inference_steps": 500}
+        async with trio.open_nursery() as nursery:
+            clients = [httpx.AsyncClient(timeout=300, headers=AUTH) for _ in range(2)]
+
+            async def hold(client: httpx.AsyncClient) -> None:
+                await client.post(url + AUDIO, json=long)
+
+            batches = await metric(http, url, "duplex_request_batches_total", "audio")
+            nursery.start_soon(hold, clients[0])
+            await wait_metric(http, url, "duplex_request_batches_total", "audio", batches + 1)
+            nursery.start_soon(hold, clients[1])
+            await wait_metric(http, url, "duplex_requests_queued", "audio", 1)
+            full = await http.post(url + AUDIO, json=ask)
+            await refused(full, 429, None, "rate_limited")
+            assert int(full.headers["retry-after"]) >= 1
+            cancelled = await metric(http, url, "duplex_requests_cancelled_total", "audio")
+            stopped = await metric(http, url, "duplex_request_batches_stopped_total", "audio")
+            nursery.cancel_scope.cancel()  # both clients disconnect
+        for client in clients:
+            await client.aclose()
+        await wait_metric(http, url, "duplex_requests_cancelled_total", "audio", cancelled + 1)
+        await wait_metric(http, url, "duplex_request_batches_stopped_total", "audio", stopped + 1)
+        recovered = await http.post(url + AUDIO, json=ask)
+        assert recovered.content == first.content
