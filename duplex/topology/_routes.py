@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
-from duplex.services.media import MediaService, audio_routes, media_routes
+from duplex.services.media import MediaService, audio_routes, edit_routes, media_routes
 from duplex.services.robots import ROBOT_PATH, RobotService, robot_routes
 from duplex.services.speech import SpeechService, speech_routes
 from duplex.services.voices import VoiceService, voice_routes
@@ -29,6 +29,7 @@ def service_routes(
     return [
         *robot_routes(robots),
         *media_routes(media),
+        *edit_routes(media),
         *audio_routes(media),
         *speech_routes(speech),
         *voice_routes(voices),

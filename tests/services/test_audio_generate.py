@@ -7,7 +7,7 @@ import io
 import json
 import math
 import wave
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import av
 import httpx
 import numpy as np
 import pytest
+import torch
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,6 +30,15 @@ from duplex.services.media._audio import parse_audio_request
 
 GENERATE = "/v1/audio/generate"
 ASK = {"input": "rain on a tin roof", "audio_length": 1.0, "num_inference_steps": 2, "seed": 7}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """Tiny models are all overhead: more torch threads only contend on a busy CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def parse(**body: object) -> object:

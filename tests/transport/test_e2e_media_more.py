@@ -3,12 +3,14 @@ pipelines, one connection worker in front (so every route goes through the acces
 and is relayed to the server process), driven with httpx and the official SDK.
 
 ``POST /v1/audio/generate``: formats, seeds, a ten-hour ``audio_length`` refused, a full
-queue refused 429 then recovering, clients that leave withdrawing their work. Waits poll
-``/metrics``, never a clock.
+queue refused 429 then recovering, clients that leave withdrawing their work.
+``POST /v1/images/edits`` with the SDK's ``images.edit``: reproducible edits, inpainting
+with a mask, a mask of another size refused. Waits poll ``/metrics``, never a clock.
 """
 
 from __future__ import annotations
 
+import base64
 import io
 import wave
 from collections.abc import AsyncIterator
@@ -16,7 +18,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+import numpy as np
+import pytest
 import trio
+from PIL import Image
 
 from .test_e2e_media import metric, refused, wait_metric
 from .test_e2e_openpi import served
@@ -34,7 +39,8 @@ tts = "none"
 api_keys = ["sk-media-0123456789"]
 """
 AUDIO = "/v1/audio/generate"
-AUTH = {"authorization": "Bearer sk-media-0123456789"}
+KEY = "sk-media-0123456789"
+AUTH = {"authorization": f"Bearer {KEY}"}
 
 
 @asynccontextmanager
@@ -93,3 +99,46 @@ async def test_audio_generation_through_a_worker(tmp_path: Path) -> None:
         await wait_metric(http, url, "duplex_request_batches_stopped_total", "audio", stopped + 1)
         recovered = await http.post(url + AUDIO, json=ask)
         assert recovered.content == first.content
+
+
+def png_bytes(width: int, height: int, mode: str = "RGB") -> bytes:
+    pixels = np.random.default_rng(width).integers(0, 256, (height, width, len(mode)), np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels, mode=mode).save(out, format="PNG")
+    return out.getvalue()
+
+
+async def test_the_sdk_edits_and_inpaints_through_a_worker(tmp_path: Path) -> None:
+    from openai import AsyncOpenAI, BadRequestError
+
+    async with media_server(tmp_path) as url:
+        client = AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        image = ("cat.png", png_bytes(48, 32), "image/png")
+        options = {"seed": 3, "num_inference_steps": 3}
+        first = await client.images.edit(
+            image=image, prompt="a blue cat", n=2, response_format="b64_json", extra_body=options
+        )
+        assert first.data is not None and len(first.data) == 2
+        pictures = [base64.b64decode(item.b64_json or "") for item in first.data]
+        assert [Image.open(io.BytesIO(p)).size for p in pictures] == [(48, 32)] * 2
+        again = await client.images.edit(
+            image=image, prompt="a blue cat", n=2, response_format="b64_json", extra_body=options
+        )
+        assert again.data is not None
+        assert [item.b64_json for item in again.data] == [item.b64_json for item in first.data]
+        inpainted = await client.images.edit(
+            image=image,
+            mask=("mask.png", png_bytes(48, 32, "RGBA"), "image/png"),
+            prompt="a blue cat",
+            size="64x64",
+            extra_body=options,
+        )
+        assert inpainted.data is not None
+        (only,) = inpainted.data
+        assert Image.open(io.BytesIO(base64.b64decode(only.b64_json or ""))).size == (64, 64)
+        with pytest.raises(BadRequestError) as other_size:
+            await client.images.edit(
+                image=image, mask=("m.png", png_bytes(32, 32, "RGBA"), "image/png"), prompt="x"
+            )
+        assert other_size.value.body["param"] == "mask"  # type: ignore[index]
+        await client.close()

@@ -11,6 +11,7 @@ the seeded random-weight pipelines tests and demos serve.
 from ._audio import AudioRequest, AudioResult, AudioRunner, load_audio_runner
 from ._runners import (
     DiffusionModel,
+    ImageEditRequest,
     ImageRequest,
     ImageResult,
     ImageRunner,
@@ -30,6 +31,7 @@ __all__ = [
     "AudioResult",
     "AudioRunner",
     "DiffusionModel",
+    "ImageEditRequest",
     "ImageRequest",
     "ImageResult",
     "ImageRunner",

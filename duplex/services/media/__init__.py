@@ -1,8 +1,16 @@
-"""Images, videos and generated audio: ``/v1/images/generations``, ``/v1/videos``,
-``WS /v1/realtime/video``, ``/v1/audio/generate``."""
+"""Images, videos and generated audio: ``/v1/images/generations``, ``/v1/images/edits``,
+``/v1/videos``, ``WS /v1/realtime/video``, ``/v1/audio/generate``."""
 
 from ._audio import audio_routes
+from ._edits import edit_routes
 from ._protocol import MediaLimits
 from ._serving import MediaService, MediaSettings, media_routes
 
-__all__ = ["MediaLimits", "MediaService", "MediaSettings", "audio_routes", "media_routes"]
+__all__ = [
+    "MediaLimits",
+    "MediaService",
+    "MediaSettings",
+    "audio_routes",
+    "edit_routes",
+    "media_routes",
+]

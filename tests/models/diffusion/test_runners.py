@@ -19,6 +19,7 @@ from duplex.models.diffusion import (
     AudioRequest,
     AudioRunner,
     DiffusionModel,
+    ImageEditRequest,
     ImageRequest,
     ImageRunner,
     VideoRequest,
@@ -279,3 +280,30 @@ def test_an_audio_folder_whose_pipeline_cannot_be_preempted_is_refused(cache: Pa
     image = resolve_diffusion("tiny", "image", ModelOptions(cache_dir=cache))
     with pytest.raises(ConfigError, match="audio_model: StableDiffusionPipeline takes no"):
         load_audio_runner(DiffusionModel("x", "audio", image.folder), "cpu")
+
+
+def test_edits_redraw_the_image_and_inpaint_only_under_the_mask(image_runner: ImageRunner) -> None:
+    """Image-to-image and inpainting on the served pipeline's own modules: the same seed and
+    inputs give the same pixels; a mask keeps what it does not cover close to the source."""
+    rng = np.random.default_rng(0)
+    source = rng.integers(0, 256, (32, 48, 3), dtype=np.uint8)
+    edit = ImageEditRequest(prompt="a blue cat", image=source, n=2, seed=5, steps=4)
+    gate = Open()
+    (first,) = image_runner.run_batch([edit], gate)
+    assert [image.shape for image in first.images] == [(32, 48, 3)] * 2
+    assert gate.kinds[-1] == "decode" and len(gate.kinds) == 3  # strength 0.8 of 4 steps
+    (again,) = image_runner.run_batch([edit], Open())
+    assert all(np.array_equal(a, b) for a, b in zip(first.images, again.images, strict=True))
+    assert not np.array_equal(first.images[0], first.images[1])  # seed + i
+    mask = np.zeros((32, 48), dtype=np.uint8)
+    mask[:, 24:] = 255  # repaint the right half only
+    masked = ImageEditRequest(prompt="a blue cat", image=source, mask=mask, seed=5, steps=4,
+                              strength=1.0)  # fmt: skip
+    generation = request(seed=1)
+    inpainted, generated = image_runner.run_batch([masked, generation], Open())  # one batch
+    (picture,) = inpainted.images
+    kept = np.abs(picture[:, :16].astype(int) - source[:, :16].astype(int)).mean()
+    redrawn = np.abs(picture[:, 32:].astype(int) - source[:, 32:].astype(int)).mean()
+    assert kept < redrawn
+    (alone,) = image_runner.run_batch([generation], Open())
+    assert np.array_equal(generated.images[0], alone.images[0])
