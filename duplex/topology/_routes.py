@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
-from duplex.services.media import MediaService, audio_routes, edit_routes, media_routes
+from duplex.services.media import (
+    MediaService,
+    audio_routes,
+    edit_routes,
+    media_routes,
+    sync_routes,
+)
 from duplex.services.robots import ROBOT_PATH, RobotService, robot_routes
 from duplex.services.speech import SpeechService, speech_routes
 from duplex.services.voices import VoiceService, voice_routes
@@ -30,6 +36,7 @@ def service_routes(
         *robot_routes(robots),
         *media_routes(media),
         *edit_routes(media),
+        *sync_routes(media),
         *audio_routes(media),
         *speech_routes(speech),
         *voice_routes(voices),

@@ -5,7 +5,9 @@ and is relayed to the server process), driven with httpx and the official SDK.
 ``POST /v1/audio/generate``: formats, seeds, a ten-hour ``audio_length`` refused, a full
 queue refused 429 then recovering, clients that leave withdrawing their work.
 ``POST /v1/images/edits`` with the SDK's ``images.edit``: reproducible edits, inpainting
-with a mask, a mask of another size refused. Waits poll ``/metrics``, never a clock.
+with a mask, a mask of another size refused. ``POST /v1/videos/sync``: the MP4 itself, a
+full queue refused 429, clients that leave stopping their generation. Waits poll
+``/metrics``, never a clock.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import av
 import httpx
 import numpy as np
 import pytest
@@ -39,6 +42,7 @@ tts = "none"
 api_keys = ["sk-media-0123456789"]
 """
 AUDIO = "/v1/audio/generate"
+SYNC = "/v1/videos/sync"
 KEY = "sk-media-0123456789"
 AUTH = {"authorization": f"Bearer {KEY}"}
 
@@ -142,3 +146,42 @@ async def test_the_sdk_edits_and_inpaints_through_a_worker(tmp_path: Path) -> No
             )
         assert other_size.value.body["param"] == "mask"  # type: ignore[index]
         await client.close()
+
+
+async def test_sync_video_answers_its_mp4_refuses_a_full_queue_and_stops_when_left(
+    tmp_path: Path,
+) -> None:
+    async with (
+        media_server(tmp_path) as url,
+        httpx.AsyncClient(timeout=120, headers=AUTH) as http,
+    ):
+        form = {"prompt": "waves", "size": "32x16", "seconds": "1", "fps": "8", "seed": "2",
+                "num_inference_steps": "2"}  # fmt: skip
+        first = await http.post(url + SYNC, files={k: (None, v) for k, v in form.items()})
+        assert first.status_code == 200, first.text
+        assert first.headers["content-type"] == "video/mp4"
+        with av.open(io.BytesIO(first.content)) as container:
+            assert sum(1 for _ in container.decode(video=0)) == 8  # two chunks of 4
+        long = {**form, "num_inference_steps": "500", "seconds": "0.5"}
+        async with trio.open_nursery() as nursery:
+            clients = [httpx.AsyncClient(timeout=300, headers=AUTH) for _ in range(2)]
+
+            async def hold(client: httpx.AsyncClient) -> None:
+                await client.post(url + SYNC, data=long)
+
+            batches = await metric(http, url, "duplex_request_batches_total", "video")
+            nursery.start_soon(hold, clients[0])
+            await wait_metric(http, url, "duplex_request_batches_total", "video", batches + 1)
+            nursery.start_soon(hold, clients[1])
+            await wait_metric(http, url, "duplex_requests_queued", "video", 1)
+            full = await http.post(url + SYNC, data=form)
+            await refused(full, 429, None, "rate_limited")
+            cancelled = await metric(http, url, "duplex_requests_cancelled_total", "video")
+            stopped = await metric(http, url, "duplex_request_batches_stopped_total", "video")
+            nursery.cancel_scope.cancel()  # both clients leave: their work stops
+        for client in clients:
+            await client.aclose()
+        await wait_metric(http, url, "duplex_requests_cancelled_total", "video", cancelled + 1)
+        await wait_metric(http, url, "duplex_request_batches_stopped_total", "video", stopped + 1)
+        again = await http.post(url + SYNC, data=form)
+        assert again.content == first.content
