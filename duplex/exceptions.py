@@ -135,6 +135,15 @@ InvalidPayload = _code("InvalidPayload", "invalid_payload")
 RateLimited = _code("RateLimited", "rate_limited", "rate_limit_error", 429)
 
 
+class EngineSleeping(ResourceExhausted):  # type: ignore[misc,valid-type]
+    """The engine sleeps (``POST /v1/omni/sleep``): no new session or request until it is
+    woken; a ``ResourceExhausted``, so a socket refused closes 1013 (try again later)."""
+
+    code: ClassVar[str] = "engine_sleeping"
+    error_type: ClassVar[str] = "server_error"
+    status_hint: ClassVar[int] = 503
+
+
 class InvalidParameters(ProtocolError):
     """Several fields of one event are refused: ``problems`` holds one error per field.
 
@@ -171,7 +180,7 @@ ERROR_CLASSES: dict[str, type[ProtocolError]] = {
         UnknownSession, SessionResumeExpired, SessionClosed, IllegalState, InputBackpressure,
         ResourceExhausted, InternalError, EngineError, UnsupportedEvent, UnsupportedParameter,
         UnsupportedTurnDetection, ItemNotFound, AudioEndOutOfRange, FirstEventTimeout,
-        InvalidPayload, RateLimited, InvalidParameters,
+        InvalidPayload, RateLimited, InvalidParameters, EngineSleeping,
     )
 }  # fmt: skip
 

@@ -17,6 +17,7 @@ from duplex.services.media import (
     media_routes,
     sync_routes,
 )
+from duplex.services.omni import OmniService, gated_while_asleep, omni_routes
 from duplex.services.robots import ROBOT_PATH, RobotService, robot_routes
 from duplex.services.speech import SpeechService, speech_routes
 from duplex.services.voices import VoiceService, voice_routes
@@ -29,10 +30,13 @@ def service_routes(
     speech: SpeechService | None,
     robots: RobotService | None,
     voices: VoiceService | None = None,
+    omni: OmniService | None = None,
 ) -> list[BaseRoute]:
     """Every service family's routes, over the services this process runs (``None``: not
-    loaded here, or only the shapes, for a worker that relays them)."""
-    return [
+    loaded here, or only the shapes, for a worker that relays them). With ``omni`` the
+    operator routes can put the engine to sleep, and every other route then answers
+    ``engine_sleeping``."""
+    families = [
         *robot_routes(robots),
         *media_routes(media),
         *edit_routes(media),
@@ -41,6 +45,7 @@ def service_routes(
         *speech_routes(speech),
         *voice_routes(voices),
     ]
+    return [*omni_routes(omni), *gated_while_asleep(families, omni and omni.sleep)]
 
 
 def robot_limits(robot_payload_bytes: int) -> dict[str, int]:

@@ -43,6 +43,7 @@ from duplex.models.agent import AgentModels, AgentOptions, build_replier
 from duplex.progress import Startup, TerminalBar, render_line
 from duplex.runtime import RequestEngines, SessionHub
 from duplex.services.media import MediaService
+from duplex.services.omni import OmniService
 from duplex.services.robots import RobotService
 from duplex.services.speech import SpeechService, UploadedVoices
 from duplex.services.voices import VoiceService
@@ -68,6 +69,7 @@ from ._memory import export_trim_histogram, trim_memory_every
 from ._requests import model_cards, open_request_engines, runner_specs
 from ._routes import robot_limits, service_routes
 from ._shards import ShardProcesses
+from ._sleep import LocalEngineSleep
 from ._voices import voice_folder, voice_store
 from ._watchdog import EngineWatchdog, Killer
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
@@ -295,9 +297,11 @@ async def open_backend(
     startup: Startup | None = None,
     slack: Slack | None = None,
     requests: RequestEngines | None = None,
+    sleep: LocalEngineSleep | None = None,
 ) -> AsyncIterator[HubBackend]:
     """This process's sessions: hub, engine (or links to engine processes) and shared VAD,
-    stopped on the way out.
+    stopped on the way out. ``sleep``: told the engine actor this process spawns, so
+    ``POST /v1/omni/sleep`` can stop it and wake it again.
 
     ``shard``: the process's index when the server runs several session shards.
     ``engine_paths``: the sockets of the engine processes, one per device (already
@@ -368,16 +372,21 @@ async def open_backend(
         else:
             assert factory is not None
             recorder = EngineRecorder(spec.name, spec.max_slots, registry)
-            with startup.step("engine", f"building model {spec.name}"):
-                refs.append(
-                    await system.spawn(
-                        EngineActor,
-                        partial(build_engine, spec, factory, session_cfg, recorder, slack),
-                        hub.engine_started,
-                        trio.to_thread.run_sync,
-                        name=f"engine-{spec.name}",
-                    )
+            build = partial(build_engine, spec, factory, session_cfg, recorder, slack)
+
+            async def spawn_engine() -> ActorRef[Any]:
+                return await system.spawn(
+                    EngineActor,
+                    build,
+                    hub.engine_started,
+                    trio.to_thread.run_sync,
+                    name=f"engine-{spec.name}",
                 )
+
+            with startup.step("engine", f"building model {spec.name}"):
+                refs.append(await spawn_engine())
+            if sleep is not None and not shard:
+                sleep.attach(hub, refs, refs[-1], spawn_engine)
             took = round(startup.finished["engine"], 2)
             log.info("engine started", model=spec.name, took_s=took)
         if uses_silero(config):
@@ -537,6 +546,7 @@ async def _serve_sessions(
         )
     if local and runner_specs(config) and server.devices[0] == "cpu":
         limit_torch_threads()  # a model on the CPU shares the cores with the event loop
+    sleeper = LocalEngineSleep(system)
     async with (
         open_request_engines(config, system, registry, slack, local=local) as requests,
         open_backend(
@@ -547,6 +557,7 @@ async def _serve_sessions(
             engine_paths=engine_paths,
             slack=slack,
             requests=requests,
+            sleep=sleeper,
         ) as backend,
         open_media(config, registry, requests) as media,
     ):
@@ -554,6 +565,7 @@ async def _serve_sessions(
         store = voice_store(config)
         speech = speech_service(config, registry, requests, store)
         voices = VoiceService(store, speech, registry=registry)
+        omni = OmniService(sleeper)
         hub = backend.hub
         backend.more_models = partial(
             model_cards, config, requests, lambda: hub.agent.metadata["llm"] if hub.agent else None
@@ -571,7 +583,7 @@ async def _serve_sessions(
         )
         async with trio.open_nursery() as nursery:
             if server.connection_workers:
-                relayed = routes_app(service_routes(media, speech, robots, voices))
+                relayed = routes_app(service_routes(media, speech, robots, voices, omni))
                 urls = await nursery.start(
                     partial(
                         serve_with_workers,
@@ -598,6 +610,7 @@ async def _serve_sessions(
                     media,
                     speech,
                     voices,
+                    omni,
                 )
             await backend.ready.wait()
             if engine_paths and engine_processes is not None and server.engine_stall_timeout_s:
@@ -649,6 +662,7 @@ async def _serve_here(
     media: MediaService | None = None,
     speech: SpeechService | None = None,
     voices: VoiceService | None = None,
+    omni: OmniService | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -662,7 +676,7 @@ async def _serve_here(
         access=access,
         client_secret_ttl_s=server.client_secret_ttl_s,
         registry=registry,
-        routes=service_routes(media, speech, robots, voices),
+        routes=service_routes(media, speech, robots, voices, omni),
     )
 
     async def shutdown_trigger() -> None:
