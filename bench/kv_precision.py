@@ -1,4 +1,4 @@
-"""Accuracy cost of storing the temporal KV ring in bf16 or fp8 (e4m3) instead of float32.
+"""Accuracy cost of storing the temporal KV ring in bf16, fp8 (e4m3) or int4 instead of float32.
 
     .venv/bin/python bench/kv_precision.py [--preset tiny] [--frames 200] [--seeds 3]
     PYTHONPATH=$PWD python3 bench/kv_precision.py --device cuda --preset moshi-7b
@@ -27,9 +27,14 @@ from pathlib import Path
 
 import torch
 
-from duplex.models.moshi import KVRing, moshi_preset, random_lm
+from duplex.models.moshi import INT4, KVDtype, KVRing, moshi_preset, random_lm
 
-DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
+DTYPES: dict[str, KVDtype] = {
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "int4": INT4,
+}
 
 
 def run(preset: str, frames: int, seed: int, device: torch.device) -> dict[str, dict[str, float]]:

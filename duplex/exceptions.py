@@ -133,6 +133,8 @@ AudioEndOutOfRange = _code("AudioEndOutOfRange", "audio_end_ms_out_of_range")
 FirstEventTimeout = _code("FirstEventTimeout", "first_event_timeout")
 InvalidPayload = _code("InvalidPayload", "invalid_payload")
 RateLimited = _code("RateLimited", "rate_limited", "rate_limit_error", 429)
+ToolsNotCallable = _code("ToolsNotCallable", "tools_not_supported")
+"""A warning, not a refusal: ``tools`` were taken, and the reply model cannot call them."""
 
 
 class EngineSleeping(ResourceExhausted):  # type: ignore[misc,valid-type]
@@ -180,7 +182,7 @@ ERROR_CLASSES: dict[str, type[ProtocolError]] = {
         UnknownSession, SessionResumeExpired, SessionClosed, IllegalState, InputBackpressure,
         ResourceExhausted, InternalError, EngineError, UnsupportedEvent, UnsupportedParameter,
         UnsupportedTurnDetection, ItemNotFound, AudioEndOutOfRange, FirstEventTimeout,
-        InvalidPayload, RateLimited, InvalidParameters, EngineSleeping,
+        InvalidPayload, RateLimited, ToolsNotCallable, InvalidParameters, EngineSleeping,
     )
 }  # fmt: skip
 

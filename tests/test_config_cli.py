@@ -18,7 +18,7 @@ KEY = "k" * 24
 
 def test_defaults() -> None:
     config = load_config(env={})
-    assert (config.server.host, config.server.port, config.server.model) == (
+    assert (config.server.host, config.server.port, config.engine.model) == (
         "127.0.0.1",
         8000,
         "loopback",
@@ -44,9 +44,11 @@ def test_layers_override_in_order(tmp_path: Path) -> None:
         ({"DUPLEX_PORT": "eighty"}, "server.port: must be a number"),
         ({"DUPLEX_PORT": "70000"}, "server.port: must be 0..65535"),
         ({"DUPLEX_LOG_FORMAT": "xml"}, "server.log_format: must be one of"),
-        ({"DUPLEX_KV_CACHE_DTYPE": "int4"}, "server.kv_cache_dtype: must be one of"),
-        ({"DUPLEX_CONNECTION_WORKERS": "-1"}, "connection_workers: must be 0..64, got -1"),
-        ({"DUPLEX_CONNECTION_WORKERS": "65"}, "connection_workers: must be 0..64, got 65"),
+        ({"DUPLEX_KV_CACHE_DTYPE": "int3"}, "server.kv_cache_dtype: must be one of"),
+        ({"DUPLEX_CONNECTION_WORKERS": "-1"}, "connection_workers: must be 0..64 or auto, got -1"),
+        ({"DUPLEX_CONNECTION_WORKERS": "65"}, "connection_workers: must be 0..64 or auto, got 65"),
+        ({"DUPLEX_CONNECTION_WORKERS": "many"}, "connection_workers: must be a whole number or"),
+        ({"DUPLEX_SESSION_SHARDS": "1.5"}, "session_shards: must be a whole number or auto"),
         ({"DUPLEX_NO_SUCH": "1"}, "unknown key server.no_such"),
         ({"DUPLEX_SESSION__OVERLAP_POLICY": "sometimes"}, "overlap_policy"),
         ({"DUPLEX_SESSION__BARGE_IN_MS": "500"}, "barge_in_ms"),
@@ -63,9 +65,15 @@ def test_bad_values_name_the_key(env: dict[str, str], message: str) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"server.session_shards": 0}, "session_shards: must be 1..64, got 0"),
-        ({"server.session_shards": 65, "server.connection_workers": 1}, "must be 1..64, got 65"),
-        ({"server.session_shards": 2}, "session_shards: 2 shards need connection_workers >= 1"),
+        ({"server.session_shards": 0}, "session_shards: must be 1..64 or auto, got 0"),
+        (
+            {"server.session_shards": 65, "server.connection_workers": 1},
+            "must be 1..64 or auto, got 65",
+        ),
+        (
+            {"server.session_shards": 2, "server.connection_workers": 0},
+            "session_shards: 2 shards need connection_workers >= 1",
+        ),
         (
             {"server.session_shards": 2, "server.connection_workers": 1,
              "server.model_device": "cuda", "server.engine_process": "off"},
@@ -105,17 +113,21 @@ def test_valid_session_shards_load(overrides: dict[str, object]) -> None:
 
 
 def test_agent_asr_workers_load_at_their_bounds() -> None:
-    assert load_config(env={}).server.agent_asr_workers == 2
+    assert load_config(env={}).agent.asr_workers == 2
     for workers in ("1", "64"):
         config = load_config(env={"DUPLEX_AGENT_ASR_WORKERS": workers})
-        assert config.server.agent_asr_workers == int(workers)
+        assert config.agent.asr_workers == int(workers)
 
 
 def test_session_shards_from_env_and_the_cli_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    assert load_config(env={}).server.session_shards == 1
+    assert load_config(env={}).server.session_shards == "auto"
     env = {"DUPLEX_SERVER__SESSION_SHARDS": "3", "DUPLEX_SERVER__CONNECTION_WORKERS": "2"}
     assert load_config(env=env).server.session_shards == 3
-    assert main(["serve", "--session-shards", "2", "--port", "0"]) == 2  # and no workers
+    env = {"DUPLEX_SERVER__SESSION_SHARDS": " auto", "DUPLEX_SERVER__CONNECTION_WORKERS": "auto"}
+    server = load_config(env=env).server
+    assert (server.session_shards, server.connection_workers) == ("auto", "auto")
+    args = ["serve", "--session-shards", "2", "--connection-workers", "0", "--port", "0"]
+    assert main(args) == 2
     err = capsys.readouterr().err
     assert "session_shards: 2 shards need connection_workers >= 1" in err
 
@@ -204,14 +216,14 @@ def test_cli_refuses_cuda_without_a_cuda_device(
 def test_api_keys_from_env_toml_and_flags(tmp_path: Path) -> None:
     other = "o" * 20
     env = {"DUPLEX_API_KEYS": f" {KEY} , {other},"}
-    assert load_config(env=env).server.api_keys == (KEY, other)
+    assert load_config(env=env).access.api_keys == (KEY, other)
     toml = tmp_path / "d.toml"
     toml.write_text(f'[server]\napi_keys = ["{KEY}"]\nallowed_origins = ["https://a.example"]\n')
-    server = load_config(toml, env={}).server
-    assert server.api_keys == (KEY,) and server.allowed_origins == ("https://a.example",)
-    flags = load_config(env=env, overrides={"server.api_keys": [other]}).server
+    access = load_config(toml, env={}).access
+    assert access.api_keys == (KEY,) and access.allowed_origins == ("https://a.example",)
+    flags = load_config(env=env, overrides={"server.api_keys": [other]}).access
     assert flags.api_keys == (other,)  # the flag replaces the env list
-    assert KEY not in repr(server)  # never printed with the config
+    assert KEY not in repr(access)  # never printed with the config
 
 
 @pytest.mark.parametrize(
@@ -259,18 +271,18 @@ def test_api_key_file(tmp_path: Path) -> None:
 
     keys = tmp_path / "keys"
     keys.write_text(f"# ops\n{KEY}\n\n  {'z' * 16}  \n{KEY}\n")
-    server = load_config(env={}, overrides={"server.api_key_file": str(keys)}).server
-    assert api_keys_of(server) == (KEY, "z" * 16)
+    access = load_config(env={}, overrides={"server.api_key_file": str(keys)}).access
+    assert api_keys_of(access) == (KEY, "z" * 16)
     keys.write_text("# nothing\n")
     with pytest.raises(ConfigError, match="holds no key"):
-        api_keys_of(server)
+        api_keys_of(access)
     keys.write_text("tiny\n")
     with pytest.raises(ConfigError, match="at least 16") as caught:
-        api_keys_of(server)
+        api_keys_of(access)
     assert "tiny" not in str(caught.value)
     missing = load_config(env={}, overrides={"server.api_key_file": str(tmp_path / "no")})
     with pytest.raises(ConfigError, match="api_key_file: cannot read"):
-        api_keys_of(missing.server)
+        api_keys_of(missing.access)
 
 
 def test_cli_refuses_an_open_public_bind_then_serves_it_on_purpose(
@@ -291,11 +303,11 @@ def test_cli_refuses_an_open_public_bind_then_serves_it_on_purpose(
 def test_random_weights_from_toml_env_and_the_flag(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert load_config(env={}).server.random_weights is False
-    assert load_config(env={"DUPLEX_RANDOM_WEIGHTS": "1"}).server.random_weights is True
+    assert load_config(env={}).engine.random_weights is False
+    assert load_config(env={"DUPLEX_RANDOM_WEIGHTS": "1"}).engine.random_weights is True
     toml = tmp_path / "duplex.toml"
     toml.write_text("[server]\nrandom_weights = true\n")
-    assert load_config(toml, env={}).server.random_weights is True
+    assert load_config(toml, env={}).engine.random_weights is True
     # the flag reaches the model resolver: loopback has no weights, so it is refused
     assert main(["serve", "--random-weights", "--port", "0"]) == 2
     assert "'loopback' has no weights" in capsys.readouterr().err

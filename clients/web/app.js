@@ -3,16 +3,29 @@
 //
 // No build step: plain ES modules served by `duplex serve` at /. `window.duplex` exposes the
 // client's state for tests (and for a curious console).
+//
+// Both sides of the conversation are shown: the session turns input transcription on, so the
+// user's own words come back (conversation.item.input_audio_transcription.*); the header
+// names what answers (GET /v1/models: the voice agent's stages, else the realtime model);
+// and while the turn stays open (continuous sound, or nothing heard) a hint says that the
+// reply waits for a pause.
 
 import { DuplexSession } from "./session.js";
 
 const $ = (id) => document.getElementById(id);
 const ACK_INTERVAL_MS = 200;
+const LONG_SPEECH_MS = 2500; // speech this long with no pause: say the reply waits for one
+const QUIET_HINT_MS = 6000; // listening this long with no speech heard: say what to do
 const TRACKED_RESPONSES = 16; // the server accepts acks for the last 16 responses
 
 const ui = {
   state: "idle",
   speech: false, // the server's VAD hears the user
+  speechSince: null, // when that speech started (performance.now())
+  quietSince: null, // when the page began listening with nothing heard
+  silenceMs: 500, // the session's silence_duration_ms: the pause that ends a turn
+  answers: null, // what answers, from GET /v1/models: {label, transcription}
+  hint: "",
   waitingSince: null, // speech stopped at (performance.now()), no reply audio yet
   active: null, // the response in progress
   interruptedUntil: 0,
@@ -52,6 +65,24 @@ function deriveState() {
   setState("listening");
 }
 
+// Why nothing happens yet, while the page listens: the turn is still open.
+function deriveHint() {
+  const now = performance.now();
+  let hint = "";
+  if (session && ui.state === "listening") {
+    if (ui.speech && ui.speechSince !== null && now - ui.speechSince > LONG_SPEECH_MS) {
+      hint = `Still hearing you: the reply starts after a pause of ${ui.silenceMs} ms. ` +
+        "Continuous sound or background noise keeps the turn open.";
+    } else if (!ui.speech && ui.quietSince !== null && now - ui.quietSince > QUIET_HINT_MS) {
+      hint = `No speech heard yet: speak, then pause for ${ui.silenceMs} ms for the reply.`;
+    }
+  }
+  if (hint === ui.hint) return;
+  ui.hint = hint;
+  $("hint").textContent = hint;
+  $("hint").hidden = !hint;
+}
+
 function line(kind, text) {
   const li = document.createElement("li");
   li.className = kind;
@@ -64,7 +95,9 @@ function line(kind, text) {
 function response(id) {
   let r = ui.responses.get(id);
   if (!r) {
-    r = { li: line("agent", ""), text: "", firstAudioAt: null, heardAt: null, status: "in_progress", audioMs: 0 };
+    const li = line("agent", "");
+    li.dataset.who = ui.answers ? ui.answers.name : "agent";
+    r = { li, text: "", firstAudioAt: null, heardAt: null, status: "in_progress", audioMs: 0 };
     ui.responses.set(id, r);
     while (ui.responses.size > TRACKED_RESPONSES) {
       const oldest = ui.responses.keys().next().value;
@@ -81,28 +114,60 @@ function interrupted(id) {
 }
 
 const userItems = new Map(); // item id -> li
+const userWords = []; // what the page showed of the user's turns, for window.duplex
+
+// The user's line for ``id``: made when the speech starts, so it stays above the reply.
+function userLine(id) {
+  let li = userItems.get(id);
+  if (!li) {
+    li = line("you", "");
+    li.classList.add("pending");
+    userItems.set(id, li);
+    while (userItems.size > TRACKED_RESPONSES) userItems.delete(userItems.keys().next().value);
+  }
+  return li;
+}
+
+function turnOnTranscription() {
+  // the voice agent's ASR transcribes whatever model is named; its own name is clearer
+  const model = (ui.answers && ui.answers.transcription) || "whisper-1";
+  session.send({
+    type: "session.update",
+    session: { type: "realtime", audio: { input: { transcription: { model } } } },
+  });
+}
 
 function onEvent(event) {
   ui.events.set(event.type, (ui.events.get(event.type) || 0) + 1);
   switch (event.type) {
     case "input_audio_buffer.speech_started":
       ui.speech = true;
+      ui.speechSince = performance.now();
+      ui.quietSince = null;
       ui.waitingSince = null;
+      if (event.item_id) userLine(event.item_id);
       break;
     case "input_audio_buffer.speech_stopped":
       ui.speech = false;
+      ui.speechSince = null;
       ui.waitingSince = performance.now();
       break;
     case "conversation.item.input_audio_transcription.delta": {
-      const li = userItems.get(event.item_id) || line("you", "");
-      userItems.set(event.item_id, li);
+      const li = userLine(event.item_id);
       li.textContent += event.delta;
       break;
     }
     case "conversation.item.input_audio_transcription.completed": {
-      const li = userItems.get(event.item_id) || line("you", "");
-      userItems.set(event.item_id, li);
+      const li = userLine(event.item_id);
+      li.classList.remove("pending");
       li.textContent = event.transcript;
+      userWords.push(event.transcript);
+      break;
+    }
+    case "conversation.item.input_audio_transcription.failed": {
+      const li = userLine(event.item_id);
+      li.classList.remove("pending");
+      li.textContent = "(not transcribed)";
       break;
     }
     case "response.created":
@@ -154,6 +219,7 @@ function onEvent(event) {
         interrupted(id);
       }
       if (ui.active === id) ui.active = null;
+      ui.quietSince = performance.now();
       break;
     }
     case "playback.acknowledged":
@@ -166,11 +232,22 @@ function onEvent(event) {
       $("error").hidden = false;
       $("error").textContent = `${event.error.code}: ${event.error.message}`;
       break;
-    case "session.created":
+    case "session.created": {
       $("session").textContent = event.session.id;
+      const detection = event.session.audio && event.session.audio.input.turn_detection;
+      if (detection && detection.silence_duration_ms) ui.silenceMs = detection.silence_duration_ms;
+      ui.quietSince = performance.now();
+      turnOnTranscription();
       break;
+    }
+    case "session.updated": {
+      const detection = event.session.audio && event.session.audio.input.turn_detection;
+      if (detection && detection.silence_duration_ms) ui.silenceMs = detection.silence_duration_ms;
+      break;
+    }
   }
   deriveState();
+  deriveHint();
 }
 
 function onPlayed(msg) {
@@ -207,11 +284,13 @@ function render() {
   $("underruns").textContent = String(ui.underruns);
   if (session) $("reconnects").textContent = String(session.stats.reconnects);
   deriveState();
+  deriveHint();
 }
 
 async function start() {
   $("start").disabled = true;
   $("error").hidden = true;
+  await modelsLoaded;
   try {
     const ctx = new AudioContext({ latencyHint: "interactive" });
     await ctx.audioWorklet.addModule("/web/worklets.js");
@@ -269,6 +348,7 @@ function stop() {
   session = null;
   audio = null;
   setState("idle");
+  deriveHint();
   $("start").disabled = false;
   $("stop").disabled = true;
 }
@@ -293,14 +373,40 @@ window.duplex = {
     responses: [...ui.responses].map(([id, r]) => ({ id, status: r.status, text: r.text, audioMs: r.audioMs })),
     errors: [...ui.errors],
     events: Object.fromEntries(ui.events),
+    userWords: [...userWords],
+    hint: ui.hint,
+    answers: ui.answers ? ui.answers.label : null,
   }),
 };
 
 $("start").addEventListener("click", start);
 $("stop").addEventListener("click", stop);
-fetch("/v1/models")
+// What answers: with the voice agent (the realtime card's capabilities.agent_cascade), its
+// reply model between its ASR and its TTS; without it, the realtime model itself.
+function whatAnswers(models) {
+  const cards = (models && models.data) || [];
+  const realtime = cards.find((c) => c.kind === "realtime");
+  if (!realtime) return null;
+  const byKind = (kind) => cards.find((c) => c.kind === kind);
+  const chat = byKind("chat");
+  if (realtime.capabilities && realtime.capabilities.agent_cascade && chat) {
+    const asr = byKind("transcription");
+    const tts = byKind("speech");
+    const stages = [asr && asr.id, chat.id, tts && tts.id].filter(Boolean).join(" → ");
+    return {
+      name: chat.id,
+      label: `answers: voice agent (${stages})`,
+      transcription: asr ? asr.id : null,
+    };
+  }
+  return { name: realtime.id, label: `answers: model ${realtime.id}`, transcription: null };
+}
+
+const modelsLoaded = fetch("/v1/models")
   .then((r) => (r.ok ? r.json() : null))
   .then((models) => {
-    if (models && models.data && models.data[0]) $("model").textContent = `model: ${models.data[0].id}`;
+    ui.answers = whatAnswers(models);
+    if (ui.answers) $("model").textContent = ui.answers.label;
   })
   .catch(() => {});
+window.duplex.ready = modelsLoaded;

@@ -16,6 +16,24 @@ slot has a whole frame queued, and one tick runs up to ``spec.max_steps_per_tick
 steps in one trip off the trio thread (each takes one frame of every slot that has
 one), so a slot with a backlog catches up that many frames a tick; their outputs
 go out in step order.
+
+Replays in the slack: a slot that replays its prompt (or any prefill: its next step
+holds its input) takes its frame in every tick and, between ticks, extra steps
+batched over every replaying slot (`Engine.replay`). They run as units of the
+process's `Slack` (the one request engines share; a private one when none is
+given), so they start only after a tick's outputs are handed on, one unit at a
+time with any batch work, and only when the next tick is not due. The engine's
+scheduler says whether a step fits the time left (`Engine.replay_steps`: from
+measured replay steps; before any, from a bound the tick steps give, or one probe
+step), asked again before each step of a unit with the time really left; a unit
+runs at most ``max_replay_steps`` and ends before the next tick on the grid even
+when nothing else is live (the slack's window is then open). A tick due while a
+unit runs waits for it (late, and counted by the slack as an overrun); the unit's
+time raises the estimate. A replay step's output is silent; only a slot's last one
+(``holds_input`` false: its next step takes input) is delivered, so the session is
+ready at once and hears no extra silence; the others are counted as
+``replay_frames_skipped``. Each prompted slot's time from `attach` to that output
+goes to the recorder (``duplex_engine_prompt_ready_seconds``).
 """
 
 from __future__ import annotations
@@ -69,6 +87,10 @@ class DriverStatistics:
         engine: the engine's statistics.
         slack: the windows between its ticks that batch units ran in (``None``: no
             request engine shares the process).
+        replay_units: slack units that ran replay steps.
+        replay_frames_skipped: silent replay-step outputs not delivered (a slot's last
+            replay output is delivered: it makes the session ready).
+        replaying: slots whose next step replays (holds its input).
     """
 
     ticks: int
@@ -81,6 +103,9 @@ class DriverStatistics:
     orphaned: int
     engine: EngineStatistics
     slack: SlackStatistics | None = None
+    replay_units: int = 0
+    replay_frames_skipped: int = 0
+    replaying: int = 0
 
     def metric(self, name: str) -> float | None:
         """The value of ``ENGINE_METRICS`` entry ``name`` (``None``: nothing to report yet)."""
@@ -97,6 +122,8 @@ class DriverStatistics:
             "duplex_engine_live_slots": engine.live_slots,
             "duplex_engine_step_p99_seconds": engine.scheduler.p99_step_s,
             "duplex_engine_warmup_steps_total": engine.warmup_steps,
+            "duplex_engine_replay_steps_total": engine.replay_steps,
+            "duplex_engine_replaying_slots": self.replaying,
             "duplex_engine_slack_units_total": None if slack is None else slack.units,
             "duplex_engine_slack_deferred_total": None if slack is None else slack.deferred,
             "duplex_engine_slack_overran_total": None if slack is None else slack.overran,
@@ -116,6 +143,8 @@ ENGINE_METRICS: tuple[tuple[str, str, str], ...] = (
     ("duplex_engine_live_slots", "gauge", "Slots in use"),
     ("duplex_engine_step_p99_seconds", "gauge", "p99 step time over the recent window"),
     ("duplex_engine_warmup_steps_total", "counter", "Warm-up steps kept out of the window"),
+    ("duplex_engine_replay_steps_total", "counter", "Prompt replay steps run between ticks"),
+    ("duplex_engine_replaying_slots", "gauge", "Slots replaying their prompt now"),
     ("duplex_engine_slack_units_total", "counter", "Batch units run between ticks"),
     ("duplex_engine_slack_deferred_total", "counter", "Batch units that waited: no window fit"),
     ("duplex_engine_slack_overran_total", "counter", "Batch units still running at a step"),
@@ -141,7 +170,10 @@ class EngineDriver:
             same one); ``None``: not recorded.
         slack: the process's windows between ticks, which request engines' batch units
             run in: each step closes it, and its end opens it until the next tick is due;
-            ``None``: nothing shares the process.
+            ``None``: nothing shares the process (replays then use a private one).
+        replay_in_slack: replaying slots take extra steps between ticks (see the module
+            docstring); ``False``: one frame per tick, as the ticks carry them.
+        max_replay_steps: the most replay steps one slack unit runs.
     """
 
     def __init__(
@@ -151,10 +183,27 @@ class EngineDriver:
         offload: Offload | None = None,
         recorder: EngineRecorder | None = None,
         slack: Slack | None = None,
+        replay_in_slack: bool = True,
+        max_replay_steps: int = 32,
     ) -> None:
+        if max_replay_steps <= 0:
+            raise ValueError(f"max_replay_steps must be positive, got {max_replay_steps}")
         self._engine = engine
         self._recorder = recorder
         self._slack = slack
+        self._windows = slack if slack is not None else Slack()
+        """Where the ticks open and close windows: the shared slack, or a private one."""
+        self._replays = replay_in_slack and engine.spec.supports_prompts
+        self._max_replay_steps = max_replay_steps
+        self._engine_busy = trio.Lock()
+        """Held around every trip to the engine's thread when replays run in the slack: a
+        tick and a replay unit never step at once (`Engine.step` is not reentrant)."""
+        self._replay_wanted = trio.Event()
+        self._tick_ended = trio.Event()
+        self._taken_at: dict[SlotHandle, float] = {}
+        """Prompted slots not yet ready: when each was taken (trio's clock)."""
+        self._replay_units = 0
+        self._replay_skipped = 0
         if offload is None:
             offload = inline if engine.spec.steps_inline else trio.to_thread.run_sync
         self._offload = offload
@@ -192,9 +241,13 @@ class EngineDriver:
         Raises:
             PromptUnsupported: a non-empty prompt for a model that takes none.
         """
-        handle = self._engine.acquire_slot(owner, prompt, now=trio.current_time())
+        now = trio.current_time()
+        handle = self._engine.acquire_slot(owner, prompt, now=now)
         if handle is not None:
             self._delivery.add(handle, send_channel)
+            if prompt is not None and not prompt.empty:
+                self._taken_at[handle] = now
+                self._replay_wanted.set()
         return handle
 
     async def open_slot(
@@ -210,6 +263,7 @@ class EngineDriver:
             ``True`` if released now, ``False`` if it already was.
         """
         self._delivery.remove(handle)
+        self._taken_at.pop(handle, None)
         return self._engine.release_slot(handle)
 
     def push_input(self, handle: SlotHandle, pcm: PcmFrame) -> InputPush:
@@ -221,8 +275,9 @@ class EngineDriver:
         return self._engine.push_video(handle, frame_id, pts_ms, payload)
 
     def reset(self, handle: SlotHandle, epoch: int, *, clear_input: bool = True) -> None:
-        """Start a new epoch for one slot; see `Engine.reset`."""
+        """Start a new epoch for one slot; see `Engine.reset` (a prompted slot replays again)."""
         self._engine.reset(handle, epoch, clear_input=clear_input)
+        self._replay_wanted.set()
 
     def capacity(self) -> CapacityReport:
         """How many slots admission allows now and what bounds it (on trio's clock, the
@@ -239,7 +294,12 @@ class EngineDriver:
         engine = self._engine.statistics(trio.current_time())
         slack = None if self._slack is None else self._slack.statistics()
         return DriverStatistics(
-            **loop_counters(self._ticker, self._fanout), engine=engine, slack=slack
+            **loop_counters(self._ticker, self._fanout),
+            engine=engine,
+            slack=slack,
+            replay_units=self._replay_units,
+            replay_frames_skipped=self._replay_skipped,
+            replaying=self._engine.replaying() if self._replays else 0,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -247,12 +307,22 @@ class EngineDriver:
 
         Cancelling waits for a step in flight to finish, so no step outlives the loop.
         """
-        await self._ticker.run(self._has_work, self._tick, task_status=task_status)
+        if not self._replays:
+            await self._ticker.run(self._has_work, self._tick, task_status=task_status)
+            return
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._replay_loop)
+                await self._ticker.run(self._has_work, self._tick, task_status=task_status)
+        except BaseExceptionGroup as group:  # one failure, as the ticks alone would raise it
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from group
+            raise
 
     def _has_work(self) -> bool:
         live = self._engine.has_work()
-        if not live and self._slack is not None:
-            self._slack.idle()
+        if not live:
+            self._windows.idle()
         return live
 
     async def _tick(self, scheduled: float) -> None:
@@ -261,27 +331,89 @@ class EngineDriver:
         phase = (self._ticker.ticks - 1) % self._phases if self._phases > 1 else None
         if self._recorder is not None:
             self._recorder.tick(trio.current_time() - scheduled)
-        self._stepping_since = trio.current_time()
-        if self._slack is not None:
-            self._slack.step_started()
+        self._windows.step_started()
         try:
-            try:
-                if self._steps_per_tick == 1:
-                    steps = [await self._offload(partial(self._engine.step, scheduled, phase))]
-                else:
-                    steps = await self._offload(partial(self._catch_up, scheduled))
-            finally:
-                self._stepping_since = None
+            if self._steps_per_tick == 1:
+                steps = [await self._on_engine(partial(self._engine.step, scheduled, phase))]
+            else:
+                steps = await self._on_engine(partial(self._catch_up, scheduled))
+            taken = self._taken_at
             for outputs in steps:
                 for handle, output in outputs.items():
                     self._delivery.deliver(handle, output)
+                    if taken and handle in taken and not output.frame.holds_input:
+                        self._ready(handle)
             if self.on_tick is not None:
                 self.on_tick()
         finally:
             # the window opens once the tick's outputs are handed on: a batch unit's
             # thread would otherwise hold the GIL while they are encoded and posted
-            if self._slack is not None:
-                self._slack.step_ended(scheduled + self._ticker.period_s)
+            self._windows.step_ended(scheduled + self._ticker.period_s)
+            self._tick_ended.set()
+            self._tick_ended = trio.Event()
+
+    async def _on_engine(self, work: Callable[[], _T]) -> _T:
+        """One trip to the engine's thread, timed for `stalled`; with replays in the slack,
+        after any other trip still running (a tick waits for a replay unit that overran)."""
+        if not self._replays:
+            return await self._timed(work)
+        async with self._engine_busy:
+            return await self._timed(work)
+
+    async def _timed(self, work: Callable[[], _T]) -> _T:
+        self._stepping_since = trio.current_time()
+        try:
+            return await self._offload(work)
+        finally:
+            self._stepping_since = None
+
+    def _ready(self, handle: SlotHandle) -> None:
+        """The prompted slot's replay is done: its time to ready is recorded."""
+        taken = self._taken_at.pop(handle)
+        if self._recorder is not None:
+            self._recorder.prompt_ready(trio.current_time() - taken)
+
+    async def _replay_loop(self) -> None:
+        """Forever: while slots replay, run slack units of replay steps (module docstring)."""
+        windows = self._windows
+        while True:
+            if not self._engine.replaying():
+                self._replay_wanted = trio.Event()
+                await self._replay_wanted.wait()
+                continue
+            await windows.acquire(self._engine.replay_step_s())
+            try:
+                # the next tick bounds the unit even where no live slot bounds the window
+                until_tick = self._ticker.next_at - windows.margin_s - trio.current_time()
+                budget = min(windows.time_left(), until_tick)
+                steps = self._engine.replay_steps(budget, self._max_replay_steps)
+                if steps:
+                    await self._replay_unit(budget)
+            finally:
+                windows.release()
+            if not steps:  # the window is too short for a step: the next one may not be
+                await self._tick_ended.wait()
+
+    async def _replay_unit(self, budget_s: float) -> None:
+        """Run replay steps off the trio thread while the scheduler says the next fits the
+        time left of ``budget_s``, and hand on each slot's last."""
+        now = trio.current_time()
+        replay = partial(self._engine.replay, now, self._max_replay_steps, within_s=budget_s)
+        done = await self._on_engine(replay)
+        self._replay_units += 1
+        delivered = False
+        taken = self._taken_at
+        for outputs in done:
+            for handle, output in outputs.items():
+                if output.frame.holds_input:
+                    self._replay_skipped += 1  # silent, and no input taken: nothing is lost
+                    continue
+                self._delivery.deliver(handle, output)
+                delivered = True
+                if taken and handle in taken:
+                    self._ready(handle)
+        if delivered and self.on_tick is not None:
+            self.on_tick()
 
     def _catch_up(self, scheduled: float) -> list[dict[SlotHandle, SlotOutput]]:
         """Off the trio thread: up to ``max_steps_per_tick`` steps, while any input is queued."""

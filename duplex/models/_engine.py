@@ -23,14 +23,25 @@ given. Speech is never skipped; the lag is repaid in the user's next pause.
 Prompts: `acquire_slot` takes a `SlotPrompt` (one with text or a voice is refused
 with `PromptUnsupported` unless the spec ``supports_prompts``; one with only a
 sampling goes to any model, and holds nothing); the plan of the slot's first tick
-carries it in ``new_prompts``. While the runner replays it, the slot's ticks
+carries it in ``new_prompts``. While the runner replays it, the slot's steps
 are *held*: the engine pops no input (it stays queued, nothing is lost, no
-underrun or lag is counted) and the runner's silent outputs still go to the
-session, so a replay of N frames delays the session by N ticks. The first tick
+underrun or lag is counted) and the runner's outputs are silent. The first step
 of a prompted slot (and the first after a `reset`) is held; after that the
 runner's ``FrameOutput.holds_input`` says whether the next one is. Each held
-tick raises the slot's queue bound by one frame, so input sent in real time
-during the replay is kept; that backlog stays as N frames of extra latency.
+step raises the slot's queue bound by one frame, so input sent in real time
+during the replay is kept; that backlog stays as extra latency.
+
+Replay steps: a replaying slot takes its held frame in each tick (so a replay
+never runs slower than one frame per tick) and extra steps between ticks:
+`replay` runs up to a given number of steps, each over every slot that still
+holds (new ones included) and nothing else. The runner sees an ordinary
+`StepPlan` of those slots, so the replay's result is the same whichever steps
+carried it; only fewer ticks pass. The same path serves any prefill a runner
+reports with ``holds_input`` (today: the prompt replay of a new slot, of a reset
+one, and of a session moved onto a restarted engine). How many steps fit the
+time left is the scheduler's answer (`replay_steps`, from the replay steps' own
+measured times, which reach neither admission's window nor the step histogram);
+the driver runs them in the slack.
 
 Phases: with ``spec.tick_phases`` G > 1 every slot belongs to one of G groups
 (a newcomer joins the smallest, lowest first) and ``step(now, phase)`` steps
@@ -199,6 +210,8 @@ class EngineStatistics:
     overrun_steps: int
     warmup_steps: int
     scheduler: SchedulerStatistics
+    replay_steps: int = 0
+    """Replay steps run between ticks (`Engine.replay`); not counted in ``ticks``."""
 
 
 @dataclass(slots=True)
@@ -340,6 +353,7 @@ class Engine:
         self._video_dropped = 0
         self._overruns = 0
         self._warmups = 0
+        self._replay_steps = 0
 
     @property
     def spec(self) -> ModelSpec:
@@ -519,6 +533,58 @@ class Engine:
         finally:
             self._stepping.release()
 
+    def replaying(self) -> int:
+        """Live slots whose next step replays (holds its input): the batch `replay` steps."""
+        with self._lock:
+            return sum(slot.holding for slot in self._slots.values())
+
+    def replay_step_s(self) -> float:
+        """The window one replay step over the slots replaying now needs, by the scheduler
+        (`Scheduler.replay_step_s`; 0: nothing measured yet, or nothing replays)."""
+        with self._lock:
+            batch = sum(slot.holding for slot in self._slots.values())
+            estimate = self._scheduler.replay_step_s(batch) if batch else None
+            return 0.0 if estimate is None else estimate
+
+    def replay_steps(self, time_s: float, limit: int) -> int:
+        """How many replay steps fit in ``time_s`` seconds, at most ``limit`` (the
+        scheduler's `Scheduler.replay_steps` for the slots replaying now)."""
+        with self._lock:
+            batch = sum(slot.holding for slot in self._slots.values())
+            return self._scheduler.replay_steps(batch, time_s, limit)
+
+    def replay(
+        self, now: float, steps: int, *, within_s: float | None = None
+    ) -> list[dict[SlotHandle, SlotOutput]]:
+        """Run up to ``steps`` replay steps (see the module docstring), each over the slots
+        that still hold their input; stop early when none does, or, with ``within_s``, when
+        the scheduler says the next step no longer fits the time left of ``within_s``
+        seconds from the call (on the engine's timer: the steps' real times, not their
+        estimate, decide how many run). ``now`` stamps the outputs.
+
+        Returns:
+            Each step's outputs, in order (empty: nothing replays).
+
+        Raises:
+            RunnerContractError: the runner's output does not match the plan.
+            RuntimeError: another step is already running.
+        """
+        if not self._stepping.acquire(blocking=False):
+            raise RuntimeError("Engine.replay runs beside no other step")
+        try:
+            until = None if within_s is None else self._timer() + within_s
+            done: list[dict[SlotHandle, SlotOutput]] = []
+            for _ in range(steps):
+                if until is not None and not self.replay_steps(until - self._timer(), 1):
+                    break
+                outputs = self._step(now, None, replay=True)
+                if not outputs:
+                    break
+                done.append(outputs)
+            return done
+        finally:
+            self._stepping.release()
+
     def capacity(self, now: float | None = None) -> CapacityReport:
         """How many slots may be live at ``now`` and what bounds it (see `Scheduler.report`)."""
         with self._lock:
@@ -538,6 +604,7 @@ class Engine:
                 overrun_steps=self._overruns,
                 warmup_steps=self._warmups,
                 scheduler=self._scheduler.statistics(now),
+                replay_steps=self._replay_steps,
             )
 
     def slot_statistics(self, handle: SlotHandle) -> SlotStatistics:
@@ -578,8 +645,10 @@ class Engine:
             raise SlotReleased(f"slot handle {handle} was released")
         return slot
 
-    def _step(self, now: float, phase: int | None) -> dict[SlotHandle, SlotOutput]:
-        plan, released, to_reset, tags = self._schedule(phase)
+    def _step(
+        self, now: float, phase: int | None, *, replay: bool = False
+    ) -> dict[SlotHandle, SlotOutput]:
+        plan, released, to_reset, tags = self._schedule(phase, replay=replay)
         for slot_id in to_reset:
             self._runner.reset_slot(slot_id)
         if plan is None:
@@ -592,7 +661,9 @@ class Engine:
             result.check(plan, audio=self._spec.outputs_audio)
         except (TypeError, ValueError) as exc:
             raise RunnerContractError(f"runner {self._spec.name!r}: {exc}") from exc
-        self._update(now, plan, released, duration, tags, result.outputs, warmup=result.warmup)
+        self._update(
+            now, plan, released, duration, tags, result.outputs, warmup=result.warmup, replay=replay
+        )
         if not self._spec.outputs_audio:
             return {
                 handle: SlotOutput(handle, epoch, plan.tick, now, item.position, consumed, out)
@@ -613,9 +684,10 @@ class Engine:
         }
 
     def _schedule(
-        self, phase: int | None
+        self, phase: int | None, *, replay: bool = False
     ) -> tuple[StepPlan | None, tuple[int, ...], list[int], list[tuple[SlotHandle, int, int]]]:
-        """Apply queued commands and take one frame per live slot of ``phase``, under the lock."""
+        """Apply queued commands and take one frame per live slot of ``phase``, under the lock;
+        ``replay``: only the slots that hold their input, whatever their phase."""
         frame_samples = self._spec.frame_samples
         with self._lock:
             released = tuple(self._releasing)
@@ -626,6 +698,8 @@ class Engine:
             tags: list[tuple[SlotHandle, int, int]] = []
             for slot_id in sorted(self._slots):
                 slot = self._slots[slot_id]
+                if replay and not slot.holding:
+                    continue
                 if phase is not None and slot.phase != phase:
                     continue
                 if self._on_input:  # a scoring model: only slots with a frame step
@@ -664,7 +738,7 @@ class Engine:
             if not inputs:
                 return None, released, to_reset, tags
             plan = StepPlan(
-                tick=self._ticks,
+                tick=self._ticks,  # a replay step takes the number of the tick it precedes
                 frame_samples=frame_samples,
                 new_slots=tuple(new),
                 continuing_slots=tuple(continuing),
@@ -672,7 +746,10 @@ class Engine:
                 inputs=tuple(inputs),
                 new_prompts=MappingProxyType(prompts),
             )
-            self._ticks += 1
+            if replay:
+                self._replay_steps += 1
+            else:
+                self._ticks += 1
             return plan, released, to_reset, tags
 
     @staticmethod
@@ -706,9 +783,11 @@ class Engine:
         outputs: Sequence[FrameOutput] = (),
         *,
         warmup: bool = False,
+        replay: bool = False,
     ) -> None:
-        """Record the step (unless it was warm-up), learn which slots hold their next
-        input, and return the released slot ids to the pool."""
+        """Record the step (unless it was warm-up; a replay step in the replay window only),
+        learn which slots hold their next input, and return the released slot ids to the
+        pool."""
         with self._lock:
             if self._spec.supports_prompts:  # only a prompted slot ever holds its input
                 for (handle, epoch, _), out in zip(tags, outputs, strict=True):
@@ -720,8 +799,13 @@ class Engine:
                 self._scheduler.free(slot_id)
             if plan is not None and warmup:  # it measured a capture, not the batch
                 self._warmups += 1
+            elif plan is not None and replay:
+                self._scheduler.record_replay_step(len(plan.inputs), duration, now)
             elif plan is not None:
                 self._scheduler.record_step(len(plan.inputs), duration, now)
+                if self._spec.supports_prompts and all(item.held for item in plan.inputs):
+                    # every slot replayed: this tick measured a replay step too
+                    self._scheduler.record_replay_step(len(plan.inputs), duration, now)
                 if self._recorder is not None:
                     self._recorder.step(len(plan.inputs), duration)
                 self._overruns += duration > self._spec.frame_period_s / self._spec.tick_phases

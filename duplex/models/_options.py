@@ -36,8 +36,8 @@ class ModelOptions:
         cache_dir: folder for models built locally (the ``tiny`` checkpoint);
             `default_cache_dir` when ``None``.
         loopback_delay_ms: the ``loopback`` model's echo delay (whole 80 ms frames).
-        kv_cache_dtype: KV ring storage of Moshi models: ``auto`` (the LM's dtype) or
-            ``fp8`` (float8 e4m3).
+        kv_cache_dtype: KV ring storage of Moshi models: ``auto`` (the LM's dtype),
+            ``fp8`` (float8 e4m3) or ``int4`` (4-bit values, a float16 scale a group of 32).
         random_weights: build a Moshi preset's architecture with weights drawn from
             ``seed`` on ``device`` instead of loading them (benchmarks without a download);
             models without weights refuse it.
@@ -59,8 +59,10 @@ class ModelOptions:
     def __post_init__(self) -> None:
         if not _DEVICE.match(self.device):
             raise ConfigError(f"model device must be cpu, cuda or cuda:N, got {self.device!r}")
-        if self.kv_cache_dtype not in ("auto", "fp8"):
-            raise ConfigError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in ("auto", "fp8", "int4"):
+            raise ConfigError(
+                f"kv_cache_dtype must be auto, fp8 or int4, got {self.kv_cache_dtype!r}"
+            )
 
     @property
     def cache_folder(self) -> Path:

@@ -1,6 +1,7 @@
 """`EngineRecorder`: the latency histograms an engine's tick loop feeds.
 
-The driver tells it each tick's lateness and the engine each step's compute
+The driver tells it each tick's lateness and each prompted slot's time to ready
+(taken to the first output after its replay), and the engine each step's compute
 time and batch size. Both calls land in `HistogramCell` s taken once, when the
 recorder is made: one bisect and one increment per tick, nothing per slot, no
 label lookup on the step's thread. The recorder outlives the drivers (the
@@ -22,6 +23,7 @@ from duplex.metrics import HistogramCell, MetricsRegistry, Sample, histogram_sam
 
 __all__ = [
     "ENGINE_HISTOGRAMS",
+    "READY_BUCKETS",
     "STEP_BUCKETS",
     "TICK_LATENESS_BUCKETS",
     "EngineRecorder",
@@ -42,6 +44,12 @@ STEP_BUCKETS: tuple[float, ...] = (
 steps fall (a shift of a few milliseconds, what batch work beside the steps costs them,
 shows in a percentile read from the buckets)."""
 
+READY_BUCKETS: tuple[float, ...] = (
+    0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0, 30.0, 60.0,
+)  # fmt: skip
+"""Seconds from a prompted slot's acquisition to its first output that takes input next (a
+10 s voice and a short persona replayed one frame per tick take about 14 s)."""
+
 ENGINE_HISTOGRAMS: tuple[tuple[str, str], ...] = (
     (
         "duplex_engine_tick_lateness_seconds",
@@ -50,6 +58,10 @@ ENGINE_HISTOGRAMS: tuple[tuple[str, str], ...] = (
     (
         "duplex_engine_step_seconds",
         "Compute time of one batched engine step, by batch-size bucket (warm-up steps left out)",
+    ),
+    (
+        "duplex_engine_prompt_ready_seconds",
+        "Time from a prompted slot's acquisition to the end of its prompt replay (ready)",
     ),
 )
 """The engine's histograms (name, help); labels: ``model``, and ``batch`` for step time."""
@@ -68,13 +80,17 @@ class RecorderSnapshot:
     """Tick lateness: per-bucket counts (the last: above every bound) and sum."""
     steps: tuple[tuple[tuple[int, ...], float], ...]
     """Step time, one entry per batch cell (cell ``i``: batch label ``2**i``)."""
+    ready: tuple[tuple[int, ...], float] = ((0,) * (len(READY_BUCKETS) + 1), 0.0)
+    """Prompted slots' time to ready: per-bucket counts and sum."""
 
     def samples(self, name: str, labels: dict[str, str]) -> Iterator[Sample]:
         """Histogram ``name``'s samples (one of `ENGINE_HISTOGRAMS`), each with ``labels``
         (step time adds ``batch``)."""
-        (late_name, _), (step_name, _) = ENGINE_HISTOGRAMS
+        (late_name, _), (step_name, _), (ready_name, _) = ENGINE_HISTOGRAMS
         if name == late_name:
             yield from histogram_samples(name, TICK_LATENESS_BUCKETS, labels, *self.lateness)
+        elif name == ready_name:
+            yield from histogram_samples(name, READY_BUCKETS, labels, *self.ready)
         elif name == step_name:
             for i, (counts, total) in enumerate(self.steps):
                 batch = {**labels, "batch": str(1 << i)}
@@ -104,7 +120,7 @@ class EngineRecorder:
         if max_slots < 1:
             raise ValueError(f"max_slots must be >= 1, got {max_slots}")
         registry = registry if registry is not None else MetricsRegistry()
-        (late_name, late_help), (step_name, step_help) = ENGINE_HISTOGRAMS
+        (late_name, late_help), (step_name, step_help), (ready_name, ready_help) = ENGINE_HISTOGRAMS
         lateness = registry.histogram(late_name, late_help, ["model"], TICK_LATENESS_BUCKETS)
         self.lateness: HistogramCell = lateness.labels(model=model)
         steps = registry.histogram(step_name, step_help, ["model", "batch"], STEP_BUCKETS)
@@ -113,6 +129,8 @@ class EngineRecorder:
             for i in range((max_slots - 1).bit_length() + 1)
         ]
         """Cell ``i`` counts steps of 2**(i-1) + 1 .. 2**i slots (cell 0: one slot)."""
+        ready = registry.histogram(ready_name, ready_help, ["model"], READY_BUCKETS)
+        self.ready: HistogramCell = ready.labels(model=model)
 
     def snapshot(self) -> RecorderSnapshot:
         """The counts so far (read without a lock: a step observed meanwhile from its thread
@@ -120,11 +138,16 @@ class EngineRecorder:
         return RecorderSnapshot(
             (tuple(self.lateness.counts), self.lateness.sum),
             tuple((tuple(cell.counts), cell.sum) for cell in self.steps),
+            (tuple(self.ready.counts), self.ready.sum),
         )
 
     def tick(self, lateness_s: float) -> None:
         """A tick started ``lateness_s`` after its scheduled time (trio thread)."""
         self.lateness.observe(lateness_s)
+
+    def prompt_ready(self, seconds: float) -> None:
+        """A prompted slot finished its replay ``seconds`` after it was taken (trio thread)."""
+        self.ready.observe(seconds)
 
     def step(self, batch: int, seconds: float) -> None:
         """A step of ``batch`` slots computed for ``seconds`` (the step's thread)."""

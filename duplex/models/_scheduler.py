@@ -5,6 +5,11 @@ are free, live or being released, and a window of measured step times); the
 runner holds the tensors. It imports no trio, numpy or torch and reads no
 clock: durations and the time (trio's clock, from the engine's caller) are
 handed to it.
+
+Replay steps (a prompt replay, any prefill: slots that take no input yet) may
+run between ticks, in the slack. How many fit a window is decided here too
+(`Scheduler.replay_steps`), from the replay steps' own measured times, kept in a
+window of their own so they never move admission.
 """
 
 from __future__ import annotations
@@ -92,6 +97,12 @@ class SchedulerStatistics:
     max_step_s: float | None
 
 
+_REPLAY_RECENT = 16
+"""Replay steps of one batch size that the estimate reads (`Scheduler.replay_steps`)."""
+_REPLAY_HORIZON_S = 10.0
+"""How long a replay step's time counts (`Scheduler.replay_steps`)."""
+
+
 def _nearest_rank(sorted_values: list[float], q: float) -> float:
     """The q-quantile by nearest rank: deterministic and never interpolated."""
     rank = max(1, math.ceil(q * len(sorted_values)))
@@ -149,6 +160,8 @@ class Scheduler:
         self._releasing = 0
         self._steps: deque[tuple[int, float, float]] = deque(maxlen=window)
         """(batch size, duration, time recorded)."""
+        self._replays: deque[tuple[int, float, float]] = deque(maxlen=window)
+        """Replay steps: (batch size, duration, time recorded)."""
         self._now = -math.inf
         self._over: int | None = None
         """The smallest batch size last found over budget; forgotten once it measures fine."""
@@ -248,6 +261,82 @@ class Scheduler:
             self._over = over if self._over is None else min(over, self._over)
         elif batch_size == self._over and self._fits(batch_size, self._now):
             self._over = None
+
+    def record_replay_step(
+        self, batch_size: int, duration_s: float, now: float | None = None
+    ) -> None:
+        """Add one measured replay step over ``batch_size`` replaying slots, taken at ``now``
+        (``None``: the latest time seen): one run between ticks, or a tick whose every
+        slot replayed. Kept apart from the admission window: a replay step between ticks
+        skips the codec, and its batch is not the tick's."""
+        if batch_size <= 0 or duration_s < 0:
+            raise ValueError("batch_size must be positive and duration_s non-negative")
+        if now is not None:
+            self._now = max(self._now, now)
+        self._replays.append((batch_size, duration_s, self._now))
+
+    def replay_step_s(self, batch_size: int) -> float | None:
+        """The window a replay step over ``batch_size`` slots needs: its estimate (see
+        `replay_steps`), or before any replay step is measured, half the tick steps' bound
+        (the probe's window); ``None``: nothing measured at all."""
+        estimate = self._replay_estimate(batch_size)
+        if estimate is not None:
+            return estimate
+        bound = self._tick_bound(batch_size)
+        return None if bound is None else bound / 2
+
+    def replay_steps(self, batch_size: int, time_s: float, limit: int) -> int:
+        """How many replay steps over ``batch_size`` slots fit in ``time_s`` seconds (at
+        most ``limit``; 0 with nothing to replay or no time).
+
+        The rule: ``floor(time_s / estimate)``, the estimate being the 90th percentile
+        (nearest rank) of the last `_REPLAY_RECENT` replay steps of the smallest measured
+        batch size at least ``batch_size`` (more rows never cost less), else of the
+        largest smaller one scaled by rows (an upper bound: a step's fixed cost does not
+        grow). High, not the mean: a step that overruns its window costs every live
+        session a late tick, one that stops short costs only the replaying sessions a few
+        milliseconds. A replay step older than `_REPLAY_HORIZON_S` no longer counts, so
+        one slow step (a busy host) cannot keep replays out of every window for good.
+        With none measured, the tick steps of that batch size or more bound one (a tick
+        also runs the codec): as many as that bound fits, or else one *probe* step, the
+        first evidence, when ``time_s`` is at least half the bound (it overruns its
+        window by at most that half, once a horizon); with no tick step either, one probe.
+        """
+        if batch_size <= 0 or limit <= 0 or not time_s > 0:
+            return 0
+        estimate = self._replay_estimate(batch_size)
+        if estimate is None:
+            bound = self._tick_bound(batch_size)
+            if bound is None or bound <= 0 or math.isinf(time_s):
+                return 1
+            fits = min(limit, int(time_s / bound))
+            return fits or int(time_s >= bound / 2)
+        if estimate <= 0 or math.isinf(time_s):
+            return limit
+        return min(limit, int(time_s / estimate))
+
+    def _replay_estimate(self, batch_size: int) -> float | None:
+        """`replay_steps`'s estimate from measured replay steps (``None``: none yet)."""
+        oldest = self._now - _REPLAY_HORIZON_S
+        replays = [(b, d) for b, d, at in self._replays if at >= oldest]
+        sizes = {b for b, _ in replays}
+        if not sizes:
+            return None
+        above = [b for b in sizes if b >= batch_size]
+        size = min(above) if above else max(sizes)
+        recent = [d for b, d in replays if b == size][-_REPLAY_RECENT:]
+        p90 = _nearest_rank(sorted(recent), 0.9)
+        return p90 if above else p90 * batch_size / size
+
+    def _tick_bound(self, batch_size: int) -> float | None:
+        """The 90th percentile of the recent tick steps of the smallest measured batch size
+        at least ``batch_size`` (``None``: none)."""
+        above = [b for b, _, _ in self._steps if b >= batch_size]
+        if not above:
+            return None
+        size = min(above)
+        recent = [d for b, d, _ in self._steps if b == size][-_REPLAY_RECENT:]
+        return _nearest_rank(sorted(recent), 0.9)
 
     def statistics(self, now: float | None = None) -> SchedulerStatistics:
         """Snapshot of the pool and of step times over the window."""

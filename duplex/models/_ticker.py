@@ -11,6 +11,7 @@ the tick.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Generic, Protocol, TypeVar, final
 
@@ -91,6 +92,8 @@ class Ticker:
         self.ticks = 0
         self.idle_ticks = 0
         self.late_ticks = 0
+        self.next_at = math.inf
+        """When the next tick is due on the grid (trio's clock; ``inf`` before `run`)."""
 
     async def run(
         self,
@@ -105,7 +108,9 @@ class Ticker:
         tick = 0
         while True:
             scheduled = start + tick * self.period_s
+            self.next_at = scheduled
             await trio.sleep_until(scheduled)
+            self.next_at = scheduled + self.period_s
             self.ticks += 1
             tick += 1
             if not has_work():

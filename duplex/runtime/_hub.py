@@ -99,9 +99,11 @@ class SessionHub:
         max_sessions: int = 0,
         registry: MetricsRegistry,
         shard: int | None = None,
+        node: str | None = None,
     ):
         """``shard``: this process's index among session shards; its sessions' ids carry it
-        (``duplex-s<shard>-<32 hex>``) so a worker can route a resume to it."""
+        (``duplex-s<shard>-<32 hex>``) so a worker can route a resume to it. ``node``: the
+        cluster node this server is (``duplex-n<node>-...``), for the cluster's ingress."""
         self.system = system
         self.spec = spec
         self.engines: dict[int, SlotEngine] = {}
@@ -122,6 +124,7 @@ class SessionHub:
             capacity = min(capacity, max_sessions)
         self.admission = Admission(capacity)
         self.shard = shard
+        self.node = node
         self.on_load: Callable[[], None] | None = None
         """Called after each admission attempt and each release (a shard tells its workers,
         which count a session they send as taken until then)."""
@@ -298,15 +301,17 @@ class SessionHub:
 
     def engine_health(self) -> list[dict[str, Any]]:
         """Each engine this process has had: ``ok``, ``stalled`` (a tick far past its
-        deadline, see ``SlotEngine.stalled``) or ``unavailable`` (restarting)."""
+        deadline, see ``SlotEngine.stalled``) or ``unavailable`` (restarting), and its
+        ``slots`` now (0 while unavailable), so shards that share it count it once."""
         now = trio.current_time()
         health = []
         for index in sorted(self._engine_indices):
             engine = self.engines.get(index)
-            status = "unavailable"
+            status, slots = "unavailable", 0
             if engine is not None:
                 status = "stalled" if engine.stalled(now) else "ok"
-            health.append({"engine": index, "status": status})
+                slots = engine.capacity().slots
+            health.append({"engine": index, "status": status, "slots": slots})
         return health
 
     def _stalled_samples(self) -> list[Sample]:
@@ -394,7 +399,9 @@ class SessionHub:
         config = self.config
         if options is not None:
             config = config.accepting(options)
-        session_id = None if self.shard is None else new_session_id(os.urandom, self.shard)
+        session_id = None
+        if self.shard is not None or self.node is not None:
+            session_id = new_session_id(os.urandom, self.shard, self.node)
         machine = SessionMachine(config, self.capabilities, session_id=session_id)
         session_id = machine.session_id
         if self.admission.live >= self.admission.bound:

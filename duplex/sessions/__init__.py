@@ -130,7 +130,7 @@ from ._generation import (
     ResponseSettings,
     Transcription,
 )
-from ._ids import new_session_id, shard_of
+from ._ids import NODE_NAME, new_session_id, node_of, shard_of
 from ._input import VAD_KEYS
 from ._items import HistoryItem
 from ._journal import Journal, JournalStatistics, Replay, ReplayGap
@@ -156,6 +156,7 @@ __all__ = [
     "MAX_DURATION_S",
     "MAX_OUTPUT_TOKENS",
     "MODEL_SAMPLE_RATE",
+    "NODE_NAME",
     "OPTION_RANGES",
     "RUNTIME_EVENT_TYPES",
     "SAMPLING_RANGES",
@@ -280,6 +281,7 @@ __all__ = [
     "VideoAppend",
     "VideoConsumed",
     "new_session_id",
+    "node_of",
     "rebuilt",
     "shard_of",
 ]

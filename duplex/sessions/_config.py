@@ -668,6 +668,14 @@ class Capabilities:
     ``duplex.runtime``'s agent link), not from the built-in replay; user audio is
     transcribed, and speech over a reply follows ``overlap_policy`` (a backchannel does
     not interrupt)."""
+    reply_tools: bool = False
+    """The model that answers turn-based responses calls the session's ``tools`` (the
+    agent's reply model is an LLM: ``--llm``). Without it ``tools`` are taken and never
+    called, and a ``session.update`` that sets them is answered with a
+    ``tools_not_supported`` warning."""
+    reply_instructions: bool = False
+    """The model that answers follows the session's ``instructions`` (an LLM as the
+    agent's reply model); without it they are taken and have no effect on the answer."""
 
     def __post_init__(self) -> None:
         _ranged("chunk_period_ms", self.chunk_period_ms, POSITIVE)

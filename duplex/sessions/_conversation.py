@@ -1,6 +1,7 @@
 """Conversation items: the history as the source of truth for ``conversation.item.*``.
 
-`Conversation` wraps the turn-taking's `History` (one history per session) with
+`Conversation` reads the turn-taking's `History` (one history per session, written only
+by `TurnTaking`: the items change through its methods) with
 what the Realtime item events need: client-created items placed after a given
 item, retrieval, deletion, and the audio of user items (kept beside the history,
 model rate, only while the item is in it) for the turn responder. Refusals are
@@ -10,6 +11,7 @@ raised before anything changes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -17,39 +19,60 @@ from duplex.exceptions import BadEvent, ItemNotFound
 
 from ._events import ItemAdded, ItemCreate, Pcm
 from ._items import HistoryItem
-from ._ledger import History
 from ._resample import StreamingResampler
 from ._responder import ResponderSource
 
-__all__ = ["ROOT", "Conversation"]
+if TYPE_CHECKING:
+    from ._ledger import History
+
+__all__ = ["ROOT", "Conversation", "HistoryOwner"]
 
 ROOT = "root"
 """``previous_item_id`` that places an item first."""
+
+
+class HistoryOwner(Protocol):
+    """The history's owner (`TurnTaking`), as the conversation uses it."""
+
+    @property
+    def history(self) -> History: ...
+
+    def next_order(self) -> int: ...
+
+    def add_user_item(self, item_id: str, audio_ms: float) -> None: ...
+
+    def insert_item(self, item: HistoryItem) -> None: ...
+
+    def remove_item(self, item_id: str) -> bool: ...
 
 
 class Conversation:
     """Item operations over one session's history.
 
     Args:
-        history: the session's history (owned by turn taking; shared, not copied).
-        next_order: the next order at the end of the conversation.
+        owner: the history's owner (turn taking): the conversation reads the history and
+            changes it only through the owner.
         new_id: makes ``item_<hex>`` ids.
         model_rate: the model sample rate (item audio is resampled to it).
     """
 
     def __init__(
         self,
-        history: History,
+        owner: HistoryOwner,
         *,
-        next_order: Callable[[], int],
         new_id: Callable[[str], str],
         model_rate: int,
     ) -> None:
-        self.history = history
-        self._next_order = next_order
+        self._owner = owner
+        self._next_order = owner.next_order
         self._new_id = new_id
         self._rate = model_rate
         self._audio: dict[str, tuple[Pcm, float]] = {}
+
+    @property
+    def history(self) -> History:
+        """The session's history, to read (its owner writes it)."""
+        return self._owner.history
 
     def last_item_id(self) -> str | None:
         """The newest item's id, if any."""
@@ -69,7 +92,7 @@ class Conversation:
         self, item_id: str, audio_ms: float, pcm: Pcm | None, start_ms: float
     ) -> None:
         """A committed user turn (``pcm`` kept for the responder when given)."""
-        self.history.add_user(item_id, self._next_order(), audio_ms)
+        self._owner.add_user_item(item_id, audio_ms)
         if pcm is not None:
             self._audio[item_id] = (pcm, start_ms)
         self._prune()
@@ -104,7 +127,7 @@ class Conversation:
             )
         else:
             item = HistoryItem(item_id, event.role, order, 0.0, event.text or "", "text")
-        self.history.insert(item)
+        self._owner.insert_item(item)
         if pcm is not None:
             self._audio[item_id] = (pcm, 0.0)
         self._prune()
@@ -128,7 +151,7 @@ class Conversation:
             ItemNotFound: no such item.
         """
         self.get(item_id)
-        self.history.remove(item_id)
+        self._owner.remove_item(item_id)
         self._audio.pop(item_id, None)
 
     def latest_user_source(self) -> ResponderSource | None:

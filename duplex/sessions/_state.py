@@ -575,6 +575,17 @@ class SessionMachine:
         self._turns.reconfigure(config)
         self._user.reconfigure(config)
         self._emit(out, SessionUpdated(self._session_id, config))
+        if event.options.tools and not self._caps.reply_tools:
+            # taken (a tool item still answers), but no function_call will ever come: say so
+            self._counts["errors"] += 1
+            warning = errors.ToolsNotCallable(
+                "session.tools were accepted, but the model that answers cannot call tools: "
+                "no function_call will come. Serve a chat checkpoint as the agent's reply "
+                "model (duplex serve --llm PATH) to have them called (docs/agent.md).",
+                event_id=event.event_id,
+                param="session.tools",
+            )
+            self._emit(out, ErrorEvent.from_exception(warning))
 
     def _on_event_ack(self, event: EventAck, out: list[Effect]) -> None:
         if event.server_event_seq > self._journal.last_seq:

@@ -156,6 +156,25 @@ class TurnTaking:
         self._order += 1
         return self._order
 
+    # ------------------------------------------------------------------- history
+    # The history's one writer: the user turns and the conversation's item events change it
+    # through these (docs/architecture.md, "Who owns which state").
+
+    def add_user_item(self, item_id: str, audio_ms: float) -> None:
+        """A closed user turn, at the end of the conversation."""
+        self.history.add_user(item_id, self.next_order(), audio_ms)
+
+    def insert_item(self, item: HistoryItem) -> None:
+        """A client-created item, at its order."""
+        self.history.insert(item)
+
+    def remove_item(self, item_id: str) -> bool:
+        return self.history.remove(item_id)
+
+    def set_item_text(self, item_id: str, text: str) -> bool:
+        """A user item's transcript (or its failure's text)."""
+        return self.history.set_text(item_id, text)
+
     # ------------------------------------------------------------------- epoch
 
     def advance_epoch(self, out: list[Effect], reason: str, *, clear_input: bool) -> None:

@@ -152,8 +152,7 @@ class UserTurns:
         self.inputs = InputPath(config)
         self.turns = turns
         self.conversation = Conversation(
-            turns.history,
-            next_order=turns.next_order,
+            turns,
             new_id=new_id,
             model_rate=config.model_sample_rate,
         )
@@ -431,7 +430,7 @@ class UserTurns:
 
     def _transcribe(self, out: list[Effect], effect: Transcribe) -> None:
         if effect.item_id in self._failed:  # its turn keeps what was heard before
-            self.turns.history.set_text(effect.item_id, self._failed[effect.item_id])
+            self.turns.set_item_text(effect.item_id, self._failed[effect.item_id])
             return
         self._heard.setdefault(effect.item_id, "")
         while len(self._heard) > MAX_TRANSCRIBING:
@@ -484,7 +483,7 @@ class UserTurns:
                 self._prepare(out, event)
             return
         del self._heard[event.item_id]
-        self.turns.history.set_text(event.item_id, event.text)
+        self.turns.set_item_text(event.item_id, event.text)
         if event.error is not None:
             self._failed[event.item_id] = event.text
             while len(self._failed) > MAX_TRANSCRIBING:

@@ -313,7 +313,7 @@ async def run_engine_process(
 ) -> None:
     control = Link(trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=link_fd))))
     config = dataclasses.replace(
-        config, server=dataclasses.replace(config.server, model_device=device)
+        config, engine=dataclasses.replace(config.engine, model_device=device)
     )
     spec, factory = resolve_model(config)
     specs = runner_specs(config, device)

@@ -38,7 +38,7 @@ class EngineProcesses:
 
     def __init__(self, config: Config, registry: MetricsRegistry) -> None:
         self.config = config
-        self.devices = config.server.devices if config.server.engine_processes else ()
+        self.devices = config.engine.devices if config.engine_processes else ()
         self.folder = ""
         self.paths: tuple[str, ...] = ()
         self.log = get_logger(component="engines")

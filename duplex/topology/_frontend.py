@@ -316,10 +316,12 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
     log = get_logger(component="frontend", worker=index)
     stream = trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=link_fd)))
     link = Link(stream)
-    backend = LinkBackend(link, 1 + len(settings.shard_paths), settings.first_event_timeout_s)
+    backend = LinkBackend(
+        link, 1 + len(settings.shard_paths), settings.server.first_event_timeout_s
+    )
     app = build_app(
         backend,
-        max_frame_bytes=settings.max_frame_bytes,
+        max_frame_bytes=settings.server.max_frame_bytes,
         realtime_vad=settings.realtime_vad,
         realtime_agent=settings.agent,
         access=settings.access,
@@ -328,8 +330,8 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
     )
     hyper = hypercorn_config(
         f"fd://{listen_fd}",
-        max_frame_bytes=settings.max_frame_bytes,
-        graceful_timeout_s=settings.shutdown_grace_s,
+        max_frame_bytes=settings.server.max_frame_bytes,
+        graceful_timeout_s=settings.server.shutdown_grace_s,
         tls_certfile=settings.tls_certfile,
         tls_keyfile=settings.tls_keyfile,
         message_limits=robot_limits(settings.robot_payload_bytes),
@@ -379,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):  # to a process group: the server stops us
         signal.signal(signum, signal.SIG_IGN)
     settings = WorkerSettings.from_json(args.settings)
-    configure_logging(settings.log_format, settings.log_level)  # type: ignore[arg-type]
+    configure_logging(settings.server.log_format, settings.server.log_level)
     if settings.fingerprint != CODE_FINGERPRINT:
         get_logger(component="frontend", worker=args.index).error(
             "duplex's code on disk changed since the server started; not starting"

@@ -56,6 +56,7 @@ def _code_fingerprint() -> str:
         *root.glob("wire/*.py"),
         *root.glob("topology/*.py"),
         *root.glob("models/*.py"),
+        *root.glob("config/*.py"),  # the config crosses whole (a pickle), and in WorkerSettings
         root / "exceptions.py",
     ]
     digest = hashlib.sha256()

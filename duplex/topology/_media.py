@@ -21,9 +21,9 @@ from duplex.metrics import MetricsRegistry
 from duplex.models import ModelOptions
 from duplex.models.diffusion import resolve_diffusion
 from duplex.runtime import RequestEngines
-from duplex.services.media import MediaService, MediaSettings
+from duplex.services.media import MediaService
 
-__all__ = ["media_settings", "open_media", "resolve_media"]
+__all__ = ["open_media", "resolve_media"]
 
 
 def resolve_media(config: Config) -> None:
@@ -32,28 +32,14 @@ def resolve_media(config: Config) -> None:
     Raises:
         ConfigError: a named folder is no diffusers pipeline.
     """
-    server = config.server
-    options = ModelOptions(
-        cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None
-    )
-    named = (("image", server.image_model), ("video", server.video_model),
-             ("audio", server.audio_model))  # fmt: skip
+    cache_dir = config.engine.model_cache_dir
+    options = ModelOptions(cache_dir=Path(cache_dir).expanduser() if cache_dir else None)
+    media = config.media
+    named = (("image", media.image_model), ("video", media.video_model),
+             ("audio", media.audio_model))  # fmt: skip
     for kind, name in named:
         if name and name != "tiny":
             resolve_diffusion(name, kind, options)  # type: ignore[arg-type]
-
-
-def media_settings(config: Config) -> MediaSettings:
-    server = config.server
-    return MediaSettings(
-        chunk_frames=server.video_chunk_frames,
-        max_jobs=server.video_max_jobs,
-        max_active_jobs=server.video_max_active_jobs,
-        job_retention_s=server.video_job_retention_s,
-        start_timeout_s=server.video_start_timeout_s,
-        stall_timeout_s=server.video_stall_timeout_s,
-        audio_max_length_s=server.audio_max_length_s,
-    )
 
 
 @asynccontextmanager
@@ -61,11 +47,11 @@ async def open_media(
     config: Config, registry: MetricsRegistry, requests: RequestEngines
 ) -> AsyncIterator[MediaService | None]:
     """The generation routes' service with its jobs' nursery; ``None``: nothing served here."""
-    server = config.server
-    if not (server.image_model or server.video_model or server.audio_model):
+    media = config.media
+    if not (media.image_model or media.video_model or media.audio_model):
         yield None
         return
-    service = MediaService(requests, settings=media_settings(config), registry=registry)
+    service = MediaService(requests, config=config.media, registry=registry)
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
         yield service

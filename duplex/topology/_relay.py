@@ -55,6 +55,9 @@ def portable_scope(scope: dict[str, Any]) -> dict[str, Any]:
         portable["client"] = tuple(portable["client"])
     if "server" in portable and portable["server"] is not None:
         portable["server"] = tuple(portable["server"])
+    if "websocket.http.response" in scope.get("extensions", {}):
+        # the worker's server answers a refused handshake over HTTP: a route may refuse so
+        portable["extensions"] = {"websocket.http.response": {}}
     return portable
 
 

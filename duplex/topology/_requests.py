@@ -32,7 +32,7 @@ from duplex.models import (
     Slack,
     load_policy,
 )
-from duplex.models.agent import ASR_RUNNER, AgentOptions, build_asr
+from duplex.models.agent import ASR_RUNNER, AgentOptions, build_asr, reply_capabilities
 from duplex.models.diffusion import (
     load_audio_runner,
     load_image_runner,
@@ -80,65 +80,63 @@ class RunnerSpec:
 
 
 def _policy(config: Config, device: str) -> RunnerSpec:
-    server = config.server
+    policy = config.policy
     options = PolicyOptions(
         device=device,
-        seed=server.model_seed,
-        action_horizon=server.policy_action_horizon,
-        action_dim=server.policy_action_dim,
+        seed=config.engine.model_seed,
+        action_horizon=policy.action_horizon,
+        action_dim=policy.action_dim,
     )
 
     def build() -> PolicyRunner:
-        return PolicyRunner(load_policy(server.policy, options), max_batch=server.policy_max_batch)
+        return PolicyRunner(load_policy(policy.model, options), max_batch=policy.max_batch)
 
-    return RunnerSpec("policy", build, server.policy_batch_wait_ms / 1000.0, max_queue=1024)
+    return RunnerSpec("policy", build, policy.batch_wait_ms / 1000.0, max_queue=1024)
 
 
 def _diffusion(config: Config, device: str, kind: Literal["image", "video", "audio"]) -> RunnerSpec:
     """``--image-model`` / ``--video-model``: a diffusion step is the unit of preemption, and
     no request waits for others; images batch up to ``image_max_batch`` (the requests that
     gathered while a call ran), videos one chunk a call."""
-    server = config.server
-    name = {"image": server.image_model, "video": server.video_model,
-            "audio": server.audio_model}[kind]  # fmt: skip
+    media, engine = config.media, config.engine
+    name = {"image": media.image_model, "video": media.video_model,
+            "audio": media.audio_model}[kind]  # fmt: skip
     options = ModelOptions(
         device=device,
-        seed=server.model_seed,
-        cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None,
+        seed=engine.model_seed,
+        cache_dir=Path(engine.model_cache_dir).expanduser() if engine.model_cache_dir else None,
     )
 
     def build() -> BatchRunner[Any, Any]:
         model = resolve_diffusion(name, kind, options)
-        beside = server.batch_beside_realtime
+        beside = media.batch_beside_realtime
         if kind == "image":
-            return load_image_runner(model, device, server.image_max_batch, beside_realtime=beside)
+            return load_image_runner(model, device, media.image_max_batch, beside_realtime=beside)
         if kind == "audio":
             return load_audio_runner(model, device, beside_realtime=beside)
         return load_video_runner(model, device, beside_realtime=beside)
 
-    return RunnerSpec(kind, build, 0.0, max_queue=server.media_max_queue)
+    return RunnerSpec(kind, build, 0.0, max_queue=media.max_queue)
 
 
 def _tts(config: Config, device: str) -> RunnerSpec:
-    server = config.server
+    speech = config.speech
 
     def build() -> SpeechRunner:
-        runner = load_tts(server.tts, device=device, max_batch=server.tts_max_batch)
+        runner = load_tts(speech.tts, device=device, max_batch=speech.max_batch)
         assert runner is not None  # "none" is never a spec
         return runner
 
-    wait_s = server.tts_batch_wait_ms / 1000.0
-    return RunnerSpec(TTS_RUNNER, build, wait_s, max_queue=server.tts_max_queue)
+    wait_s = speech.batch_wait_ms / 1000.0
+    return RunnerSpec(TTS_RUNNER, build, wait_s, max_queue=speech.max_queue)
 
 
 def _asr(config: Config, device: str) -> RunnerSpec:
-    server = config.server
+    agent = config.agent
     options = AgentOptions(
-        asr=server.agent_asr,
-        asr_grammar=server.agent_asr_grammar,
-        asr_workers=server.agent_asr_workers,
+        asr=agent.asr, asr_grammar=agent.asr_grammar, asr_workers=agent.asr_workers,
         asr_device=device,
-    )
+    )  # fmt: skip
 
     def build() -> BatchRunner[Any, Any]:
         return build_asr(options)
@@ -149,19 +147,19 @@ def _asr(config: Config, device: str) -> RunnerSpec:
 def runner_specs(config: Config, device: str | None = None) -> list[RunnerSpec]:
     """The request-batched models ``config`` serves, built for ``device`` (the first model
     device by default: an engine process passes its own)."""
-    device = device if device is not None else config.server.devices[0]
+    device = device if device is not None else config.engine.devices[0]
     specs = []
-    if config.server.policy != "none":
+    if config.policy.model != "none":
         specs.append(_policy(config, device))
-    if config.server.image_model:
+    if config.media.image_model:
         specs.append(_diffusion(config, device, "image"))
-    if config.server.video_model:
+    if config.media.video_model:
         specs.append(_diffusion(config, device, "video"))
-    if config.server.audio_model:
+    if config.media.audio_model:
         specs.append(_diffusion(config, device, "audio"))
-    if config.server.tts != "none":
+    if config.speech.tts != "none":
         specs.append(_tts(config, device))
-    if config.server.agent:
+    if config.agent.enabled:
         specs.append(_asr(config, device))
     return specs
 
@@ -242,12 +240,12 @@ def model_cards(
     """OpenAI's model cards of the request-batched models ``config`` serves, and of the
     agent's reply model: the running engine's own name for its model (``metadata["model"]``)
     where it says one, else the configured one; ``ready`` is false while it starts.
-    ``agent_llm``: the running agent's reply model (``None``: not running yet)."""
-    server = config.server
+    ``agent_llm``: the running agent's reply model (``None``: not running yet). The reply
+    model's card carries its ``capabilities`` (``tools``, ``instructions``, ``text_only``)."""
     configured = {
-        "image": server.image_model, "video": server.video_model, "audio": server.audio_model,
-        TTS_RUNNER: server.tts,
-        ASR_RUNNER: server.agent_asr, "policy": server.policy,
+        "image": config.media.image_model, "video": config.media.video_model,
+        "audio": config.media.audio_model,
+        TTS_RUNNER: config.speech.tts, ASR_RUNNER: config.agent.asr, "policy": config.policy.model,
     }  # fmt: skip
     cards = []
     for name, kind in _KINDS.items():
@@ -256,9 +254,12 @@ def model_cards(
         engine = requests.get(name)
         model = engine.metadata.get("model") if engine is not None else None
         cards.append(_card(str(model or _shown(configured[name])), kind, engine is not None))
-    if server.agent:
+    if config.agent.enabled:
         llm = agent_llm()
-        cards.append(_card(llm or _shown(server.agent_llm or "echo"), "chat", llm is not None))
+        card = _card(llm or _shown(config.agent.llm or "echo"), "chat", llm is not None)
+        # what it does with a session's tools and instructions, before anyone finds out
+        card["capabilities"] = reply_capabilities(config.agent.llm).as_dict()
+        cards.append(card)
     return cards
 
 

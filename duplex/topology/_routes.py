@@ -18,7 +18,7 @@ from duplex.services.media import (
     sync_routes,
 )
 from duplex.services.omni import OmniService, gated_while_asleep, omni_routes
-from duplex.services.robots import ROBOT_PATH, RobotService, robot_routes
+from duplex.services.robots import ROBOT_PATH, ROOT_PATH, RobotService, robot_routes
 from duplex.services.speech import SpeechService, speech_routes
 from duplex.services.voices import VoiceService, voice_routes
 
@@ -49,5 +49,8 @@ def service_routes(
 
 
 def robot_limits(robot_payload_bytes: int) -> dict[str, int]:
-    """The robot endpoint's own frame limit, by path, when a policy is served (0: none)."""
-    return {ROBOT_PATH: robot_payload_bytes} if robot_payload_bytes else {}
+    """The robot endpoint's own frame limit, by path (both of its paths), when a policy is
+    served (0: none)."""
+    if not robot_payload_bytes:
+        return {}
+    return {ROBOT_PATH: robot_payload_bytes, ROOT_PATH: robot_payload_bytes}

@@ -39,7 +39,7 @@ from duplex.models import (
     policy_factory,
     silero_engine,
 )
-from duplex.models.agent import AgentModels, AgentOptions, build_replier
+from duplex.models.agent import AgentModels, AgentOptions, build_replier, reply_capabilities
 from duplex.progress import Startup, TerminalBar, render_line
 from duplex.runtime import RequestEngines, SessionHub
 from duplex.services.media import MediaService
@@ -63,6 +63,7 @@ from duplex.wire import MAX_PAYLOAD_BYTES
 from . import _link
 from ._engine_client import EngineConnection, engine_spec, export_engine_histograms
 from ._engines import EngineProcesses
+from ._layout import available_cores, resolve_layout
 from ._loop_lag import export_loop_lag, watch_loop_lag
 from ._media import open_media
 from ._memory import export_trim_histogram, trim_memory_every
@@ -84,20 +85,20 @@ def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
             invalid or absent (``cuda`` where torch finds no CUDA device, for any model),
             or a named checkpoint folder is missing (one line naming what).
     """
-    server = config.server
-    for device in server.devices:
+    engine = config.engine
+    for device in engine.devices:
         if device != "cpu":
             check_cuda_device(device)
     options = ModelOptions(
-        device=server.devices[0],
-        seed=server.model_seed,
-        kv_cache_dtype=server.kv_cache_dtype,
-        cache_dir=Path(server.model_cache_dir).expanduser() if server.model_cache_dir else None,
-        loopback_delay_ms=server.loopback_delay_ms,
-        random_weights=server.random_weights,
+        device=engine.devices[0],
+        seed=engine.model_seed,
+        kv_cache_dtype=engine.kv_cache_dtype,
+        cache_dir=Path(engine.model_cache_dir).expanduser() if engine.model_cache_dir else None,
+        loopback_delay_ms=engine.loopback_delay_ms,
+        random_weights=engine.random_weights,
         voice_dir=voice_folder(config),
     )
-    spec, factory = get_model(server.model, options)
+    spec, factory = get_model(engine.model, options)
     check_model_rate(config, spec)
     return spec, factory
 
@@ -112,12 +113,12 @@ def check_model_rate(config: Config, spec: ModelSpec) -> None:
 
 
 def resolve_policy(config: Config) -> None:
-    """Check ``server.policy`` before serving: a ``module:factory`` imports and is callable.
+    """Check ``policy.model`` before serving: a ``module:factory`` imports and is callable.
 
     Raises:
         ConfigError: it does not (one line naming what).
     """
-    name = config.server.policy
+    name = config.policy.model
     if name not in ("reference", "none"):
         policy_factory(name)
 
@@ -165,7 +166,7 @@ clock keeps it as a gap, which the segmenter takes as silence."""
 def uses_silero(config: Config) -> bool:
     """Some session may run on the shared silero VAD (Realtime turn-based or ``session.vad``)."""
     silero = VadMode.SILERO
-    return config.server.realtime_vad == silero.value or config.session.vad is silero
+    return config.engine.realtime_vad == silero.value or config.session.vad is silero
 
 
 def limit_torch_threads() -> None:
@@ -223,15 +224,15 @@ def access_settings(config: Config) -> AccessSettings:
     Raises:
         ConfigError: ``api_key_file`` cannot be read or holds a bad key; a TLS file is missing.
     """
-    server = config.server
+    access = config.access
     return AccessSettings(
-        key_digests=tuple(digest(key) for key in api_keys_of(server)),
-        loopback=is_loopback(server.host),
-        allowed_origins=server.allowed_origins,
-        allowed_hosts=server.allowed_hosts,
-        failure_burst=server.auth_failure_burst,
-        failure_window_s=server.auth_failure_window_s,
-        max_connections_per_peer=server.max_connections_per_peer,
+        key_digests=tuple(digest(key) for key in api_keys_of(access)),
+        loopback=is_loopback(config.server.host),
+        allowed_origins=access.allowed_origins,
+        allowed_hosts=access.allowed_hosts,
+        failure_burst=access.auth_failure_burst,
+        failure_window_s=access.auth_failure_window_s,
+        max_connections_per_peer=access.max_connections_per_peer,
     )
 
 
@@ -316,7 +317,7 @@ async def open_backend(
     processes host (``None``: this process uses none of them).
     """
     session_cfg = config.session
-    server = config.server
+    server, engine, access = config.server, config.engine, config.access
     if engine_paths:  # the engine processes own the model: its spec comes from them
         specs = [await engine_spec(path) for path in engine_paths]
         spec = specs[0]
@@ -324,9 +325,11 @@ async def open_backend(
         factory = None
     else:
         spec, factory = resolve_model(config)
-    max_sessions = server.max_sessions
+    max_sessions = engine.max_sessions
     if shard is not None:
         max_sessions = shard_max_sessions(max_sessions, server.session_shards, shard)
+    agent = config.agent.enabled and requests is not None
+    reply = reply_capabilities(config.agent.llm)  # the agent's reply model answers turns
     hub_spec = spec
     if engine_paths:  # the hub's slot pool is every engine's
         hub_spec = dataclasses.replace(spec, max_slots=sum(s.max_slots for s in specs))
@@ -335,22 +338,26 @@ async def open_backend(
         hub_spec,
         config=session_cfg,
         capabilities=dataclasses.replace(
-            capabilities_for(spec), agent_cascade=server.agent and requests is not None
+            capabilities_for(spec),
+            agent_cascade=agent,
+            reply_tools=agent and reply.tools,
+            reply_instructions=agent and reply.instructions,
         ),
         max_sessions=max_sessions,
         registry=registry,
         shard=shard,
+        node=server.node_name or None,
     )
     hub.export_engine_metrics = not engine_paths or not shard  # one engine, exported once
     startup = startup if startup is not None else Startup()
-    guard = ResumeGuard(burst=server.auth_failure_burst, window_s=server.auth_failure_window_s)
+    guard = ResumeGuard(burst=access.auth_failure_burst, window_s=access.auth_failure_window_s)
     backend = HubBackend(
         hub,
         registry,
         first_event_timeout_s=server.first_event_timeout_s,
         resume_guard=guard,
         startup=startup,
-        chat_wait_queue=server.chat_wait_queue,
+        chat_wait_queue=engine.chat_wait_queue,
     )
     refs: list[ActorRef[Any]] = []
     frozen = False
@@ -394,7 +401,7 @@ async def open_backend(
                 # seconds on a small machine: off the event loop, so /health answers meanwhile
                 await trio.to_thread.run_sync(importlib.import_module, "torch")
             limit_torch_threads()
-            streams = server.vad_streams
+            streams = engine.vad_streams
 
             def build_vad() -> EngineDriver:
                 engine = silero_engine(streams, max_pending_ms=VAD_MAX_PENDING_MS)
@@ -404,13 +411,14 @@ async def open_backend(
                 refs.append(
                     await system.spawn(EngineActor, build_vad, hub.vad_started, name="vad-silero")
                 )
-        if server.agent and requests is not None:  # (session shards have no request engines)
-            options = AgentOptions(llm=server.agent_llm, seed=server.model_seed)
+        agent = config.agent
+        if agent.enabled and requests is not None:  # (session shards have no request engines)
+            options = AgentOptions(llm=agent.llm, seed=engine.model_seed)
             with startup.step("agent", "loading the agent's reply model"):
                 replier = await trio.to_thread.run_sync(build_replier, options)
                 await nursery.start(replier.run)
             hub.agent = AgentModels(requests, replier)
-            log.info("agent started", llm=server.agent_llm or "echo", asr=server.agent_asr)
+            log.info("agent started", llm=agent.llm or "echo", asr=agent.asr)
         freeze_startup_objects()
         frozen = True
         export_trim_histogram(registry, hub)
@@ -459,17 +467,16 @@ def robot_service(
     requests: RequestEngines,
 ) -> RobotService | None:
     """The robot endpoint's service over the process's request engines (the policy is the
-    one named ``policy``); ``None``: no policy is served (``server.policy = "none"``).
+    one named ``policy``); ``None``: no policy is served (``policy.model = "none"``).
     With connection workers it runs here too: they relay robot sockets whole."""
-    server = config.server
-    if server.policy == "none":
+    if config.policy.model == "none":
         return None
     return RobotService(
         system,
         backend.connections,
         requests,
         registry,
-        idle_timeout_s=server.policy_idle_timeout_s,
+        idle_timeout_s=config.policy.idle_timeout_s,
         max_payload_bytes=MAX_PAYLOAD_BYTES,
     )
 
@@ -506,6 +513,14 @@ async def serve_duplex(
         if engines.devices:  # built and listening before any session process links to them
             await nursery.start(engines.children.run)
         try:
+            slots = sum([(await engine_spec(path)).max_slots for path in engines.paths])
+            config, chosen = resolve_layout(config, slots=slots, cores=available_cores())
+            get_logger(component="server").info(
+                "layout",
+                connection_workers=chosen.connection_workers,
+                session_shards=chosen.session_shards,
+                reason=chosen.reason,
+            )
             await _serve_sessions(
                 config,
                 system,
@@ -537,14 +552,14 @@ async def _serve_sessions(
     sharded = server.session_shards > 1
     slack = Slack()  # realtime ticks first: request engines here run in what they leave
     local = not engine_paths
-    if sharded and server.agent and local:
+    if sharded and config.agent.enabled and local:
         log.warning(
             "the voice agent answers only the server process's sessions: session shards "
             "reach its engines through engine processes (engine_process = on); the others "
             "answer with the turn responder",
             session_shards=server.session_shards,
         )
-    if local and runner_specs(config) and server.devices[0] == "cpu":
+    if local and runner_specs(config) and config.engine.devices[0] == "cpu":
         limit_torch_threads()  # a model on the CPU shares the cores with the event loop
     sleeper = LocalEngineSleep(system)
     async with (
@@ -577,8 +592,8 @@ async def _serve_sessions(
             f"{server.host}:{server.port}",
             max_frame_bytes=server.max_frame_bytes,
             graceful_timeout_s=server.shutdown_grace_s / 2,
-            tls_certfile=server.tls_certfile,
-            tls_keyfile=server.tls_keyfile,
+            tls_certfile=config.access.tls_certfile,
+            tls_keyfile=config.access.tls_keyfile,
             message_limits=robot_limits(robot_payload_bytes),
         )
         async with trio.open_nursery() as nursery:
@@ -613,15 +628,16 @@ async def _serve_sessions(
                     omni,
                 )
             await backend.ready.wait()
-            if engine_paths and engine_processes is not None and server.engine_stall_timeout_s:
+            stall_timeout_s = config.engine.stall_timeout_s
+            if engine_paths and engine_processes is not None and stall_timeout_s:
                 watchdog = EngineWatchdog(
                     backend.hub,
                     engine_processes,
-                    server.engine_stall_timeout_s,
+                    stall_timeout_s,
                     registry.counter(
                         "duplex_engine_stall_kills_total",
                         "Engine processes killed by the watchdog: live slots and no tick "
-                        "for server.engine_stall_timeout_s",
+                        "for engine.stall_timeout_s",
                     ),
                 )
                 nursery.start_soon(_until_shutdown, system, watchdog.run)
@@ -629,7 +645,7 @@ async def _serve_sessions(
             log.info(
                 "started",
                 urls=urls,
-                tls=bool(server.tls_certfile),
+                tls=bool(config.access.tls_certfile),
                 api_keys=len(access.key_digests),
                 model=backend.hub.spec.name,
                 vad="silero" if uses_silero(config) else None,
@@ -637,8 +653,8 @@ async def _serve_sessions(
                 session_shards=server.session_shards,
                 engine_processes=len(engine_paths),
                 startup_s=round(backend.startup.elapsed(), 2) if backend.startup else None,
-                policy=server.policy if robots is not None else None,
-                tts=server.tts if server.tts != "none" else None,
+                policy=config.policy.model if robots is not None else None,
+                tts=config.speech.tts if config.speech.tts != "none" else None,
             )
             task_status.started(urls)
 
@@ -671,10 +687,10 @@ async def _serve_here(
     app = build_app(
         backend,
         max_frame_bytes=server.max_frame_bytes,
-        realtime_vad=server.realtime_vad,
-        realtime_agent=server.agent,
+        realtime_vad=config.engine.realtime_vad,
+        realtime_agent=config.agent.enabled,
         access=access,
-        client_secret_ttl_s=server.client_secret_ttl_s,
+        client_secret_ttl_s=config.access.client_secret_ttl_s,
         registry=registry,
         routes=service_routes(media, speech, robots, voices, omni),
     )
@@ -723,19 +739,15 @@ async def serve_with_workers(
                 await nursery.start(shards.children.run)
                 backend.shards = shards
             settings = WorkerSettings(
-                max_frame_bytes=server.max_frame_bytes,
-                realtime_vad=server.realtime_vad,
-                agent=server.agent,
-                shutdown_grace_s=server.shutdown_grace_s,
-                log_format=server.log_format,
-                log_level=server.log_level,
+                server,
                 fingerprint=_link.CODE_FINGERPRINT,
+                realtime_vad=config.engine.realtime_vad,
+                agent=config.agent.enabled,
                 shard_paths=shards.paths,
-                first_event_timeout_s=server.first_event_timeout_s,
                 access=access,
-                client_secret_ttl_s=server.client_secret_ttl_s,
-                tls_certfile=server.tls_certfile,
-                tls_keyfile=server.tls_keyfile,
+                client_secret_ttl_s=config.access.client_secret_ttl_s,
+                tls_certfile=config.access.tls_certfile,
+                tls_keyfile=config.access.tls_keyfile,
                 robot_payload_bytes=robot_payload_bytes,
             )
             workers = ConnectionWorkers(
@@ -743,7 +755,7 @@ async def serve_with_workers(
             )
             await nursery.start(workers.children.run)
             bind = repr_socket_addr(listener.family, listener.getsockname())
-            scheme = "https" if server.tls_certfile else "http"
+            scheme = "https" if config.access.tls_certfile else "http"
             get_logger(component="http").info("listening", urls=[f"{scheme}://{bind}"])
             task_status.started([f"{scheme}://{bind}"])
             await backend.hub.system.wait_shutdown_requested()

@@ -26,6 +26,7 @@ from duplex.config import Config
 from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry
 
+from ._capacity import merged_sessions
 from ._children import Children, child_args, spawn_linked
 from ._link import Link, LinkBroken, Ready, ShardAnswer, ShardQuery
 
@@ -104,6 +105,11 @@ class ShardProcesses:
         finally:
             del self._queries[request]
         return [query.answers.get(index) for index in range(1, self.count + 1)]
+
+    def sessions(self, healths: Sequence[dict[str, Any] | None]) -> dict[str, int]:
+        """Every shard's health as the server's sessions: with engine processes the shards
+        share their engines, each counted once (``_capacity.py``)."""
+        return merged_sessions(healths, shared_engines=bool(self.engine_paths)).as_dict()
 
     async def spawn(self, index: int) -> tuple[trio.Process, Link]:
         args = [

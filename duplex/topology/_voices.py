@@ -14,17 +14,17 @@ __all__ = ["voice_folder", "voice_store"]
 
 def voice_folder(config: Config) -> Path:
     """``voice_dir``, or ``$XDG_DATA_HOME/duplex/voices`` (``~/.local/share`` by default)."""
-    if config.server.voice_dir:
-        return Path(config.server.voice_dir).expanduser()
+    if config.speech.voice_dir:
+        return Path(config.speech.voice_dir).expanduser()
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "duplex" / "voices"
 
 
 def voice_store(config: Config) -> VoiceStore:
-    server = config.server
+    speech = config.speech
     limits = VoiceLimits(
-        max_voices=server.voice_max_count,
-        max_bytes=server.voice_max_bytes,
-        max_duration_s=server.voice_max_duration_s,
+        max_voices=speech.voice_max_count,
+        max_bytes=speech.voice_max_bytes,
+        max_duration_s=speech.voice_max_duration_s,
     )
     return VoiceStore(voice_folder(config), limits)

@@ -6,7 +6,7 @@ stuck (stopped by a signal, a step stuck in a kernel or a driver call) ends noth
 sessions get no audio, their slots stay held, and ``/health`` only says ``stalled``.
 The watchdog runs in the server process and reads the server's links to its engine
 processes (`RemoteEngine.stalled_for`: live slots, of any session process, and no
-progress): one stalled for ``server.engine_stall_timeout_s`` is sent SIGKILL, so the
+progress): one stalled for ``engine.stall_timeout_s`` is sent SIGKILL, so the
 crash path above takes over. A slow engine whose ticks still end is never killed; an
 engine that runs inside a session process (``engine_process = off``) is not watched
 (there is nothing to kill but the server itself).

@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from duplex.config import ServerConfig
 from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry
 from duplex.sessions import ServerEvent, SessionOptions
@@ -53,21 +54,20 @@ from ._relay import RelayServer
 
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
-    """What a worker needs of the config (its command line carries it as JSON)."""
+    """What a worker needs of the config (its command line carries it as JSON): the
+    ``[server]`` section whole, and of the others only what its sockets use (never the
+    API keys: a command line is readable)."""
 
-    max_frame_bytes: int
-    realtime_vad: str
-    shutdown_grace_s: float
-    log_format: str
-    log_level: str
+    server: ServerConfig
+    """Frame limit, shutdown grace, logs, and the first-event timeout (with shards, a worker
+    holds a socket until its first event says where it goes)."""
     fingerprint: str
     """The server process's ``CODE_FINGERPRINT``."""
+    realtime_vad: str = "silero"
     agent: bool = False
-    """``server.agent``: ``?duplex=1`` Realtime sessions open turn-based (the agent answers)."""
+    """``agent.enabled``: ``?duplex=1`` Realtime sessions open turn-based (the agent answers)."""
     shard_paths: tuple[str, ...] = ()
     """The Unix sockets of session shards 1.. (shard 0 is the server, over the worker's link)."""
-    first_event_timeout_s: float = 0.0
-    """With shards, a worker holds a socket until its first event says where it goes."""
     access: AccessSettings = field(default_factory=AccessSettings)
     """Who may connect; API keys travel as digests only (a command line is readable)."""
     client_secret_ttl_s: int = 600
@@ -82,6 +82,7 @@ class WorkerSettings:
     @classmethod
     def from_json(cls, text: str) -> WorkerSettings:
         fields = json.loads(text)
+        fields["server"] = ServerConfig(**fields["server"])
         fields["shard_paths"] = tuple(fields.get("shard_paths", ()))
         access = {
             key: tuple(value) if isinstance(value, list) else value
@@ -169,7 +170,7 @@ class ConnectionWorkers:
         self.children = Children(
             self,
             range(count),
-            reap_after_s=settings.shutdown_grace_s + 2,
+            reap_after_s=settings.server.shutdown_grace_s + 2,
             restarts=registry.counter(
                 "duplex_connection_worker_restarts_total",
                 "Connection workers restarted after exiting",

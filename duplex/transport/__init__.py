@@ -15,6 +15,7 @@ from ._app import (
     build_app,
     hypercorn_config,
     refusal_response,
+    refuse_upgrade,
     relayed,
     routes_app,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "digest",
     "hypercorn_config",
     "refusal_response",
+    "refuse_upgrade",
     "relayed",
     "routes_app",
     "serve_http",

@@ -38,7 +38,7 @@ from duplex import __version__
 from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.exceptions import ProtocolError
 from duplex.logs import get_logger
-from duplex.metrics import Counter, MetricsRegistry, Sample, merge_labelled, render
+from duplex.metrics import Counter, Family, MetricsRegistry, Sample, merge_labelled, render
 from duplex.progress import Startup
 from duplex.refusals import JSON_CONTENT_TYPE, Refusal
 from duplex.runtime import SessionHub
@@ -153,6 +153,16 @@ def refusal_response(refusal: Refusal) -> Response:
     return response
 
 
+async def refuse_upgrade(websocket: WebSocket, refusal: Refusal) -> None:
+    """Refuse a WebSocket handshake with ``refusal`` as its HTTP answer (status and body:
+    the client reads why), or, where the server cannot answer a handshake over HTTP, with
+    a close before accepting (a 403 with no body)."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(refusal_response(refusal))
+    else:
+        await websocket.close(refusal.close_code)
+
+
 class Backend(Protocol):
     """What the routes need from the process that owns the sessions."""
 
@@ -221,6 +231,11 @@ class Shards(Protocol):
         """Each other shard's answer to ``what`` (``health``, ``metrics``); ``None``: no answer."""
         ...
 
+    def sessions(self, healths: Sequence[dict[str, Any] | None]) -> dict[str, int]:
+        """Every shard's health (this one's first) as the server's ``live`` and ``capacity``:
+        each engine counted once, however many shards share it."""
+        ...
+
 
 WAITING_ENDPOINTS: Final = frozenset({"/api/chat"})
 """Routes whose sockets may wait for a slot (``server.chat_wait_queue``): the Moshi
@@ -249,6 +264,20 @@ _WAIT_QUEUE_METRICS: Final = (
     ),
 )
 """The wait queue's figures (`WaitQueueStatistics` fields), exported when it is on."""
+
+
+def _server_families(sessions: dict[str, int]) -> list[Family]:
+    """The whole server's sessions (every shard, each engine once): per-shard gauges carry a
+    ``shard`` label, and summing their capacity would count a shared engine per shard."""
+    return [
+        Family(
+            f"duplex_server_sessions_{key}",
+            "gauge",
+            f"Sessions {key} over every session shard (each engine's slots counted once)",
+            [Sample(f"duplex_server_sessions_{key}", {}, float(sessions[key]))],
+        )
+        for key in ("live", "capacity")
+    ]
 
 
 class HubBackend:
@@ -377,7 +406,10 @@ class HubBackend:
         if route == "metrics":
             parts = [({"shard": "0"}, self.registry.families())]
             parts += [({"shard": str(i)}, a) for i, a in enumerate(answers, 1) if a is not None]
-            return HttpAnswer(200, PROMETHEUS_CONTENT_TYPE, render(merge_labelled(parts)).encode())
+            healths = [self.health_of(), *await self.shards.query("health")]
+            sessions = self.shards.sessions(healths)
+            families = [*merge_labelled(parts), *_server_families(sessions)]
+            return HttpAnswer(200, PROMETHEUS_CONTENT_TYPE, render(families).encode())
         shards = [{"shard": 0, **self.health_of()}]
         for index, answer in enumerate(answers, 1):
             shards.append({"shard": index, **(answer or {"status": "unavailable"})})
@@ -389,10 +421,7 @@ class HubBackend:
             "status": status,
             "version": __version__,
             "model": self.hub.spec.name,
-            "sessions": {
-                key: sum(shard.get("sessions", {}).get(key, 0) for shard in shards)
-                for key in ("live", "capacity")
-            },
+            "sessions": self.shards.sessions(shards),
             "shards": shards,
         }
         return HttpAnswer.json(health, 503 if status == "starting" else 200)
@@ -633,7 +662,8 @@ def build_app(
     if registry is not None:
         refused = registry.counter(
             "duplex_access_refused_total",
-            "HTTP requests and WebSocket handshakes refused by the access policy",
+            "HTTP requests and WebSocket handshakes refused by the access policy, and "
+            "WebSocket handshakes no route takes (code not_found)",
             ["code"],
         )
 
@@ -787,5 +817,47 @@ def build_app(
         if isinstance(route, WebSocketRoute) and route.path not in http_paths
     ]
     app = Starlette(exception_handlers=EXCEPTION_HANDLERS, routes=all_routes)
+    app.router.default = _NoWebSocketRoute(app.router.not_found, all_routes, refused)
     app.add_middleware(Guard, policy=policy, backend=backend, refused=refused)
     return app
+
+
+class _NoWebSocketRoute:
+    """The answer to a WebSocket upgrade no route takes: 404 with a body that names the
+    WebSocket routes there are, and a log line (Starlette's own is a 403 with no body, and
+    nothing logged). HTTP requests keep Starlette's 404 (``_http_refused``)."""
+
+    def __init__(
+        self, http_not_found: Any, routes: Sequence[BaseRoute], refused: Counter | None
+    ) -> None:
+        self.http_not_found = http_not_found
+        self.paths = sorted(r.path for r in routes if isinstance(r, WebSocketRoute))
+        self.refused = refused
+        self.log_rate = RefusalLog()
+        self.log = get_logger(component="http")
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            await self.http_not_found(scope, receive, send)
+            return
+        path = str(scope.get("path", ""))[:_PATH_LOGGED]
+        refusal = Refusal(
+            404,
+            f"no WebSocket endpoint at {path}; the WebSocket endpoints are "
+            + ", ".join(self.paths),
+            "not_found",
+        )
+        if self.refused is not None:
+            self.refused.inc(code=refusal.code)
+        unlogged = self.log_rate.note("not_found", trio.current_time())
+        if unlogged is not None:
+            client = scope.get("client")
+            self.log.warning(
+                "websocket refused",
+                path=path,
+                peer=client[0] if client else None,
+                status=404,
+                code=refusal.code,
+                unlogged_since_last=unlogged,
+            )
+        await _deny(scope, receive, send, refusal)

@@ -242,6 +242,8 @@ class ConnectionActor(Actor[Any]):
                 received = await self.socket.receive()
                 if received is None or self.closing:
                     break
+                if self.session is None and self.socket.peer_close is not None:
+                    break  # what a peer's close stands for, with no session to end
                 if isinstance(received, errors.ProtocolError):
                     self._log_bad_event(ctx, received)
                     await self._refuse(ctx, received, close=received.close)

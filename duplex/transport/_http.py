@@ -30,6 +30,11 @@ stay on hypercorn and own the boundary:
   connection without a close frame, or sent 1009 and then held the connection
   open without telling the app.
 
+A TLS handshake on a plain-HTTP port (a client told ``https://`` or ``wss://`` for an
+``http://`` server: OpenAI's beta Realtime client derives ``wss://`` from ``base_url``
+whatever its scheme) is counted as ``tls_on_plain_port`` and logged with the setting that
+fixes it; the client itself sees only ``SSL: WRONG_VERSION_NUMBER``.
+
 Client frames are unmasked with numpy (`_wsmask.py`), not wsproto's own masker.
 """
 
@@ -37,17 +42,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config as HypercornConfig
+from hypercorn.events import Closed, RawData
 from hypercorn.protocol.events import Data, Event, Request, StreamClosed
 from hypercorn.protocol.ws_stream import FrameTooLargeError, WebsocketBuffer, WSStream
-from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.utils import repr_socket_addr
 from wsproto.connection import ConnectionState
@@ -91,6 +98,7 @@ class _WebSocketStream(WSStream):
     """hypercorn's WebSocket stream, with no extensions and a close frame for every bad frame."""
 
     _lingering = False
+    _app_told_closed = False
 
     async def handle(self, event: Event) -> None:
         if isinstance(event, Request):
@@ -103,7 +111,18 @@ class _WebSocketStream(WSStream):
                     self.buffer = WebsocketBuffer(limit)
         elif isinstance(event, Data) and self._lingering:
             return  # after our close frame: read and dropped until the linger ends
+        elif isinstance(event, StreamClosed) and self._app_told_closed:
+            self.closed = True  # the app has its disconnect, with the code on the wire
+            return
         await super().handle(event)
+
+    async def _tell_app_closed(self, code: int, reason: str) -> None:
+        """The app's one ``websocket.disconnect``, with ``code`` and ``reason``."""
+        if self.app_put is not None and not self._app_told_closed:
+            self._app_told_closed = True
+            await self.app_put(
+                {"type": "websocket.disconnect", "code": int(code), "reason": reason}
+            )
 
     async def app_send(self, message: Any) -> None:
         if self._lingering and (message is None or message["type"] == "websocket.close"):
@@ -131,6 +150,9 @@ class _WebSocketStream(WSStream):
                     return
                 if self.connection.state is ConnectionState.REMOTE_CLOSING:
                     await self._send_wsproto_event(event.response())
+                # the app hears the code and reason on the wire (hypercorn's own disconnect,
+                # sent at StreamClosed, says 1006 for any close the peer began)
+                await self._tell_app_closed(event.code, event.reason or "")
                 await self.send(StreamClosed(stream_id=self.stream_id))
 
     async def _fail(self, code: int, reason: str) -> None:
@@ -138,8 +160,7 @@ class _WebSocketStream(WSStream):
         await self._send_wsproto_event(CloseConnection(code=code, reason=reason))
         self.buffer.clear()
         self._lingering = True
-        if self.app_put is not None:
-            await self.app_put({"type": "websocket.disconnect", "code": int(code)})
+        await self._tell_app_closed(code, reason)
         self.task_group.spawn(self._end_after_linger)
 
     async def _end_after_linger(self) -> None:
@@ -163,8 +184,40 @@ def _use_guarded_websockets() -> None:
             module.WSStream = _WebSocketStream  # type: ignore[misc]
 
 
+TLS_RECORD_START: Final = b"\x16\x03"
+"""The first bytes of a TLS handshake record (content type 22, version 3.x); no HTTP
+request starts so."""
+
+TLS_ON_PLAIN_PORT: Final = (
+    "a TLS handshake arrived on a plain-HTTP port: the client was given https:// or wss:// "
+    "for this http:// server. OpenAI's beta Realtime client (client.beta.realtime) derives "
+    "wss:// from base_url whatever its scheme: give it websocket_base_url='ws://HOST:PORT/v1'"
+)
+
+
 class _Connection(TCPServer):
     """One TCP connection, with its EOF sent only while no writer holds the socket."""
+
+    on_tls: Callable[[], None] | None = None
+    """Called when the first bytes on a plain-HTTP connection are a TLS handshake."""
+
+    async def _read_data(self) -> None:
+        """hypercorn 0.18's read loop (``TCPServer._read_data``), with a look at the first
+        bytes (a TLS handshake)."""
+        first = True
+        while True:
+            try:
+                with trio.fail_after(self.config.read_timeout or math.inf):
+                    data = await self.stream.receive_some(MAX_RECV)
+            except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
+                break
+            if first and self.on_tls is not None and bytes(data[:2]) == TLS_RECORD_START:
+                self.on_tls()
+            first = False
+            await self.protocol.handle(RawData(bytes(data)))
+            if data == b"":
+                break
+        await self.protocol.handle(Closed())
 
     async def _close(self) -> None:
         if self.send_lock.statistics().owner is not None:
@@ -190,6 +243,16 @@ class _ErrorLog:
         )
         self.log = get_logger(component="http")
         self.rate = RefusalLog(ERROR_LOG_INTERVAL_S)
+
+    def tls_on_plain_port(self) -> None:
+        """A client spoke TLS to a plain-HTTP port (hypercorn answers it 400 and closes)."""
+        kind = "tls_on_plain_port"
+        self.counter.inc(kind=kind)
+        unlogged = self.rate.note(kind, trio.current_time())
+        if unlogged is not None:
+            self.log.warning(
+                "connection error", kind=kind, error=TLS_ON_PLAIN_PORT, unlogged_since_last=unlogged
+            )
 
     def record(self, exc: BaseException) -> None:
         kind = type(exc).__name__
@@ -238,7 +301,10 @@ async def serve_http(
 
     async def connection(stream: Any) -> None:
         try:
-            await _Connection(wrapped, config, context, {}, stream).run()
+            served = _Connection(wrapped, config, context, {}, stream)
+            if isinstance(stream, trio.SocketStream):  # a plain-HTTP listener's
+                served.on_tls = errors.tls_on_plain_port
+            await served.run()
         except* Exception as group:  # Cancelled (shutdown) passes through
             for exc in group.exceptions:
                 errors.record(unwrap(exc))  # hypercorn's task group nests them

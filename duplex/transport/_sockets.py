@@ -44,6 +44,11 @@ class Projection(Protocol):
         """Options for a session this protocol opens without a ``session.create``."""
         ...
 
+    def left(self, code: int | None) -> ClientEvent | None:
+        """The event a peer's close with ``code`` stands for (``session.close`` for a client
+        that cannot resume); ``None``: none, the session keeps its grace for a resume."""
+        ...
+
     @property
     def paused(self) -> bool:
         """How the next frame parses waits on the session's answer to an earlier one: `parse`
@@ -120,8 +125,10 @@ class WebSocketEvents:
             self._peer_close = self._peer_close or (None, "")
             return None
         if message["type"] == "websocket.disconnect":
-            self._peer_close = (message.get("code", 1005), message.get("reason") or "")
-            return None
+            code = message.get("code", 1005)
+            self._peer_close = (code, message.get("reason") or "")
+            # the next receive raises (starlette), which reads as gone: None
+            return self.projection.left(code)
         text, data = message.get("text"), message.get("bytes")
         while self.projection.paused:
             if self._closed:

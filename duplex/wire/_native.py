@@ -682,6 +682,11 @@ class NativeProjection:
         """Sessions opened by a first event other than ``session.create`` use the defaults."""
         return None
 
+    def left(self, code: int | None) -> ClientEvent | None:
+        """Nothing: a native client may resume, so its session keeps its grace after any
+        close (a client that means to end it sends ``session.close``)."""
+        return None
+
     @property
     def paused(self) -> bool:
         """Never: a native append names its own format, so no frame waits on the session."""

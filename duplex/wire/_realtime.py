@@ -43,7 +43,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, final
+from typing import Any, Final, final
 
 import numpy as np
 import numpy.typing as npt
@@ -76,6 +76,7 @@ from duplex.sessions import (
     ResponseCreate,
     ResponseOptions,
     ServerEvent,
+    SessionClose,
     SessionConfig,
     SessionCreated,
     SessionOptions,
@@ -432,6 +433,10 @@ def _response_options(obj: Mapping[str, Any], output: str) -> ResponseOptions | 
     return options
 
 
+CLEAN_CLOSE_CODES: Final = frozenset({1000, 1001})
+"""A peer's close codes that say it meant to leave (normal closure, going away)."""
+
+
 @final
 class RealtimeProjection:
     """One connection's Realtime codec: frames in, session events out, and back.
@@ -498,6 +503,14 @@ class RealtimeProjection:
         turn-based too.
         """
         return None if self.duplex and not self.agent else self._turn_based
+
+    def left(self, code: int | None) -> ClientEvent | None:
+        """What the peer's close with ``code`` stands for. A turn-based Realtime client
+        (no ``?duplex=1``) cannot resume: a clean close (1000, 1001) ends its session at
+        once (``session.close``) rather than holding it for a resume that cannot come. With
+        the duplex extensions, or after an abnormal close, ``None``: the session keeps its
+        grace."""
+        return SessionClose() if not self.duplex and code in CLEAN_CLOSE_CODES else None
 
     @property
     def formats(self) -> WireFormats:

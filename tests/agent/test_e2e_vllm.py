@@ -26,6 +26,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from openai import AsyncOpenAI
 
@@ -55,7 +56,9 @@ async def _app(base_url: str) -> list[dict[str, Any]]:
     client = AsyncOpenAI(api_key="unused", websocket_base_url=base_url)
     seen: list[dict[str, Any]] = []
     async with client.realtime.connect(model="gpt-realtime") as conn:
-        await configure_weather_app(conn, seen, max_output_tokens=12, timeout_s=60)
+        await configure_weather_app(
+            conn, seen, max_output_tokens=12, timeout_s=60, tools_callable=True
+        )
         await conn.conversation.item.create(
             item={
                 "type": "message",
@@ -79,6 +82,10 @@ def test_a_typical_app_session_on_vllm(tmp_path: Path, tiny_llm: Path) -> None:
     with serve(tmp_path, "--llm", str(tiny_llm), python=str(VLLM_PYTHON), start_s=300) as s:
         seen = asyncio.run(_app(s.ws + "/v1"))
         log = s.log()
+        models = httpx.get(s.http + "/v1/models").json()["data"]
+    realtime, chat = models[0], next(card for card in models if card["kind"] == "chat")
+    assert chat["capabilities"] == {"tools": True, "instructions": True, "text_only": True}
+    assert realtime["capabilities"]["reply_tools"] is True
     kinds = [e["type"] for e in seen]
     assert "error" not in kinds, [e for e in seen if e["type"] == "error"]
     assert "agent started" in log and "llm=" in log

@@ -322,7 +322,7 @@ def test_a_folder_that_is_not_whisper_is_refused(tmp_path: Path, tiny_whisper: P
             load_config(env={}, overrides={"server.agent_asr": path})
     assert check_whisper_folder(str(tiny_whisper)) == tiny_whisper
     config = load_config(env={}, overrides={"server.agent_asr": str(tiny_whisper)})
-    assert config.server.agent_asr == str(tiny_whisper)
+    assert config.agent.asr == str(tiny_whisper)
 
 
 def test_serve_refuses_a_folder_that_is_not_whisper(
@@ -331,7 +331,7 @@ def test_serve_refuses_a_folder_that_is_not_whisper(
     (path, _), *_ = not_whisper(tmp_path)
     assert main(["serve", "--asr", path, "--port", "0"]) == 2
     err = capsys.readouterr().err
-    assert "agent_asr" in err and path in err and "Whisper" in err
+    assert "agent.asr" in err and path in err and "Whisper" in err
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")

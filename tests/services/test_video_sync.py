@@ -15,10 +15,11 @@ import torch
 import trio
 from starlette.applications import Starlette
 
+from duplex.config import MediaConfig
 from duplex.models import ModelOptions, RequestEngine
 from duplex.models.diffusion import load_video_runner, resolve_diffusion
 from duplex.runtime import RequestEngines
-from duplex.services.media import MediaService, MediaSettings, media_routes, sync_routes
+from duplex.services.media import MediaService, media_routes, sync_routes
 
 SYNC = "/v1/videos/sync"
 ASK = {"prompt": "waves", "size": "32x16", "seconds": "1", "fps": "6", "seed": "3",
@@ -41,8 +42,8 @@ def frames_of(data: bytes) -> int:
 
 async def test_the_mp4_is_the_answer_and_limits_refuse_then_recover(tmp_path: Path) -> None:
     engines = RequestEngines(["video"])
-    settings = MediaSettings(chunk_frames=4, max_active_jobs=1)
-    service = MediaService(engines, settings=settings)
+    config = MediaConfig(video_chunk_frames=4, video_max_active_jobs=1)
+    service = MediaService(engines, config=config)
     app = Starlette(routes=[*sync_routes(service), *media_routes(service)])
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://media", timeout=120

@@ -517,3 +517,25 @@ def test_a_played_prepared_reply_answers_nothing_more():
     late = m.handle(AgentChunk(reply.response_id, _speech(80), " late"), 1.1)
     assert of(late, AudioDelta) == []
     assert m.statistics().prepared_replies_used == 1
+
+
+def test_tools_a_reply_model_cannot_call_are_taken_with_a_warning():
+    """``session.updated`` first (the tools are taken: a tool item still answers), then a
+    ``tools_not_supported`` error naming the update; none when the model calls tools, and
+    none for an update without tools."""
+    from duplex.sessions import ErrorEvent, SessionUpdated
+
+    update = SessionUpdate(SessionOptions(tools=(WEATHER,)), event_id="evt_tools")
+    echo = machine(caps=AGENT, turn_policy="turn_based")
+    kinds = sends(echo.handle(update, 0.1))
+    assert [type(e) for e in kinds] == [SessionUpdated, ErrorEvent]
+    warning = kinds[1]
+    assert (warning.code, warning.param, warning.event_id) == (
+        "tools_not_supported", "session.tools", "evt_tools",
+    )  # fmt: skip
+    assert not warning.update_refused  # an answer after the update, not its refusal
+    assert echo.config.tools == (WEATHER,)
+    plain = sends(echo.handle(SessionUpdate(SessionOptions(instructions="Hi")), 0.2))
+    assert [type(e) for e in plain] == [SessionUpdated]
+    llm = machine(caps=Capabilities(agent_cascade=True, reply_tools=True), turn_policy="turn_based")
+    assert [type(e) for e in sends(llm.handle(update, 0.1))] == [SessionUpdated]

@@ -96,6 +96,12 @@ async def test_sessions_of_two_shards_share_one_engine_process_and_hear_only_the
         status, health = await health_over_http(server)
         assert status == 200 and health["status"] == "ok"
         assert [s["sessions"]["live"] for s in health["shards"]] == [2, 2]
+        # one engine, counted once: each shard may fill all its slots, the server not twice
+        (slots,) = {e["slots"] for s in health["shards"] for e in s["engines"]}
+        assert slots > 0 and [s["sessions"]["capacity"] for s in health["shards"]] == [slots] * 2
+        assert health["sessions"] == {"live": 4, "capacity": slots}
+        assert sample(text, "duplex_server_sessions_capacity") == slots
+        assert sample(text, "duplex_server_sessions_live") == 4
 
         # a session process killed: its sessions go, and so do their engine slots
         (shard,) = shard_pids()
@@ -182,7 +188,8 @@ async def test_a_stopped_engine_process_is_reported_stalled_and_recovers() -> No
                     if health["status"] == "degraded":
                         break
                     await trio.sleep(0.2)
-            assert status == 200 and health["engines"] == [{"engine": 0, "status": "stalled"}]
+            engines = [(e["engine"], e["status"]) for e in health["engines"]]
+            assert status == 200 and engines == [(0, "stalled")]
             text = await metrics_over_http(server)
             assert sample(text, "duplex_engine_stalled", model="loopback", engine="0") == 1
         finally:

@@ -147,13 +147,13 @@ async def test_an_unlinked_engine_is_not_watched(autojump_clock: trio.testing.Mo
 
 def test_the_stall_timeout_is_bounded_and_zero_turns_it_off() -> None:
     def server(value: float) -> object:
-        return load_config(env={}, overrides={"server.engine_stall_timeout_s": value}).server
+        return load_config(env={}, overrides={"server.engine_stall_timeout_s": value}).engine
 
-    assert load_config(env={}).server.engine_stall_timeout_s == 5.0
-    assert server(0).engine_stall_timeout_s == 0  # type: ignore[attr-defined]
-    assert server(1).engine_stall_timeout_s == 1  # type: ignore[attr-defined]
+    assert load_config(env={}).engine.stall_timeout_s == 5.0
+    assert server(0).stall_timeout_s == 0  # type: ignore[attr-defined]
+    assert server(1).stall_timeout_s == 1  # type: ignore[attr-defined]
     env = {"DUPLEX_ENGINE_STALL_TIMEOUT_S": "30"}
-    assert load_config(env=env).server.engine_stall_timeout_s == 30
+    assert load_config(env=env).engine.stall_timeout_s == 30
     for bad in (-1, 0.5, 3601, float("nan")):
         with pytest.raises(ConfigError, match="engine_stall_timeout_s"):
             server(bad)

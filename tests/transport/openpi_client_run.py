@@ -2,6 +2,7 @@
 connect with ``WebsocketClientPolicy``, infer twice, reset, infer, print a JSON report.
 
 Usage: python openpi_client_run.py WS_URL
+       python openpi_client_run.py HOST PORT   (OpenPI's own form: it connects to ws://HOST:PORT/)
 """
 
 import json
@@ -23,8 +24,11 @@ def observation(k):
     }
 
 
-def main(url):
-    policy = WebsocketClientPolicy(host=url)
+def main(*target):
+    if len(target) == 2:  # as OpenPI's examples do: WebsocketClientPolicy(host, port)
+        policy = WebsocketClientPolicy(target[0], int(target[1]))
+    else:
+        policy = WebsocketClientPolicy(host=target[0])
     report = {"metadata": policy.get_server_metadata(), "numpy": np.__version__, "results": []}
     for k in range(2):
         result = policy.infer(observation(k))
@@ -51,4 +55,4 @@ def main(url):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

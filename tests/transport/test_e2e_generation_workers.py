@@ -191,21 +191,25 @@ async def test_images_and_videos_through_workers(tmp_path: Path) -> None:
 
 
 async def test_robots_through_workers(tmp_path: Path) -> None:
-    """openpi-client and several robots at once through the workers, answered by the one
-    reference policy in the server process; a frame over the sessions' 16 MiB limit still
-    reaches the robot endpoint (its own 64 MiB limit holds in the workers too)."""
+    """openpi-client (given the robot path's URL, and as OpenPI's examples build it, from
+    host and port: ``ws://host:port/``) and several robots at once through the workers,
+    answered by the one reference policy in the server process; a frame over the sessions'
+    16 MiB limit still reaches the robot endpoint on both of its paths (its own 64 MiB
+    limit holds in the workers too)."""
     openpi_python()
     async with worker_server(tmp_path) as url:
         check_openpi_report(await run_openpi_client(url))
+        check_openpi_report(await run_openpi_client(url, host_port=True))
         reference = ReferencePolicy(PolicyOptions())
         answers: dict[int, Any] = {}
 
         async def one_robot(k: int) -> None:
-            async with connect(url.replace("http://", "ws://") + PATH, max_size=None) as ws:
+            path = "/" if k % 2 else PATH
+            async with connect(url.replace("http://", "ws://") + path, max_size=None) as ws:
                 assert unpack(await ws.recv())["policy"] == "duplex-reference"
                 await ws.send(pack(deterministic_observation(k)))
                 answers[k] = unpack(await ws.recv())
-                if k == 0:  # 20 MiB: over max_frame_bytes, under the robot limit
+                if k < 2:  # 20 MiB: over max_frame_bytes, under the robot limit
                     big = {**deterministic_observation(k), "blob": bytes(20 * 1024 * 1024)}
                     await ws.send(pack(big))
                     assert unpack(await ws.recv())["actions"].shape == (10, 8)
@@ -225,7 +229,7 @@ async def test_robots_through_workers(tmp_path: Path) -> None:
             for line in text.splitlines()
             if line.startswith("duplex_robot_connections_total")
         ]
-        assert opened == [5.0], opened  # 1 + 4, all counted in the server process
+        assert opened == [6.0], opened  # 2 + 4, all counted in the server process
 
 
 async def test_models_lists_every_loaded_model() -> None:

@@ -73,9 +73,17 @@ async def weather_turns(
 
 
 async def configure_weather_app(
-    conn: Any, seen: list[dict[str, Any]], *, max_output_tokens: int, timeout_s: float = 10.0
+    conn: Any,
+    seen: list[dict[str, Any]],
+    *,
+    max_output_tokens: int,
+    timeout_s: float = 10.0,
+    tools_callable: bool = False,
 ) -> None:
-    """The app's session set-up: instructions, text out, voice, transcription, a tool."""
+    """The app's session set-up: instructions, text out, voice, transcription, a tool.
+
+    ``tools_callable``: the model that answers can call tools (the agent with ``--llm``);
+    else the server takes the tool and warns, once, that it will never be called."""
     await until(conn, "session.created", seen, timeout_s=timeout_s)
     await conn.session.update(
         session={
@@ -92,6 +100,10 @@ async def configure_weather_app(
         }
     )
     await until(conn, "session.updated", seen, timeout_s=timeout_s)
+    if not tools_callable:
+        warning = await until(conn, "error", seen, timeout_s=timeout_s)
+        assert warning["error"]["code"] == "tools_not_supported", warning
+        assert warning["error"]["param"] == "session.tools"
 
 
 async def _app(base_url: str) -> list[dict[str, Any]]:
@@ -124,7 +136,8 @@ async def test_a_typical_app_session_runs_and_every_event_validates() -> None:
         base = server.http.replace("http://", "ws://") + "/v1"
         seen = await trio.to_thread.run_sync(lambda: asyncio.run(_app(base)))
     kinds = [e["type"] for e in seen]
-    assert "error" not in kinds, [e for e in seen if e["type"] == "error"]
+    errors = [e["error"]["code"] for e in seen if e["type"] == "error"]
+    assert errors == ["tools_not_supported"]  # the loopback's responder calls no tool
     (updated,) = (e["session"] for e in seen if e["type"] == "session.updated")
     assert updated["instructions"] == "You are a terse weather assistant."
     assert updated["output_modalities"] == ["text"]
@@ -151,3 +164,49 @@ async def test_a_typical_app_session_runs_and_every_event_validates() -> None:
     assert oob["metadata"] == {"purpose": "title"} and oob["conversation_id"] is None
     oob_item = oob["output"][0]["id"]
     assert not any(i["id"] == oob_item for i in added)
+
+
+async def _tools_on_the_echo(base_url: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The SDK: ``models.list()``, then a session that sets a tool, is told, and goes on."""
+    client = AsyncOpenAI(api_key="unused", base_url=base_url)
+    cards = [model.model_dump() for model in (await client.models.list()).data]
+    seen: list[dict[str, Any]] = []
+    async with client.realtime.connect(model="gpt-realtime") as conn:
+        await configure_weather_app(conn, seen, max_output_tokens=64)  # the tool: warned
+        await conn.session.update(session={"type": "realtime", "instructions": "Be brief."})
+        await until(conn, "session.updated", seen)  # no tools in it: no second warning
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Weather in Paris?"}],
+            }
+        )
+        await conn.response.create()
+        await until(conn, "response.done", seen)
+    return cards, seen
+
+
+async def test_tools_the_reply_model_cannot_call_are_flagged() -> None:
+    """With the voice agent's default reply model (the echo, no ``--llm``): ``GET
+    /v1/models`` says it calls no tools and follows no instructions, and a
+    ``session.update`` that sets tools gets a ``tools_not_supported`` warning after its
+    ``session.updated``; the session goes on and answers. With ``--llm`` neither (the
+    warning's absence there: tests/agent/test_e2e_vllm.py)."""
+    async with running_server(**{"server.agent": True}) as server:
+        cards, seen = await trio.to_thread.run_sync(
+            lambda: asyncio.run(_tools_on_the_echo(server.http + "/v1"))
+        )
+    chat = next(card for card in cards if card.get("kind") == "chat")
+    assert chat["id"] == "echo"
+    assert chat["capabilities"] == {"tools": False, "instructions": False, "text_only": True}
+    realtime = cards[0]["capabilities"]
+    assert (realtime["agent_cascade"], realtime["reply_tools"]) == (True, False)
+    kinds = [e["type"] for e in seen]
+    assert kinds.count("session.updated") == 2
+    (warning,) = [e["error"] for e in seen if e["type"] == "error"]
+    assert kinds.index("error") == kinds.index("session.updated") + 1  # right after it
+    assert "--llm" in warning["message"] and warning["type"] == "invalid_request_error"
+    done = seen[-1]["response"]
+    assert done["status"] == "completed"
+    assert done["output"][0]["content"][0]["text"] == "You said: Weather in Paris?."

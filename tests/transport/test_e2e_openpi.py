@@ -25,6 +25,7 @@ import msgpack
 import numpy as np
 import pytest
 import trio
+from structlog.testing import capture_logs
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.trio.client import ClientConnection, connect
 
@@ -104,12 +105,18 @@ def deterministic_observation(k: int) -> dict[str, Any]:
     }
 
 
-async def run_openpi_client(url: str) -> dict[str, Any]:
+async def run_openpi_client(url: str, *, host_port: bool = False) -> dict[str, Any]:
     """openpi-client's ``WebsocketClientPolicy`` against the server at ``url`` (its own
-    environment, a subprocess); its report."""
-    ws_url = url.replace("http://", "ws://") + PATH
+    environment, a subprocess); its report. ``host_port``: built as OpenPI's own examples
+    build it, ``WebsocketClientPolicy(host, port)``, which connects to ``ws://host:port/``;
+    else given the robot path's full URL."""
+    if host_port:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        target = [host, port]
+    else:
+        target = [url.replace("http://", "ws://") + PATH]
     ran = await trio.run_process(
-        [str(openpi_python()), str(ROOT / "tests/transport/openpi_client_run.py"), ws_url],
+        [str(openpi_python()), str(ROOT / "tests/transport/openpi_client_run.py"), *target],
         capture_stdout=True,
         capture_stderr=True,
         check=False,
@@ -146,7 +153,12 @@ async def test_openpi_client_against_duplex_serve() -> None:
             healthz = await http.get(url + "/healthz")
             assert (healthz.status_code, healthz.text) == (200, "OK\n")
         report = await run_openpi_client(url)
+        stock = await run_openpi_client(url, host_port=True)
+        async with httpx.AsyncClient() as http:  # a GET on / is still the browser page
+            page = await http.get(url + "/")
+            assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     check_openpi_report(report)
+    check_openpi_report(stock)  # the stock client, given only the host and the port
 
 
 # -- in-process servers, a websockets client -----------------------------------------------
@@ -301,6 +313,55 @@ async def test_without_a_policy_the_endpoint_says_so_and_closes() -> None:
         async with httpx.AsyncClient() as http:
             assert (await http.get(server.http + PATH)).status_code == 426
             assert (await http.get(server.http + "/healthz")).status_code == 200
+
+
+async def test_without_a_policy_a_websocket_on_root_is_refused_with_why() -> None:
+    """OpenPI's client given only host and port opens ``ws://host:port/``: with no policy
+    the upgrade is refused 404, the body says why (a policy is not loaded, and where the
+    other clients connect), and the log says so too."""
+    async with running_server(**{"server.policy": "none"}) as server:
+        root = server.http.replace("http://", "ws://") + "/"
+        with capture_logs() as logs, pytest.raises(InvalidStatus) as refused:
+            async with connect(root):
+                pass
+        response = refused.value.response
+        assert response.status_code == 404
+        error = json.loads(response.body)["error"]
+        assert error["code"] == "policy_not_loaded"
+        assert "--policy" in error["message"] and "/v1/realtime" in error["message"]
+        assert [e["code"] for e in logs if e["event"] == "robot refused"] == ["policy_not_loaded"]
+        async with httpx.AsyncClient() as http:  # the page and the health are untouched
+            assert (await http.get(server.http + "/")).status_code == 200
+            assert (await http.get(server.http + "/healthz")).status_code == 200
+
+
+async def test_an_upgrade_no_route_takes_is_refused_with_why() -> None:
+    """Starlette's own answer is a 403 with no body and no log line."""
+    async with running_server(**ECHO) as server:
+        url = server.http.replace("http://", "ws://") + "/v1/no/such/socket"
+        with capture_logs() as logs, pytest.raises(InvalidStatus) as refused:
+            async with connect(url):
+                pass
+        response = refused.value.response
+        assert response.status_code == 404
+        error = json.loads(response.body)["error"]
+        assert error["code"] == "not_found"
+        assert "/v1/no/such/socket" in error["message"] and PATH in error["message"]
+        assert any(e["event"] == "websocket refused" and e["status"] == 404 for e in logs)
+        assert await metric(server, 'duplex_access_refused_total{code="not_found"}') == 1
+        async with robot(server) as ws:  # the server goes on
+            assert (await ask(ws, {"state": np.ones(1, np.float32)}))["reset"]
+
+
+async def test_root_is_the_robot_endpoint_with_its_own_frame_limit() -> None:
+    """On ``/`` as on the robot path: a 20 MiB observation (over the sessions' 16 MiB)
+    reaches the policy."""
+    async with running_server(**ECHO) as server:
+        root = server.http.replace("http://", "ws://") + "/"
+        async with connect(root, max_size=None) as ws:
+            assert isinstance(unpack(await ws.recv()), dict)
+            big = {"state": np.ones(2, np.float32), "blob": bytes(20 * 1024 * 1024)}
+            assert (await ask(ws, pack(big)))["actions"].shape == (10, 2)
 
 
 async def test_a_key_in_openpi_clients_scheme_is_accepted_and_a_wrong_one_refused() -> None:

@@ -870,3 +870,14 @@ def test_a_tool_call_cut_off_is_incomplete_and_leaves_the_conversation():
         "response.output_item.done",
     ]
     assert wire[-1]["item"]["status"] == "incomplete"
+
+
+def test_a_clean_close_of_a_turn_based_client_ends_its_session() -> None:
+    """It cannot resume; a ``?duplex=1`` client can, and an abnormal close may be a fault."""
+    from duplex.sessions import SessionClose
+
+    turn_based, resumable = RealtimeProjection(), RealtimeProjection(duplex=True)
+    assert isinstance(turn_based.left(1000), SessionClose)
+    assert isinstance(turn_based.left(1001), SessionClose)
+    assert turn_based.left(1006) is None and turn_based.left(None) is None
+    assert resumable.left(1000) is None

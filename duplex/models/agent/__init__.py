@@ -5,7 +5,16 @@
 
 from ._agent import ASR_RUNNER, AgentModels, AgentOptions, build_asr, build_replier
 from ._asr import ASR_SAMPLE_RATE, AsrChunk, AsrProcess, AsrText, PocketSphinxRunner
-from ._reply import ChatMessage, EchoReplier, Replier, ReplyDelta, ReplyRequest, ToolSpec
+from ._reply import (
+    ChatMessage,
+    EchoReplier,
+    Replier,
+    ReplyCapabilities,
+    ReplyDelta,
+    ReplyRequest,
+    ToolSpec,
+    reply_capabilities,
+)
 from ._whisper import PARTIAL_MS, WINDOW_SAMPLES, WhisperRunner, WhisperStatistics
 
 __all__ = [
@@ -22,6 +31,7 @@ __all__ = [
     "EchoReplier",
     "PocketSphinxRunner",
     "Replier",
+    "ReplyCapabilities",
     "ReplyDelta",
     "ReplyRequest",
     "ToolSpec",
@@ -29,4 +39,5 @@ __all__ = [
     "WhisperStatistics",
     "build_asr",
     "build_replier",
+    "reply_capabilities",
 ]

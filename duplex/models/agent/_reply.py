@@ -6,18 +6,57 @@ reply (a model-backed replier aborts its request).
 
 `EchoReplier` stands in when no LLM is configured: deterministic, no weights, it
 answers from the newest user or tool item ("You said: ..."), word by word. It accepts
-tools and never calls one. `duplex.models.agent.VllmReplier` runs a local checkpoint.
+tools and never calls one, and ignores instructions: its `ReplyCapabilities` say so, and
+the session warns a client that sets tools (``tools_not_supported``).
+`duplex.models.agent.VllmReplier` runs a local checkpoint.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol, final
+from typing import Final, Protocol, final
 
 import trio
 
-__all__ = ["ChatMessage", "EchoReplier", "Replier", "ReplyDelta", "ReplyRequest", "ToolSpec"]
+__all__ = [
+    "ChatMessage",
+    "EchoReplier",
+    "Replier",
+    "ReplyCapabilities",
+    "ReplyDelta",
+    "ReplyRequest",
+    "ToolSpec",
+    "reply_capabilities",
+]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ReplyCapabilities:
+    """What a reply model does with a session's settings, so clients can be told
+    (``GET /v1/models``, ``session.created``) instead of finding out by silence.
+
+    ``tools``: it may answer with a function call; ``instructions``: it follows the
+    session's instructions; ``text_only``: it answers text-only responses (no TTS).
+    """
+
+    tools: bool
+    instructions: bool
+    text_only: bool = True
+
+    def as_dict(self) -> dict[str, bool]:
+        return {"tools": self.tools, "instructions": self.instructions, "text_only": self.text_only}
+
+
+ECHO_CAPABILITIES: Final = ReplyCapabilities(tools=False, instructions=False)
+LLM_CAPABILITIES: Final = ReplyCapabilities(tools=True, instructions=True)
+
+
+def reply_capabilities(llm: str) -> ReplyCapabilities:
+    """The capabilities of the reply model ``server.agent_llm`` names (``""``: the echo),
+    known before it loads."""
+    return LLM_CAPABILITIES if llm else ECHO_CAPABILITIES
 
 
 @final
@@ -78,6 +117,7 @@ class Replier(Protocol):
     """Streams a reply; shared by every session of the process."""
 
     name: str
+    capabilities: ReplyCapabilities
 
     def stream(self, request: ReplyRequest) -> AsyncIterator[ReplyDelta]: ...
 
@@ -89,6 +129,7 @@ class EchoReplier:
     """The deterministic stand-in: "You said: <the newest user text>." word by word."""
 
     name = "echo"
+    capabilities = ECHO_CAPABILITIES
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()  # no loop: each reply is made where it is read

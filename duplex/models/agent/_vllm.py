@@ -26,7 +26,7 @@ from typing import Any
 
 import trio
 
-from ._reply import ChatMessage, ReplyDelta, ReplyRequest
+from ._reply import LLM_CAPABILITIES, ChatMessage, ReplyDelta, ReplyRequest
 
 __all__ = ["VllmReplier"]
 
@@ -45,6 +45,7 @@ class VllmReplier:
     """
 
     name = "vllm"
+    capabilities = LLM_CAPABILITIES
 
     def __init__(
         self,

@@ -41,7 +41,7 @@ from ._checkpoint import (
 from ._config import MOSHI_PRESETS, MoshiConfig, moshi_preset
 from ._cuda_graph import CudaGraphStep
 from ._engine_runner import MoshiEngineRunner, stream_seed
-from ._kv import KVRing, prefix_attention
+from ._kv import INT4, KVDtype, KVRing, prefix_attention
 from ._lm import MoshiLM, TokenChooser
 from ._mimi import MimiModel
 from ._mimi_config import MIMI_PRESETS, MimiConfig, mimi_preset
@@ -57,6 +57,7 @@ __all__ = [
     "CHECKPOINT_FILES",
     "GREEDY",
     "HF_REPOS",
+    "INT4",
     "LM_FILE",
     "MIMI_FILE",
     "MIMI_PRESETS",
@@ -64,6 +65,7 @@ __all__ = [
     "MOSHI_PRESETS",
     "TOKENIZER_FILE",
     "CudaGraphStep",
+    "KVDtype",
     "KVRing",
     "LoadedMoshi",
     "MimiConfig",

@@ -137,9 +137,9 @@ class MoshiConfig:
         """Largest stream delay; outputs lag the model by this many frames."""
         return max(self.delays)
 
-    def kv_bytes_per_slot(self, bytes_per_value: int = 2) -> int:
+    def kv_bytes_per_slot(self, bytes_per_value: float = 2) -> int:
         """Bytes of one slot's temporal KV ring (keys and values, every layer)."""
-        return 2 * self.num_layers * self.context * self.dim * bytes_per_value
+        return int(2 * self.num_layers * self.context * self.dim * bytes_per_value)
 
 
 MOSHI_PRESETS: dict[str, MoshiConfig] = {

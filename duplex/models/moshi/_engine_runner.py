@@ -84,6 +84,7 @@ from .._interface import (
 )
 from .._streams import priority_stream
 from ._checkpoint import LoadedMoshi
+from ._kv import KVDtype
 from ._mimi_streams import MimiStreams
 from ._prompt import (
     PromptReplay,
@@ -145,7 +146,7 @@ class MoshiEngineRunner:
         sampling: SlotSampling | None = None,
         speech_rms: float = 0.01,
         cuda_graphs: bool | None = None,
-        kv_dtype: torch.dtype | None = None,
+        kv_dtype: KVDtype | None = None,
         voice_dir: Path | None = None,
     ) -> None:
         mimi_config = loaded.mimi.config

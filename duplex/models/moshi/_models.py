@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 from duplex.exceptions import ConfigError
+from duplex.kernels.kv_int4 import int4_row_bytes
 from duplex.progress import note
 
 from .._interface import ModelRunner, ModelSpec, RunnerFactory
@@ -35,6 +36,7 @@ from ._checkpoint import (
 )
 from ._config import MOSHI_PRESETS, MoshiConfig, moshi_preset
 from ._engine_runner import MoshiEngineRunner
+from ._kv import INT4, KVDtype
 from ._mimi_config import MimiConfig
 from ._mimi_weights import expected_mimi_tensors
 from ._weights import expected_tensors
@@ -84,7 +86,14 @@ def weight_bytes(lm: MoshiConfig, mimi: MimiConfig, *, lm_bytes: int = 2) -> int
     return lm_values * lm_bytes + mimi_values * 4
 
 
-def per_slot_bytes(lm: MoshiConfig, mimi: MimiConfig, *, kv_bytes: int = 2) -> int:
+KV_DTYPES: dict[str, KVDtype | None] = {"auto": None, "fp8": torch.float8_e4m3fn, "int4": INT4}
+"""The temporal KV ring's storage for each ``kv_cache_dtype`` (``None``: the LM's dtype)."""
+KV_BYTES: dict[str, float] = {"auto": 2, "fp8": 1, "int4": int4_row_bytes(128) / 128}
+"""Bytes a stored value takes (int4: half a byte and its share of a float16 scale a group;
+the 7B's and PersonaPlex's heads are 128 wide)."""
+
+
+def per_slot_bytes(lm: MoshiConfig, mimi: MimiConfig, *, kv_bytes: float = 2) -> int:
     """Bytes one slot holds: its temporal KV ring, Mimi's rings, and working room."""
     rings = lm.kv_bytes_per_slot(kv_bytes) + mimi.kv_bytes_per_slot(4)
     return int(rings * _SLOT_OVERHEAD)
@@ -120,7 +129,7 @@ def _spec_for(lm: MoshiConfig, mimi: MimiConfig, options: ModelOptions) -> Model
         return moshi_spec(lm.name)
     free, _total = torch.cuda.mem_get_info(torch.device(options.device))
     weights = weight_bytes(lm, mimi)
-    kv_bytes = 1 if options.kv_cache_dtype == "fp8" else 2
+    kv_bytes = KV_BYTES[options.kv_cache_dtype]
     per_slot = per_slot_bytes(lm, mimi, kv_bytes=kv_bytes)
     slots = memory_slots(free, weights, per_slot)
     return moshi_spec(lm.name, slots)
@@ -187,8 +196,7 @@ def _factory(load: Callable[[torch.dtype], LoadedMoshi], options: ModelOptions) 
         note(f"loading model {spec.name} on {options.device}")
         loaded = load(torch.bfloat16 if cuda else torch.float32)
         note(f"model {spec.name} loaded; making its runner")
-        fp8 = options.kv_cache_dtype == "fp8"
-        kv_dtype = torch.float8_e4m3fn if fp8 else None
+        kv_dtype = KV_DTYPES[options.kv_cache_dtype]
         runner = MoshiEngineRunner(
             loaded, spec, seed=options.seed, kv_dtype=kv_dtype, voice_dir=options.voice_dir
         )

@@ -42,7 +42,7 @@ from duplex.kernels.sampling import as_int64
 from .._interface import ModelSpec
 from ._config import MoshiConfig
 from ._cuda_graph import CudaGraphStep
-from ._kv import KVRing
+from ._kv import KVDtype, KVRing
 from ._lm import MoshiLM
 from ._sampling import SamplingParams, effective_top_k
 from ._step import UNGENERATED, LMStep, SlotState
@@ -111,7 +111,7 @@ class MoshiRunner:
         model: MoshiLM,
         *,
         max_slots: int,
-        kv_dtype: torch.dtype | None = None,
+        kv_dtype: KVDtype | None = None,
         cuda_graphs: bool | None = None,
         static_shapes: bool = True,
     ) -> None:

@@ -39,7 +39,7 @@ from duplex.kernels import sample as sample_kernel
 from duplex.kernels import sample_reference, triton_available
 
 from ._config import MoshiConfig
-from ._kv import KVRing
+from ._kv import KVDtype, KVRing
 from ._lm import MoshiLM
 
 __all__ = ["UNGENERATED", "LMStep", "SlotState", "packed_width"]
@@ -67,7 +67,7 @@ class SlotState:
         *,
         max_slots: int,
         device: torch.device,
-        kv_dtype: torch.dtype,
+        kv_dtype: KVDtype,
     ) -> None:
         self.columns = config.max_delay + 2 + config.user_lag
         self.ring = KVRing(

@@ -4,13 +4,12 @@
 from ._audio import audio_routes
 from ._edits import edit_routes
 from ._protocol import MediaLimits
-from ._serving import MediaService, MediaSettings, media_routes
+from ._serving import MediaService, media_routes
 from ._video_sync import sync_routes
 
 __all__ = [
     "MediaLimits",
     "MediaService",
-    "MediaSettings",
     "audio_routes",
     "edit_routes",
     "media_routes",

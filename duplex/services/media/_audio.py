@@ -143,12 +143,12 @@ async def generate_audio(service: MediaService, request: Request) -> Response | 
         return refusal_response(engine)
     metadata: dict[str, Any] = dict(engine.metadata)
     max_seconds = min(
-        service.settings.audio_max_length_s, float(metadata.get("max_audio_length_s", 0.0))
+        service.config.audio_max_length_s, float(metadata.get("max_audio_length_s", 0.0))
     )
     try:
         body = await _read_body(request)
         asked = parse_audio_request(
-            body, service._model(engine, "audio"), max_seconds, service.settings.limits
+            body, service._model(engine, "audio"), max_seconds, service.limits
         )
     except _BodyTooLarge:
         return _too_large()

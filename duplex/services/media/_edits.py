@@ -166,7 +166,7 @@ async def edit_images(service: MediaService, request: Request) -> Response | Non
     engine = service._engine("image")
     if isinstance(engine, Refusal):
         return refusal_response(engine)
-    limits = service.settings.limits
+    limits = service.limits
     try:
         form = await read_upload_form(
             request, max_bytes=MAX_EDIT_BYTES, files=_FILES, max_fields=len(_EDIT_FIELDS) + 3

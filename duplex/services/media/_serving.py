@@ -23,7 +23,6 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Final, final
 from urllib.parse import parse_qsl
@@ -37,6 +36,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex.codecs import FragmentedMp4, encode_mp4, encode_png
+from duplex.config import MediaConfig
 from duplex.exceptions import EngineUnavailable, ProtocolError, RequestFailed, RequestsOverloaded
 from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry, Sample
@@ -64,27 +64,12 @@ from ._video_stream import (
     StopGeneration,
 )
 
-__all__ = ["MediaService", "MediaSettings", "media_routes"]
+__all__ = ["MediaService", "media_routes"]
 
 MAX_BODY_BYTES: Final = 1024 * 1024
 """Largest image or video request body (a prompt and a few numbers)."""
 RETRY_AFTER_S: Final = 1
 """``Retry-After`` of a full job store and of a pipeline still starting."""
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class MediaSettings:
-    limits: MediaLimits = field(default_factory=MediaLimits)
-    chunk_frames: int = 16
-    """Frames generated per video request (a job's chunk, a stream's chunk)."""
-    max_jobs: int = 64
-    max_active_jobs: int = 8
-    job_retention_s: float = 3600.0
-    start_timeout_s: float = 10.0
-    stall_timeout_s: float = 60.0
-    audio_max_length_s: float = 30.0
-    """The longest ``/v1/audio/generate`` audio (also capped by the pipeline's own)."""
 
 
 def _json(content: Any, status: int = 200) -> Response:
@@ -185,16 +170,19 @@ class MediaService:
         self,
         requests: RequestEngines | None,
         *,
-        settings: MediaSettings | None = None,
+        config: MediaConfig | None = None,
+        limits: MediaLimits | None = None,
         registry: MetricsRegistry | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.requests = requests
-        self.settings = settings or MediaSettings()
+        self.config = config or MediaConfig()
+        """The ``[media]`` section: chunk frames, the job store's bounds, the stream timeouts."""
+        self.limits = limits or MediaLimits()
         self.jobs = JobStore(
-            max_jobs=self.settings.max_jobs,
-            max_active=self.settings.max_active_jobs,
-            retention_s=self.settings.job_retention_s,
+            max_jobs=self.config.video_max_jobs,
+            max_active=self.config.video_max_active_jobs,
+            retention_s=self.config.video_job_retention_s,
         )
         self.wall_clock = wall_clock
         self._job_scopes: dict[str, trio.CancelScope] = {}
@@ -207,7 +195,7 @@ class MediaService:
 
     def _job_samples(self) -> list[Sample]:
         counts = dict.fromkeys(JobStatus, 0)
-        for job in self.jobs.list(self.wall_clock(), limit=self.settings.max_jobs):
+        for job in self.jobs.list(self.wall_clock(), limit=self.config.video_max_jobs):
             counts[job.status] += 1
         return [
             Sample("duplex_video_jobs", {"status": s.value}, float(n)) for s, n in counts.items()
@@ -243,7 +231,7 @@ class MediaService:
             return refusal_response(engine)
         try:
             body = await _read_body(request)
-            asked = parse_image_request(body, self._model(engine, "image"), self.settings.limits)
+            asked = parse_image_request(body, self._model(engine, "image"), self.limits)
         except _BodyTooLarge:
             return _too_large()
         except ProtocolError as exc:
@@ -327,7 +315,7 @@ class MediaService:
                     raw[key] = value
             else:
                 raw = await _read_body(request)
-            asked = parse_video_request(raw, model, self.settings.limits)
+            asked = parse_video_request(raw, model, self.limits)
         except _BodyTooLarge:
             return _too_large()
         except _BadForm as bad:
@@ -360,7 +348,7 @@ class MediaService:
 
     def _chunks(self, asked: VideoGeneration | RealtimeVideoStart, seed: int) -> list[VideoRequest]:
         """The requests of a video, one a chunk; chunk ``k`` draws its noise from ``seed + k``."""
-        size = self.settings.chunk_frames
+        size = self.config.video_chunk_frames
         return [
             VideoRequest(
                 prompt=asked.prompt,
@@ -488,14 +476,13 @@ class MediaService:
             await websocket.send_text(json.dumps(frame))
             await websocket.close(1000 if engine.code == "model_not_loaded" else 1013, engine.code)
             return
-        settings = self.settings
         machine = RealtimeVideo(
             model=self._model(engine, "video"),
             request_id=f"video_stream-{secrets.token_hex(8)}",
-            limits=settings.limits,
+            limits=self.limits,
             now=trio.current_time(),
-            start_timeout_s=settings.start_timeout_s,
-            stall_timeout_s=settings.stall_timeout_s,
+            start_timeout_s=self.config.video_start_timeout_s,
+            stall_timeout_s=self.config.video_stall_timeout_s,
         )
         lock = trio.Lock()
         generation = trio.CancelScope()

@@ -76,7 +76,7 @@ async def _read_video_request(
             raw[key] = value
     else:
         raw = await _read_body(request)
-    return parse_video_request(raw, model, service.settings.limits)
+    return parse_video_request(raw, model, service.limits)
 
 
 @final
@@ -104,7 +104,7 @@ class SyncVideos:
             return refusal_response(Refusal(413, message, "body_too_large"))
         except ProtocolError as exc:
             return refusal_response(Refusal.of(exc))
-        most = service.settings.max_active_jobs
+        most = service.config.video_max_active_jobs
         if self.active >= most:
             message = f"Too many video generations at once (the most is {most}); retry later."
             return refusal_response(Refusal(429, message, "rate_limited", retry_after_s=1))

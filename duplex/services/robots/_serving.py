@@ -34,10 +34,12 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from duplex.actors import Actor, ActorContext, ActorRef, ActorSystem, LaneSpec, Restart
 from duplex.exceptions import EngineUnavailable, InvalidPayload, RequestFailed, RequestsOverloaded
+from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry
 from duplex.models import PolicyRequest
+from duplex.refusals import Refusal
 from duplex.runtime import RequestEngines, RequestService
-from duplex.transport import ShutDown, SocketGone
+from duplex.transport import ShutDown, SocketGone, refuse_upgrade
 from duplex.wire import (
     MAX_PAYLOAD_BYTES,
     Answer,
@@ -326,12 +328,28 @@ class RobotConnection(Actor[Any]):
 
 
 ROBOT_PATH: Final = "/v1/realtime/robot/openpi"
+ROOT_PATH: Final = "/"
+"""Where OpenPI's own client connects given only a host and a port
+(``WebsocketClientPolicy(host, port)`` opens ``ws://host:port/``): a WebSocket upgrade
+on ``/`` is the robot endpoint while a policy is served. An HTTP ``GET /`` stays the
+browser page."""
+
+NO_POLICY_AT_ROOT: Final = (
+    "A WebSocket on / is the OpenPI robot endpoint, and this server runs no robot policy "
+    "(server.policy = none). Start it with --policy reference or --policy module:factory; "
+    "OpenAI Realtime clients connect to /v1/realtime, native clients to /v1/duplex, Moshi "
+    "clients to /api/chat."
+)
 
 
 def robot_routes(robots: RobotService | None) -> list[BaseRoute]:
-    """The robot endpoint (OpenPI's protocol); without a policy (``None``), vLLM-Omni's
-    ``Robot policy not available`` text frame and a close. A connection worker relays it
-    whole to the server process, where the policy's engine is (``topology/_relay.py``)."""
+    """The robot endpoint (OpenPI's protocol), at `ROBOT_PATH` and at `ROOT_PATH`.
+
+    Without a policy (``None``): on `ROBOT_PATH` vLLM-Omni's ``Robot policy not available``
+    text frame and a close; on `ROOT_PATH` the upgrade is refused (404, the body says
+    why). A connection worker relays both whole to the server process, where the
+    policy's engine is (``topology/_relay.py``)."""
+    log = get_logger(component="robots")
 
     async def robot_socket(websocket: WebSocket) -> None:
         await websocket.accept()
@@ -343,4 +361,18 @@ def robot_routes(robots: RobotService | None) -> list[BaseRoute]:
             return
         await robots.connect(WebSocketFrames(websocket), peer=peer)
 
-    return [WebSocketRoute(ROBOT_PATH, robot_socket)]
+    async def root_socket(websocket: WebSocket) -> None:
+        if robots is not None:
+            await robot_socket(websocket)
+            return
+        refusal = Refusal(404, NO_POLICY_AT_ROOT, "policy_not_loaded")
+        log.warning(
+            "robot refused",
+            path=ROOT_PATH,
+            peer=websocket.client.host if websocket.client else None,
+            status=refusal.status,
+            code=refusal.code,
+        )
+        await refuse_upgrade(websocket, refusal)
+
+    return [WebSocketRoute(ROBOT_PATH, robot_socket), WebSocketRoute(ROOT_PATH, root_socket)]

@@ -1,0 +1,166 @@
+"""Sessions per node and delay with 1, 2 and 3 duplex nodes on one host, in one run.
+
+A local Ray cluster (``ray.cluster_utils.Cluster``, every listener on 127.0.0.1) gets
+one more duplex node (loopback model) per round; ``--per-node`` sessions per node
+stream a tone at real time through one ingress copy (in this process) for
+``--seconds`` after ``--warmup``. Delay is each output's lateness against its run's
+best-aligned 80 ms cadence (as ``bench/served.py``). Figures are given as ratios to
+the 1-node round, since on a small shared machine the absolute ones mostly measure
+the machine.
+
+    python bench/cluster.py --per-node 8 --seconds 5 --warmup 2 --json out.json
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray on 127.0.0.1 (docs/cluster.md)
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+
+import argparse
+import json
+import platform
+import subprocess
+import time
+from typing import Any
+
+import numpy as np
+import ray
+import trio
+from ray.cluster_utils import Cluster
+from served import PERIOD, _measure, _session
+
+from duplex.cluster import (
+    NODE_RESOURCE,
+    Ingress,
+    NodeState,
+    RayTable,
+    serve_ingress,
+    start_controller,
+)
+
+NODE_ARGS = dict(num_cpus=1, object_store_memory=80 * 1024**2, node_ip_address="127.0.0.1")
+SERVE_ENV = {
+    "DUPLEX_AGENT": "false",
+    "DUPLEX_REALTIME_VAD": "energy",
+    "DUPLEX_TTS": "none",
+    "DUPLEX_LOG_LEVEL": "warning",
+    # every frame the model speaks is sent (as bench/served.py): the loopback echoes the
+    # tone 240 ms later, so each session gets one output a tick
+    "DUPLEX_SESSION__OVERLAP_POLICY": "model",
+}
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)) * 1000, 2) if values else None
+
+
+async def _round(ingress: Ingress, url: str, count: int, args: argparse.Namespace) -> dict:
+    before = dict(ingress.placement.statistics().placed)
+    results: list[dict[str, Any]] = []
+
+    async def one(index: int) -> None:
+        result = await _session(url, index * PERIOD / count, args.warmup, args.seconds)
+        if result["admitted"]:
+            result = {"admitted": True, **_measure(result, args.warmup, args.seconds)}
+        results.append(result)
+
+    async with trio.open_nursery() as nursery:
+        for index in range(count):
+            nursery.start_soon(one, index)
+    after = ingress.placement.statistics().placed
+    per_node = sorted(after.get(n, 0) - before.get(n, 0) for n in after)
+    admitted = [r for r in results if r["admitted"]]
+    delays = [d for r in admitted for d in r["delays"]]
+    return {
+        "sessions": count,
+        "admitted": len(admitted),
+        "sessions_per_node": [n for n in per_node if n],
+        "delay_p50_ms": _pct(delays, 50),
+        "delay_p99_ms": _pct(delays, 99),
+        "missed": sum(r["missed"] for r in admitted),
+        "frames": round(
+            sum(r["received"] for r in admitted) / max(sum(r["expected"] for r in admitted), 1), 3
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", default="1,2,3", help="node counts, one round each, rising")
+    parser.add_argument("--per-node", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.nodes.split(",")]
+
+    started = time.monotonic()
+    cluster = Cluster(
+        initialize_head=True, head_node_args={**NODE_ARGS, "include_dashboard": False}
+    )
+    rounds: list[dict[str, Any]] = []
+    try:
+        ray.init(address=cluster.address, namespace="duplex", log_to_driver=False)
+        handle = start_controller(poll_s=0.25, env=SERVE_ENV)
+        hosts = 0
+
+        def serving() -> int:
+            rows = ray.get(handle.rows.remote(), timeout=10)
+            return sum(r.report.state is NodeState.SERVING for r in rows)
+
+        for k in counts:
+            while hosts < k:
+                cluster.add_node(**NODE_ARGS, resources={NODE_RESOURCE: 1})
+                hosts += 1
+            deadline = time.monotonic() + 120
+            while serving() < k:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{k} nodes did not all start")
+                time.sleep(0.25)
+
+            async def measure(k: int = k) -> dict:
+                ingress = Ingress(RayTable(handle), refresh_s=0.1)
+                async with trio.open_nursery() as nursery:
+                    base = await nursery.start(serve_ingress, ingress, "127.0.0.1", 0)
+                    while sum(n.state is NodeState.SERVING for n in ingress.placement.nodes()) < k:
+                        await trio.sleep(0.1)
+                    result = await _round(
+                        ingress,
+                        base.replace("http", "ws", 1) + "/v1/duplex",
+                        k * args.per_node,
+                        args,
+                    )
+                    nursery.cancel_scope.cancel()
+                await ingress.aclose()
+                return {"nodes": k, **result}
+
+            rounds.append(trio.run(measure))
+            print(json.dumps(rounds[-1]), flush=True)
+        ray.get(handle.shutdown.remote(), timeout=60)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    one = rounds[0]
+    for r in rounds:
+        r["sessions_per_node_ratio"] = round(
+            (r["admitted"] / r["nodes"]) / max(one["admitted"] / one["nodes"], 1e-9), 3
+        )
+        if one["delay_p99_ms"] and r["delay_p99_ms"] is not None:
+            r["delay_p99_ratio"] = round(r["delay_p99_ms"] / one["delay_p99_ms"], 2)
+    cpu = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    report = {
+        "machine": f"{platform.machine()}, {cpu} cores, python {platform.python_version()}",
+        "args": vars(args),
+        "wall_s": round(time.monotonic() - started, 1),
+        "rounds": rounds,
+    }
+    print(json.dumps(report, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""KV rows in 4 bits, and the ring decode attention that reads them in place.
+
+Storage: each row of ``D`` values is cut into groups of `GROUP` values; a group
+keeps one scale (float16, its largest magnitude / 7) and its values as signed
+4-bit integers in ``[-8, 7]``, two to a byte (value ``2j`` in the low nibble of
+byte ``j``, value ``2j + 1`` in the high one, each stored plus 8). A row of
+``D = 128`` takes 64 bytes of values and 8 of scales: 72 bytes, against 128 in
+fp8 and 256 in bf16. Rounding is to the nearest level; a group of zeros has
+scale 0 and dequantizes to zeros.
+
+`quantize_int4` / `dequantize_int4` are the torch reference (and the path off
+CUDA). `ring_attention_int4` is `ring_attention` (``ring_attention.py``) for
+such rings: one program per (row, head, split) walks its split's filled rows,
+loads the packed bytes and the scales, unpacks the two nibbles in registers and
+keeps the even and odd halves of the weighted sum apart, so nothing is widened
+in memory; the splits are merged by the same kernel as the other dtypes. It uses
+no tensor cores (an elementwise dot: the bytes, not the arithmetic, bound a
+decode step). ``ring_attention_int4_reference`` dequantizes the filled rows and
+calls `ring_attention_reference`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _triton
+from .ring_attention import SPLIT_ROWS, ring_attention_reference
+
+if _triton.available():
+    import triton
+    import triton.language as tl
+
+    from .ring_attention import _ring_attention_merge
+
+__all__ = [
+    "GROUP",
+    "ZERO_BYTE",
+    "dequantize_int4",
+    "int4_row_bytes",
+    "quantize_int4",
+    "ring_attention_int4",
+    "ring_attention_int4_reference",
+]
+
+GROUP = 32
+"""Values per scale: 4 scales a 128-value head row."""
+ZERO_BYTE = 0x88
+"""Two zeros (level 0 is stored as 8 in each nibble): a cleared ring's bytes."""
+BLOCK_ROWS = 32
+"""Rows per tile of the online softmax."""
+_LEVELS = 7.0
+
+
+def int4_row_bytes(head_dim: int, group: int = GROUP) -> float:
+    """Bytes one stored row of ``head_dim`` values takes (packed values and scales)."""
+    return head_dim / 2 + 2 * head_dim / group
+
+
+def quantize_int4(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` (``[..., D]``, any float dtype) as ``(packed uint8 [..., D/2], scales float16
+    [..., D/group])``; ``D`` a multiple of ``group``, ``group`` even."""
+    *lead, dim = x.shape
+    if dim % group or group % 2:
+        raise ValueError(f"head_dim {dim} must be a multiple of an even group ({group})")
+    groups = x.float().reshape(*lead, dim // group, group)
+    scale = groups.abs().amax(dim=-1, keepdim=True).div_(_LEVELS).to(torch.float16).float()
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    levels = torch.where(scale > 0, groups / safe, torch.zeros_like(groups))
+    levels = levels.round_().clamp_(-8, 7).add_(8).to(torch.uint8).reshape(*lead, dim)
+    packed = levels[..., 0::2] | (levels[..., 1::2] << 4)
+    return packed, scale.squeeze(-1).to(torch.float16)
+
+
+def dequantize_int4(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    group: int = GROUP,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The values `quantize_int4` stored, ``[..., D]`` in ``dtype``."""
+    low = (packed & 15).to(torch.int16) - 8
+    high = (packed >> 4).to(torch.int16) - 8
+    levels = torch.stack([low, high], dim=-1).flatten(-2).float()  # [..., D]
+    scale = scales.float().repeat_interleave(group, dim=-1)
+    return (levels * scale).to(dtype)
+
+
+def ring_attention_int4_reference(
+    q: torch.Tensor,
+    keys: tuple[torch.Tensor, torch.Tensor],
+    values: tuple[torch.Tensor, torch.Tensor],
+    lengths: torch.Tensor,
+    slots: torch.Tensor | None = None,
+    max_len: int | None = None,
+    group: int = GROUP,
+) -> torch.Tensor:
+    """`ring_attention_reference` over int4 rings: ``keys`` and ``values`` are each
+    ``(packed [slots, H, context, D/2], scales [slots, H, context, D/group])``; only the
+    rows read are dequantized."""
+    if slots is None:
+        slots = torch.arange(q.shape[0], device=q.device)
+    rows = keys[0].shape[2] if max_len is None else max_len
+    k = dequantize_int4(keys[0][slots, :, :rows], keys[1][slots, :, :rows], group)
+    v = dequantize_int4(values[0][slots, :, :rows], values[1][slots, :, :rows], group)
+    return ring_attention_reference(q, k, v, lengths, None, rows)
+
+
+def ring_attention_int4(
+    q: torch.Tensor,
+    keys: tuple[torch.Tensor, torch.Tensor],
+    values: tuple[torch.Tensor, torch.Tensor],
+    lengths: torch.Tensor,
+    slots: torch.Tensor | None = None,
+    *,
+    group: int = GROUP,
+    split_rows: int = SPLIT_ROWS,
+    block_rows: int = BLOCK_ROWS,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
+    tensors). The packed rings and their scales may be strided views of a larger pool as
+    long as their last axes are contiguous; ``lengths`` in ``[1, context]``."""
+    batch, heads, head_dim = q.shape
+    (k_packed, k_scales), (v_packed, v_scales) = keys, values
+    context = k_packed.shape[2]
+    if head_dim & (head_dim - 1) or head_dim % group or group % 2:
+        raise ValueError("ring_attention_int4 needs a power-of-two head_dim, a multiple of group")
+    if any(t.stride(-1) != 1 for t in (k_packed, k_scales, v_packed, v_scales)):
+        raise ValueError("ring_attention_int4 needs contiguous rows")
+    if split_rows % block_rows:
+        raise ValueError("split_rows must be a multiple of block_rows")
+    q = q.contiguous()
+    splits = -(-context // split_rows)
+    partial = torch.empty(batch, heads, splits, head_dim + 2, device=q.device, dtype=torch.float32)
+    out = torch.empty_like(q)
+    if slots is None:
+        slots = torch.arange(batch, device=q.device)
+    _ring_attention_int4_split[(batch, heads, splits)](
+        q,
+        k_packed,
+        k_scales,
+        v_packed,
+        v_scales,
+        lengths,
+        slots,
+        partial,
+        q.stride(0),
+        q.stride(1),
+        k_packed.stride(0),
+        k_packed.stride(1),
+        k_packed.stride(2),
+        k_scales.stride(0),
+        k_scales.stride(1),
+        k_scales.stride(2),
+        v_packed.stride(0),
+        v_packed.stride(1),
+        v_packed.stride(2),
+        v_scales.stride(0),
+        v_scales.stride(1),
+        v_scales.stride(2),
+        1.0 / math.sqrt(head_dim),
+        splits,
+        SPLIT_ROWS=split_rows,
+        BLOCK_ROWS=block_rows,
+        HALF=head_dim // 2,
+        GROUP=group,
+        num_warps=num_warps,
+    )
+    _ring_attention_merge[(batch, heads)](
+        partial,
+        out,
+        out.stride(0),
+        out.stride(1),
+        splits,
+        SPLITS=1 << (splits - 1).bit_length(),
+        HEAD_DIM=head_dim,
+    )
+    return out
+
+
+if _triton.available():
+
+    @triton.jit
+    def _ring_attention_int4_split(
+        q_ptr,
+        kp_ptr,
+        ks_ptr,
+        vp_ptr,
+        vs_ptr,
+        len_ptr,
+        slot_ptr,
+        part_ptr,
+        stride_qb,
+        stride_qh,
+        stride_kps,
+        stride_kph,
+        stride_kpr,
+        stride_kss,
+        stride_ksh,
+        stride_ksr,
+        stride_vps,
+        stride_vph,
+        stride_vpr,
+        stride_vss,
+        stride_vsh,
+        stride_vsr,
+        scale,
+        splits,
+        SPLIT_ROWS: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr,
+        HALF: tl.constexpr,
+        GROUP: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        length = tl.load(len_ptr + b).to(tl.int32)
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        start = s * SPLIT_ROWS
+        end = tl.minimum(start + SPLIT_ROWS, length)
+        j = tl.arange(0, HALF)  # byte j holds values 2j (low nibble) and 2j + 1 (high)
+        group = (2 * j) // GROUP
+        q_base = q_ptr + b * stride_qb + h * stride_qh
+        q_even = tl.load(q_base + 2 * j).to(tl.float32) * scale
+        q_odd = tl.load(q_base + 2 * j + 1).to(tl.float32) * scale
+        kp_base = kp_ptr + slot * stride_kps + h * stride_kph
+        ks_base = ks_ptr + slot * stride_kss + h * stride_ksh
+        vp_base = vp_ptr + slot * stride_vps + h * stride_vph
+        vs_base = vs_ptr + slot * stride_vss + h * stride_vsh
+        best = tl.full([], float("-inf"), tl.float32)
+        total = tl.full([], 0.0, tl.float32)
+        acc_even = tl.zeros([HALF], dtype=tl.float32)
+        acc_odd = tl.zeros([HALF], dtype=tl.float32)
+        for row in range(start, end, BLOCK_ROWS):
+            rows = row + tl.arange(0, BLOCK_ROWS)
+            filled = rows < end
+            kp = tl.load(
+                kp_base + rows[:, None] * stride_kpr + j[None, :], mask=filled[:, None], other=0
+            ).to(tl.int32)
+            ks = tl.load(
+                ks_base + rows[:, None] * stride_ksr + group[None, :],
+                mask=filled[:, None],
+                other=0.0,
+            ).to(tl.float32)
+            k_even = ((kp & 15) - 8).to(tl.float32) * ks
+            k_odd = ((kp >> 4) - 8).to(tl.float32) * ks
+            raw = tl.sum(k_even * q_even[None, :] + k_odd * q_odd[None, :], axis=1)
+            scores = tl.where(filled, raw, float("-inf"))
+            new_best = tl.maximum(best, tl.max(scores, axis=0))
+            rescale = tl.exp(best - new_best)
+            weights = tl.exp(scores - new_best)
+            vp = tl.load(
+                vp_base + rows[:, None] * stride_vpr + j[None, :], mask=filled[:, None], other=0
+            ).to(tl.int32)
+            vs = tl.load(
+                vs_base + rows[:, None] * stride_vsr + group[None, :],
+                mask=filled[:, None],
+                other=0.0,
+            ).to(tl.float32)
+            weighted = weights[:, None] * vs
+            acc_even = acc_even * rescale + tl.sum(weighted * ((vp & 15) - 8).to(tl.float32), 0)
+            acc_odd = acc_odd * rescale + tl.sum(weighted * ((vp >> 4) - 8).to(tl.float32), 0)
+            total = total * rescale + tl.sum(weights, axis=0)
+            best = new_best
+        part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (2 * HALF + 2)
+        tl.store(part + 2 * j, acc_even)
+        tl.store(part + 2 * j + 1, acc_odd)
+        tl.store(part + 2 * HALF, best)
+        tl.store(part + 2 * HALF + 1, total)

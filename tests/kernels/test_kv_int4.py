@@ -1,0 +1,105 @@
+"""KV rows in 4 bits: the quantizer's bounds and layout, and the int4 ring attention kernel
+against its reference (Triton's interpreter on a host without a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from duplex.kernels import ring_attention_reference, triton_available
+from duplex.kernels.kv_int4 import (
+    GROUP,
+    dequantize_int4,
+    int4_row_bytes,
+    quantize_int4,
+    ring_attention_int4,
+    ring_attention_int4_reference,
+)
+from duplex.kernels.ring_attention import SPLIT_ROWS
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_round_trip_is_within_half_a_level_and_zeros_stay_zero() -> None:
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 3, 50, 64, generator=generator) * 5
+    x[0, 0, 0] = 0.0  # a whole row of zeros: scale 0
+    packed, scales = quantize_int4(x)
+    assert packed.dtype == torch.uint8 and packed.shape == (4, 3, 50, 32)
+    assert scales.dtype == torch.float16 and scales.shape == (4, 3, 50, 64 // GROUP)
+    back = dequantize_int4(packed, scales)
+    step = scales.float().repeat_interleave(GROUP, dim=-1)
+    assert bool(((back - x).abs() <= step / 2 + 1e-3 * step + 1e-6).all())
+    assert bool((back[0, 0, 0] == 0).all())
+    assert int4_row_bytes(128) == 72.0  # 64 bytes of values, 4 float16 scales
+
+
+def test_values_pack_two_to_a_byte_low_nibble_first() -> None:
+    x = torch.zeros(GROUP)
+    x[0], x[1] = 7.0, -7.0  # scale 1: levels 7 and -7, stored +8 as 15 and 1
+    packed, scales = quantize_int4(x)
+    assert float(scales[0]) == 1.0
+    assert int(packed[0]) == 15 | (1 << 4)
+
+
+def test_a_head_dim_the_groups_do_not_divide_is_refused() -> None:
+    with pytest.raises(ValueError, match="multiple"):
+        quantize_int4(torch.zeros(2, 40))
+
+
+def _int4_pool(generator: torch.Generator, slots: int, heads: int, context: int, dim: int):
+    keys = torch.randn(2, slots, heads, context, dim, generator=generator) * 3
+    values = torch.randn(2, slots, heads, context, dim, generator=generator)
+    return quantize_int4(keys), quantize_int4(values), keys, values
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+def test_kernel_equals_reference_on_filled_rows_of_a_strided_pool() -> None:
+    """Lengths on and around split edges, one layer of a pool, garbage past each fill
+    (NaN scales: a row past the fill is never loaded)."""
+    generator = torch.Generator().manual_seed(11)
+    context = SPLIT_ROWS + 44
+    (kp, ks), (vp, vs), _, _ = _int4_pool(generator, 6, 2, context, 64)
+    lengths = torch.tensor([1, SPLIT_ROWS - 1, SPLIT_ROWS, SPLIT_ROWS + 1, context, 65])
+    for slot, length in enumerate(lengths.tolist()):
+        ks[:, slot, :, length:] = float("nan")
+        vs[:, slot, :, length:] = float("inf")
+    q = torch.randn(6, 2, 64, generator=generator)
+    keys = (kp[1].to(DEVICE), ks[1].to(DEVICE))  # strided views of one layer
+    values = (vp[1].to(DEVICE), vs[1].to(DEVICE))
+    got = ring_attention_int4(q.to(DEVICE), keys, values, lengths.to(DEVICE))
+    want = ring_attention_int4_reference(q.to(DEVICE), keys, values, lengths.to(DEVICE))
+    assert bool(torch.isfinite(got).all())
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+def test_kernel_reads_the_slot_each_row_names() -> None:
+    generator = torch.Generator().manual_seed(12)
+    (kp, ks), (vp, vs), _, _ = _int4_pool(generator, 5, 2, 96, 32)
+    slots = torch.tensor([4, 0, 4, 2])
+    lengths = torch.tensor([96, 3, 50, 17])
+    q = torch.randn(4, 2, 32, generator=generator)
+    keys, values = (kp[0], ks[0]), (vp[0], vs[0])
+    got = ring_attention_int4(q, keys, values, lengths, slots)
+    want = ring_attention_int4_reference(q, keys, values, lengths, slots)
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+
+
+def test_int4_attention_stays_near_the_float_rings() -> None:
+    """What 4 bits cost one attention read on random rows with sharp scores (keys x3): about
+    a sixth of the output's norm, against about a fiftieth for fp8 (the model-level figures
+    are bench/kv_precision.py's). A bound, so a broken quantizer (levels off by one, a
+    swapped nibble) fails it."""
+    generator = torch.Generator().manual_seed(13)
+    (kp, ks), (vp, vs), keys, values = _int4_pool(generator, 4, 2, 300, 64)
+    lengths = torch.tensor([300, 120, 7, 256])
+    q = torch.randn(4, 2, 64, generator=generator)
+    exact = ring_attention_reference(q, keys[0], values[0], lengths)
+    approx = ring_attention_int4_reference(q, (kp[0], ks[0]), (vp[0], vs[0]), lengths)
+    relative = float((approx - exact).norm() / exact.norm())
+    fp8 = ring_attention_reference(
+        q, keys[0].to(torch.float8_e4m3fn), values[0].to(torch.float8_e4m3fn), lengths
+    )
+    relative_fp8 = float((fp8 - exact).norm() / exact.norm())
+    assert relative_fp8 < relative < 0.25
