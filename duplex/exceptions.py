@@ -137,6 +137,15 @@ ToolsNotCallable = _code("ToolsNotCallable", "tools_not_supported")
 """A warning, not a refusal: ``tools`` were taken, and the reply model cannot call them."""
 
 
+class EngineSleeping(ResourceExhausted):  # type: ignore[misc,valid-type]
+    """The engine sleeps (``POST /v1/omni/sleep``): no new session or request until it is
+    woken; a ``ResourceExhausted``, so a socket refused closes 1013 (try again later)."""
+
+    code: ClassVar[str] = "engine_sleeping"
+    error_type: ClassVar[str] = "server_error"
+    status_hint: ClassVar[int] = 503
+
+
 class InvalidParameters(ProtocolError):
     """Several fields of one event are refused: ``problems`` holds one error per field.
 
@@ -173,7 +182,7 @@ ERROR_CLASSES: dict[str, type[ProtocolError]] = {
         UnknownSession, SessionResumeExpired, SessionClosed, IllegalState, InputBackpressure,
         ResourceExhausted, InternalError, EngineError, UnsupportedEvent, UnsupportedParameter,
         UnsupportedTurnDetection, ItemNotFound, AudioEndOutOfRange, FirstEventTimeout,
-        InvalidPayload, RateLimited, ToolsNotCallable, InvalidParameters,
+        InvalidPayload, RateLimited, ToolsNotCallable, InvalidParameters, EngineSleeping,
     )
 }  # fmt: skip
 

@@ -48,6 +48,9 @@ FLAT_DEFAULTS: dict[str, Any] = {
     "video_job_retention_s": 3600.0, "video_start_timeout_s": 10.0,
     "video_stall_timeout_s": 60.0, "tts": "espeak", "tts_max_batch": 8,
     "tts_batch_wait_ms": 2.0, "tts_max_queue": 64, "max_connections_per_peer": 0,
+    # keys added since (issues 32, 33): their flat name is their key
+    "audio_model": "", "audio_max_length_s": 30.0, "voice_dir": "", "voice_max_bytes": 10485760,
+    "voice_max_count": 100, "voice_max_duration_s": 30.0,
 }  # fmt: skip
 """The flat ``[server]`` table before sections (tree ``0a62554``): every name and default
 (since then ``connection_workers`` and ``session_shards`` default to ``auto``, and

@@ -79,6 +79,7 @@ class Supervisor:
             async for exit_ in self._exits_recv:
                 async with self._lock:
                     await self._on_exit(exit_.child, exit_.exc)
+                del exit_  # else the last exited child (its actor's arguments) stays alive
 
     async def spawn(
         self,

@@ -523,6 +523,26 @@ class SpeechConfig:
         metavar="N",
         alias="tts_max_queue",
     )
+    voice_dir: str = setting(
+        "",
+        "the folder of uploaded voices (`POST /v1/audio/voices`), kept across restarts; "
+        "PersonaPlex reads its voice prompts there too, after its checkpoint's own; empty: "
+        "`$XDG_DATA_HOME/duplex/voices` (`~/.local/share` by default); see "
+        "[speech.md](speech.md#uploaded-voices)",
+    )
+    voice_max_count: int = setting(
+        100,
+        "uploaded voices kept at once; one more is refused 409 `voice_store_full` until one "
+        "is deleted; 1..100,000",
+    )
+    voice_max_bytes: int = setting(
+        10 * 1024 * 1024,
+        "the largest voice sample file accepted (400 naming `audio_sample`; a body past it "
+        "and 64 KiB of form is 413); 1024..1 GiB",
+    )
+    voice_max_duration_s: float = setting(
+        30.0, "the longest voice sample accepted (400 naming `audio_sample`); 1..3600"
+    )
 
     def __post_init__(self) -> None:
         # as duplex.models.tts.check_tts (not imported: config is read before torch loads)
@@ -533,12 +553,15 @@ class SpeechConfig:
         _within("max_batch", self.max_batch, 1, 256)
         _within("batch_wait_ms", self.batch_wait_ms, 0, 1000)
         _within("max_queue", self.max_queue, 1, 65536)
+        _within("voice_max_count", self.voice_max_count, 1, 100_000)
+        _within("voice_max_bytes", self.voice_max_bytes, 1024, 1024**3)
+        _within("voice_max_duration_s", self.voice_max_duration_s, 1, 3600)
 
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MediaConfig:
-    """Image and video generation: the pipelines and the video jobs' limits."""
+    """Image, video and audio generation: the pipelines and the video jobs' limits."""
 
     image_model: str = setting(
         "",
@@ -556,10 +579,23 @@ class MediaConfig:
         flag="--video-model",
         metavar="PATH",
     )
+    audio_model: str = setting(
+        "",
+        "the diffusers text-to-audio pipeline behind `POST /v1/audio/generate`: a Stable "
+        "Audio folder, or `tiny`; empty: the route answers 404 `model_not_loaded` (see "
+        "[images-video.md](images-video.md#post-v1audiogenerate))",
+        flag="--audio-model",
+        metavar="PATH",
+    )
+    audio_max_length_s: float = setting(
+        30.0,
+        "the longest `audio_length` one `/v1/audio/generate` request may ask for (the "
+        "pipeline's own longest caps it too); > 0",
+    )
     max_queue: int = setting(
         16,
-        "image or video requests that may wait for their pipeline; one more is refused 429 "
-        "with `Retry-After`; 1..10,000",
+        "image, video or audio generation requests that may wait for their pipeline; one "
+        "more is refused 429 with `Retry-After`; 1..10,000",
         alias="media_max_queue",
     )
     image_max_batch: int = setting(
@@ -609,6 +645,7 @@ class MediaConfig:
         _within("video_max_jobs", self.video_max_jobs, 1, 100_000)
         _within("video_max_active_jobs", self.video_max_active_jobs, 1, self.video_max_jobs)
         for key, seconds in (
+            ("audio_max_length_s", self.audio_max_length_s),
             ("video_job_retention_s", self.video_job_retention_s),
             ("video_start_timeout_s", self.video_start_timeout_s),
             ("video_stall_timeout_s", self.video_stall_timeout_s),

@@ -98,6 +98,7 @@ from ._silero import (
 )
 from ._slack import Slack, SlackStatistics, UnitEstimate
 from ._ticker import Fanout, Subscriber
+from ._uploaded_voices import UPLOADED_VOICE_NAME, uploaded_voice_path
 
 __all__ = [
     "ENGINE_HISTOGRAMS",
@@ -106,6 +107,7 @@ __all__ = [
     "NO_AUDIO",
     "REQUEST_METRICS",
     "STALL_PERIODS",
+    "UPLOADED_VOICE_NAME",
     "VAD_MAX_STEPS_PER_TICK",
     "VAD_METRICS",
     "VAD_SAMPLE_RATE",
@@ -183,5 +185,6 @@ __all__ = [
     "silero_engine",
     "silero_spec",
     "silero_weights_path",
+    "uploaded_voice_path",
     "vad_metric",
 ]

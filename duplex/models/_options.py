@@ -41,6 +41,8 @@ class ModelOptions:
         random_weights: build a Moshi preset's architecture with weights drawn from
             ``seed`` on ``device`` instead of loading them (benchmarks without a download);
             models without weights refuse it.
+        voice_dir: the folder of uploaded voices, which a model that conditions on a voice
+            sample (PersonaPlex) looks in after its checkpoint's own (``None``: none).
 
     Raises:
         ConfigError: the device string or the KV dtype is not one of the forms above.
@@ -52,6 +54,7 @@ class ModelOptions:
     loopback_delay_ms: int = 240
     kv_cache_dtype: str = "auto"
     random_weights: bool = False
+    voice_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not _DEVICE.match(self.device):

@@ -61,6 +61,7 @@ from duplex.sessions import (
     ReleaseResources,
     Send,
     ServerEvent,
+    SessionClose,
     SessionConfig,
     SessionCreated,
     SessionMachine,
@@ -139,6 +140,15 @@ class EngineReplaced(ControlMessage):
 class EngineLost(ControlMessage):
     """The engine is gone (its process exited): fail what it was doing now, not when a new
     one is up (minutes, for a 7B model); an `EngineReplaced` follows once one runs."""
+
+    reason: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Evict(ControlMessage):
+    """The server ends the session (a forced sleep of its engine): the client is told
+    ``reason`` as an engine error, then the session closes as on ``session.close``."""
 
     reason: str
 
@@ -470,6 +480,9 @@ class SessionActor(Actor[Any]):
                 if not self.engine_lost and not self.resources.released:
                     self.engine_lost = True
                     await self._apply(ctx, ModelFailed(f"the engine stopped ({reason})"))
+            case Evict(reason):
+                await self._apply(ctx, ModelFailed(reason))
+                await self._apply(ctx, SessionClose())
             case VadReplaced(driver):
                 await self._replace_vad(ctx, driver)
             case LeaseTimer():

@@ -55,6 +55,7 @@ from duplex.sessions import (
 from ._actor import (
     EngineLost,
     EngineReplaced,
+    Evict,
     Inspect,
     SessionActor,
     SessionResources,
@@ -128,6 +129,9 @@ class SessionHub:
         """Called after each admission attempt and each release (a shard tells its workers,
         which count a session they send as taken until then)."""
         self._sessions: dict[str, ActorRef[Any]] = {}
+        self.sleeping = False
+        """The engine was put to sleep (``POST /v1/omni/sleep``): `open` refuses
+        ``engine_sleeping`` until it is woken (``duplex.topology`` runs the sleep)."""
         self._engine_indices: set[int] = set()
         """Engines that have started at least once (a later start is a restart)."""
         self._placed: dict[str, int] = {}
@@ -266,6 +270,18 @@ class SessionHub:
             if ref is not None:
                 await ref.tell(EngineReplaced(engine, "engine crashed"))
 
+    async def evict_all(self, reason: str) -> int:
+        """End every live session (a forced sleep of the engine): each client is told
+        ``reason`` as an engine error, then its session closes. Returns how many."""
+        sessions = list(self._sessions.values())
+        for ref in sessions:
+            await ref.tell(Evict(reason))
+        return len(sessions)
+
+    @property
+    def live_sessions(self) -> int:
+        return len(self._sessions)
+
     def engine_stopped(self, index: int, engine: SlotEngine) -> None:
         """Engine ``index`` is gone until it starts again: no new session goes to it."""
         if self.engines.get(index) is engine:
@@ -370,6 +386,12 @@ class SessionHub:
             ResourceExhausted: no capacity (engine slots, step time, ``max_sessions``,
                 or VAD streams for a ``vad="silero"`` session).
         """
+        if self.sleeping:
+            self._refusal(RefusalReason.SLEEPING, "the engine sleeps")
+            raise errors.EngineSleeping(
+                "The engine is asleep (POST /v1/omni/sleep): no new session until an operator "
+                "wakes it (POST /v1/omni/wakeup); retry later."
+            )
         chosen = self._roomiest()
         if chosen is None:
             raise self._refusal(RefusalReason.STARTING, "the engine is not running yet")

@@ -36,6 +36,8 @@ class RefusalReason(Enum):
     """The measured step time leaves no room for one more session."""
     VAD = "vad"
     """The shared VAD's stream pool is full (or the VAD is not running)."""
+    SLEEPING = "sleeping"
+    """The engine sleeps (``POST /v1/omni/sleep``) until it is woken."""
 
 
 @final

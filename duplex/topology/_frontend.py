@@ -327,7 +327,7 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
         realtime_agent=settings.agent,
         access=settings.access,
         client_secret_ttl_s=settings.client_secret_ttl_s,
-        routes=relayed(service_routes(None, None, None, None, None), backend.relay),
+        routes=relayed(service_routes(None, None, None), backend.relay),
     )
     hyper = hypercorn_config(
         f"fd://{listen_fd}",

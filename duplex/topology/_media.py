@@ -34,7 +34,10 @@ def resolve_media(config: Config) -> None:
     """
     cache_dir = config.engine.model_cache_dir
     options = ModelOptions(cache_dir=Path(cache_dir).expanduser() if cache_dir else None)
-    for kind, name in (("image", config.media.image_model), ("video", config.media.video_model)):
+    media = config.media
+    named = (("image", media.image_model), ("video", media.video_model),
+             ("audio", media.audio_model))  # fmt: skip
+    for kind, name in named:
         if name and name != "tiny":
             resolve_diffusion(name, kind, options)  # type: ignore[arg-type]
 
@@ -44,7 +47,8 @@ async def open_media(
     config: Config, registry: MetricsRegistry, requests: RequestEngines
 ) -> AsyncIterator[MediaService | None]:
     """The generation routes' service with its jobs' nursery; ``None``: nothing served here."""
-    if not (config.media.image_model or config.media.video_model):
+    media = config.media
+    if not (media.image_model or media.video_model or media.audio_model):
         yield None
         return
     service = MediaService(requests, config=config.media, registry=registry)

@@ -33,7 +33,12 @@ from duplex.models import (
     load_policy,
 )
 from duplex.models.agent import ASR_RUNNER, AgentOptions, build_asr, reply_capabilities
-from duplex.models.diffusion import load_image_runner, load_video_runner, resolve_diffusion
+from duplex.models.diffusion import (
+    load_audio_runner,
+    load_image_runner,
+    load_video_runner,
+    resolve_diffusion,
+)
 from duplex.models.tts import TTS_RUNNER, SpeechRunner, load_tts
 from duplex.runtime import RequestEngines
 
@@ -89,12 +94,13 @@ def _policy(config: Config, device: str) -> RunnerSpec:
     return RunnerSpec("policy", build, policy.batch_wait_ms / 1000.0, max_queue=1024)
 
 
-def _diffusion(config: Config, device: str, kind: Literal["image", "video"]) -> RunnerSpec:
+def _diffusion(config: Config, device: str, kind: Literal["image", "video", "audio"]) -> RunnerSpec:
     """``--image-model`` / ``--video-model``: a diffusion step is the unit of preemption, and
     no request waits for others; images batch up to ``image_max_batch`` (the requests that
     gathered while a call ran), videos one chunk a call."""
     media, engine = config.media, config.engine
-    name = media.image_model if kind == "image" else media.video_model
+    name = {"image": media.image_model, "video": media.video_model,
+            "audio": media.audio_model}[kind]  # fmt: skip
     options = ModelOptions(
         device=device,
         seed=engine.model_seed,
@@ -106,6 +112,8 @@ def _diffusion(config: Config, device: str, kind: Literal["image", "video"]) -> 
         beside = media.batch_beside_realtime
         if kind == "image":
             return load_image_runner(model, device, media.image_max_batch, beside_realtime=beside)
+        if kind == "audio":
+            return load_audio_runner(model, device, beside_realtime=beside)
         return load_video_runner(model, device, beside_realtime=beside)
 
     return RunnerSpec(kind, build, 0.0, max_queue=media.max_queue)
@@ -147,6 +155,8 @@ def runner_specs(config: Config, device: str | None = None) -> list[RunnerSpec]:
         specs.append(_diffusion(config, device, "image"))
     if config.media.video_model:
         specs.append(_diffusion(config, device, "video"))
+    if config.media.audio_model:
+        specs.append(_diffusion(config, device, "audio"))
     if config.speech.tts != "none":
         specs.append(_tts(config, device))
     if config.agent.enabled:
@@ -214,7 +224,7 @@ async def open_request_engines(
                 await system.stop(ref)
 
 
-_KINDS: Final = {"image": "image", "video": "video", TTS_RUNNER: "speech",
+_KINDS: Final = {"image": "image", "video": "video", "audio": "audio", TTS_RUNNER: "speech",
                  ASR_RUNNER: "transcription", "policy": "policy"}  # fmt: skip
 """Each request engine's ``kind`` on its model card, in the order ``/v1/models`` lists them."""
 
@@ -239,6 +249,7 @@ def model_cards(
     A checkpoint's card is named as ``model`` names it in a chat request (its folder)."""
     configured = {
         "image": config.media.image_model, "video": config.media.video_model,
+        "audio": config.media.audio_model,
         TTS_RUNNER: config.speech.tts, ASR_RUNNER: config.agent.asr, "policy": config.policy.model,
     }  # fmt: skip
     cards = []

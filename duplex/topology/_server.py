@@ -44,9 +44,11 @@ from duplex.progress import Startup, TerminalBar, render_line
 from duplex.runtime import RequestEngines, SessionHub
 from duplex.services.chat import ChatService, chat_modalities
 from duplex.services.media import MediaService
+from duplex.services.omni import OmniService
 from duplex.services.robots import RobotService
-from duplex.services.speech import SpeechService
+from duplex.services.speech import SpeechService, UploadedVoices
 from duplex.services.videochat import VideoChatService
+from duplex.services.voices import VoiceService
 from duplex.sessions import Capabilities, SessionConfig, VadMode
 from duplex.transport import (
     AccessSettings,
@@ -70,6 +72,8 @@ from ._memory import export_trim_histogram, trim_memory_every
 from ._requests import model_cards, open_request_engines, runner_specs
 from ._routes import robot_limits, service_routes
 from ._shards import ShardProcesses
+from ._sleep import LocalEngineSleep
+from ._voices import voice_folder, voice_store
 from ._watchdog import EngineWatchdog, Killer
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
 
@@ -94,6 +98,7 @@ def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
         cache_dir=Path(engine.model_cache_dir).expanduser() if engine.model_cache_dir else None,
         loopback_delay_ms=engine.loopback_delay_ms,
         random_weights=engine.random_weights,
+        voice_dir=voice_folder(config),
     )
     spec, factory = get_model(engine.model, options)
     check_model_rate(config, spec)
@@ -295,9 +300,11 @@ async def open_backend(
     startup: Startup | None = None,
     slack: Slack | None = None,
     requests: RequestEngines | None = None,
+    sleep: LocalEngineSleep | None = None,
 ) -> AsyncIterator[HubBackend]:
     """This process's sessions: hub, engine (or links to engine processes) and shared VAD,
-    stopped on the way out.
+    stopped on the way out. ``sleep``: told the engine actor this process spawns, so
+    ``POST /v1/omni/sleep`` can stop it and wake it again.
 
     ``shard``: the process's index when the server runs several session shards.
     ``engine_paths``: the sockets of the engine processes, one per device (already
@@ -374,16 +381,21 @@ async def open_backend(
         else:
             assert factory is not None
             recorder = EngineRecorder(spec.name, spec.max_slots, registry)
-            with startup.step("engine", f"building model {spec.name}"):
-                refs.append(
-                    await system.spawn(
-                        EngineActor,
-                        partial(build_engine, spec, factory, session_cfg, recorder, slack),
-                        hub.engine_started,
-                        trio.to_thread.run_sync,
-                        name=f"engine-{spec.name}",
-                    )
+            build = partial(build_engine, spec, factory, session_cfg, recorder, slack)
+
+            async def spawn_engine() -> ActorRef[Any]:
+                return await system.spawn(
+                    EngineActor,
+                    build,
+                    hub.engine_started,
+                    trio.to_thread.run_sync,
+                    name=f"engine-{spec.name}",
                 )
+
+            with startup.step("engine", f"building model {spec.name}"):
+                refs.append(await spawn_engine())
+            if sleep is not None and not shard:
+                sleep.attach(hub, refs, refs[-1], spawn_engine)
             took = round(startup.finished["engine"], 2)
             log.info("engine started", model=spec.name, took_s=took)
         if uses_silero(config):
@@ -472,12 +484,16 @@ def robot_service(
 
 
 def speech_service(
-    config: Config, registry: MetricsRegistry, requests: RequestEngines
+    config: Config,
+    registry: MetricsRegistry,
+    requests: RequestEngines,
+    uploaded: UploadedVoices | None = None,
 ) -> SpeechService:
     """The speech routes' service over the process's request engines (the TTS is the one
     named ``tts``, the engine the voice agent speaks with too). With connection workers it
-    serves the routes they relay here (``_relay.py``)."""
-    return SpeechService(requests, registry)
+    serves the routes they relay here (``_relay.py``). ``uploaded``: the uploaded voices,
+    which the TTS refuses by name (it cannot condition on a sample)."""
+    return SpeechService(requests, registry, uploaded=uploaded)
 
 
 async def serve_duplex(
@@ -547,6 +563,7 @@ async def _serve_sessions(
         )
     if local and runner_specs(config) and config.engine.devices[0] == "cpu":
         limit_torch_threads()  # a model on the CPU shares the cores with the event loop
+    sleeper = LocalEngineSleep(system)
     async with (
         open_request_engines(config, system, registry, slack, local=local) as requests,
         open_backend(
@@ -557,11 +574,15 @@ async def _serve_sessions(
             engine_paths=engine_paths,
             slack=slack,
             requests=requests,
+            sleep=sleeper,
         ) as backend,
         open_media(config, registry, requests) as media,
     ):
         robots = robot_service(config, system, registry, backend, requests)
-        speech = speech_service(config, registry, requests)
+        store = voice_store(config)
+        speech = speech_service(config, registry, requests, store)
+        voices = VoiceService(store, speech, registry=registry)
+        omni = OmniService(sleeper)
         hub = backend.hub
         chat = ChatService(
             lambda: hub.agent.chat if hub.agent else None,
@@ -596,7 +617,16 @@ async def _serve_sessions(
         async with trio.open_nursery() as nursery:
             if server.connection_workers:
                 relayed = routes_app(
-                    service_routes(media, speech, robots, registry, chat, video_chat)
+                    service_routes(
+                        media,
+                        speech,
+                        robots,
+                        registry=registry,
+                        chat=chat,
+                        video_chat=video_chat,
+                        voices=voices,
+                        omni=omni,
+                    )
                 )
                 urls = await nursery.start(
                     partial(
@@ -625,6 +655,8 @@ async def _serve_sessions(
                     speech,
                     chat,
                     video_chat,
+                    voices,
+                    omni,
                 )
             await backend.ready.wait()
             stall_timeout_s = config.engine.stall_timeout_s
@@ -678,6 +710,8 @@ async def _serve_here(
     speech: SpeechService | None = None,
     chat: ChatService | None = None,
     video_chat: VideoChatService | None = None,
+    voices: VoiceService | None = None,
+    omni: OmniService | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -691,7 +725,16 @@ async def _serve_here(
         access=access,
         client_secret_ttl_s=config.access.client_secret_ttl_s,
         registry=registry,
-        routes=service_routes(media, speech, robots, registry, chat, video_chat),
+        routes=service_routes(
+            media,
+            speech,
+            robots,
+            registry=registry,
+            chat=chat,
+            video_chat=video_chat,
+            voices=voices,
+            omni=omni,
+        ),
     )
 
     async def shutdown_trigger() -> None:

@@ -347,9 +347,13 @@ class HubBackend:
         if not hub.ready and not waiting:
             waiting = {"engine": "not running"}
         engines = hub.engine_health()
+        if hub.sleeping:  # stopped on purpose (POST /v1/omni/sleep), not starting
+            waiting = {}
         status = "ok" if not waiting else "starting"
         if status == "ok" and any(engine["status"] != "ok" for engine in engines):
             status = "degraded"  # an engine is stalled or gone: the others still admit
+        if hub.sleeping:
+            status = "sleeping"
         health: dict[str, Any] = {"status": status, "engines": engines}
         if waiting:
             health["waiting_for"] = waiting

@@ -316,3 +316,36 @@ async def test_on_start_may_spawn_a_sibling_and_spawns_do_not_wait_for_each_othe
             await trio.sleep(0.1)
             nursery.start_soon(spawn, Recorder, "fast", journal, "fast")
         assert done == ["fast@0", "slow@5"]
+
+
+class _Holder(Actor[Any]):
+    """An actor whose one argument is the thing a test watches."""
+
+    def __init__(self, payload: object) -> None:
+        self.payload = payload
+
+    async def receive(self, ctx: ActorContext, message: Any) -> Any:
+        ctx.stop()  # as a session ends itself
+        return None
+
+
+async def test_an_exited_child_keeps_nothing_of_its_arguments_alive() -> None:
+    """The supervisor lets go of a child once its exit is handled: its arguments (a session's
+    engine, say) are freed, not kept until the next child exits."""
+    import gc
+    import weakref
+
+    class Payload:
+        pass
+
+    payload = Payload()
+    watched = weakref.ref(payload)
+    async with open_actor_system(registry=MetricsRegistry()) as system:
+        ref = await system.spawn(_Holder, payload, name="held", restart=Restart.TEMPORARY)
+        del payload
+        await ref.tell(Ping())
+        del ref  # a ref reaches its cell, as a live child's would
+        await trio.sleep(0.1)
+        assert system.lookup("held") is None
+        gc.collect()
+        assert watched() is None

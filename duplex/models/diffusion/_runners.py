@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import warnings
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from ._tiny import tiny_pipeline
 
 __all__ = [
     "DiffusionModel",
+    "ImageEditRequest",
     "ImageRequest",
     "ImageResult",
     "ImageRunner",
@@ -50,7 +52,7 @@ __all__ = [
     "resolve_diffusion",
 ]
 
-PipelineKind = Literal["image", "video"]
+PipelineKind = Literal["image", "video", "audio"]
 
 
 @final
@@ -71,6 +73,38 @@ class ImageRequest:
     def batch_key(self) -> tuple[int, int, int, float]:
         """Requests that may share one pipeline call have equal keys."""
         return (self.width, self.height, self.steps, self.guidance_scale)
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class ImageEditRequest:
+    """``n`` edits of one image: image-to-image, or inpainting where ``mask`` is set;
+    edit ``i`` draws its noise from ``seed + i``.
+
+    Args:
+        image: ``height x width x 3`` uint8 RGB, already at the output size.
+        mask: ``height x width`` uint8, 255 where the image is repainted (``None``: the
+            whole image is redrawn, ``strength`` of the way from it).
+        strength: how far from the image the edit goes (0: kept, 1: redrawn from noise).
+    """
+
+    prompt: str
+    image: np.ndarray
+    mask: np.ndarray | None = None
+    n: int = 1
+    seed: int = 0
+    steps: int = 20
+    guidance_scale: float = 7.5
+    strength: float = 0.8
+    negative_prompt: str = ""
+
+    @property
+    def width(self) -> int:
+        return int(self.image.shape[1])
+
+    @property
+    def height(self) -> int:
+        return int(self.image.shape[0])
 
 
 @final
@@ -119,8 +153,8 @@ class DiffusionModel:
 
 
 def resolve_diffusion(name: str, kind: PipelineKind, options: ModelOptions) -> DiffusionModel:
-    """``--image-model`` / ``--video-model``: ``tiny`` (built into the model cache, seeded
-    by ``options.seed``) or a folder holding a diffusers ``model_index.json``.
+    """``--image-model`` / ``--video-model`` / ``--audio-model``: ``tiny`` (built into the model
+    cache, seeded by ``options.seed``) or a folder holding a diffusers ``model_index.json``.
 
     Raises:
         ConfigError: the folder is missing or is no diffusers pipeline.
@@ -150,9 +184,15 @@ def _load(model: DiffusionModel, device: str) -> Any:
     transformers_logging.disable_progress_bar()
     note(f"loading the {model.kind} pipeline {model.id} on {device}")
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
-    pipeline = DiffusionPipeline.from_pretrained(model.folder, dtype=dtype)
+    with warnings.catch_warnings():  # Stable Audio's VAE: weight_norm, deprecated in torch
+        warnings.filterwarnings("ignore", ".*weight_norm.*", FutureWarning)
+        pipeline = DiffusionPipeline.from_pretrained(model.folder, dtype=dtype)
     parameters = inspect.signature(pipeline.__call__).parameters
-    needed = {"callback_on_step_end", "num_inference_steps", "guidance_scale", "generator"}
+    needed = {"num_inference_steps", "guidance_scale", "generator"}
+    if model.kind == "audio":  # Stable Audio's signature: a per-step callback of the old form
+        needed |= {"audio_end_in_s", "callback", "callback_steps"}
+    else:
+        needed.add("callback_on_step_end")
     if model.kind == "video":
         needed.add("num_frames")
     missing = needed - set(parameters)
@@ -162,7 +202,8 @@ def _load(model: DiffusionModel, device: str) -> Any:
         )
     pipeline.set_progress_bar_config(disable=True)
     pipeline = pipeline.to(device)
-    _timesteps_on_host(pipeline.scheduler)
+    if model.kind != "audio":  # Stable Audio's DiT takes its timestep where its latents are
+        _timesteps_on_host(pipeline.scheduler)
     if device.startswith("cuda") and model.kind == "image" and graph_pipeline(pipeline):
         note(f"capturing the {model.id} pipeline's CUDA graphs at the default size")
         pipeline(prompt="", num_inference_steps=2, output_type="pt")
@@ -272,7 +313,9 @@ class ImageRunner:
     A batch of requests runs as few pipeline calls as their sizes, steps and guidance
     allow (`image_calls`): one call denoises every image of its requests together, each
     image from its own seed's noise, so an image is the one it would be alone (up to the
-    rounding of a batched forward). One step of a call is one unit.
+    rounding of a batched forward). One step of a call is one unit. An edit
+    (`ImageEditRequest`, ``/v1/images/edits``) runs in a call of its own, on the
+    image-to-image or inpainting pipeline diffusers makes from this one's modules.
 
     Args:
         max_batch: the most requests, and images, one call takes.
@@ -295,16 +338,67 @@ class ImageRunner:
         self.beside_realtime = stream is not None
         """Its units start in any window between realtime steps and may run on into the next
         (`Slack.acquire`)."""
+        self._edits: dict[str, Any] = {}
 
-    def run_batch(self, requests: Sequence[ImageRequest], gate: UnitGate) -> list[ImageResult]:
+    def run_batch(
+        self, requests: Sequence[ImageRequest | ImageEditRequest], gate: UnitGate
+    ) -> list[ImageResult]:
         results: list[ImageResult | None] = [None] * len(requests)
-        for call in image_calls(requests, self.max_batch):
+        plain = [i for i, request in enumerate(requests) if isinstance(request, ImageRequest)]
+        generations = [requests[i] for i in plain]
+        for call in image_calls(generations, self.max_batch):  # type: ignore[arg-type]
             with _on(self._stream):
-                done = self._run([requests[i] for i in call], gate)
+                done = self._run([generations[i] for i in call], gate)  # type: ignore[misc]
             for index, result in zip(call, done, strict=True):
-                results[index] = result
+                results[plain[index]] = result
+        for index, request in enumerate(requests):
+            if isinstance(request, ImageEditRequest):  # one call each: its own image
+                with _on(self._stream):
+                    results[index] = self._edit(request, gate)
         assert all(result is not None for result in results)
         return results  # type: ignore[return-value]
+
+    def _edit_pipeline(self, inpaint: bool) -> Any:
+        """The image-to-image (or inpainting) pipeline over this pipeline's own modules
+        (``from_pipe``: no second copy of the weights), made on first use."""
+        key = "inpaint" if inpaint else "image2image"
+        made = self._edits.get(key)
+        if made is None:
+            from diffusers import AutoPipelineForImage2Image, AutoPipelineForInpainting
+
+            kind = AutoPipelineForInpainting if inpaint else AutoPipelineForImage2Image
+            made = kind.from_pipe(self.pipeline)
+            made.set_progress_bar_config(disable=True)
+            self._edits[key] = made
+        return made
+
+    def _edit(self, request: ImageEditRequest, gate: UnitGate) -> ImageResult:
+        """One pipeline call for an edit's ``n`` images, each from ``seed + i``."""
+        from PIL import Image
+
+        pipeline = self._edit_pipeline(request.mask is not None)
+        n = request.n
+        extra: dict[str, Any] = {}
+        if request.mask is not None:
+            extra = {
+                "mask_image": Image.fromarray(request.mask, mode="L"),
+                "width": request.width,
+                "height": request.height,
+            }
+        output = pipeline(
+            prompt=[request.prompt] * n,
+            negative_prompt=[request.negative_prompt] * n if request.negative_prompt else None,
+            image=Image.fromarray(request.image, mode="RGB"),
+            strength=request.strength,
+            num_images_per_prompt=1,
+            num_inference_steps=request.steps,
+            guidance_scale=request.guidance_scale,
+            generator=[_generator(request.seed + i) for i in range(n)],
+            output_type="pt",
+            callback_on_step_end=_step_callback(gate),
+            **extra,
+        )
+        return ImageResult(tuple(_uint8_images(output.images)))
 
     def _run(self, requests: Sequence[ImageRequest], gate: UnitGate) -> list[ImageResult]:
         """One pipeline call for ``requests`` (one batch key): their images, each request's

@@ -1,9 +1,11 @@
 """Tiny seeded random-weight diffusers pipelines, built locally and saved like checkpoints.
 
-Tests and demos serve ``--image-model tiny`` and ``--video-model tiny``: a Stable
-Diffusion pipeline and an AnimateDiff pipeline whose UNet, VAE and CLIP text encoder
-are a few thousand parameters drawn from a seed, with a byte-level CLIP tokenizer
-whose vocabulary and (empty) merges are written here. Each is saved with
+Tests and demos serve ``--image-model tiny``, ``--video-model tiny`` and
+``--audio-model tiny``: a Stable Diffusion pipeline and an AnimateDiff pipeline whose
+UNet, VAE and CLIP text encoder are a few thousand parameters drawn from a seed, with a
+byte-level CLIP tokenizer whose vocabulary and (empty) merges are written here; and a
+Stable Audio pipeline (DiT, Oobleck VAE, T5 encoder, a character-level unigram T5
+tokenizer written here) of the same scale, at 8 kHz, up to 16 s. Each is saved with
 ``save_pretrained`` into the model cache and then loaded by ``from_pretrained``,
 the code path of a real checkpoint. Nothing is downloaded.
 
@@ -17,6 +19,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,8 +27,8 @@ from duplex.progress import note
 
 __all__ = ["TINY_KINDS", "build_tiny_pipeline", "tiny_pipeline"]
 
-TinyKind = Literal["image", "video"]
-TINY_KINDS: tuple[TinyKind, ...] = ("image", "video")
+TinyKind = Literal["image", "video", "audio"]
+TINY_KINDS: tuple[TinyKind, ...] = ("image", "video", "audio")
 _MANIFEST = "duplex-manifest.json"
 _TEXT_WIDTH = 32
 """Hidden size of the tiny CLIP text encoder and the UNets' cross-attention width."""
@@ -87,10 +90,111 @@ def sd_scheduler() -> Any:
     )
 
 
+def char_t5_tokenizer() -> Any:
+    """A T5 tokenizer (``tokenizer.json``) whose unigram vocabulary is printable ASCII, one
+    piece a character, plus T5's pad, end and unknown pieces; built here, never downloaded."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import T5TokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -1.0)]
+    pieces += [(chr(c), -1.0) for c in range(33, 127)]
+    model = Tokenizer(models.Unigram(pieces, unk_id=2, byte_fallback=False))
+    model.pre_tokenizer = pre_tokenizers.Metaspace()
+    model.decoder = decoders.Metaspace()
+    return T5TokenizerFast(
+        tokenizer_object=model,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=64,
+        extra_ids=0,
+    )
+
+
+def _build_tiny_audio() -> Any:
+    """A Stable Audio pipeline of a few thousand parameters (the torch seed already set):
+    8 kHz stereo, a 2048-sample hop, at most 64 latent frames (16.4 s)."""
+    from diffusers import (
+        AutoencoderOobleck,
+        EDMDPMSolverMultistepScheduler,
+        StableAudioDiTModel,
+        StableAudioPipeline,
+    )
+    from diffusers.pipelines.stable_audio import StableAudioProjectionModel
+    from transformers import T5Config, T5EncoderModel
+
+    width = 16
+    transformer = StableAudioDiTModel(
+        sample_size=64,
+        in_channels=4,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        num_key_value_attention_heads=1,
+        out_channels=4,
+        cross_attention_dim=width,
+        time_proj_dim=width,
+        global_states_input_dim=2 * width,
+        cross_attention_input_dim=width,
+    )
+    vae = AutoencoderOobleck(
+        encoder_hidden_size=4,
+        downsampling_ratios=[4, 8, 8, 8],
+        decoder_channels=2,
+        decoder_input_channels=4,
+        audio_channels=2,
+        channel_multiples=[1, 2, 2, 2, 2],
+        sampling_rate=8000,
+    )
+    text_encoder = T5EncoderModel(
+        T5Config(
+            vocab_size=128,
+            d_model=width,
+            d_kv=8,
+            d_ff=32,
+            num_layers=2,
+            num_heads=2,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+            eos_token_id=1,
+        )
+    )
+    projection = StableAudioProjectionModel(
+        text_encoder_dim=width, conditioning_dim=width, min_value=0, max_value=512
+    )
+    scheduler = EDMDPMSolverMultistepScheduler(
+        solver_order=2,
+        prediction_type="v_prediction",
+        sigma_data=1.0,
+        sigma_schedule="exponential",
+    )
+    return StableAudioPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        projection_model=projection,
+        tokenizer=char_t5_tokenizer(),
+        transformer=transformer,
+        scheduler=scheduler,
+    )
+
+
 def build_tiny_pipeline(folder: Path, kind: TinyKind, seed: int) -> None:
     """Build the tiny ``kind`` pipeline with weights drawn from ``seed`` and save it to
     ``folder`` (``save_pretrained``)."""
     import torch
+
+    if kind == "audio":
+        from diffusers.utils import logging as diffusers_logging
+        from transformers.utils import logging as transformers_logging
+
+        for logging in (diffusers_logging, transformers_logging):
+            logging.set_verbosity_error()
+            logging.disable_progress_bar()
+        torch.manual_seed(seed)
+        with warnings.catch_warnings():  # Oobleck's weight_norm: deprecated, still its format
+            warnings.simplefilter("ignore", FutureWarning)
+            _build_tiny_audio().save_pretrained(folder)
+        return
     from diffusers import (
         AnimateDiffPipeline,
         AutoencoderKL,

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from pathlib import Path
 from typing import final
 
 import numpy as np
@@ -85,7 +86,14 @@ from .._streams import priority_stream
 from ._checkpoint import LoadedMoshi
 from ._kv import KVDtype
 from ._mimi_streams import MimiStreams
-from ._prompt import PromptReplay, VoiceLibrary, build_replay, wrap_with_system_tags
+from ._prompt import (
+    PromptReplay,
+    Voice,
+    VoiceLibrary,
+    VoiceStamp,
+    build_replay,
+    wrap_with_system_tags,
+)
 from ._runner import MoshiRunner, SlotSampling
 from ._sampling import SamplingParams, effective_top_k
 
@@ -139,6 +147,7 @@ class MoshiEngineRunner:
         speech_rms: float = 0.01,
         cuda_graphs: bool | None = None,
         kv_dtype: KVDtype | None = None,
+        voice_dir: Path | None = None,
     ) -> None:
         mimi_config = loaded.mimi.config
         if (spec.sample_rate, spec.frame_samples) != (
@@ -183,11 +192,14 @@ class MoshiEngineRunner:
             None if loaded.checkpoint is None else loaded.checkpoint.folder,
             mimi_config.sample_rate,
             lm=loaded.lm if spec.supports_prompts else None,
+            uploaded=voice_dir,
         )
         self._tokenizer: sentencepiece.SentencePieceProcessor | None = None
         self._slot_replays: list[PromptReplay | None] = [None] * spec.max_slots
-        self._replays: OrderedDict[SlotPrompt, PromptReplay] = OrderedDict()
-        self._voice_codes: dict[str, torch.Tensor] = {}
+        self._replays: OrderedDict[tuple[SlotPrompt, VoiceStamp], PromptReplay] = OrderedDict()
+        """Replays by prompt and the voice file's stamp: an uploaded voice deleted and
+        uploaded again under its name is a new replay."""
+        self._voice_codes: dict[tuple[str, VoiceStamp], torch.Tensor] = {}
         self._stepped = False
 
     @property
@@ -354,33 +366,34 @@ class MoshiEngineRunner:
 
     def _prepare(self, prompt: SlotPrompt, slot: int) -> PromptReplay:
         """Build (or reuse) the prompt's replay; a voice is encoded on ``slot``'s Mimi."""
-        cached = self._replays.get(prompt)
+        loaded = self._voices.voice(prompt.voice) if prompt.voice else None
+        stamp = None if loaded is None else loaded.stamp
+        cached = self._replays.get((prompt, stamp))
         if cached is not None:
-            self._replays.move_to_end(prompt)
+            self._replays.move_to_end((prompt, stamp))
             return cached
         voice = None
-        if prompt.voice:
-            voice = self._voice_codes.get(prompt.voice)
+        if prompt.voice and loaded is not None:
+            voice = self._voice_codes.get((prompt.voice, stamp))
             if voice is None:
-                loaded = self._voices.voice(prompt.voice)
                 voice = loaded.codes  # a .pt voice: its codes, recovered by check_prompt
                 if voice is None:
-                    voice = self._encode_voice(prompt.voice, slot)
-                self._voice_codes[prompt.voice] = voice
+                    voice = self._encode_voice(loaded, slot)
+                self._voice_codes[(prompt.voice, stamp)] = voice
         tokens: list[int] = []
         if prompt.text and prompt.text.strip():
             tokens = list(self._text_tokenizer().Encode(wrap_with_system_tags(prompt.text)))
             if any(not 0 <= t < self._config.text_card for t in tokens):
                 raise PromptUnsupported("the tokenizer produced ids outside the text vocabulary")
         replay = build_replay(self._config, self._initial, tokens, voice, self._device)
-        self._replays[prompt] = replay
+        self._replays[(prompt, stamp)] = replay
         while len(self._replays) > self._MAX_CACHED_PROMPTS:
             self._replays.popitem(last=False)
         return replay
 
-    def _encode_voice(self, name: str, slot: int) -> torch.Tensor:
+    def _encode_voice(self, voice: Voice, slot: int) -> torch.Tensor:
         """The voice's Mimi codes ``[frames, agent_q]``, through the slot's (then reset) encoder."""
-        pcm = self._voices.voice(name).pcm
+        pcm = voice.pcm
         assert pcm is not None
         frame = self._spec.frame_samples
         padded = np.zeros(-(-pcm.size // frame) * frame, dtype=np.float32)

@@ -197,7 +197,9 @@ def _factory(load: Callable[[torch.dtype], LoadedMoshi], options: ModelOptions) 
         loaded = load(torch.bfloat16 if cuda else torch.float32)
         note(f"model {spec.name} loaded; making its runner")
         kv_dtype = KV_DTYPES[options.kv_cache_dtype]
-        runner = MoshiEngineRunner(loaded, spec, seed=options.seed, kv_dtype=kv_dtype)
+        runner = MoshiEngineRunner(
+            loaded, spec, seed=options.seed, kv_dtype=kv_dtype, voice_dir=options.voice_dir
+        )
         if cuda:  # before the engine is handed over, so /health says starting meanwhile
             runner.prepare_graphs()
         return runner

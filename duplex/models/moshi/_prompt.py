@@ -81,6 +81,7 @@ import torch
 
 from duplex.exceptions import PromptUnsupported
 
+from .._uploaded_voices import uploaded_voice_path
 from ._config import MoshiConfig
 
 if TYPE_CHECKING:
@@ -470,6 +471,10 @@ def voice_codes_from_embeddings(path: Path, tables: VoiceTables) -> torch.Tensor
     return voice
 
 
+VoiceStamp = tuple[int, int, int] | None
+"""An uploaded voice file's (inode, size, mtime_ns); ``None`` for a checkpoint's voice."""
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class Voice:
@@ -478,10 +483,13 @@ class Voice:
     Args:
         pcm: mono float32 samples, scaled as `VoiceLibrary` does.
         codes: ``[V, agent_q]`` codes recovered by `voice_codes_from_embeddings`.
+        stamp: an uploaded voice's file (inode, size, mtime) when it was read.
     """
 
     pcm: npt.NDArray[np.float32] | None = field(default=None, repr=False)
     codes: torch.Tensor | None = field(default=None, repr=False)
+    stamp: VoiceStamp = None
+    """An uploaded voice's file identity when read (``None``: a checkpoint's voice)."""
 
     def __post_init__(self) -> None:
         if (self.pcm is None) == (self.codes is None):
@@ -502,41 +510,85 @@ class VoiceLibrary:
         lm: the prompted LM: the embedding rows ``.pt`` voices are read with are
             copied to the host here (`VoiceTables`: about 134 MB for the 7B), so the
             search never touches the GPU from the caller's thread.
+        uploaded: the folder of uploaded voices (``POST /v1/audio/voices``), searched
+            after the checkpoint's; its files may change, so `check` re-reads a voice
+            whose file is not the one it read (deleted and uploaded again).
     """
 
-    def __init__(self, folder: Path | None, sample_rate: int, lm: MoshiLM | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path | None,
+        sample_rate: int,
+        lm: MoshiLM | None = None,
+        uploaded: Path | None = None,
+    ) -> None:
         self._folder = folder
         self._rate = sample_rate
+        self._uploaded = uploaded
         self._lock = threading.Lock()
         self._voices: dict[str, Voice] = {}
         self._tables = VoiceTables.of(lm) if lm is not None else None
 
     def check(self, name: str) -> None:
-        """Load ``name`` (if not already loaded).
+        """Load ``name`` (if not already loaded, or if its uploaded file changed).
 
         Raises:
             PromptUnsupported: a bad name, no such voice, an unreadable WAV, or a
                 ``.pt`` that is malformed or made with other weights.
         """
         with self._lock:
-            if name in self._voices:
-                return
+            known = self._voices.get(name)
+        if known is not None and (known.stamp is None or known.stamp == self._stamp(name)):
+            return
         voice = self._load(name)
         with self._lock:
-            self._voices.setdefault(name, voice)
+            self._voices[name] = voice
 
     def voice(self, name: str) -> Voice:
-        """The voice (loading it if `check` did not)."""
+        """The voice as `check` last read it (loading it if `check` did not): a session
+        admitted with an uploaded voice keeps it though the file goes meanwhile."""
+        with self._lock:
+            known = self._voices.get(name)
+        if known is not None:
+            return known
         self.check(name)
         with self._lock:
             return self._voices[name]
+
+    def _stamp(self, name: str) -> VoiceStamp:
+        path = uploaded_voice_path(self._uploaded, name)
+        if path is None:
+            return None
+        try:
+            status = path.stat()
+        except OSError:
+            return None
+        return (status.st_ino, status.st_size, status.st_mtime_ns)
+
+    def _in_checkpoint(self, stem: str) -> bool:
+        if self._folder is None:
+            return False
+        candidates = (
+            self._folder / "voices" / f"{stem}.wav",
+            self._folder / f"{stem}.wav",
+            self._folder / "voices" / f"{stem}.pt",
+        )
+        return any(path.is_file() for path in candidates)
 
     def _load(self, name: str) -> Voice:
         stem = name.removesuffix(".wav").removesuffix(".pt")
         if not _VOICE_NAME.match(stem) or ".." in stem:
             raise PromptUnsupported(f"voice name {name!r} is not a plain file name")
+        if not self._in_checkpoint(stem):
+            path = uploaded_voice_path(self._uploaded, name)
+            if path is not None:
+                stamp = self._stamp(name)
+                return Voice(pcm=_read_wav(path, self._rate), stamp=stamp)
         if self._folder is None:
-            raise PromptUnsupported(f"no voice {stem!r}: a model with random weights has none")
+            raise PromptUnsupported(
+                f"no voice {stem!r}: a model with random weights has none but uploaded ones"
+                " (GET /v1/audio/voices)"
+            )
         for path in (self._folder / "voices" / f"{stem}.wav", self._folder / f"{stem}.wav"):
             if path.is_file():
                 return Voice(pcm=_read_wav(path, self._rate))

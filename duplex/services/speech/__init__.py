@@ -1,5 +1,5 @@
 """Text to speech over HTTP and WebSocket: ``/v1/audio/speech``, ``/batch``, ``/stream``, voices."""
 
-from ._serving import SpeechService, speech_routes
+from ._serving import LOADING, SpeechService, UploadedVoices, speech_routes
 
-__all__ = ["SpeechService", "speech_routes"]
+__all__ = ["LOADING", "SpeechService", "UploadedVoices", "speech_routes"]

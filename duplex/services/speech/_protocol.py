@@ -70,8 +70,9 @@ MAX_UTTERANCE_CHARS: Final = 1024 * 1024
 SAMPLE_RATES: Final[tuple[int, ...]] = (8000, 16000, 22050, 24000, 44100, 48000)
 """Rates ``sample_rate`` may ask for (the engine's own rate is resampled)."""
 
-VoiceCheck = Callable[[str], str | None]
-"""The TTS engine's voice check: an error message naming the valid voices, or ``None``."""
+VoiceCheck = Callable[[str], "str | Refusal | None"]
+"""The TTS engine's voice check: an error message naming the valid voices, a refusal of its
+own (an uploaded voice the TTS cannot speak with), or ``None``."""
 
 
 def refusal(message: str, param: str | None = None, code: str = "invalid_value") -> Refusal:
@@ -169,6 +170,8 @@ def _common(fields: Mapping[str, Any], check_voice: VoiceCheck) -> dict[str, Any
     if not isinstance(voice, str):
         raise _fail("voice must be a string.", "voice", "invalid_type")
     problem = check_voice(voice)
+    if isinstance(problem, Refusal):
+        raise _Bad(problem)
     if problem is not None:
         raise _fail(problem, "voice")
     out["voice"] = voice

@@ -2,7 +2,8 @@
 
 ``POST /v1/audio/speech`` (whole file, or ``stream: true``: audio sentence by
 sentence as it is made), ``POST /v1/audio/speech/batch`` (results in input
-order), ``GET /v1/audio/voices`` and ``WS /v1/audio/speech/stream``. Each
+order) and ``WS /v1/audio/speech/stream`` (``GET /v1/audio/voices`` lists the voices
+with the uploaded ones: ``duplex.services.voices``). Each
 request is one or more `SpeechRequest`s submitted to the process's TTS
 `RequestEngine` (the one the voice agent speaks with), which batches them
 across clients and runs them in the slack a realtime engine leaves.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import base64
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Final, TypeVar, final
+from typing import Any, Final, Protocol, TypeVar, final
 
 import numpy as np
 import trio
@@ -54,7 +55,7 @@ from ._protocol import (
 
 _T = TypeVar("_T")
 
-__all__ = ["SpeechService", "speech_routes"]
+__all__ = ["LOADING", "SpeechService", "UploadedVoices", "speech_routes"]
 
 STREAM_CONFIG_TIMEOUT_S: Final = 10.0
 """A stream's ``session.config`` must come this soon (vLLM-Omni's limit)."""
@@ -87,6 +88,12 @@ def _overloaded(exc: RequestsOverloaded) -> Response:
     return refusal_response(refused)
 
 
+class UploadedVoices(Protocol):
+    """The uploaded voices, as the TTS's voice check asks after them."""
+
+    def exists(self, name: str) -> bool: ...
+
+
 @final
 class SpeechService:
     """The server's TTS, as the speech routes see it: the request engine named ``tts`` in the
@@ -96,10 +103,19 @@ class SpeechService:
         requests: the process's request engines.
         registry: where the speech endpoints' counters go (the engine's own are exported by
             ``requests``, labelled ``runner="tts"``).
+        uploaded: the uploaded voices (``None``: none kept here); a request naming one is
+            refused ``voice_not_supported``, as no TTS served here conditions on a sample.
     """
 
-    def __init__(self, requests: RequestEngines, registry: MetricsRegistry | None = None) -> None:
+    def __init__(
+        self,
+        requests: RequestEngines,
+        registry: MetricsRegistry | None = None,
+        *,
+        uploaded: UploadedVoices | None = None,
+    ) -> None:
         self.requests = requests
+        self.uploaded = uploaded
         self._workers = trio.CapacityLimiter(max(1, (os.cpu_count() or 2) - 1))
         """Resampling and encoding run in worker threads, at most one per core but one, so
         the sessions' event loop keeps a core however many clips are encoded at once."""
@@ -130,9 +146,22 @@ class SpeechService:
         assert engine is not None
         return engine.metadata
 
-    def check_voice(self, voice: str) -> str | None:
-        """The engine's verdict on ``voice``: ``None``, or a message listing the valid ones."""
-        return voice_problem(self._metadata(), voice)
+    def check_voice(self, voice: str) -> str | Refusal | None:
+        """The engine's verdict on ``voice``: ``None``, a message listing the valid ones, or,
+        for an uploaded voice, ``voice_not_supported``: the TTS cannot speak with a sample,
+        and another voice is never used instead."""
+        problem = voice_problem(self._metadata(), voice)
+        if problem is not None and self.uploaded is not None and self.uploaded.exists(voice):
+            return Refusal(
+                400,
+                f"Voice {voice!r} is an uploaded sample, and the text-to-speech model served "
+                "here cannot condition on a sample: use one of its built-in voices "
+                "(GET /v1/audio/voices), or the uploaded voice with a model that takes "
+                "voice prompts (PersonaPlex).",
+                "voice_not_supported",
+                "voice",
+            )
+        return problem
 
     @property
     def native_rate(self) -> int:
@@ -384,12 +413,6 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
 
         return Response(await service.off_loop(answer), media_type="application/json")
 
-    async def voices(request: Request) -> Response:
-        if (early := ready("voices")) is not None:
-            return early
-        assert service is not None
-        return Response(dumps(service.voices_body()), media_type="application/json")
-
     async def stream_socket(websocket: WebSocket) -> None:
         await websocket.accept()
         if service is None or not service.configured or service.engine is None:
@@ -403,7 +426,6 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
     return [
         Route("/v1/audio/speech", speech, methods=["POST"]),
         Route("/v1/audio/speech/batch", batch, methods=["POST"]),
-        Route("/v1/audio/voices", voices, methods=["GET"]),
         WebSocketRoute("/v1/audio/speech/stream", stream_socket),
     ]
 

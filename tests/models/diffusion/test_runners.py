@@ -16,12 +16,16 @@ from hypothesis import strategies as st
 from duplex.exceptions import ConfigError, RequestCancelled, RequestsOverloaded
 from duplex.models import ModelOptions, RequestEngine
 from duplex.models.diffusion import (
+    AudioRequest,
+    AudioRunner,
     DiffusionModel,
+    ImageEditRequest,
     ImageRequest,
     ImageRunner,
     VideoRequest,
     VideoRunner,
     image_calls,
+    load_audio_runner,
     load_image_runner,
     load_video_runner,
     resolve_diffusion,
@@ -239,3 +243,67 @@ async def test_on_a_request_engine_a_full_queue_refuses_a_leaving_client_frees_i
 def test_models_are_values() -> None:
     model = DiffusionModel("x", "image", Path("."))
     assert model == DiffusionModel("x", "image", Path("."))
+
+
+@pytest.fixture(scope="module")
+def audio_runner(cache: Path) -> AudioRunner:
+    model = resolve_diffusion("tiny", "audio", ModelOptions(cache_dir=cache))
+    return load_audio_runner(model, "cpu")
+
+
+def test_audio_runs_a_step_a_unit_and_a_seed_is_its_audio(audio_runner: AudioRunner) -> None:
+    """Stable Audio from its folder through diffusers' loader: mono int16 at the VAE's rate,
+    as long as asked; the same seed the same samples, another seed others; a withdrawn
+    request stops at its next step."""
+    assert audio_runner.metadata == {
+        "model": "tiny-audio", "sample_rate": 8000, "max_audio_length_s": 16.384,
+    }  # fmt: skip
+    ask = AudioRequest(prompt="rain on a roof", seconds=1.5, seed=3, steps=3)
+    gate = Open()
+    (first,) = audio_runner.run_batch([ask], gate)
+    assert gate.kinds == ["step", "step", "decode"]
+    assert (first.pcm.dtype, first.pcm.shape, first.sample_rate) == (np.int16, (12_000,), 8000)
+    assert np.abs(first.pcm).max() > 100  # not silence
+    (again,) = audio_runner.run_batch([ask], Open())
+    assert np.array_equal(first.pcm, again.pcm)
+    (other,) = audio_runner.run_batch([AudioRequest(prompt="rain on a roof", seconds=1.5,
+                                                    seed=4, steps=3)], Open())  # fmt: skip
+    assert not np.array_equal(first.pcm, other.pcm)
+    cancel = CancelAfter(2)
+    with pytest.raises(RequestCancelled):
+        audio_runner.run_batch([AudioRequest(prompt="x", seconds=1.0, steps=40)], cancel)
+    assert cancel.left == 0
+
+
+def test_an_audio_folder_whose_pipeline_cannot_be_preempted_is_refused(cache: Path) -> None:
+    """An image pipeline named as the audio model lacks Stable Audio's call: refused at load."""
+    image = resolve_diffusion("tiny", "image", ModelOptions(cache_dir=cache))
+    with pytest.raises(ConfigError, match="audio_model: StableDiffusionPipeline takes no"):
+        load_audio_runner(DiffusionModel("x", "audio", image.folder), "cpu")
+
+
+def test_edits_redraw_the_image_and_inpaint_only_under_the_mask(image_runner: ImageRunner) -> None:
+    """Image-to-image and inpainting on the served pipeline's own modules: the same seed and
+    inputs give the same pixels; a mask keeps what it does not cover close to the source."""
+    rng = np.random.default_rng(0)
+    source = rng.integers(0, 256, (32, 48, 3), dtype=np.uint8)
+    edit = ImageEditRequest(prompt="a blue cat", image=source, n=2, seed=5, steps=4)
+    gate = Open()
+    (first,) = image_runner.run_batch([edit], gate)
+    assert [image.shape for image in first.images] == [(32, 48, 3)] * 2
+    assert gate.kinds[-1] == "decode" and len(gate.kinds) == 3  # strength 0.8 of 4 steps
+    (again,) = image_runner.run_batch([edit], Open())
+    assert all(np.array_equal(a, b) for a, b in zip(first.images, again.images, strict=True))
+    assert not np.array_equal(first.images[0], first.images[1])  # seed + i
+    mask = np.zeros((32, 48), dtype=np.uint8)
+    mask[:, 24:] = 255  # repaint the right half only
+    masked = ImageEditRequest(prompt="a blue cat", image=source, mask=mask, seed=5, steps=4,
+                              strength=1.0)  # fmt: skip
+    generation = request(seed=1)
+    inpainted, generated = image_runner.run_batch([masked, generation], Open())  # one batch
+    (picture,) = inpainted.images
+    kept = np.abs(picture[:, :16].astype(int) - source[:, :16].astype(int)).mean()
+    redrawn = np.abs(picture[:, 32:].astype(int) - source[:, 32:].astype(int)).mean()
+    assert kept < redrawn
+    (alone,) = image_runner.run_batch([generation], Open())
+    assert np.array_equal(generated.images[0], alone.images[0])

@@ -52,7 +52,8 @@ def _write_wav(path: Path, seconds: float, rate: int = 24_000, noise: bool = Fal
 
 def wav_codes(loaded: LoadedMoshi, voice: str) -> torch.Tensor:
     """The voice's Mimi codes ``[V, 8]`` as a WAV-prompted slot computes them."""
-    return runner(loaded)._encode_voice(voice, slot=0)
+    run = runner(loaded)
+    return run._encode_voice(run._voices.voice(voice), slot=0)
 
 
 def reference_voice_file(lm: MoshiLM, codes: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -462,3 +463,53 @@ def test_replay_on_cuda_graphs_equals_eager_and_cpu(
             atol=1e-4,
         )
         assert [t for _, t in graphed[name]] == [t for _, t in cpu[name]], name
+
+
+def test_an_uploaded_voice_prompts_by_name_and_a_new_upload_replaces_it(
+    plex: LoadedMoshi, tmp_path: Path
+) -> None:
+    """A voice from the upload folder (``POST /v1/audio/voices``) prompts like a checkpoint's
+    WAV voice; deleted, it is refused; uploaded again under its name with other audio, the
+    next session replays the new audio, not the cached codes of the old one."""
+    uploaded = tmp_path / "uploaded"
+    _write_wav(uploaded / "mine.wav", 0.5, rate=16_000)  # robot.wav's audio, under a new name
+    run = MoshiEngineRunner(plex, moshi_spec("tiny-personaplex"), seed=SEED, voice_dir=uploaded)
+    eng = Engine(run, timer=FakeTimer(), max_input_frames=64)
+    handle = eng.acquire_slot("a", SlotPrompt(voice="mine"))
+    assert handle is not None
+    eng.step(0.0)
+    first = run.replay(handle.slot)
+    assert first is not None
+    assert torch.equal(run._voice_codes[("mine", run._voices.voice("mine").stamp)],
+                       wav_codes(plex, "robot"))  # fmt: skip
+    eng.release_slot(handle)
+    (uploaded / "mine.wav").unlink()
+    with pytest.raises(PromptUnsupported, match="no voice"):
+        eng.acquire_slot("b", SlotPrompt(voice="mine"))
+    _write_wav(uploaded / "mine.wav", 2.0, noise=True)  # speech.wav's audio now
+    again = eng.acquire_slot("c", SlotPrompt(voice="mine"))
+    assert again is not None
+    eng.step(0.0)
+    second = run.replay(again.slot)
+    assert second is not None and second.held > first.held  # a longer voice, a longer replay
+    for trick in ("../uploaded/mine", "mine.wav/..", ".mine"):
+        with pytest.raises(PromptUnsupported):
+            eng.acquire_slot("d", SlotPrompt(voice=trick))
+    # the checkpoint's own voices come first: an upload cannot shadow one
+    _write_wav(uploaded / "robot.wav", 2.0, noise=True)
+    shadow = eng.acquire_slot("e", SlotPrompt(voice="robot"))
+    assert shadow is not None
+    eng.step(0.0)
+    replay = run.replay(shadow.slot)
+    assert replay is not None and replay.held == first.held
+
+
+def test_random_weights_take_uploaded_voices_only(tmp_path: Path) -> None:
+    from duplex.models.moshi._prompt import VoiceLibrary
+
+    _write_wav(tmp_path / "mine.wav", 0.5)
+    library = VoiceLibrary(None, 24_000, uploaded=tmp_path)
+    library.check("mine")
+    assert library.voice("mine").pcm is not None and library.voice("mine").stamp is not None
+    with pytest.raises(PromptUnsupported, match="random weights"):
+        library.check("robot")
