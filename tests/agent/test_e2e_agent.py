@@ -11,7 +11,7 @@ import trio
 from websockets.trio.client import connect
 
 from duplex.sessions import shard_of
-from tests.transport.test_realtime import check_wire
+from tests.wire.test_realtime import check_wire
 from tests.transport.wsclient import running_server
 
 from .agentkit import HELLO, INTERRUPT, RealtimeSocket, grammar_file, rms, silence, wav_pcm16

@@ -16,7 +16,7 @@ import trio
 from websockets.trio.client import connect
 
 from tests.clients.served import Served, serve
-from tests.transport.test_realtime import check_wire
+from tests.wire.test_realtime import check_wire
 
 from .agentkit import silence, wav_pcm16
 from .test_e2e_agent import _session
