@@ -36,7 +36,7 @@ from fuzz_endpoints import (
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import ClientConnection, connect
 
-from tests.transport.test_field_fuzz import HOSTILE, _mutated, _paths
+from tests.wire.test_field_fuzz import HOSTILE, _mutated, _paths
 
 HTTP_KINDS = (
     "mutated",

@@ -115,7 +115,8 @@ from _served import (
     tone,
     write_report,
 )
-from tests.transport.test_field_fuzz import (
+
+from tests.wire.test_field_fuzz import (
     HOSTILE,
     _duplex_events,
     _mutated,
