@@ -11,8 +11,8 @@ import trio
 from websockets.trio.client import connect
 
 from duplex.sessions import shard_of
-from tests.wire.test_realtime import check_wire
 from tests.transport.wsclient import running_server
+from tests.wire.test_realtime import check_wire
 
 from .agentkit import HELLO, INTERRUPT, RealtimeSocket, grammar_file, rms, silence, wav_pcm16
 

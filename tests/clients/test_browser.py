@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .served import ROOT, Served, serve
+from ..helpers import ROOT, Served, serve
 
 CHROMIUM = "/usr/bin/chromium"
 SPEECH = ROOT / "tests" / "fixtures" / "speech" / "hello.wav"

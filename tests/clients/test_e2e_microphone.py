@@ -27,7 +27,7 @@ import pytest
 
 from duplex.client._audio import read_wav, resample_clip
 
-from .served import ROOT, serve
+from ..helpers import ROOT, serve
 
 SPEECH = ROOT / "tests" / "fixtures" / "speech" / "hello.wav"
 MIC_RATE, SPEAKER_RATE = 48_000, 44_100

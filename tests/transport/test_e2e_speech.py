@@ -21,11 +21,10 @@ import httpx
 import numpy as np
 import pytest
 import trio
-from prometheus_client.parser import text_string_to_metric_families
 from websockets.trio.client import connect
 
+from ..helpers import scrape, served
 from ..models.tts.tiny_vits import save_tiny_vits
-from .test_e2e_openpi import served
 from .wsclient import running_server
 
 SPEECH = "/v1/audio/speech"
@@ -51,13 +50,7 @@ def loud(pcm: np.ndarray) -> bool:
 
 
 async def metric(http: httpx.AsyncClient, url: str, name: str, **labels: str) -> float:
-    text = (await http.get(url + "/metrics")).text
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
+    return (await scrape(url)).sum(name, **labels)
 
 
 def error_of(response: httpx.Response, status: int, param: str | None, code: str) -> str:
