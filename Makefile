@@ -17,10 +17,12 @@ serve-media: $(STAMP)
 	$(VENV)/bin/duplex serve --host $(HOST) --port $(PORT) --image-model tiny --video-model tiny
 
 # pytest exits 5 when it collects nothing: for us that is a failure, never a pass.
+# -n auto: one pytest-xdist worker per core; worksteal evens out the long end-to-end
+# tests (docs/testing.md). A single module runs faster without it.
 test: $(STAMP)
 	$(VENV)/bin/ruff check duplex tests bench
 	$(VENV)/bin/ruff format --check duplex tests bench
-	@$(VENV)/bin/python -m pytest; rc=$$?; \
+	@$(VENV)/bin/python -m pytest -n auto --dist worksteal; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 

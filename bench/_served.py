@@ -4,7 +4,9 @@ log, its ``/health`` and ``/metrics``, and a small WebSocket client that records
 Used by ``bench/fuzz_endpoints.py``, ``bench/faults.py``, ``bench/disconnects.py`` and
 ``bench/soak.py`` (docs/reliability.md). The server is always a real subprocess on a free
 loopback port, started from this working tree, logging JSON lines to a file that each
-bench scans for tracebacks afterwards.
+bench scans for tracebacks afterwards. Starting and stopping it, the free port, the
+process tree and reading ``/metrics`` are the tests' own (``tests/helpers.py``, one
+copy of each): a bench runs from a checkout, beside its tests.
 """
 
 from __future__ import annotations
@@ -14,14 +16,13 @@ import json
 import os
 import platform
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,14 @@ from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import ClientConnection, connect
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.helpers import parse_metrics, process_tree, start_server, stop_server  # noqa: E402
+
+tree = process_tree
+"""``pid`` and every live process under it (``bench/soak.py`` reads their memory)."""
+
 FRAME = 1920  # 80 ms at 24 kHz
 PERIOD = 0.08
 FRONTEND = "duplex.topology._frontend"
@@ -72,12 +81,6 @@ def commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # -- processes -------------------------------------------------------------------------
 
 
@@ -103,16 +106,6 @@ def children(pid: int, module: str | None = None) -> list[int]:
         if module is None or module.encode() in argv:
             found.append(int(entry))
     return sorted(found)
-
-
-def tree(pid: int) -> list[int]:
-    """``pid`` and every live process under it."""
-    out, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        out.append(current)
-        todo += children(current)
-    return out
 
 
 def process_name(pid: int, root: int) -> str:
@@ -227,35 +220,21 @@ async def serve(
     ready_timeout_s: float = 120.0,
 ) -> AsyncIterator[Served]:
     """``duplex serve --port P --log-format json ARGS`` (``python WRAPPER serve`` instead of
-    ``python -m duplex.cli serve`` when ``wrapper`` is given), stopped with SIGINT at exit."""
-    port = free_port()
-    log.parent.mkdir(parents=True, exist_ok=True)
-    head = [sys.executable, *wrapper] if wrapper else [sys.executable, "-m", "duplex.cli"]
-    command = [*head, "serve", "--port", str(port), "--log-format", "json", *args]
-    environment = {
-        k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_")
-    }  # only what we set
-    environment.update(BASE_ENV)
-    environment.update(env or {})
-    environment["PYTHONPATH"] = str(ROOT) + os.pathsep + environment.get("PYTHONPATH", "")
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            command, env=environment, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
-        )
-    served = Served(process, port, log, time.monotonic())
+    ``python -m duplex.cli serve`` when ``wrapper`` is given), with `BASE_ENV` and ``env``
+    on top of this environment less its ``DUPLEX_*``; yielded once ``/health`` says ``ok``;
+    stopped with SIGINT at exit (its process tree killed after 60 s)."""
+    began = time.monotonic()
+    launch = partial(
+        start_server, ["--log-format", "json", *args], log_path=log,
+        env={**BASE_ENV, **(env or {})}, wrapper=wrapper, start_s=ready_timeout_s,
+    )  # fmt: skip
+    started = await trio.to_thread.run_sync(launch)
+    served = Served(started.process, started.port, log, began)
     try:
-        await wait_health(served.http, ready_timeout_s, process)
+        await wait_health(served.http, ready_timeout_s, started.process)
         yield served
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                await trio.to_thread.run_sync(process.wait, 60)
-            except subprocess.TimeoutExpired:
-                for pid in reversed(tree(process.pid)):
-                    with suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                process.wait()
+        await trio.to_thread.run_sync(partial(stop_server, started, timeout_s=60))
 
 
 async def get_json(http: str, path: str, timeout: float = 10.0) -> tuple[int, Any]:
@@ -273,16 +252,8 @@ async def metrics(http: str) -> str:
 
 
 def metric_sum(text: str, name: str, **labels: str) -> float:
-    """Sum of ``name`` samples whose labels include ``labels``."""
-    total = 0.0
-    for line in text.splitlines():
-        found = re.fullmatch(rf"{name}(?:\{{(.*)\}})? (\S+)", line)
-        if found is None:
-            continue
-        have = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += float(found.group(2))
-    return total
+    """Sum of ``name`` samples whose labels include ``labels`` (prometheus_client's parser)."""
+    return parse_metrics(text).sum(name, **labels)
 
 
 async def settle(http: str, *, timeout_s: float = 30.0) -> dict[str, float]:

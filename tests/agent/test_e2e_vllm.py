@@ -31,7 +31,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.agent.tiny_llm import CALL
-from tests.clients.served import ROOT, serve
+from tests.helpers import ROOT, serve
 from tests.transport.test_e2e_openai_app import configure_weather_app, until
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"

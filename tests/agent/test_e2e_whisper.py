@@ -15,7 +15,7 @@ import pytest
 import trio
 from websockets.trio.client import connect
 
-from tests.clients.served import Served, serve
+from tests.helpers import Served, serve
 from tests.wire.test_realtime import check_wire
 
 from .agentkit import silence, wav_pcm16

@@ -23,7 +23,7 @@ import pytest
 
 from tests.agent.agentkit import HELLO, grammar_file
 
-from .served import ROOT, Served, serve
+from ..helpers import ROOT, Served, serve
 
 CHROMIUM = "/usr/bin/chromium"
 SPEECH = ROOT / "tests" / "fixtures" / "speech" / "hello.wav"

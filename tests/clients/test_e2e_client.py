@@ -15,8 +15,8 @@ import trio
 
 from duplex.client import RealtimeClient
 
+from ..helpers import ROOT, serve
 from ..transport.wsclient import running_server, silence, tone
-from .served import ROOT, serve
 
 SPEECH = ROOT / "tests" / "fixtures" / "speech" / "hello.wav"
 

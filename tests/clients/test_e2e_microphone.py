@@ -27,7 +27,7 @@ import pytest
 
 from duplex.client._audio import read_wav, resample_clip
 
-from .served import ROOT, serve
+from ..helpers import ROOT, serve
 
 SPEECH = ROOT / "tests" / "fixtures" / "speech" / "hello.wav"
 MIC_RATE, SPEAKER_RATE = 48_000, 44_100
@@ -74,7 +74,8 @@ def test_duplex_talk_on_a_microphone_and_a_speaker(tmp_path: Path) -> None:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
         )  # fmt: skip
         lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=_lines, args=(talk.stdout, lines), daemon=True).start()
+        reader = threading.Thread(target=_lines, args=(talk.stdout, lines), daemon=True)
+        reader.start()
         seen: list[str] = []
         deadline = time.monotonic() + 60
         try:
@@ -91,7 +92,8 @@ def test_duplex_talk_on_a_microphone_and_a_speaker(tmp_path: Path) -> None:
                 talk.kill()
         opened = served.metric("duplex_sessions_opened_total")
     stderr = talk.stderr.read()  # type: ignore[union-attr]
-    time.sleep(0.2)
+    reader.join(10)  # it read talk's stdout to its end: every line is in ``lines``
+    assert not reader.is_alive()
     while not lines.empty():
         seen.append(lines.get())
     assert rc == 0, stderr

@@ -8,7 +8,7 @@ import tomllib
 
 from duplex.transport._app import WEB_TYPES, web_files
 
-from .served import ROOT
+from ..helpers import ROOT
 
 
 def test_every_web_file_is_package_data_and_served() -> None:

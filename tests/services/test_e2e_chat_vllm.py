@@ -24,7 +24,7 @@ import pytest
 from openai import OpenAI
 
 from tests.agent.tiny_llm import CALL
-from tests.clients.served import ROOT, Served, serve
+from tests.helpers import ROOT, Served, serve
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 MAX_CHOICES = 3

@@ -24,7 +24,7 @@ from openai import OpenAI
 from PIL import Image
 from websockets.sync.client import ClientConnection, connect
 
-from tests.clients.served import ROOT, Served, serve
+from tests.helpers import ROOT, Served, serve
 from tests.services.test_e2e_chat_vllm import VLLM_PYTHON, wait_ready
 
 pytestmark = [

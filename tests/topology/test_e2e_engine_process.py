@@ -31,6 +31,7 @@ from duplex.services.robots._serving import UNAVAILABLE
 from duplex.sessions import shard_of
 from duplex.wire._openpi import pack, unpack
 
+from ..helpers import parse_metrics
 from ..transport.test_e2e_duplex import open_session
 from ..transport.test_e2e_shards import (
     SHARDED,
@@ -60,14 +61,7 @@ def engine_pids() -> list[int]:
 
 def sample(text: str, name: str, **labels: str) -> float | None:
     """One sample of ``/metrics`` text (labels in any order), or ``None``."""
-    for line in text.splitlines():
-        found = re.fullmatch(rf"{name}(?:\{{(.*)\}})? (\S+)", line)
-        if found is None:
-            continue
-        have = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1) or ""))
-        if have == labels:
-            return float(found.group(2))
-    return None
+    return parse_metrics(text).one(name, **labels)
 
 
 async def engine_live_slots(server: Server) -> float | None:

@@ -66,6 +66,8 @@ from duplex.topology._engine_link import (
 from duplex.topology._engine_process import EngineServer
 from duplex.topology._link import HEADER, LinkBroken
 
+from ..helpers import wait_until
+
 SPEC = dataclasses.replace(LOOPBACK_SPEC, max_slots=3, tick_phases=1)
 FRAME = SPEC.frame_samples
 
@@ -472,7 +474,7 @@ async def test_a_full_queue_in_the_engine_process_refuses_and_recovers(tmp_path:
     path = str(tmp_path / "engine.sock")
     runner = Doubler(units=30, unit_s=0.01)
     runner.max_batch = 1
-    async with hosting(path, runner, max_queue=1) as _:
+    async with hosting(path, runner, max_queue=1) as (_, engine):
         mine = RequestEngines(["doubler"])
         async with linked(path, mine):
             service = mine.get("doubler")
@@ -481,7 +483,11 @@ async def test_a_full_queue_in_the_engine_process_refuses_and_recovers(tmp_path:
                 nursery.start_soon(service.submit, 1)  # runs
                 await trio.to_thread.run_sync(runner.started.wait)
                 nursery.start_soon(service.submit, 2)  # waits in a queue of one
-                await trio.sleep(0.1)
+                await wait_until(
+                    lambda: engine.statistics().batcher.queued == 1,
+                    timeout_s=10,
+                    what="request 2 waits in the engine process's queue",
+                )
                 with pytest.raises(RequestsOverloaded) as refused:
                     await service.submit(3)
                 assert refused.value.retry_after_s >= 1.0

@@ -46,7 +46,8 @@ def test_shard_of_reads_the_shard_a_session_id_names(shard: int, raw: bytes) -> 
 @pytest.mark.parametrize(
     "session_id",
     [
-        f"duplex-{os.urandom(16).hex()}",  # one process: no shard in the id
+        # one process: no shard in the id (a stable test id: xdist workers collect alike)
+        pytest.param(f"duplex-{os.urandom(16).hex()}", id="duplex-random"),
         "duplex-" + "0" * 32,
         "",
         "duplex-s",

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 
 import httpx
@@ -22,6 +21,7 @@ from duplex.models import (
     register_model,
 )
 
+from ..helpers import parse_metrics, wait_until
 from ..models.models_support import WrappedLoopback
 from .wsclient import Server, client, running_server
 
@@ -76,9 +76,14 @@ async def _figures(server: Server) -> tuple[dict, str]:
 
 
 def _gauge(metrics: str, model: str) -> int:
-    match = re.search(rf'^duplex_engine_capacity_slots{{model="{model}"}} (\S+)$', metrics, re.M)
-    assert match is not None, metrics
-    return int(float(match.group(1)))
+    value = parse_metrics(metrics).one("duplex_engine_capacity_slots", model=model)
+    assert value is not None, metrics
+    return int(value)
+
+
+def _ticks(server: Server) -> float:
+    """The engine's ticks so far (its in-process registry)."""
+    return parse_metrics(server.registry.render()).sum("duplex_engine_ticks_total")
 
 
 async def test_a_slow_first_step_does_not_lock_out_later_sessions() -> None:
@@ -88,7 +93,10 @@ async def test_a_slow_first_step_does_not_lock_out_later_sessions() -> None:
         async with client(server) as first:
             await first.send({"type": "session.create"})
             await first.until("session.created")
-            await trio.sleep(2.0)  # 20+ steps of one slot: more than min_samples
+            ticks = _ticks(server)
+            await wait_until(  # 25 steps of one slot (2 s of ticks): more than min_samples
+                lambda: _ticks(server) >= ticks + 25, timeout_s=30, what="25 engine ticks"
+            )
             health, metrics = await _figures(server)
             assert health["sessions"]["capacity"] == 16 == _gauge(metrics, SLOW_FIRST.name)
             await first.send({"type": "session.close"})

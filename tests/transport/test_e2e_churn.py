@@ -15,7 +15,20 @@ import trio
 from duplex.runtime._actor import SessionActor
 from duplex.sessions import Journal, SessionMachine
 
+from ..helpers import parse_metrics, wait_until
 from .wsclient import Server, client, running_server, tone
+
+
+async def outputs_settled(server: Server) -> None:
+    """Until no output for a closed session can still come: the engine holds no slot (a
+    detached slot gets no more deliveries) and every session and connection actor has
+    stopped (what was left in their mailboxes went to the dead letters as they did)."""
+
+    def settled() -> bool:
+        slots = parse_metrics(server.registry.render()).sum("duplex_engine_live_slots")
+        return slots == 0 and len(server.system.paths()) < 10
+
+    await wait_until(settled, timeout_s=10, what="engine slots released, actors stopped")
 
 
 def live_machines() -> int:
@@ -34,7 +47,7 @@ async def test_sessions_closed_mid_stream_are_freed() -> None:
                 await c.until("response.audio.delta")
                 await c.send({"type": "session.close"})
                 await c.until("session.closed")
-        await trio.sleep(0.5)  # the last outputs reach the stopped session
+        await outputs_settled(server)
         with trio.fail_after(5):  # actors finish stopping a little after the close
             while live_machines():
                 await trio.sleep(0.05)
@@ -74,8 +87,8 @@ async def test_sessions_resumed_and_closed_mid_stream_are_freed() -> None:
     async with running_server(**{"session.overlap_policy": "model"}) as server:
         for _ in range(4):
             await _resumed_mid_stream(server)
-        await trio.sleep(0.5)  # the last outputs reach the stopped sessions
-        with trio.fail_after(5):
+        await outputs_settled(server)
+        with trio.fail_after(5):  # actors finish stopping a little after the close
             while live_machines():
                 await trio.sleep(0.05)
         gc.collect()

@@ -294,6 +294,6 @@ async def test_a_socket_that_opens_no_session_in_time_is_closed(workers: Layout)
         async with client(server) as prompt:  # a session opened in time is never timed out
             await prompt.send({"type": "session.create", "session": {}})
             assert (await prompt.recv())["type"] == "session.created"
-            await trio.sleep(1.0)
+            await trio.sleep(1.0)  # the thing under test: twice the timeout, still open
             await prompt.send({"type": "session.close"})
             await prompt.until("session.closed")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,7 +25,7 @@ from PIL import Image
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import ClientConnection, connect
 
-from .test_e2e_openpi import served
+from ..helpers import scrape, served
 
 CONFIG = """
 [server]
@@ -51,9 +50,7 @@ async def media_server(tmp_path: Path) -> AsyncIterator[str]:
 
 
 async def metric(http: httpx.AsyncClient, url: str, name: str, runner: str) -> float:
-    text = (await http.get(url + "/metrics")).text
-    found = re.search(rf'^{name}\{{[^}}]*runner="{runner}"[^}}]*\}} (\S+)$', text, re.M)
-    return float(found[1]) if found else 0.0
+    return (await scrape(url)).sum(name, runner=runner)
 
 
 async def wait_metric(

@@ -11,9 +11,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -38,6 +35,7 @@ from duplex.wire._openpi import (
     unpack,
 )
 
+from ..helpers import scrape, served
 from .wsclient import Server, running_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,44 +52,6 @@ def openpi_python() -> Path:
     pytest.fail(
         "no .venv-openpi beside .venv: run scripts/bootstrap.sh (it installs openpi-client)"
     )
-
-
-@asynccontextmanager
-async def served(*flags: str) -> AsyncIterator[str]:
-    """``duplex serve`` in a subprocess on a free port; yields its base URL."""
-    command = [sys.executable, "-m", "duplex.cli", "serve", "--port", "0", "--log-format", "json"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env = {k: v for k, v in env.items() if not k.startswith("DUPLEX_")}
-    process = await trio.lowlevel.open_process(
-        [*command, *flags], stderr=subprocess.PIPE, env=env, cwd=ROOT
-    )
-    assert process.stderr is not None
-    lines: list[str] = []
-    started = trio.Event()
-    urls: list[str] = []
-
-    async def drain() -> None:  # keep reading, so the server never blocks on a full pipe
-        buffer = b""
-        async for chunk in process.stderr:
-            buffer += chunk
-            *complete, buffer = buffer.split(b"\n")
-            for line in complete:
-                lines.append(line.decode(errors="replace"))
-                if not started.is_set() and '"started"' in lines[-1]:
-                    urls.extend(json.loads(lines[-1])["urls"])
-                    started.set()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(drain)
-        try:
-            with trio.fail_after(60):
-                await started.wait()
-            yield urls[0]
-        finally:
-            process.send_signal(signal.SIGINT)
-            with trio.fail_after(30):
-                await process.wait()
-    assert process.returncode == 0, "\n".join(lines[-20:])
 
 
 def deterministic_observation(k: int) -> dict[str, Any]:
@@ -182,15 +142,6 @@ async def ask(ws: ClientConnection, value: Any) -> Any:
         return unpack(await ws.recv())
 
 
-async def metric(server: Server, name: str) -> float:
-    async with httpx.AsyncClient() as http:
-        text = (await http.get(server.http + "/metrics")).text
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 async def test_several_robots_at_once_each_get_their_own_results() -> None:
     """16 robots send at once: their requests share batches, and every answer is its own."""
     robots = 16
@@ -223,9 +174,10 @@ async def test_several_robots_at_once_each_get_their_own_results() -> None:
             clients.add(int(replies[0]["client"]))
         assert len(clients) == robots  # each robot its own client id
         assert max(int(r["batch"]) for replies in answers.values() for r in replies) > 1
-        assert await metric(server, 'duplex_request_largest_batch{runner="policy"}') > 1
-        batches = await metric(server, 'duplex_request_batches_total{runner="policy"}')
-        assert 0 < batches < await metric(server, 'duplex_requests_batched_total{runner="policy"}')
+        metrics = await scrape(server.http)
+        assert metrics.sum("duplex_request_largest_batch", runner="policy") > 1
+        batches = metrics.sum("duplex_request_batches_total", runner="policy")
+        assert 0 < batches < metrics.sum("duplex_requests_batched_total", runner="policy")
 
 
 def marker(**fields: Any) -> dict[bytes, Any]:
@@ -258,7 +210,10 @@ async def test_bad_input_answers_invalid_payload_and_the_robot_goes_on(
         assert await ask(ws, frame) == INVALID
         after = await ask(ws, {"state": np.ones(1, np.float32)})
         assert (after["session"], after["reset"]) == ("a", False)  # the session went on
-        assert await metric(server, 'duplex_robot_errors_total{reason="invalid_payload"}') == 1
+        errors = (await scrape(server.http)).sum(
+            "duplex_robot_errors_total", reason="invalid_payload"
+        )
+        assert errors == 1
 
 
 async def test_inference_failures_answer_without_a_traceback() -> None:
@@ -266,7 +221,7 @@ async def test_inference_failures_answer_without_a_traceback() -> None:
         failed = await ask(ws, {"boom": True})
         assert failed == {"type": "error", "message": INTERNAL_ERROR}
         assert (await ask(ws, {"state": np.zeros(1, np.float32)}))["reset"]  # still pending
-        assert await metric(server, 'duplex_requests_failed_total{runner="policy"}') == 1
+        assert (await scrape(server.http)).sum("duplex_requests_failed_total", runner="policy") == 1
 
 
 async def test_the_64_mib_limit_refuses_and_recovers() -> None:

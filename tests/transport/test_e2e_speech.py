@@ -13,6 +13,7 @@ import io
 import json
 import struct
 import wave
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,10 @@ import httpx
 import numpy as np
 import pytest
 import trio
-from prometheus_client.parser import text_string_to_metric_families
 from websockets.trio.client import connect
 
+from ..helpers import scrape, serve, served
 from ..models.tts.tiny_vits import save_tiny_vits
-from .test_e2e_openpi import served
 from .wsclient import running_server
 
 SPEECH = "/v1/audio/speech"
@@ -51,13 +51,7 @@ def loud(pcm: np.ndarray) -> bool:
 
 
 async def metric(http: httpx.AsyncClient, url: str, name: str, **labels: str) -> float:
-    text = (await http.get(url + "/metrics")).text
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
+    return (await scrape(url)).sum(name, **labels)
 
 
 def error_of(response: httpx.Response, status: int, param: str | None, code: str) -> str:
@@ -68,8 +62,18 @@ def error_of(response: httpx.Response, status: int, param: str | None, code: str
     return str(error["message"])
 
 
-async def test_speech_files_formats_voices_and_errors() -> None:
-    async with served() as url, httpx.AsyncClient(base_url=url, timeout=60) as http:
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One default server for the tests that only ask it for speech and read no absolute
+    count: a start costs a torch import, silero and the agent's ASR; the tests that fill
+    its queue, count its requests or change its flags start their own."""
+    folder = tmp_path_factory.mktemp("speech")
+    with serve(folder, "--log-format", "json", clean_exit=True) as server:
+        yield server.http
+
+
+async def test_speech_files_formats_voices_and_errors(url: str) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         plain = await http.post(SPEECH, json={"model": "tts-1", "input": "Hello there.",
                                               "voice": "coral"})  # fmt: skip
         assert plain.status_code == 200 and plain.headers["content-type"] == "audio/wav"
@@ -128,7 +132,10 @@ async def test_speech_files_formats_voices_and_errors() -> None:
         )  # fmt: skip
         assert "alloy, ash, ballad, coral" in message
         error_of(await http.post(SPEECH, content=b"{"), 400, None, "invalid_json")
-        too_big = await http.post(SPEECH, content=b" " * (3 * 1024 * 1024))
+        # answered before its body is read and its connection closed: a client of its own,
+        # so the next request never goes out on that connection ("Server disconnected")
+        async with httpx.AsyncClient(base_url=url) as once:
+            too_big = await once.post(SPEECH, content=b" " * (3 * 1024 * 1024))
         assert too_big.status_code == 413
         assert (await http.get(SPEECH)).status_code == 405
         ok = await http.post(SPEECH, json={"input": "Still fine."})  # usable after all that
@@ -136,27 +143,26 @@ async def test_speech_files_formats_voices_and_errors() -> None:
         assert await metric(http, url, "duplex_speech_requests_total", outcome="invalid") >= 9
 
 
-async def test_the_openai_sdk_speaks_with_every_voice_of_its_speech_endpoint() -> None:
+async def test_the_openai_sdk_speaks_with_every_voice_of_its_speech_endpoint(url: str) -> None:
     """OpenAI's client, unchanged: its speech voices include three the Realtime sessions lack
     (``fable``, ``onyx``, ``nova``); each speaks, and no two sound the same."""
     from openai import AsyncOpenAI
 
-    async with served() as url:
-        client = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-        spoken = {}
-        for voice in ("alloy", "fable", "onyx", "nova"):
-            answer = await client.audio.speech.create(
-                model="tts-1", voice=voice, input="Hello there.", response_format="wav"
-            )
-            rate, pcm = wav_of(answer.content)
-            assert rate == 22050 and loud(pcm), voice
-            spoken[voice] = pcm.tobytes()
-        assert len(set(spoken.values())) == 4
-        await client.close()
+    client = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    spoken = {}
+    for voice in ("alloy", "fable", "onyx", "nova"):
+        answer = await client.audio.speech.create(
+            model="tts-1", voice=voice, input="Hello there.", response_format="wav"
+        )
+        rate, pcm = wav_of(answer.content)
+        assert rate == 22050 and loud(pcm), voice
+        spoken[voice] = pcm.tobytes()
+    assert len(set(spoken.values())) == 4
+    await client.close()
 
 
-async def test_streams_over_http_and_batches_in_input_order() -> None:
-    async with served() as url, httpx.AsyncClient(base_url=url, timeout=60) as http:
+async def test_streams_over_http_and_batches_in_input_order(url: str) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         text = "First sentence here. A second one follows. And a third."
         whole = wav_of((await http.post(SPEECH, json={"input": text})).content)[1]
         async with http.stream(
@@ -201,49 +207,48 @@ async def test_streams_over_http_and_batches_in_input_order() -> None:
         )  # fmt: skip
 
 
-async def test_the_speech_stream_socket() -> None:
-    async with served() as url:
-        ws_url = url.replace("http://", "ws://") + SPEECH + "/stream"
-        async with connect(ws_url) as ws:
-            await ws.send(json.dumps({"type": "input.text", "text": "early"}))
-            assert json.loads(await ws.recv())["code"] == "config_required"
-            config = {"type": "session.config", "voice": "sage", "response_format": "wav",
-                      "sample_rate": 16000}  # fmt: skip
-            await ws.send(json.dumps(config))
-            for piece in ["Hello the", "re. How are", " you today? Fine"]:
-                await ws.send(json.dumps({"type": "input.text", "text": piece}))
-            await ws.send(json.dumps({"type": "input.done"}))
-            sentences = []
-            for index in range(3):
-                start = json.loads(await ws.recv())
-                assert start["type"] == "audio.start" and start["sentence_index"] == index
-                assert (start["utterance_index"], start["format"]) == (0, "wav")
-                rate, pcm = wav_of(await ws.recv())
-                assert rate == start["sample_rate"] == 16000 and loud(pcm)
-                done = json.loads(await ws.recv())
-                assert done == {"type": "audio.done", "utterance_index": 0, "sentence_index": index}
-                sentences.append(start["sentence_text"])
-            assert sentences == ["Hello there.", "How are you today?", "Fine"]
-            assert json.loads(await ws.recv()) == {
-                "type": "session.done", "utterance_index": 0, "total_sentences": 3,
-            }  # fmt: skip
-            await ws.send("{not json")
-            assert json.loads(await ws.recv())["code"] == "invalid_json"
-            # the stream's own text limit (under the frame limit): refused, and the stream
-            # goes on (the next utterance below is spoken)
-            await ws.send(json.dumps({"type": "input.text", "text": "a" * (128 * 1024 + 1)}))
-            assert json.loads(await ws.recv())["code"] == "text_too_large"
-            await ws.send(json.dumps({"type": "session.config", "response_format": "flac"}))
-            await ws.send(json.dumps({"type": "input.text", "text": "Next one."}))
-            await ws.send(json.dumps({"type": "input.done"}))
+async def test_the_speech_stream_socket(url: str) -> None:
+    ws_url = url.replace("http://", "ws://") + SPEECH + "/stream"
+    async with connect(ws_url) as ws:
+        await ws.send(json.dumps({"type": "input.text", "text": "early"}))
+        assert json.loads(await ws.recv())["code"] == "config_required"
+        config = {"type": "session.config", "voice": "sage", "response_format": "wav",
+                  "sample_rate": 16000}  # fmt: skip
+        await ws.send(json.dumps(config))
+        for piece in ["Hello the", "re. How are", " you today? Fine"]:
+            await ws.send(json.dumps({"type": "input.text", "text": piece}))
+        await ws.send(json.dumps({"type": "input.done"}))
+        sentences = []
+        for index in range(3):
             start = json.loads(await ws.recv())
-            assert (start["utterance_index"], start["format"]) == (1, "flac")
-            assert decoded(await ws.recv())[:2] == ("flac", 22050)
-            assert json.loads(await ws.recv())["type"] == "audio.done"
-            assert json.loads(await ws.recv())["type"] == "session.done"
-            await ws.send(json.dumps({"type": "session.close"}))
-            await ws.wait_closed()
-            assert ws.close_code == 1000
+            assert start["type"] == "audio.start" and start["sentence_index"] == index
+            assert (start["utterance_index"], start["format"]) == (0, "wav")
+            rate, pcm = wav_of(await ws.recv())
+            assert rate == start["sample_rate"] == 16000 and loud(pcm)
+            done = json.loads(await ws.recv())
+            assert done == {"type": "audio.done", "utterance_index": 0, "sentence_index": index}
+            sentences.append(start["sentence_text"])
+        assert sentences == ["Hello there.", "How are you today?", "Fine"]
+        assert json.loads(await ws.recv()) == {
+            "type": "session.done", "utterance_index": 0, "total_sentences": 3,
+        }  # fmt: skip
+        await ws.send("{not json")
+        assert json.loads(await ws.recv())["code"] == "invalid_json"
+        # the stream's own text limit (under the frame limit): refused, and the stream
+        # goes on (the next utterance below is spoken)
+        await ws.send(json.dumps({"type": "input.text", "text": "a" * (128 * 1024 + 1)}))
+        assert json.loads(await ws.recv())["code"] == "text_too_large"
+        await ws.send(json.dumps({"type": "session.config", "response_format": "flac"}))
+        await ws.send(json.dumps({"type": "input.text", "text": "Next one."}))
+        await ws.send(json.dumps({"type": "input.done"}))
+        start = json.loads(await ws.recv())
+        assert (start["utterance_index"], start["format"]) == (1, "flac")
+        assert decoded(await ws.recv())[:2] == ("flac", 22050)
+        assert json.loads(await ws.recv())["type"] == "audio.done"
+        assert json.loads(await ws.recv())["type"] == "session.done"
+        await ws.send(json.dumps({"type": "session.close"}))
+        await ws.wait_closed()
+        assert ws.close_code == 1000
 
 
 async def test_a_full_queue_refuses_429_then_recovers_and_a_client_that_leaves_frees_it(

@@ -17,7 +17,6 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from typing import Any
 
-import httpx
 import pytest
 import trio
 from websockets.exceptions import ConnectionClosed
@@ -28,6 +27,7 @@ from duplex.topology import _link
 from duplex.topology._link import WINDOW
 from duplex.topology._workers import LinkedSocket
 
+from ..helpers import scrape
 from ..wire.test_realtime import check_wire
 from .test_e2e_duplex import open_session, resume, use_session
 from .wsclient import FRAME, Client, Server, append, running_server, silence, tone
@@ -95,10 +95,7 @@ def restarts(server: Server) -> int:
 
 
 async def metrics_over_http(server: Server) -> str:
-    async with httpx.AsyncClient() as http:
-        reply = await http.get(server.http + "/metrics", timeout=OPEN_TIMEOUT_S)
-    assert reply.status_code == 200
-    return reply.text
+    return (await scrape(server.http, timeout_s=OPEN_TIMEOUT_S)).text
 
 
 # -- clients -------------------------------------------------------------------

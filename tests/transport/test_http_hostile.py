@@ -14,72 +14,26 @@ import json
 import os
 import socket
 import struct
-import subprocess
-import sys
 import time
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ..helpers import Served, serve
 from .rawws import masked_frame
 
 MAX_FRAME_BYTES = 4096
 """The server's ``max_frame_bytes`` here: messages over twice this get 1009."""
 
 
-@dataclass
-class Served:
-    port: int
-    process: subprocess.Popen[bytes]
-    log_path: str
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def log(self) -> str:
-        with open(self.log_path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    port = _free_port()
-    log_path = str(tmp_path_factory.mktemp("hostile") / "serve.log")
-    env = {
-        **os.environ,
-        "DUPLEX_REALTIME_VAD": "energy",
-        "DUPLEX_MAX_FRAME_BYTES": str(MAX_FRAME_BYTES),
-    }
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "duplex.cli", "serve", "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    served = Served(port, process, log_path)
-    try:
-        deadline = time.monotonic() + 60
-        while _get(port, "/health")[0] != 200:
-            assert served.alive(), served.log()
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.1)
-        yield served
-    finally:
-        process.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(10)
-        process.kill()
+    env = {"DUPLEX_REALTIME_VAD": "energy", "DUPLEX_MAX_FRAME_BYTES": str(MAX_FRAME_BYTES)}
+    with serve(tmp_path_factory.mktemp("hostile"), env=env, start_s=60) as server:
+        yield server
 
 
 def _connect(port: int) -> socket.socket:
