@@ -40,6 +40,9 @@ class Open:
         self.units += 1
         self.kinds.append(kind)
 
+    def check(self) -> None:
+        pass
+
 
 class CancelAfter:
     """A gate that withdraws the request after ``units`` steps."""
@@ -51,6 +54,9 @@ class CancelAfter:
         if self.left == 0:
             raise RequestCancelled("withdrawn")
         self.left -= 1
+
+    def check(self) -> None:
+        pass
 
 
 @pytest.fixture(scope="module")
