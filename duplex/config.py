@@ -238,6 +238,15 @@ class ServerConfig:
     video_stall_timeout_s: float = 60.0
     """``/v1/realtime/video``: a stream without generation progress or ``session.ping`` this
     long is stopped."""
+    media_memory_budget_mb: int = 0
+    """Host memory every image and video request in progress may hold together, by each
+    request's estimate (pixels x frames x images); a request alone over it is refused 413,
+    one that would pass it while others run 429 (``Retry-After``). 0: a quarter of the
+    machine's memory."""
+    media_max_request_s: float = 300.0
+    """The most time one image request or video (job or stream) may take by its estimate
+    (size, frames, images, steps, at the pipeline's measured rate); longer ones are refused
+    400 up front (the OpenAI SDK gives up after 600 s and resends)."""
     tts: str = "espeak"
     """The text-to-speech engine of ``/v1/audio/speech*`` (and of the voice agent):
     ``espeak`` (espeak-ng, no weights), ``none`` (the speech endpoints answer
@@ -248,10 +257,17 @@ class ServerConfig:
     """How long a speech request waits for others before its batch runs."""
     tts_max_queue: int = 64
     """Speech requests waiting at most; more are refused 429 with ``Retry-After``."""
+    speech_max_audio_s: float = 600.0
+    """The most audio one speech request, or one batch together, may make (estimated from
+    its characters and ``speed`` before any is made); more is refused 400."""
 
+    http_body_timeout_s: float = 30.0
+    """An HTTP request body must arrive within this many seconds, then at 4 KiB/s at least
+    (a stalled or trickled body, slowloris, is answered 408 and closed); 0: no deadline."""
     max_connections_per_peer: int = 0
-    """Open WebSockets one peer address may hold (each can hold a session and a model
-    slot); more are refused 429 ``too_many_connections``. 0: no cap. Counted per
+    """Open WebSockets and HTTP requests in flight one peer address may hold (each can hold
+    a session and a model slot, or a socket and a task); more are refused 429
+    ``too_many_connections``. 0: no cap. Counted per
     process (with connection workers, per worker). Behind a proxy every client has
     the proxy's address: set it there instead."""
 
@@ -350,7 +366,15 @@ class ServerConfig:
         for key, value, low, high in counts:
             if not low <= value <= high:
                 raise ConfigError(f"{key}: must be {low}..{high}, got {value}", key=key)
+        if not 0 <= self.media_memory_budget_mb <= 16 * 1024 * 1024:
+            raise ConfigError(
+                f"media_memory_budget_mb: must be 0 (a quarter of the memory) or a size in MiB, "
+                f"got {self.media_memory_budget_mb}",
+                key="media_memory_budget_mb",
+            )
         for key, seconds in (
+            ("media_max_request_s", self.media_max_request_s),
+            ("speech_max_audio_s", self.speech_max_audio_s),
             ("video_job_retention_s", self.video_job_retention_s),
             ("video_start_timeout_s", self.video_start_timeout_s),
             ("video_stall_timeout_s", self.video_stall_timeout_s),
@@ -409,6 +433,11 @@ class ServerConfig:
             raise ConfigError(
                 f"client_secret_ttl_s: must be {CLIENT_SECRET_MIN_TTL_S}.."
                 f"{CLIENT_SECRET_MAX_TTL_S}, got {self.client_secret_ttl_s}"
+            )
+        if not 0 <= self.http_body_timeout_s <= 3600:
+            raise ConfigError(
+                f"http_body_timeout_s: must be 0..3600, got {self.http_body_timeout_s}",
+                key="http_body_timeout_s",
             )
         if self.max_connections_per_peer < 0:
             raise ConfigError(

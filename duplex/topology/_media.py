@@ -10,6 +10,7 @@ store serves every worker.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,6 +22,7 @@ from duplex.metrics import MetricsRegistry
 from duplex.models import ModelOptions
 from duplex.models.diffusion import resolve_diffusion
 from duplex.runtime import RequestEngines
+from duplex.services import DIFFUSION_SECONDS_PER_UNIT, default_media_memory_bytes
 from duplex.services.media import MediaService, MediaSettings
 
 __all__ = ["media_settings", "open_media", "resolve_media"]
@@ -41,9 +43,22 @@ def resolve_media(config: Config) -> None:
             resolve_diffusion(name, kind, options)  # type: ignore[arg-type]
 
 
+def _machine_memory_bytes() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def media_settings(config: Config) -> MediaSettings:
     server = config.server
+    budget_mb = server.media_memory_budget_mb
+    on_cpu = all(device == "cpu" for device in server.devices)
     return MediaSettings(
+        memory_budget_bytes=(
+            budget_mb * 2**20 if budget_mb else default_media_memory_bytes(_machine_memory_bytes())
+        ),
+        max_request_s=server.media_max_request_s,
+        # the prior is the tiny pipeline's on this project's CPU; a GPU's is learned from its
+        # first request (none is refused for time before one has been measured)
+        seconds_per_unit=DIFFUSION_SECONDS_PER_UNIT if on_cpu else 0.0,
         chunk_frames=server.video_chunk_frames,
         max_jobs=server.video_max_jobs,
         max_active_jobs=server.video_max_active_jobs,

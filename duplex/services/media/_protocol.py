@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final, final
 
 from duplex.exceptions import InvalidJson, ProtocolError, UnsupportedParameter
+from duplex.refusals import echo
 
 __all__ = [
     "ImageGeneration",
@@ -210,7 +211,7 @@ class _Fields:
             return default
         if value not in allowed:
             raise UnsupportedParameter(
-                f"'{name}' {value!r} is not supported; supported: {', '.join(allowed)}.",
+                f"'{name}' {echo(value)} is not supported; supported: {', '.join(allowed)}.",
                 param=name,
             )
         return str(value)

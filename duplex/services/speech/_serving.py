@@ -38,6 +38,7 @@ from duplex.runtime import RequestEngines, RequestService
 from duplex.transport import refusal_response
 from duplex.wire import dumps
 
+from .._cost import speech_audio_refusal
 from ._protocol import (
     MAX_SPEECH_BODY,
     CloseStream,
@@ -96,10 +97,20 @@ class SpeechService:
         requests: the process's request engines.
         registry: where the speech endpoints' counters go (the engine's own are exported by
             ``requests``, labelled ``runner="tts"``).
+        max_audio_s: the most audio one request, or one batch together, may make, by its
+            estimate (`duplex.services.speech_audio_refusal`); more is refused 400 up front.
     """
 
-    def __init__(self, requests: RequestEngines, registry: MetricsRegistry | None = None) -> None:
+    def __init__(
+        self,
+        requests: RequestEngines,
+        registry: MetricsRegistry | None = None,
+        *,
+        max_audio_s: float = 600.0,
+    ) -> None:
         self.requests = requests
+        self.max_audio_s = max_audio_s
+        """The most audio one request or batch may make (``server.speech_max_audio_s``)."""
         self._workers = trio.CapacityLimiter(max(1, (os.cpu_count() or 2) - 1))
         """Resampling and encoding run in worker threads, at most one per core but one, so
         the sessions' event loop keeps a core however many clips are encoded at once."""
@@ -255,6 +266,16 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
         if isinstance(parsed, Refusal):
             service.count(endpoint, "invalid")
             return refusal_response(parsed)
+        items = parsed if isinstance(parsed, list) else [parsed]
+        too_long = speech_audio_refusal(
+            [(len(item.input), item.speed) for item in items],
+            max(service.output_rate(item) for item in items),
+            service.max_audio_s,
+        )
+        if too_long is not None:  # the response's size is bounded before any audio is made
+            service.count(endpoint, "too_long")
+            log.info("speech refused", reason="audio_too_long", items=len(items))
+            return refusal_response(too_long)
         return parsed
 
     async def speech(request: Request) -> Response:
