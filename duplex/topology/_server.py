@@ -53,12 +53,14 @@ from duplex.transport import (
     build_app,
     digest,
     hypercorn_config,
+    raise_fd_limit,
     routes_app,
     serve_http,
 )
 from duplex.wire import MAX_PAYLOAD_BYTES
 
 from . import _link
+from ._deadline import EXIT_MARGIN_S, ExitDeadline
 from ._engine_client import EngineConnection, engine_spec, export_engine_histograms
 from ._engines import EngineProcesses
 from ._loop_lag import export_loop_lag, watch_loop_lag
@@ -227,6 +229,7 @@ def access_settings(config: Config) -> AccessSettings:
         failure_burst=server.auth_failure_burst,
         failure_window_s=server.auth_failure_window_s,
         max_connections_per_peer=server.max_connections_per_peer,
+        body_timeout_s=server.http_body_timeout_s,
     )
 
 
@@ -468,7 +471,7 @@ def speech_service(
     """The speech routes' service over the process's request engines (the TTS is the one
     named ``tts``, the engine the voice agent speaks with too). With connection workers it
     serves the routes they relay here (``_relay.py``)."""
-    return SpeechService(requests, registry)
+    return SpeechService(requests, registry, max_audio_s=config.server.speech_max_audio_s)
 
 
 async def serve_duplex(
@@ -740,13 +743,21 @@ def run_server(config: Config) -> int:
         ):
             nursery.start_soon(serve_duplex, config, system)
             await run_until_signal(system)
-            nursery.cancel_scope.deadline = trio.current_time() + config.server.shutdown_grace_s + 1
+            grace = config.server.shutdown_grace_s
+            deadline.arm(grace + EXIT_MARGIN_S)  # whatever still runs then, the process exits
+            nursery.cancel_scope.deadline = trio.current_time() + grace + 1
 
+    raise_fd_limit()
+    deadline = ExitDeadline()
     failure: BaseException | None = None
     try:
         trio.run(main)
     except* OSError as group:  # e.g. the port is taken: say so in one line
         failure = unwrap(group)
+    finally:
+        deadline.disarm()
+    if failure is None and deadline.armed:
+        deadline.exit_now(0)  # a shutdown was asked for and is done
     if failure is not None:
         server = config.server
         print(f"duplex: cannot serve on {server.host}:{server.port}: {failure}", file=sys.stderr)
