@@ -5,8 +5,9 @@ own timeout, but a worker thread inside one long kernel (a diffusion attention a
 size runs for tens of seconds on a CPU), a C call that never returns, or a stop that
 waits on another cannot be cancelled from trio, and ``trio.run`` does not return while
 one is running. So once the shutdown starts, a daemon timer thread (which no blocked
-event loop or GIL-releasing kernel holds back) logs what is left and ends the process
-with ``os._exit`` at the deadline. A clean shutdown ends first, and exits at once
+event loop or GIL-releasing kernel holds back) logs what is left, kills the process's
+children (engine processes, workers, shards) and ends the process with ``os._exit`` at
+the deadline. A clean shutdown ends first, and exits at once
 (`ExitDeadline.exit_now`) rather than through the interpreter's teardown.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import threading
 from typing import Final, final
@@ -59,6 +61,7 @@ class ExitDeadline:
         interpreter's teardown. Its final garbage collection of a model server's heap took
         2-3 s on a loaded 2-core host, past the grace, with nothing left to do."""
         self.disarm()
+        _kill_children()
         _flush()
         os._exit(code)
 
@@ -68,11 +71,28 @@ class ExitDeadline:
             for thread in threading.enumerate()
             if thread is not threading.current_thread() and thread.is_alive()
         )
+        children = _kill_children()
         get_logger(component="server").warning(
-            "shutdown past its grace; exiting now", after_s=round(seconds, 2), threads=busy[:20]
-        )
+            "shutdown past its grace; exiting now", after_s=round(seconds, 2),
+            threads=busy[:20], children_killed=children,
+        )  # fmt: skip
         _flush()
         os._exit(self._code)
+
+
+def _kill_children() -> int:
+    """SIGKILL every process this one started that is still running (engine processes,
+    connection workers, shards: they ignore SIGINT and SIGTERM, their parent stops them),
+    so none outlives it holding a device, a port or its stderr; returns how many."""
+    pids: set[int] = set()
+    with contextlib.suppress(OSError):
+        for task in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as f:
+                pids.update(int(pid) for pid in f.read().split())
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
 
 
 def _flush() -> None:

@@ -49,6 +49,10 @@ async def test_speech_audio_is_bounded_before_any_is_made(tmp_path: Path) -> Non
         long_one = {"input": text[:120], "voice": "alloy", "response_format": "wav"}
         error(await http.post(url + "/v1/audio/speech", json=long_one), 400, "audio_too_long")
 
+        odd = {"input": "Hi.", "voice": "v" * 10_000}
+        message = error(await http.post(url + "/v1/audio/speech", json=odd), 400, "invalid_value")
+        assert len(message["message"]) < 1000 and "10002 characters" in message["message"]
+
         short = {"input": "Hello there, friend.", "voice": "alloy", "response_format": "wav"}
         made = await http.post(url + "/v1/audio/speech", json=short)
         assert made.status_code == 200, made.text

@@ -151,6 +151,21 @@ async def test_requests_within_each_limit_are_refused_by_cost_and_small_ones_sti
         assert await media_metric(http, url, "refused_memory", "video") == 1
         assert await media_metric(http, url, "refused_time", "video") == 1
 
+        async def epilogue() -> AsyncIterator[bytes]:  # chunked: no Content-Length to check
+            yield (
+                b'--b\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nwaves\r\n--b--\r\n'
+            )
+            for _ in range(64):  # 4 MiB after the closing boundary (before: read to the end)
+                yield b"x" * 65536
+
+        with trio.fail_after(10):
+            form = await http.post(
+                url + "/v1/videos",
+                content=epilogue(),
+                headers={"content-type": "multipart/form-data; boundary=b"},
+            )
+        await refused(form, 413, None, "body_too_large")
+
         small = await http.post(
             url + IMAGES, json={**ask, "size": "32x16", "num_inference_steps": 2}
         )

@@ -219,7 +219,11 @@ class _Fields:
     def model(self, served: str) -> None:
         value = self.raw.get("model")
         if value is not None and value != served:
-            raise ModelNotFound(f"The model '{str(value)[:200]}' does not exist.", param="model")
+            raise ModelNotFound(
+                f"The model {echo(value)} is not served here; this server serves "
+                f"{served!r} (or leave 'model' out).",
+                param="model",
+            )
 
 
 def parse_size(text: Any, limits: MediaLimits, *, param: str = "size") -> tuple[int, int]:

@@ -167,6 +167,15 @@ async def _read_body(request: Request) -> bytes:
     return body
 
 
+def _replayed(request: Request, body: bytes) -> Request:
+    """``request`` whose body, already read, is ``body``."""
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(request.scope, receive)
+
+
 def _too_large() -> Response:
     message = f"The body is larger than {MAX_BODY_BYTES} bytes."
     return refusal_response(Refusal(413, message, "body_too_large"))
@@ -415,7 +424,10 @@ class MediaService:
             raw: bytes | dict[str, str]
             if kind == "multipart/form-data":  # parts of at most 1 MiB, at most 32 of them
                 raw = {}
-                async with request.form(
+                # the whole body within its bound first: the form parser reads a chunked
+                # body's epilogue (bytes after the closing boundary) without any limit
+                whole = await _read_body(request)
+                async with _replayed(request, whole).form(
                     max_files=0, max_fields=32, max_part_size=MAX_BODY_BYTES
                 ) as form:
                     for key, value in form.multi_items():
