@@ -51,6 +51,9 @@ FLAT_DEFAULTS: dict[str, Any] = {
     # keys added since (issues 32, 33): their flat name is their key
     "audio_model": "", "audio_max_length_s": 30.0, "voice_dir": "", "voice_max_bytes": 10485760,
     "voice_max_count": 100, "voice_max_duration_s": 30.0,
+    # issue 35's budgets, first added as flat keys
+    "media_memory_budget_mb": 0, "media_max_request_s": 300.0, "speech_max_audio_s": 600.0,
+    "http_body_timeout_s": 30.0,
 }  # fmt: skip
 """The flat ``[server]`` table before sections (tree ``0a62554``): every name and default
 (since then ``connection_workers`` and ``session_shards`` default to ``auto``, and

@@ -132,6 +132,12 @@ class ServerConfig:
         "`first_event_timeout` and is closed with 1008. Admission counts sessions, not "
         "sockets: this bounds the idle ones. 0 disables; >= 0",
     )
+    http_body_timeout_s: float = setting(
+        30.0,
+        "an HTTP request body must arrive within this many seconds, then at 4 KiB/s at least "
+        "(a stalled or trickled body, slowloris, is answered 408 and closed); 0: no deadline; "
+        "0..3600",
+    )
     node_name: str = setting(
         "",
         "this server's name as a node of a duplex cluster (docs/cluster.md): 1-16 lowercase "
@@ -181,6 +187,7 @@ class ServerConfig:
         _within("malloc_trim_interval_s", self.malloc_trim_interval_s, 0, 86_400)
         if not self.first_event_timeout_s >= 0:
             refuse("first_event_timeout_s", "must be >= 0")
+        _within("http_body_timeout_s", self.http_body_timeout_s, 0, 3600)
 
 
 @final
@@ -255,8 +262,9 @@ class AccessConfig:
     )
     max_connections_per_peer: int = setting(
         0,
-        "open WebSockets one peer address may hold (each can hold a session and a model "
-        "slot); more get `429 too_many_connections` at the handshake; 0: no cap. Per process "
+        "open WebSockets and HTTP requests in flight one peer address may hold (each can hold "
+        "a session and a model slot, or a socket and a task); more get "
+        "`429 too_many_connections`; 0: no cap. Per process "
         "(with connection workers, per worker); behind a proxy every client has the proxy's "
         "address: set it there instead",
         flag="--max-connections-per-peer",
@@ -543,6 +551,13 @@ class SpeechConfig:
     voice_max_duration_s: float = setting(
         30.0, "the longest voice sample accepted (400 naming `audio_sample`); 1..3600"
     )
+    max_audio_s: float = setting(
+        600.0,
+        "the most audio one speech request, or one batch together, may make (estimated from "
+        "its characters and `speed` before any is made); more is refused 400 "
+        "`audio_too_long`; > 0",
+        alias="speech_max_audio_s",
+    )
 
     def __post_init__(self) -> None:
         # as duplex.models.tts.check_tts (not imported: config is read before torch loads)
@@ -556,6 +571,8 @@ class SpeechConfig:
         _within("voice_max_count", self.voice_max_count, 1, 100_000)
         _within("voice_max_bytes", self.voice_max_bytes, 1024, 1024**3)
         _within("voice_max_duration_s", self.voice_max_duration_s, 1, 3600)
+        if not self.max_audio_s > 0:
+            refuse("max_audio_s", f"must be > 0, got {self.max_audio_s}")
 
 
 @final
@@ -637,6 +654,21 @@ class MediaConfig:
         "a `/v1/realtime/video` stream with no chunk and no `session.ping` this long gets "
         "`stall_timeout`, is stopped and closed with 1011; > 0",
     )
+    memory_budget_mb: int = setting(
+        0,
+        "host memory every image and video request in progress may hold together, by each "
+        "request's estimate (pixels x frames x images); a request alone over it is refused "
+        "413, one that would pass it while others run 429 (`Retry-After`). 0: a quarter of "
+        "the machine's memory; else a size in MiB",
+        alias="media_memory_budget_mb",
+    )
+    max_request_s: float = setting(
+        300.0,
+        "the most time one image request or video (job or stream) may take by its estimate "
+        "(size, frames, images, steps, at the pipeline's measured rate); longer ones are "
+        "refused 400 up front (the OpenAI SDK gives up after 600 s and resends); > 0",
+        alias="media_max_request_s",
+    )
 
     def __post_init__(self) -> None:
         _within("max_queue", self.max_queue, 1, 10_000)
@@ -649,9 +681,16 @@ class MediaConfig:
             ("video_job_retention_s", self.video_job_retention_s),
             ("video_start_timeout_s", self.video_start_timeout_s),
             ("video_stall_timeout_s", self.video_stall_timeout_s),
+            ("max_request_s", self.max_request_s),
         ):
             if not seconds > 0:
                 refuse(key, f"must be > 0, got {seconds}")
+        if not 0 <= self.memory_budget_mb <= 16 * 1024 * 1024:
+            refuse(
+                "memory_budget_mb",
+                "must be 0 (a quarter of the memory) or a size in MiB, "
+                f"got {self.memory_budget_mb}",
+            )
 
 
 @final

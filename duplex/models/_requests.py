@@ -86,6 +86,17 @@ class UnitGate(Protocol):
         """
         ...
 
+    def check(self) -> None:
+        """Return at once, or raise if the batch should stop now: a runner whose unit is long
+        (a diffusion step at a large size) calls it inside the unit (from its model's module
+        hooks), so a withdrawn batch or a stopping engine ends within a module's forward,
+        not at the unit's end. Never waits.
+
+        Raises:
+            RequestCancelled: every request was withdrawn, or the engine is stopping.
+        """
+        ...
+
 
 class BatchRunner(Protocol[Req_contra, Res_co]):
     """A model served by request batches.
@@ -230,10 +241,17 @@ class _Gate:
         self.until = math.inf
         self.kind = "step"
         """The running unit's kind (a batch's first unit is a ``step``)."""
+        self.stopping = False
+        """The engine's loop was cancelled (shutdown) while the runner ran: stop at `check`."""
 
-    def next_unit(self, kind: str = "step") -> None:
+    def check(self) -> None:
+        if self.stopping:
+            raise RequestCancelled("the engine is stopping")
         if all(waiting.gone for waiting in self._batch):
             raise RequestCancelled("every request of the batch was withdrawn")
+
+    def next_unit(self, kind: str = "step") -> None:
+        self.check()
         now = self._timer()
         self._estimates(self.kind).record(now - self.unit_started)
         self.kind = kind
@@ -452,7 +470,8 @@ class RequestEngine(Generic[Req, Res]):
             gate.opened(slack)
         results: list[Res | BaseException]
         try:
-            results = list(await self._offload(partial(self.runner.run_batch, requests, gate)))
+            call = partial(self.runner.run_batch, requests, gate)
+            results = list(await self._stoppable(gate, call))
             if len(results) != len(requests):
                 got, asked = len(results), len(requests)
                 raise RequestFailed(f"{self.name} returned {got} results for {asked} requests")
@@ -479,6 +498,33 @@ class RequestEngine(Generic[Req, Res]):
             else:
                 waiting.reply = Completed(result, run_ms, len(requests))
             waiting.done.set()
+
+    async def _stoppable(self, gate: _Gate, call: Callable[[], Sequence[Res | Exception]]) -> (
+        Sequence[Res | Exception]
+    ):  # fmt: skip
+        """``call()`` through the offload; if this task is cancelled meanwhile (the engine
+        stops), the gate says so and the runner raises at its next `UnitGate.check`: a worker
+        thread cannot be cancelled, and the shutdown would wait for its whole unit."""
+        outcome: list[Sequence[Res | Exception]] = []
+        failure: list[Exception] = []
+        async with trio.open_nursery() as nursery:
+
+            async def stop_when_cancelled() -> None:
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    gate.stopping = True
+
+            nursery.start_soon(stop_when_cancelled)
+            try:
+                outcome.append(await self._offload(call))
+            except Exception as exc:  # raised below, outside the nursery (no group)
+                failure.append(exc)
+            finally:
+                nursery.cancel_scope.cancel()
+        if failure:
+            raise failure[0]
+        return outcome[0]
 
     def unit_cost(self, kind: str) -> UnitEstimate | float:
         """What a unit of ``kind`` asks the slack for: an elastic runner's own span, or the

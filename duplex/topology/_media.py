@@ -10,6 +10,7 @@ store serves every worker.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,6 +22,7 @@ from duplex.metrics import MetricsRegistry
 from duplex.models import ModelOptions
 from duplex.models.diffusion import resolve_diffusion
 from duplex.runtime import RequestEngines
+from duplex.services import DIFFUSION_SECONDS_PER_UNIT, default_media_memory_bytes
 from duplex.services.media import MediaService
 
 __all__ = ["open_media", "resolve_media"]
@@ -42,6 +44,16 @@ def resolve_media(config: Config) -> None:
             resolve_diffusion(name, kind, options)  # type: ignore[arg-type]
 
 
+def _machine_memory_bytes() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def media_budget_bytes(config: Config) -> int:
+    """``media.memory_budget_mb``, or a quarter of the machine's memory when it is 0."""
+    budget_mb = config.media.memory_budget_mb
+    return budget_mb * 2**20 if budget_mb else default_media_memory_bytes(_machine_memory_bytes())
+
+
 @asynccontextmanager
 async def open_media(
     config: Config, registry: MetricsRegistry, requests: RequestEngines
@@ -51,7 +63,16 @@ async def open_media(
     if not (media.image_model or media.video_model or media.audio_model):
         yield None
         return
-    service = MediaService(requests, config=config.media, registry=registry)
+    on_cpu = all(device == "cpu" for device in config.engine.devices)
+    service = MediaService(
+        requests,
+        config=config.media,
+        registry=registry,
+        memory_budget_bytes=media_budget_bytes(config),
+        # the prior is the tiny pipeline's on this project's CPU; a GPU's is learned from its
+        # first request (none is refused for time before one has been measured)
+        seconds_per_unit=DIFFUSION_SECONDS_PER_UNIT if on_cpu else 0.0,
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
         yield service

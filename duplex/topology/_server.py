@@ -57,12 +57,14 @@ from duplex.transport import (
     build_app,
     digest,
     hypercorn_config,
+    raise_fd_limit,
     routes_app,
     serve_http,
 )
 from duplex.wire import MAX_PAYLOAD_BYTES
 
 from . import _link
+from ._deadline import EXIT_MARGIN_S, ExitDeadline
 from ._engine_client import EngineConnection, engine_spec, export_engine_histograms
 from ._engines import EngineProcesses
 from ._layout import available_cores, resolve_layout
@@ -235,6 +237,7 @@ def access_settings(config: Config) -> AccessSettings:
         failure_burst=access.auth_failure_burst,
         failure_window_s=access.auth_failure_window_s,
         max_connections_per_peer=access.max_connections_per_peer,
+        body_timeout_s=config.server.http_body_timeout_s,
     )
 
 
@@ -493,7 +496,9 @@ def speech_service(
     named ``tts``, the engine the voice agent speaks with too). With connection workers it
     serves the routes they relay here (``_relay.py``). ``uploaded``: the uploaded voices,
     which the TTS refuses by name (it cannot condition on a sample)."""
-    return SpeechService(requests, registry, uploaded=uploaded)
+    return SpeechService(
+        requests, registry, uploaded=uploaded, max_audio_s=config.speech.max_audio_s
+    )
 
 
 async def serve_duplex(
@@ -819,13 +824,21 @@ def run_server(config: Config) -> int:
         ):
             nursery.start_soon(serve_duplex, config, system)
             await run_until_signal(system)
-            nursery.cancel_scope.deadline = trio.current_time() + config.server.shutdown_grace_s + 1
+            grace = config.server.shutdown_grace_s
+            deadline.arm(grace + EXIT_MARGIN_S)  # whatever still runs then, the process exits
+            nursery.cancel_scope.deadline = trio.current_time() + grace + 1
 
+    raise_fd_limit()
+    deadline = ExitDeadline()
     failure: BaseException | None = None
     try:
         trio.run(main)
     except* OSError as group:  # e.g. the port is taken: say so in one line
         failure = unwrap(group)
+    finally:
+        deadline.disarm()
+    if failure is None and deadline.armed:
+        deadline.exit_now(0)  # a shutdown was asked for and is done
     if failure is not None:
         server = config.server
         print(f"duplex: cannot serve on {server.host}:{server.port}: {failure}", file=sys.stderr)

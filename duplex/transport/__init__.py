@@ -21,6 +21,7 @@ from ._app import (
 )
 from ._connection import ShutDown
 from ._http import serve_http
+from ._limits import raise_fd_limit, throttle_accept_errors
 from ._sockets import EventSocket, Received, SocketGone
 
 __all__ = [
@@ -36,9 +37,11 @@ __all__ = [
     "build_app",
     "digest",
     "hypercorn_config",
+    "raise_fd_limit",
     "refusal_response",
     "refuse_upgrade",
     "relayed",
     "routes_app",
     "serve_http",
+    "throttle_accept_errors",
 ]

@@ -396,11 +396,13 @@ class AccessSettings:
     failure_burst: int = 10
     failure_window_s: float = 60.0
     max_connections_per_peer: int = 0
+    body_timeout_s: float = 30.0
+    """An HTTP request body must arrive within this, then at ``MIN_BODY_RATE`` (0: never)."""
 
 
 @final
 class PeerConnections:
-    """Open WebSockets per peer address, against a cap (0: none).
+    """Open WebSockets and HTTP requests in flight per peer address, against a cap (0: none).
 
     Each one can hold a session and its model slot, so one address cannot take
     the whole server; a refused peer gets in again as soon as one of its own closes.
@@ -459,8 +461,13 @@ class AccessPolicy:
             return True
         return port == bound_port or (port is None and bound_port in (80, 443))
 
-    def origin_allowed(self, origin: str | None, host: str | None) -> bool:
-        """No ``Origin`` (not a browser), the page's own origin, or a listed one."""
+    def origin_allowed(
+        self, origin: str | None, host: str | None, secure: bool | None = None
+    ) -> bool:
+        """No ``Origin`` (not a browser), the page's own origin, or a listed one.
+        ``secure``: the request came over TLS; the page's own origin then has the same
+        scheme (``https`` over TLS, ``http`` without), not only the same host and port
+        (``None``: not compared)."""
         if origin is None or self.any_origin:
             return True
         if _normal_origin(origin) in self.origins:
@@ -469,6 +476,10 @@ class AccessPolicy:
         ours = split_host(host) if host is not None else None
         if theirs is None or ours is None:
             return False
+        if secure is not None:
+            scheme = urlsplit(origin.strip().lower()).scheme
+            if scheme != ("https" if secure else "http"):
+                return False
         name, port = ours
         return theirs[0] == name and (
             theirs[1] == port or (port is None and theirs[1] in (80, 443))
@@ -483,6 +494,7 @@ class AccessPolicy:
         bound_port: int | None,
         now: float,
         public: bool = False,
+        secure: bool | None = None,
     ) -> Decision:
         """One request's fate. ``headers`` are lowercase names; ``now`` is the limiter's clock;
         ``public``: a request that needs no credentials (the browser client's page), which
@@ -494,7 +506,7 @@ class AccessPolicy:
         host = headers.get("host")
         if not self.host_allowed(host, bound_port):
             return MISDIRECTED_HOST
-        if not self.origin_allowed(headers.get("origin"), host):
+        if not self.origin_allowed(headers.get("origin"), host, secure):
             return FORBIDDEN_ORIGIN
         if not self.auth_required or public:
             return Allowed(Principal.OPEN)

@@ -29,7 +29,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
@@ -69,6 +69,7 @@ from ._access import (
 from ._connection import ConnectionActor, ShutDown
 from ._http import PathLimitedConfig
 from ._latency import LatencyMetrics
+from ._limits import BodyDeadline
 from ._sockets import EventSocket, WebSocketEvents
 from ._stream_socket import FramedSocket
 from ._wait_queue import WaitQueue
@@ -539,12 +540,14 @@ class Guard:
             bound_port=server[1] if server else None,
             now=now,
             public=kind == "http" and is_web_path(str(scope.get("path", ""))),
+            secure=scope.get("scheme") in ("https", "wss"),
         )
         if isinstance(decision, Allowed) and decision.secret is not None:
             redeemed = await self.backend.http("redeem", decision.secret.encode())
             if redeemed.status != 200:
                 decision = self.policy.secret_refused(peer, now)
-        if kind == "websocket" and isinstance(decision, Allowed) and not self.peers.enter(peer):
+        # WebSockets and HTTP requests in flight both hold a socket and tasks: one cap
+        if isinstance(decision, Allowed) and not self.peers.enter(peer):
             decision = TOO_MANY_CONNECTIONS
         if isinstance(decision, Refusal):
             if self.refused is not None:
@@ -561,9 +564,6 @@ class Guard:
                     unlogged_since_last=unlogged,
                 )
             await _deny(scope, receive, send, decision)
-            return
-        if kind == "http":
-            await self.app(scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)
@@ -610,7 +610,26 @@ async def _http_failed(request: Request, exc: Exception) -> Response:
     return refusal_response(Refusal(500, "internal error", "internal_error"))
 
 
-EXCEPTION_HANDLERS: Final[dict[Any, Any]] = {HTTPException: _http_refused, Exception: _http_failed}
+_CLIENT_LEFT_LOG = RefusalLog()
+
+
+async def _client_left(request: Request, exc: Exception) -> Response:
+    """A client that left mid-body (or whose body missed its deadline): one throttled line,
+    not a traceback (100 aborts logged 253 KB of them); nobody reads the answer."""
+    unlogged = _CLIENT_LEFT_LOG.note("client_left", time.monotonic())
+    if unlogged is not None:
+        get_logger(component="http").info(
+            "client left mid-request", method=request.method,
+            path=request.url.path[:_PATH_LOGGED], unlogged_since_last=unlogged,
+        )  # fmt: skip
+    return Response(status_code=499)
+
+
+EXCEPTION_HANDLERS: Final[dict[Any, Any]] = {
+    HTTPException: _http_refused,
+    ClientDisconnect: _client_left,
+    Exception: _http_failed,
+}
 
 
 def routes_app(routes: Sequence[BaseRoute]) -> Starlette:
@@ -630,6 +649,32 @@ def relayed(routes: Sequence[BaseRoute], relay: Any) -> list[BaseRoute]:
             assert isinstance(route, Route)
             relayed.append(Route(route.path, relay, methods=route.methods))
     return relayed
+
+
+def _body_timeouts(registry: MetricsRegistry | None) -> Callable[[Any, int, float], None]:
+    """What a body cut short by its deadline leaves: a count and a throttled line."""
+    counter = None
+    if registry is not None:
+        counter = registry.counter(
+            "duplex_http_body_timeouts_total",
+            "HTTP request bodies that did not arrive in time (answered 408)",
+        )
+    rate = RefusalLog()
+    log = get_logger(component="http")
+
+    def on_timeout(scope: Any, received: int, took_s: float) -> None:
+        if counter is not None:
+            counter.inc()
+        unlogged = rate.note("body_timeout", trio.current_time())
+        if unlogged is not None:
+            client = scope.get("client")
+            log.warning(
+                "request body timed out", path=str(scope.get("path", ""))[:_PATH_LOGGED],
+                peer=client[0] if client else None, received_bytes=received,
+                took_s=round(took_s, 2), unlogged_since_last=unlogged,
+            )  # fmt: skip
+
+    return on_timeout
 
 
 def build_app(
@@ -818,6 +863,9 @@ def build_app(
     ]
     app = Starlette(exception_handlers=EXCEPTION_HANDLERS, routes=all_routes)
     app.router.default = _NoWebSocketRoute(app.router.not_found, all_routes, refused)
+    app.add_middleware(
+        BodyDeadline, timeout_s=policy.settings.body_timeout_s, on_timeout=_body_timeouts(registry)
+    )
     app.add_middleware(Guard, policy=policy, backend=backend, refused=refused)
     return app
 

@@ -67,6 +67,7 @@ from duplex.metrics import REGISTRY, MetricsRegistry
 from duplex.sessions import RefusalLog
 
 from . import _wsmask
+from ._limits import throttle_accept_errors
 
 _wsmask.install()
 
@@ -282,6 +283,7 @@ async def serve_http(
     still open get ``config.graceful_timeout`` to finish before they are cancelled.
     """
     _use_guarded_websockets()
+    throttle_accept_errors()
     errors = _ErrorLog(registry)
     context = WorkerContext(None)
     wrapped = ASGIWrapper(app)

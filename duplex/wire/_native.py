@@ -36,6 +36,7 @@ from duplex.exceptions import (
     UnsupportedAudioFormat,
 )
 from duplex.pcm import pcm16_to_float
+from duplex.refusals import echo
 from duplex.sessions import (
     DURATION_MS,
     SUPPORTED_SAMPLE_RATES,
@@ -162,7 +163,7 @@ def _audio_format(obj: Mapping[str, Any]) -> str:
     if fmt in _F32_NAMES:
         return "float32"
     raise UnsupportedAudioFormat(
-        f"audio format {fmt!r} is not supported; use pcm16 or float32", param="format"
+        f"audio format {echo(fmt)} is not supported; use pcm16 or float32", param="format"
     )
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from duplex.exceptions import BadAudio, BadEvent, EventTooLarge, UnknownEvent, UnsupportedEvent
 from duplex.pcm import pcm16_to_float
+from duplex.refusals import echo
 from duplex.sessions import (
     AudioAppend,
     AudioDelta,
@@ -106,7 +107,7 @@ class PcmProjection:
                 return Later(SessionClose(envelope.event_id), self.drain_at(now))
             if envelope.type == "text":
                 raise UnsupportedEvent("text input is not supported; send audio", param="type")
-            raise UnknownEvent(f"unknown message type {envelope.type!r}", param="type")
+            raise UnknownEvent(f"unknown message type {echo(envelope.type)}", param="type")
         if len(data) > self.max_size:
             raise EventTooLarge(f"message is over {self.max_size} bytes")
         if len(data) % 4:

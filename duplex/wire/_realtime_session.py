@@ -30,6 +30,7 @@ from duplex.exceptions import (
     UnsupportedTurnDetection,
     refuse_all,
 )
+from duplex.refusals import echo
 from duplex.sessions import (
     AUDIO_CODECS,
     OPTION_RANGES,
@@ -192,7 +193,7 @@ def audio_format(value: object, param: str) -> tuple[str, int]:
         if value in AUDIO_FORMATS:
             return value, FORMAT_SAMPLE_RATES[value]
         raise UnsupportedAudioFormat(
-            f"{param}={value!r} is not supported; use one of {AUDIO_FORMATS}", param=param
+            f"{param}={echo(value)} is not supported; use one of {AUDIO_FORMATS}", param=param
         )
     obj = _object(value, param)
     for key in obj:
@@ -203,7 +204,7 @@ def audio_format(value: object, param: str) -> tuple[str, int]:
         raise BadEvent(f"{param}.type must be a string", param=f"{param}.type")
     if kind not in _GA_TYPES:
         raise UnsupportedAudioFormat(
-            f"{param}.type={kind!r} is not supported; use one of {tuple(_GA_TYPES)}",
+            f"{param}.type={echo(kind)} is not supported; use one of {tuple(_GA_TYPES)}",
             param=f"{param}.type",
         )
     rate = obj.get("rate")
@@ -211,7 +212,7 @@ def audio_format(value: object, param: str) -> tuple[str, int]:
         kind != "audio/pcm" or rate not in PCM_RATES or isinstance(rate, bool)
     ):
         raise UnsupportedAudioFormat(
-            f"{param}.rate={rate!r}: audio/pcm is 24000 or 16000 Hz; G.711 has no rate field",
+            f"{param}.rate={echo(rate)}: audio/pcm is 24000 or 16000 Hz; G.711 has no rate field",
             param=f"{param}.rate",
         )
     codec = _GA_TYPES[kind]
@@ -327,7 +328,7 @@ def parse_tools(value: object, param: str) -> tuple[FunctionTool, ...]:
         if tool.get("type", "function") != "function":
             problems.append(
                 UnsupportedParameter(
-                    f"{at}.type={tool.get('type')!r}: only function tools are supported",
+                    f"{at}.type={echo(tool.get('type'))}: only function tools are supported",
                     param=f"{at}.type",
                 )
             )
@@ -394,7 +395,7 @@ def _restates(ok: Callable[[object], bool], message: str) -> Callable[[object, s
 
     def rule(value: object, param: str) -> None:
         if not ok(value):
-            raise UnsupportedParameter(f"{param}={value!r}: {message}", param=param)
+            raise UnsupportedParameter(f"{param}={echo(value)}: {message}", param=param)
 
     return rule
 

@@ -20,6 +20,9 @@ class NoGate:
     def next_unit(self, kind: str = "step") -> None:
         pass
 
+    def check(self) -> None:
+        pass
+
 
 def _runner(cache: Path, device: str, *, beside: bool):  # type: ignore[no-untyped-def]
     model = resolve_diffusion("tiny", "image", ModelOptions(cache_dir=cache))

@@ -90,6 +90,13 @@ def test_image_refusals_name_the_field(fields: dict[str, Any], param: str, code:
     assert refusal.status == (404 if code == "model_not_found" else 400)
 
 
+def test_a_model_not_served_is_told_which_one_is() -> None:
+    """Issue 30: ``dall-e-2`` got a 404 that did not name the served model."""
+    body = json.dumps({"prompt": "a cat", "model": "dall-e-2" * 1000}).encode()
+    exc = refused(parse_image_request, body, "tiny-image", LIMITS)
+    assert "'tiny-image'" in str(exc) and len(str(exc)) < 300
+
+
 @pytest.mark.parametrize("body", [b"", b"{", b"[]", b'"x"', b"[" * 100_000])
 def test_a_body_that_is_no_json_object_is_refused(body: bytes) -> None:
     assert refused(parse_image_request, body, "m", LIMITS).code == "invalid_json"

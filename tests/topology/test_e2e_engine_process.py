@@ -348,7 +348,11 @@ async def test_a_video_job_and_stream_whose_engine_process_dies_fail_engine_unav
     """A video generation running in the engine process when it is killed ends ``failed``
     with ``engine_unavailable`` (not ``generation_failed``: the pipeline did not fail), the
     stream with that error and 1011; the same request then succeeds on the new process."""
-    media = {"server.video_model": "tiny", "server.video_chunk_frames": 4}
+    media = {
+        "server.video_model": "tiny",
+        "server.video_chunk_frames": 4,
+        "server.media_max_request_s": 86400.0,  # its long job runs until its engine is killed
+    }
     async with (
         running_server(**BASE, **ON, **media) as server,
         httpx.AsyncClient(timeout=60) as http,

@@ -314,6 +314,23 @@ def test_origin(origin: str | None, allowed: bool) -> None:
 
 
 @pytest.mark.parametrize(
+    ("origin", "secure", "allowed"),
+    [
+        ("http://127.0.0.1:8000", False, True),
+        ("https://127.0.0.1:8000", False, False),  # before: the scheme was not compared
+        ("https://127.0.0.1:8000", True, True),
+        ("http://127.0.0.1:8000", True, False),
+        ("https://127.0.0.1:8000", None, True),  # not told: not compared
+    ],
+)
+def test_the_pages_own_origin_has_the_connections_scheme(
+    origin: str, secure: bool | None, allowed: bool
+) -> None:
+    p = policy()
+    assert p.origin_allowed(origin, "127.0.0.1:8000", secure) is allowed
+
+
+@pytest.mark.parametrize(
     ("host", "allowed"),
     [
         ("127.0.0.1:8000", True),

@@ -48,6 +48,8 @@ media_max_queue = 1
 video_chunk_frames = 4
 tts_max_batch = 1
 tts_max_queue = 2
+media_max_request_s = 86400.0
+speech_max_audio_s = 3600.0
 """
 
 

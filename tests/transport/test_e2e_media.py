@@ -35,6 +35,7 @@ media_max_queue = 1
 video_chunk_frames = 4
 video_max_active_jobs = 2
 video_start_timeout_s = 2.0
+media_max_request_s = 86400.0
 """
 IMAGES = "/v1/images/generations"
 LONG = 500

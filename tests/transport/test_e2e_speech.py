@@ -255,7 +255,8 @@ async def test_a_full_queue_refuses_429_then_recovers_and_a_client_that_leaves_f
     tmp_path: Path,
 ) -> None:
     config = tmp_path / "duplex.toml"
-    config.write_text("[server]\ntts_max_batch = 1\ntts_max_queue = 1\n")
+    # LONG at speed 0.25 is about 1,330 s of audio by the estimate: past the 600 s ceiling
+    config.write_text("[server]\ntts_max_batch = 1\ntts_max_queue = 1\nspeech_max_audio_s = 3600\n")
     async with (
         served("--config", str(config)) as url,
         httpx.AsyncClient(base_url=url, timeout=120) as http,
@@ -344,9 +345,14 @@ async def test_a_vits_checkpoint_folder_serves(tmp_path: Path) -> None:
                  "invalid_value")  # fmt: skip
 
 
-async def test_streaming_clients_that_leave_stop_their_sentences() -> None:
+async def test_streaming_clients_that_leave_stop_their_sentences(tmp_path: Path) -> None:
     sentences = LONG.count(".")
-    async with served() as url, httpx.AsyncClient(base_url=url, timeout=60) as http:
+    config = tmp_path / "duplex.toml"
+    config.write_text("[server]\nspeech_max_audio_s = 3600\n")  # LONG at 0.25: ~1,330 s
+    async with (
+        served("--config", str(config)) as url,
+        httpx.AsyncClient(base_url=url, timeout=60) as http,
+    ):
         body = {"input": LONG, "speed": 0.25, "stream": True, "response_format": "pcm"}
         async with http.stream("POST", SPEECH, json=body) as response:
             assert response.status_code == 200

@@ -441,3 +441,6 @@ class _NoGate:
 
     def next_unit(self, kind: str = "step") -> None:
         return None
+
+    def check(self) -> None:
+        pass

@@ -8,6 +8,9 @@ step the runner calls the gate's ``next_unit`` (from the pipeline's
 ``callback_on_step_end``), so one step is the unit of preemption: a realtime engine
 sharing the device ticks in between, and a batch whose clients all left stops at its
 next step (the gate raises ``RequestCancelled``). The VAE decode is the last unit.
+Inside a large unit on the CPU every torch op asks ``gate.check()`` first and attention
+runs in query slices (`_checked_inside`), so a withdrawn batch or a stopping engine ends
+within about a second, not at the step's end.
 
 torch and diffusers are imported when a pipeline is loaded, not with this module:
 the request and result classes cross into the transport without them.
@@ -19,8 +22,8 @@ import functools
 import inspect
 import math
 import warnings
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, final
@@ -278,6 +281,63 @@ def _step_callback(gate: UnitGate) -> Any:
     return on_step_end
 
 
+CHECKED_PIXELS = 256 * 256
+"""From this many pixels per frame a CPU call's ops are checked one by one (below, a step is
+short enough to end at its callback)."""
+SPLIT_QUERIES = 1024
+"""A checked call's attention runs in slices of this many queries, the gate asked between
+them: one attention over a 512x512 image's latent ran for tens of seconds on a CPU."""
+
+
+@contextmanager
+def _checked_inside(pipeline: Any, gate: UnitGate, pixels: int) -> Iterator[None]:
+    """While a large call runs on the CPU, every torch op first asks ``gate.check()``, and
+    each attention runs in query slices with a check between them: a step at a large size
+    runs for minutes, one attention call for tens of seconds, and a client that leaves (or a
+    shutdown) must not wait for either. A raise there unwinds the call and frees its
+    tensors. The mode is this thread's only (torch function modes are per thread)."""
+    if pixels < CHECKED_PIXELS or pipeline.device.type != "cpu":
+        yield
+        return
+    with _checked_ops(gate):
+        yield
+
+
+def _checked_ops(gate: UnitGate) -> Any:
+    import torch
+    import torch.nn.functional as functional
+    from torch.overrides import TorchFunctionMode
+
+    attention = functional.scaled_dot_product_attention
+
+    class Checked(TorchFunctionMode):
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            gate.check()
+            if func is attention and len(args) == 3 and not kwargs.get("is_causal", False):
+                return sliced(func, *args, **kwargs)
+            return func(*args, **kwargs)
+
+    def sliced(func: Any, query: Any, key: Any, value: Any, **kwargs: Any) -> Any:
+        length = query.shape[-2]
+        mask = kwargs.pop("attn_mask", None)
+        if length <= SPLIT_QUERIES:
+            return func(query, key, value, attn_mask=mask, **kwargs)
+        parts = []
+        for start in range(0, length, SPLIT_QUERIES):
+            gate.check()
+            rows = slice(start, start + SPLIT_QUERIES)
+            part_mask = mask
+            if mask is not None and mask.dim() >= 2 and mask.shape[-2] == length:
+                part_mask = mask[..., rows, :]
+            parts.append(func(query[..., rows, :], key, value, attn_mask=part_mask, **kwargs))
+        return torch.cat(parts, dim=-2)
+
+    return Checked()
+
+
 def _wait_for_device(device: Any) -> None:
     """Until this thread's current stream on ``device`` has run its kernels (no-op off CUDA)."""
     if device.type == "cuda":
@@ -347,13 +407,16 @@ class ImageRunner:
         plain = [i for i, request in enumerate(requests) if isinstance(request, ImageRequest)]
         generations = [requests[i] for i in plain]
         for call in image_calls(generations, self.max_batch):  # type: ignore[arg-type]
-            with _on(self._stream):
+            first = generations[call[0]]
+            pixels = first.width * first.height
+            with _on(self._stream), _checked_inside(self.pipeline, gate, pixels):
                 done = self._run([generations[i] for i in call], gate)  # type: ignore[misc]
             for index, result in zip(call, done, strict=True):
                 results[plain[index]] = result
         for index, request in enumerate(requests):
             if isinstance(request, ImageEditRequest):  # one call each: its own image
-                with _on(self._stream):
+                pixels = request.image.shape[0] * request.image.shape[1]
+                with _on(self._stream), _checked_inside(self.pipeline, gate, pixels):
                     results[index] = self._edit(request, gate)
         assert all(result is not None for result in results)
         return results  # type: ignore[return-value]
@@ -443,7 +506,12 @@ class VideoRunner:
 
     def run_batch(self, requests: Sequence[VideoRequest], gate: UnitGate) -> list[VideoResult]:
         with _on(self._stream):
-            return [self._run(request, gate) for request in requests]
+            results = []
+            for request in requests:
+                pixels = request.width * request.height * request.frames
+                with _checked_inside(self.pipeline, gate, pixels):
+                    results.append(self._run(request, gate))
+            return results
 
     def _run(self, request: VideoRequest, gate: UnitGate) -> VideoResult:
         output = self.pipeline(

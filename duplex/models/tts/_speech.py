@@ -21,6 +21,8 @@ from typing import Any, Protocol, final, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from duplex.refusals import echo
+
 from .._requests import UnitGate
 
 __all__ = [
@@ -148,7 +150,7 @@ def voice_problem(metadata: Mapping[str, Any], voice: str) -> str | None:
     aliases = [v["name"] for v in metadata.get("voices", ()) if v["alias"]]
     more = ", or language+variant" if variants else ""
     listed = ", ".join(aliases or names[:20])
-    return f"unknown voice {voice!r}: use one of {listed}, or see GET /v1/audio/voices{more}"
+    return f"unknown voice {echo(voice)}: use one of {listed}, or see GET /v1/audio/voices{more}"
 
 
 @runtime_checkable

@@ -32,6 +32,7 @@ from duplex.models.diffusion import ImageEditRequest, ImageResult
 from duplex.refusals import Refusal
 from duplex.transport import refusal_response
 
+from .._cost import DiffusionShape
 from .._forms import read_upload_form
 from ._protocol import (
     InvalidValue,
@@ -199,7 +200,23 @@ async def edit_images(service: MediaService, request: Request) -> Response | Non
         strength=asked.strength,
         negative_prompt=asked.negative_prompt,
     )
-    result = await service._until_client_leaves(request, engine, work)  # type: ignore[arg-type]
+    height, width = source.shape[:2]
+    shape = DiffusionShape(width, height, asked.steps, n=asked.n)  # admitted by its cost
+    lease = service.admit("image", shape)
+    if isinstance(lease, Refusal):
+        return refusal_response(lease)
+    started = trio.current_time()
+    try:
+        result = await service._until_client_leaves(
+            request,
+            engine,
+            work,
+            shape,  # type: ignore[arg-type]
+        )
+    except BaseException:
+        service._finished("image", lease, started, "abandoned")
+        raise
+    service._finished("image", lease, started, "abandoned" if result is None else "answered")
     if not isinstance(result, ImageResult):
         return result
     created = int(service.wall_clock())

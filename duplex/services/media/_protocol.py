@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final, final
 
 from duplex.exceptions import InvalidJson, ProtocolError, UnsupportedParameter
+from duplex.refusals import echo
 
 __all__ = [
     "ImageGeneration",
@@ -210,7 +211,7 @@ class _Fields:
             return default
         if value not in allowed:
             raise UnsupportedParameter(
-                f"'{name}' {value!r} is not supported; supported: {', '.join(allowed)}.",
+                f"'{name}' {echo(value)} is not supported; supported: {', '.join(allowed)}.",
                 param=name,
             )
         return str(value)
@@ -218,7 +219,11 @@ class _Fields:
     def model(self, served: str) -> None:
         value = self.raw.get("model")
         if value is not None and value != served:
-            raise ModelNotFound(f"The model '{str(value)[:200]}' does not exist.", param="model")
+            raise ModelNotFound(
+                f"The model {echo(value)} is not served here; this server serves "
+                f"{served!r} (or leave 'model' out).",
+                param="model",
+            )
 
 
 def parse_size(text: Any, limits: MediaLimits, *, param: str = "size") -> tuple[int, int]:

@@ -40,11 +40,20 @@ from duplex.config import MediaConfig
 from duplex.exceptions import EngineUnavailable, ProtocolError, RequestFailed, RequestsOverloaded
 from duplex.logs import get_logger
 from duplex.metrics import MetricsRegistry, Sample
+from duplex.models import Completed
 from duplex.models.diffusion import ImageRequest, ImageResult, VideoRequest, VideoResult
-from duplex.refusals import Refusal
+from duplex.refusals import Refusal, echo
 from duplex.runtime import RequestEngines, RequestService
 from duplex.transport import refusal_response
 
+from .._cost import (
+    DIFFUSION_SECONDS_PER_UNIT,
+    Cost,
+    CostBudget,
+    CostLease,
+    DiffusionCost,
+    DiffusionShape,
+)
 from ._protocol import (
     MediaLimits,
     ModelNotLoaded,
@@ -139,6 +148,15 @@ async def _read_body(request: Request) -> bytes:
     return body
 
 
+def _replayed(request: Request, body: bytes) -> Request:
+    """``request`` whose body, already read, is ``body``."""
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(request.scope, receive)
+
+
 def _too_large() -> Response:
     message = f"The body is larger than {MAX_BODY_BYTES} bytes."
     return refusal_response(Refusal(413, message, "body_too_large"))
@@ -161,9 +179,14 @@ class MediaService:
 
     Args:
         requests: the process's request engines (``None``: no pipeline is served here).
-        settings: limits, chunking, the job store's bounds, the stream's timeouts.
+        config: the ``[media]`` section: chunking, the job store's bounds, the stream's
+            timeouts, the time ceiling of one request.
         registry: where the job counts go.
         wall_clock: Unix time, for job timestamps and retention.
+        memory_budget_bytes: what every image and video request in progress may hold
+            together (`CostBudget`).
+        seconds_per_unit: the pipelines' prior rate until a request has been measured
+            (`DiffusionCost`; 0: none is refused for time before one is measured).
     """
 
     def __init__(
@@ -174,6 +197,8 @@ class MediaService:
         limits: MediaLimits | None = None,
         registry: MetricsRegistry | None = None,
         wall_clock: Callable[[], float] = time.time,
+        memory_budget_bytes: int = 4 * 2**30,
+        seconds_per_unit: float = DIFFUSION_SECONDS_PER_UNIT,
     ) -> None:
         self.requests = requests
         self.config = config or MediaConfig()
@@ -188,10 +213,81 @@ class MediaService:
         self._job_scopes: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
         self.log = get_logger(component="media")
+        self.budget = CostBudget(
+            memory_bytes=memory_budget_bytes, max_seconds=self.config.max_request_s
+        )
+        self.costs = {
+            kind: DiffusionCost(seconds_per_unit=seconds_per_unit) for kind in ("image", "video")
+        }
+        self._outcomes: dict[tuple[str, str], int] = {}
         if registry is not None:
             registry.add_collector(
                 "duplex_video_jobs", "gauge", "video jobs kept, by status", self._job_samples
             )
+            registry.add_collector(
+                "duplex_media_requests_total",
+                "counter",
+                "image and video requests by outcome (refused_memory, refused_time, "
+                "refused_busy, abandoned, slow, answered)",
+                self._outcome_samples,
+            )
+            registry.add_collector(
+                "duplex_media_memory_held_bytes",
+                "gauge",
+                "estimated memory the image and video requests in progress hold",
+                self._held_samples,
+            )
+
+    def _held_samples(self) -> list[Sample]:
+        held = float(self.budget.statistics().held_bytes)
+        return [Sample("duplex_media_memory_held_bytes", {}, held)]
+
+    def _outcome_samples(self) -> list[Sample]:
+        return [
+            Sample("duplex_media_requests_total", {"kind": kind, "outcome": outcome}, float(n))
+            for (kind, outcome), n in sorted(self._outcomes.items())
+        ]
+
+    def _count(self, kind: str, outcome: str) -> None:
+        self._outcomes[kind, outcome] = self._outcomes.get((kind, outcome), 0) + 1
+
+    def admit(self, kind: str, shape: DiffusionShape, extra_bytes: int = 0) -> CostLease | Refusal:
+        """``shape``'s estimate (plus ``extra_bytes`` held beside it) checked against the
+        budget: a lease to release when the work ends, or the refusal (counted, logged)."""
+        estimate = self.costs[kind].estimate(shape)
+        cost = Cost(estimate.memory_bytes + extra_bytes, estimate.seconds)
+        lease = self.budget.admit(cost, shape)
+        if isinstance(lease, Refusal):
+            reason = {413: "refused_memory", 400: "refused_time"}.get(lease.status, "refused_busy")
+            self._count(kind, reason)
+            self.log.info(
+                "media request refused", kind=kind, reason=reason, shape=shape.describe(),
+                memory_bytes=cost.memory_bytes, estimated_s=round(cost.seconds, 1),
+            )  # fmt: skip
+        return lease
+
+    def _finished(self, kind: str, lease: CostLease, started: float, outcome: str) -> None:
+        """A request's end: its memory back to the budget; a slow one (twice its estimate and
+        over a second) or an abandoned one logged; each counted."""
+        self.budget.release(lease)
+        took = trio.current_time() - started
+        estimated = lease.cost.seconds
+        if outcome != "answered":
+            self.log.warning(
+                "media request " + outcome, kind=kind, took_s=round(took, 2),
+                estimated_s=round(estimated, 2),
+            )  # fmt: skip
+        elif took > max(1.0, 2.0 * estimated):
+            outcome = "slow"
+            self.log.warning(
+                "media request slow", kind=kind, took_s=round(took, 2),
+                estimated_s=round(estimated, 2),
+            )  # fmt: skip
+        self._count(kind, outcome)
+
+    def _learn(self, kind: str, shape: DiffusionShape, completed: Completed[Any]) -> None:
+        if completed.batch_size == 1:  # a batch's time is not one request's
+            self.costs[kind].observe(shape, completed.run_ms / 1000.0)
 
     def _job_samples(self) -> list[Sample]:
         counts = dict.fromkeys(JobStatus, 0)
@@ -236,6 +332,22 @@ class MediaService:
             return _too_large()
         except ProtocolError as exc:
             return _refused(exc)
+        shape = DiffusionShape(asked.width, asked.height, asked.steps, n=asked.n)
+        lease = self.admit("image", shape)
+        if isinstance(lease, Refusal):
+            return refusal_response(lease)
+        started = trio.current_time()
+        try:
+            result = await self._generate_images(request, engine, asked, shape)
+        except BaseException:
+            self._finished("image", lease, started, "abandoned")
+            raise
+        self._finished("image", lease, started, "abandoned" if result is None else "answered")
+        return result
+
+    async def _generate_images(
+        self, request: Request, engine: RequestService, asked: Any, shape: DiffusionShape
+    ) -> Response | None:
         seed = asked.seed if asked.seed is not None else _new_seed()
         work = ImageRequest(
             prompt=asked.prompt,
@@ -247,7 +359,7 @@ class MediaService:
             guidance_scale=asked.guidance_scale,
             negative_prompt=asked.negative_prompt,
         )
-        result = await self._until_client_leaves(request, engine, work)
+        result = await self._until_client_leaves(request, engine, work, shape)
         if not isinstance(result, ImageResult):
             return result
         created = int(self.wall_clock())
@@ -255,7 +367,7 @@ class MediaService:
         return Response(body, media_type="application/json")
 
     async def _until_client_leaves(
-        self, request: Request, engine: RequestService, work: ImageRequest
+        self, request: Request, engine: RequestService, work: ImageRequest, shape: DiffusionShape
     ) -> ImageResult | Response | None:
         """``engine.submit(work)``, withdrawn if the client disconnects first (``None``)."""
         outcome: list[ImageResult | Response] = []
@@ -267,7 +379,9 @@ class MediaService:
 
             async def generate() -> None:
                 try:
-                    outcome.append(await engine.submit(work))
+                    completed = await engine.submit_timed(work)
+                    self._learn("image", shape, completed)
+                    outcome.append(completed.result)
                 except RequestsOverloaded as exc:
                     outcome.append(
                         _overloaded(f"Too many requests queued: {exc}", exc.retry_after_s)
@@ -299,7 +413,10 @@ class MediaService:
             raw: bytes | dict[str, str]
             if kind == "multipart/form-data":  # parts of at most 1 MiB, at most 32 of them
                 raw = {}
-                async with request.form(
+                # the whole body within its bound first: the form parser reads a chunked
+                # body's epilogue (bytes after the closing boundary) without any limit
+                whole = await _read_body(request)
+                async with _replayed(request, whole).form(
                     max_files=0, max_fields=32, max_part_size=MAX_BODY_BYTES
                 ) as form:
                     for key, value in form.multi_items():
@@ -327,6 +444,9 @@ class MediaService:
             return _refused(ProtocolError(f"The form could not be read: {exc.detail}"))
         except ValueError:  # parse_qsl: more than 32 fields
             return _refused(ProtocolError("The form has more than 32 fields."))
+        lease = self._admit_video(asked)
+        if isinstance(lease, Refusal):
+            return refusal_response(lease)
         now = self.wall_clock()
         job = VideoJob(
             id=f"video_{secrets.token_hex(12)}",
@@ -339,12 +459,40 @@ class MediaService:
         try:
             self.jobs.create(job, now)
         except JobStoreFull as exc:
+            self.budget.release(lease)
             return _overloaded(f"Too many video jobs: {exc}")
         scope = trio.CancelScope()
         self._job_scopes[job.id] = scope
         assert self._nursery is not None, "MediaService.run is not running"
-        self._nursery.start_soon(self._run_job, job.id, asked, scope)
+        self._nursery.start_soon(self._run_job, job.id, asked, scope, lease)
         return _json(job.as_dict(self.jobs.retention_s))
+
+    def _admit_video(
+        self, asked: VideoGeneration | RealtimeVideoStart, *, stream: bool = False
+    ) -> CostLease | Refusal:
+        """A video's lease: its time is every chunk's, its memory one chunk's working memory
+        plus, for a job, every frame kept for the MP4 (3 bytes a pixel)."""
+        chunk = min(self.config.video_chunk_frames, asked.frames)
+        chunks = -(-asked.frames // chunk)
+        shape = DiffusionShape(
+            asked.width, asked.height, asked.steps, frames=chunk,
+            param="width" if stream else "size",
+        )  # fmt: skip
+        kept = 0 if stream else asked.frames * asked.width * asked.height * 3
+        whole = DiffusionShape(
+            asked.width, asked.height, asked.steps, frames=asked.frames, param=shape.param
+        )
+        estimate = self.costs["video"].estimate(shape)
+        cost = Cost(estimate.memory_bytes + kept, estimate.seconds * chunks)
+        lease = self.budget.admit(cost, whole)
+        if isinstance(lease, Refusal):
+            reason = {413: "refused_memory", 400: "refused_time"}.get(lease.status, "refused_busy")
+            self._count("video", reason)
+            self.log.info(
+                "media request refused", kind="video", reason=reason, shape=whole.describe(),
+                memory_bytes=cost.memory_bytes, estimated_s=round(cost.seconds, 1),
+            )  # fmt: skip
+        return lease
 
     def _chunks(self, asked: VideoGeneration | RealtimeVideoStart, seed: int) -> list[VideoRequest]:
         """The requests of a video, one a chunk; chunk ``k`` draws its noise from ``seed + k``."""
@@ -363,11 +511,15 @@ class MediaService:
             for index, start in enumerate(range(0, asked.frames, size))
         ]
 
-    async def _run_job(self, job_id: str, asked: VideoGeneration, scope: trio.CancelScope) -> None:
+    async def _run_job(
+        self, job_id: str, asked: VideoGeneration, scope: trio.CancelScope, lease: CostLease
+    ) -> None:
         """Generate the job's chunks in order, then its MP4; ``scope``: ``DELETE``'s handle."""
         seed = asked.seed if asked.seed is not None else _new_seed()
         chunks = self._chunks(asked, seed)
         frames: list[np.ndarray] = []
+        started = trio.current_time()
+        outcome = "abandoned"
         try:
             with scope:
                 for index, work in enumerate(chunks):
@@ -380,6 +532,7 @@ class MediaService:
                     )
                 )
                 self.jobs.complete(job_id, mp4, self.wall_clock())
+                outcome = "answered"
         except EngineUnavailable as exc:  # not the job's fault: its engine process died
             self.log.warning("video job failed", job=job_id, reason="engine_unavailable",
                              error=str(exc))  # fmt: skip
@@ -389,6 +542,8 @@ class MediaService:
             self.jobs.fail(job_id, "The generation failed.", self.wall_clock())
         finally:
             self._job_scopes.pop(job_id, None)
+            frames.clear()
+            self._finished("video", lease, started, outcome)
 
     def _started(self, job_id: str) -> None:
         self.jobs.start(job_id, self.wall_clock())
@@ -408,7 +563,10 @@ class MediaService:
             if not isinstance(engine, Refusal):
                 on_queued()
                 try:
-                    return await engine.submit(work)  # type: ignore[no-any-return]
+                    completed = await engine.submit_timed(work)
+                    shape = DiffusionShape(work.width, work.height, work.steps, frames=work.frames)
+                    self._learn("video", shape, completed)
+                    return completed.result  # type: ignore[no-any-return]
                 except RequestsOverloaded as exc:
                     await trio.sleep(exc.retry_after_s)
                     continue
@@ -447,7 +605,7 @@ class MediaService:
         if job is None:
             return _not_found(f"No video job {job_id[:100]!r}.")
         if job.status is not JobStatus.COMPLETED or job.content is None:
-            message = f"Video job {job_id!r} is {job.status.value}: no content."
+            message = f"Video job {echo(job_id)} is {job.status.value}: no content."
             return _refused(ProtocolError(message, param="video_id"))
         return Response(job.content, media_type="video/mp4")
 
@@ -521,6 +679,20 @@ class MediaService:
                     await perform(machine.tick(trio.current_time()))
 
             async def generate(start: RealtimeVideoStart) -> None:
+                lease = self._admit_video(start, stream=True)
+                if isinstance(lease, Refusal):
+                    now = trio.current_time()
+                    await perform(machine.failed(lease.message, now, code=lease.code))
+                    return
+                started = trio.current_time()
+                outcome = "abandoned"
+                try:
+                    await generate_within(start)
+                    outcome = "answered"
+                finally:
+                    self._finished("video", lease, started, outcome)
+
+            async def generate_within(start: RealtimeVideoStart) -> None:
                 writer = FragmentedMp4(width=start.width, height=start.height, fps=start.fps)
                 seed = start.seed if start.seed is not None else _new_seed()
                 with generation:

@@ -30,7 +30,7 @@ from typing import Any, Final, final
 
 from duplex.codecs import AUDIO_FORMATS, OPUS_RATE, STREAM_FORMATS
 from duplex.models.tts import MAX_SPEED, MIN_SPEED, SentenceBuffer
-from duplex.refusals import Refusal
+from duplex.refusals import Refusal, echo
 from duplex.wire import dumps
 
 __all__ = [
@@ -178,7 +178,7 @@ def _common(fields: Mapping[str, Any], check_voice: VoiceCheck) -> dict[str, Any
     fmt = fields.get("response_format", "wav")
     if fmt not in AUDIO_FORMATS:
         raise _fail(
-            f"response_format must be one of {', '.join(AUDIO_FORMATS)}; got {fmt!r}.",
+            f"response_format must be one of {', '.join(AUDIO_FORMATS)}; got {echo(fmt)}.",
             "response_format",
         )
     out["response_format"] = fmt
@@ -194,7 +194,7 @@ def _common(fields: Mapping[str, Any], check_voice: VoiceCheck) -> dict[str, Any
     if rate is not None:
         if isinstance(rate, bool) or not isinstance(rate, int) or rate not in SAMPLE_RATES:
             rates = ", ".join(map(str, SAMPLE_RATES))
-            raise _fail(f"sample_rate must be one of {rates}; got {rate!r}.", "sample_rate")
+            raise _fail(f"sample_rate must be one of {rates}; got {echo(rate)}.", "sample_rate")
         if fmt == "opus" and rate != OPUS_RATE:
             raise _fail(
                 f"opus is encoded at {OPUS_RATE} Hz; leave sample_rate out or ask for {OPUS_RATE}.",
@@ -406,7 +406,7 @@ class SpeechStream:
         handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
         if handler is None:
             known = ", ".join(_HANDLERS)
-            message = f"unknown event type {kind!r}: use {known}"
+            message = f"unknown event type {echo(kind)}: use {known}"
             return [Reply(error_event(message, "unknown_event"))]
         try:
             return handler(self, event)

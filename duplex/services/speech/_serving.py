@@ -39,6 +39,7 @@ from duplex.runtime import RequestEngines, RequestService
 from duplex.transport import refusal_response
 from duplex.wire import dumps
 
+from .._cost import speech_audio_refusal
 from ._protocol import (
     MAX_SPEECH_BODY,
     CloseStream,
@@ -105,6 +106,8 @@ class SpeechService:
             ``requests``, labelled ``runner="tts"``).
         uploaded: the uploaded voices (``None``: none kept here); a request naming one is
             refused ``voice_not_supported``, as no TTS served here conditions on a sample.
+        max_audio_s: the most audio one request, or one batch together, may make, by its
+            estimate (`duplex.services.speech_audio_refusal`); more is refused 400 up front.
     """
 
     def __init__(
@@ -113,9 +116,12 @@ class SpeechService:
         registry: MetricsRegistry | None = None,
         *,
         uploaded: UploadedVoices | None = None,
+        max_audio_s: float = 600.0,
     ) -> None:
         self.requests = requests
         self.uploaded = uploaded
+        self.max_audio_s = max_audio_s
+        """The most audio one request or batch may make (``speech.max_audio_s``)."""
         self._workers = trio.CapacityLimiter(max(1, (os.cpu_count() or 2) - 1))
         """Resampling and encoding run in worker threads, at most one per core but one, so
         the sessions' event loop keeps a core however many clips are encoded at once."""
@@ -284,6 +290,16 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
         if isinstance(parsed, Refusal):
             service.count(endpoint, "invalid")
             return refusal_response(parsed)
+        items = parsed if isinstance(parsed, list) else [parsed]
+        too_long = speech_audio_refusal(
+            [(len(item.input), item.speed) for item in items],
+            max(service.output_rate(item) for item in items),
+            service.max_audio_s,
+        )
+        if too_long is not None:  # the response's size is bounded before any audio is made
+            service.count(endpoint, "too_long")
+            log.info("speech refused", reason="audio_too_long", items=len(items))
+            return refusal_response(too_long)
         return parsed
 
     async def speech(request: Request) -> Response:

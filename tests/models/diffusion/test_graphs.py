@@ -101,6 +101,9 @@ class _Open:
     def next_unit(self, kind: str = "step") -> None:
         pass
 
+    def check(self) -> None:
+        pass
+
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_served_runner_on_cuda_paints_the_plain_pipelines_picture(tmp_path: Path) -> None:

@@ -44,6 +44,9 @@ class Open:
         self.units += 1
         self.kinds.append(kind)
 
+    def check(self) -> None:
+        pass
+
 
 class CancelAfter:
     """A gate that withdraws the request after ``units`` steps."""
@@ -55,6 +58,9 @@ class CancelAfter:
         if self.left == 0:
             raise RequestCancelled("withdrawn")
         self.left -= 1
+
+    def check(self) -> None:
+        pass
 
 
 @pytest.fixture(scope="module")
@@ -307,3 +313,45 @@ def test_edits_redraw_the_image_and_inpaint_only_under_the_mask(image_runner: Im
     assert kept < redrawn
     (alone,) = image_runner.run_batch([generation], Open())
     assert np.array_equal(generated.images[0], alone.images[0])
+
+
+class StopAfterChecks:
+    """A gate whose batch is withdrawn after ``checks`` checks inside a step; counts them."""
+
+    def __init__(self, checks: int) -> None:
+        self.left = checks
+        self.checks = 0
+        self.steps = 0
+
+    def next_unit(self, kind: str = "step") -> None:
+        self.steps += 1
+        self.check()
+
+    def check(self) -> None:
+        self.checks += 1
+        if self.checks > self.left:
+            raise RequestCancelled("withdrawn")
+
+
+def test_a_large_call_is_checked_inside_its_step_with_the_same_bytes(
+    image_runner: ImageRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked op by op with attention in query slices, a call paints the same PNG bytes
+    as unchecked; and a withdrawal lands inside the first step, not at its end (a 512x512
+    step runs a minute or more on this CPU; the check is why its client's leaving stops it:
+    tests/transport/test_e2e_bounded_media.py)."""
+    from duplex.models.diffusion import _runners
+
+    request = ImageRequest(prompt="a lighthouse", width=64, height=64, steps=2, seed=5)
+    plain = image_runner.run_batch([request], Open())[0].images[0]
+    monkeypatch.setattr(_runners, "CHECKED_PIXELS", 64 * 64)
+    monkeypatch.setattr(_runners, "SPLIT_QUERIES", 48)  # the 16x16 attention in 6 slices
+    gate = StopAfterChecks(10**9)
+    checked = image_runner.run_batch([request], gate)[0].images[0]
+    assert checked.tobytes() == plain.tobytes()
+    assert gate.checks > 100 * gate.steps  # every op, not only each step's end
+
+    stopped = StopAfterChecks(50)
+    with pytest.raises(RequestCancelled):
+        image_runner.run_batch([request], stopped)
+    assert stopped.steps == 0  # inside the first step
