@@ -237,6 +237,7 @@ def start_server(
     python: str = sys.executable,
     wrapper: Sequence[str] = (),
     start_s: float = 90.0,
+    headers: Mapping[str, str] | None = None,
 ) -> Served:
     """``python -m duplex.cli serve --port P ARGS`` (``python WRAPPER serve ...`` when a
     ``wrapper`` script is given), once ``/health`` answers 200.
@@ -247,6 +248,7 @@ def start_server(
             environment are dropped).
         python: the interpreter (another environment's, e.g. the one with vllm).
         start_s: how long it may take to answer (a model load counts).
+        headers: sent with the ``/health`` probe (a server behind API keys needs its key).
 
     Raises:
         AssertionError: it exited, or did not answer within ``start_s``; with its log.
@@ -267,7 +269,7 @@ def start_server(
         deadline = time.monotonic() + start_s
         while served.alive():
             with contextlib.suppress(OSError):
-                if served.get("/health")[0] == 200:
+                if served.get("/health", headers=headers)[0] == 200:
                     return served
             if time.monotonic() > deadline:
                 stop_server(served)
@@ -321,6 +323,7 @@ async def served(
     env: Mapping[str, str] | None = None,
     start_s: float = 90.0,
     clean_exit: bool = True,
+    headers: Mapping[str, str] | None = None,
 ) -> AsyncIterator[str]:
     """The same server for a trio test, started and stopped off its event loop; yields
     the base URL (``http://127.0.0.1:P``). Its log (JSON lines) lives in a temporary
@@ -329,7 +332,7 @@ async def served(
         log_path = Path(folder) / "serve.log"
         launch = partial(
             start_server, ["--log-format", "json", *args], log_path=log_path, env=env,
-            start_s=start_s,
+            start_s=start_s, headers=headers,
         )  # fmt: skip
         server = await trio.to_thread.run_sync(launch)
         try:

@@ -26,8 +26,8 @@ import pytest
 import trio
 from PIL import Image
 
+from ..helpers import served
 from .test_e2e_media import metric, refused, wait_metric
-from .test_e2e_openpi import served
 
 CONFIG = """
 [server]
@@ -51,7 +51,7 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 async def media_server(tmp_path: Path) -> AsyncIterator[str]:
     config = tmp_path / "media.toml"
     config.write_text(CONFIG + f'model_cache_dir = "{tmp_path / "models"}"\n')
-    async with served("--config", str(config)) as url:
+    async with served("--config", str(config), headers=AUTH) as url:
         yield url
 
 

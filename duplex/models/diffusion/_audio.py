@@ -17,6 +17,8 @@ from typing import Any, final
 
 import numpy as np
 
+from duplex.pcm import float_to_pcm16
+
 from .._requests import UnitGate
 from ._runners import DiffusionModel, _generator, _load, _on, _stream, _wait_for_device
 
@@ -58,10 +60,8 @@ def _step_units(gate: UnitGate, steps: int, device: Any) -> Any:
 
 def _mono_pcm16(audio: Any, samples: int) -> np.ndarray:
     """One waveform ``channels x samples`` (floats in [-1, 1], any device) as mono int16."""
-    import torch
-
     mono = audio.float().mean(dim=0)[:samples].clamp(-1.0, 1.0)
-    return (mono * 32767.0).round().to(torch.int16).cpu().numpy()
+    return float_to_pcm16(mono.cpu().numpy())
 
 
 @final

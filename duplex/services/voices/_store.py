@@ -36,6 +36,7 @@ import numpy as np
 
 from duplex.exceptions import ProtocolError
 from duplex.models import UPLOADED_VOICE_NAME, uploaded_voice_path
+from duplex.pcm import float_to_pcm16
 from duplex.refusals import echo
 
 __all__ = [
@@ -201,7 +202,7 @@ def decode_sample(data: bytes, limits: VoiceLimits) -> tuple[np.ndarray, int]:
             f"The audio sample is {duration:.2f} s long; it must be at least {MIN_DURATION_S} s.",
             param=param,
         )
-    pcm = np.clip(np.round(mono * 32767.0), -32768, 32767).astype(np.int16)
+    pcm = float_to_pcm16(mono)
     if not pcm.any():
         raise VoiceProblem("The audio sample is silent.", param=param)
     return pcm, rate
