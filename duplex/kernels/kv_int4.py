@@ -26,13 +26,11 @@ import math
 import torch
 
 from . import _triton
-from .ring_attention import SPLIT_ROWS, ring_attention_reference
+from .ring_attention import SPLIT_ROWS, merge_splits, ring_attention_reference
 
 if _triton.available():
     import triton
     import triton.language as tl
-
-    from .ring_attention import _ring_attention_merge
 
 __all__ = [
     "GROUP",
@@ -168,15 +166,7 @@ def ring_attention_int4(
         GROUP=group,
         num_warps=num_warps,
     )
-    _ring_attention_merge[(batch, heads)](
-        partial,
-        out,
-        out.stride(0),
-        out.stride(1),
-        splits,
-        SPLITS=1 << (splits - 1).bit_length(),
-        HEAD_DIM=head_dim,
-    )
+    merge_splits(partial, out)
     return out
 
 

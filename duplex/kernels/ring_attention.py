@@ -140,6 +140,15 @@ def ring_attention(
         DOT_DTYPE=getattr(tl, _DOT_DTYPES.get(keys.dtype, "bfloat16")),
         num_warps=num_warps,
     )
+    merge_splits(partial, out)
+    return out
+
+
+def merge_splits(partial: torch.Tensor, out: torch.Tensor) -> None:
+    """Merge each (row, head)'s split partials ``[B, H, splits, D + 2]`` (the weighted sum,
+    the running max, the softmax total) into ``out`` ``[B, H, D]``: the second kernel of
+    every ring attention (bf16/fp8 rings here, int4 rings in ``kv_int4.py``)."""
+    batch, heads, splits, width = partial.shape
     _ring_attention_merge[(batch, heads)](
         partial,
         out,
@@ -147,9 +156,8 @@ def ring_attention(
         out.stride(1),
         splits,
         SPLITS=1 << (splits - 1).bit_length(),
-        HEAD_DIM=head_dim,
+        HEAD_DIM=width - 2,
     )
-    return out
 
 
 if _triton.available():
