@@ -34,6 +34,7 @@ from duplex.refusals import Refusal
 from duplex.transport import refusal_response
 from duplex.wire import dumps
 
+from .._client import unless_gone
 from ._protocol import (
     MAX_CHAT_BODY,
     ChatBatch,
@@ -159,31 +160,6 @@ async def _run_choice(
     return usage
 
 
-async def _unless_gone(request: Request, work: Callable[[], Awaitable[Any]]) -> tuple[bool, Any]:
-    """Run ``work`` while watching the client: ``(False, None)`` if it left first (the work
-    is cancelled, which aborts its engine requests), else ``(True, result)``."""
-    outcome: list[Any] = []
-    failure: list[Exception] = []
-
-    async def run(cancel: trio.CancelScope) -> None:
-        try:
-            outcome.append(await work())
-        except Exception as exc:  # re-raised below, outside the nursery's group
-            failure.append(exc)
-        cancel.cancel()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(run, nursery.cancel_scope)
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                nursery.cancel_scope.cancel()
-                break
-    if failure:
-        raise failure[0]
-    return (True, outcome[0]) if outcome else (False, None)
-
-
 def _invalid_prompt(exc: PromptUnsupported) -> Refusal:
     return Refusal(400, f"The model cannot take this prompt: {exc}", "invalid_prompt", "messages")
 
@@ -250,7 +226,7 @@ def chat_routes(service: ChatService | None) -> list[BaseRoute]:
 
             await _together([partial(one, i) for i in range(parsed.n)])
 
-        done, _ = await _unless_gone(request, every)
+        done, _ = await unless_gone(request, every)
         if not done:
             service.count(endpoint, "cancelled")
             return Response(status_code=499)  # nobody reads it
@@ -375,7 +351,7 @@ def chat_routes(service: ChatService | None) -> list[BaseRoute]:
 
             await _together([partial(one, i, c) for i, c in enumerate(parsed.requests)])
 
-        done, _ = await _unless_gone(request, every)
+        done, _ = await unless_gone(request, every)
         if not done:
             service.count(endpoint, "cancelled")
             return Response(status_code=499)

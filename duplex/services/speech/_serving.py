@@ -39,6 +39,7 @@ from duplex.runtime import RequestEngines, RequestService
 from duplex.transport import refusal_response
 from duplex.wire import dumps
 
+from .._client import unless_gone
 from .._cost import speech_audio_refusal
 from ._protocol import (
     MAX_SPEECH_BODY,
@@ -222,32 +223,6 @@ async def _read_body(request: Request) -> bytes | Refusal:
     return body
 
 
-async def _unless_gone(request: Request, work: Callable[[], Awaitable[Any]]) -> tuple[bool, Any]:
-    """Run ``work`` while watching the client: ``(False, None)`` if it left first (the work is
-    cancelled, which withdraws its engine requests), else ``(True, result)``; what ``work``
-    raises is raised here, as itself."""
-    outcome: list[Any] = []
-    failure: list[Exception] = []
-
-    async def run(cancel: trio.CancelScope) -> None:
-        try:
-            outcome.append(await work())
-        except Exception as exc:  # re-raised below, outside the nursery's group
-            failure.append(exc)
-        cancel.cancel()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(run, nursery.cancel_scope)
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                nursery.cancel_scope.cancel()
-                break
-    if failure:
-        raise failure[0]
-    return (True, outcome[0]) if outcome else (False, None)
-
-
 def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
     """The speech routes over ``service`` (``None``: no TTS here; each route says so)."""
     log = get_logger(component="speech")
@@ -315,7 +290,7 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
         outcome = await attempt(
             endpoint,
             "speech failed",
-            lambda: _unless_gone(request, lambda: service.speak(params.input, params)),
+            lambda: unless_gone(request, lambda: service.speak(params.input, params)),
         )
         if isinstance(outcome, Response):
             return outcome
@@ -398,7 +373,7 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
                 raise failed[0]
 
         outcome = await attempt(
-            endpoint, "speech batch failed", lambda: _unless_gone(request, all_items)
+            endpoint, "speech batch failed", lambda: unless_gone(request, all_items)
         )
         if isinstance(outcome, Response):
             return outcome
