@@ -117,13 +117,15 @@ REFERENCE_MIN_WARMUP = 5
 MEMORY_RESERVE = 4 * GIB
 """Kept free when sizing slot pools (allocator fragmentation, cuBLAS workspaces, Mimi)."""
 
-OUR_PHASES: dict[str, tuple[str, bool, str]] = {
-    "ours": ("staggered", False, "ours (staggered)"),
-    "ours-full": ("full", False, "ours (full context)"),
-    "ours-fp8": ("full", True, "ours (full context, fp8 KV)"),
-    "ours-fp8-staggered": ("staggered", True, "ours (staggered, fp8 KV)"),
+OUR_PHASES: dict[str, tuple[str, str, str]] = {
+    "ours": ("staggered", "auto", "ours (staggered)"),
+    "ours-full": ("full", "auto", "ours (full context)"),
+    "ours-fp8": ("full", "fp8", "ours (full context, fp8 KV)"),
+    "ours-fp8-staggered": ("staggered", "fp8", "ours (staggered, fp8 KV)"),
+    "ours-int4": ("full", "int4", "ours (full context, int4 KV)"),
+    "ours-int4-staggered": ("staggered", "int4", "ours (staggered, int4 KV)"),
 }
-"""Our phases: (session offsets, fp8 KV ring, label)."""
+"""Our phases: (session offsets, the server's ``kv_cache_dtype``, label)."""
 PHASES = ("smoke", *OUR_PHASES, "reference")
 PRESET_MIMI = {"moshi-7b": "mimi", "tiny": "tiny"}
 
@@ -159,7 +161,11 @@ def import_ours() -> types.SimpleNamespace:
     mimi_config = importlib.import_module("duplex.models.moshi._mimi_config")
     mimi_streams = importlib.import_module("duplex.models.moshi._mimi_streams")
     mimi_weights = importlib.import_module("duplex.models.moshi._mimi_weights")
+    kv = importlib.import_module("duplex.models.moshi._kv")
+    int4_row_bytes = importlib.import_module("duplex.kernels.kv_int4").int4_row_bytes
     return types.SimpleNamespace(
+        KV_DTYPES={"auto": None, "fp8": torch.float8_e4m3fn, "int4": kv.INT4},
+        KV_BYTES={"auto": 2, "fp8": 1, "int4": int4_row_bytes(128) / 128},
         moshi_preset=config.moshi_preset,
         MoshiLM=lm.MoshiLM,
         MoshiRunner=runner.MoshiRunner,
@@ -394,7 +400,7 @@ class OurEngine:
         lm: Any,
         mimi: Any,
         max_slots: int,
-        kv_dtype: torch.dtype | None = None,
+        kv_dtype: torch.dtype | str | None = None,
         cuda_graphs: bool = False,
     ) -> None:
         self.ours = ours
@@ -588,9 +594,9 @@ def run_ours(
 ) -> None:
     """Time our engine for each B, as `OUR_PHASES` says for ``phase``."""
     config = lm.config
-    mode, fp8, _ = OUR_PHASES[phase]
-    kv_dtype = torch.float8_e4m3fn if fp8 else None
-    kv_bytes = 1 if fp8 else torch.finfo(lm_dtype(device)).bits // 8
+    mode, kv_name, _ = OUR_PHASES[phase]
+    kv_dtype = ours.KV_DTYPES[kv_name]
+    kv_bytes = ours.KV_BYTES[kv_name] if kv_dtype else torch.finfo(lm_dtype(device)).bits // 8
     per_slot = our_per_slot_bytes(config, mimi.config, kv_bytes)
     want = max(args.batches)
     max_slots, memory = fit_slots(device, want, per_slot)

@@ -9,7 +9,10 @@ For each case it times (CUDA events, median of ``--reps`` calls after warm-up):
   over each row's whole ring view with a boolean fill mask (bf16 only; an fp8
   ring first needs a bf16 copy, which is timed too);
 - ``kernel``: `duplex.kernels.ring_attention` with each tiling of ``--sweep``
-  (split rows / block rows / warps), checked against the torch reference.
+  (split rows / block rows / warps), checked against the torch reference;
+- ``int4``: the same rings stored in 4 bits (`duplex.kernels.kv_int4`), read by
+  ``ring_attention_int4`` at its default tiling, checked against the reference on
+  the dequantized bf16 rows it stands for (``int4_max_err``: the kernel's own error).
 
 Effective bandwidth is the bytes of *filled* keys and values divided by the time.
 
@@ -33,6 +36,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from duplex.kernels import ring_attention, ring_attention_reference  # noqa: E402
+from duplex.kernels.kv_int4 import (  # noqa: E402
+    int4_row_bytes,
+    quantize_int4,
+    ring_attention_int4,
+    ring_attention_int4_reference,
+)
 
 HEADS, HEAD_DIM, CONTEXT = 32, 128, 3000
 
@@ -102,7 +111,31 @@ def measure(
         row[f"kernel_{name}_us"] = round(micros, 1)
         row[f"kernel_{name}_gbps"] = round(filled_bytes / micros / 1e3, 1)
         row[f"kernel_{name}_max_err"] = round(float((got - want).abs().max()), 5)
+    if dtype == torch.bfloat16:
+        row.update(measure_int4(q, keys, values, lengths, fills, reps))
     return row
+
+
+def measure_int4(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    lengths: torch.Tensor,
+    fills: list[int],
+    reps: int,
+) -> dict[str, Any]:
+    """The int4 ring of the same keys and values: time and bandwidth of its kernel."""
+    keys4, values4 = quantize_int4(keys), quantize_int4(values)
+    got = ring_attention_int4(q, keys4, values4, lengths).float()
+    want = ring_attention_int4_reference(q, keys4, values4, lengths).float()
+    filled_bytes = sum(fills) * HEADS * int4_row_bytes(HEAD_DIM) * 2
+    micros = timed(lambda: ring_attention_int4(q, keys4, values4, lengths), reps)
+    return {
+        "int4_filled_gb": round(filled_bytes / 1e9, 3),
+        "int4_us": round(micros, 1),
+        "int4_gbps": round(filled_bytes / micros / 1e3, 1),
+        "int4_max_err": round(float((got - want).abs().max()), 5),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
