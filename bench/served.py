@@ -260,7 +260,11 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)) * 1000, 1) if values else None
 
 
-async def _wait_ready(http: str, timeout_s: float, server: subprocess.Popen | None) -> float:
+async def _wait_ready(
+    http: str, timeout_s: float, server: subprocess.Popen | None
+) -> tuple[float, dict[str, Any]]:
+    """Seconds until ``/health`` is ok with no session live, and that ``/health`` body (its
+    capacity and the layout the server chose are part of the report)."""
     start = time.monotonic()
     async with httpx.AsyncClient(timeout=5) as client:
         while time.monotonic() - start < timeout_s:
@@ -269,7 +273,7 @@ async def _wait_ready(http: str, timeout_s: float, server: subprocess.Popen | No
             try:
                 response = await client.get(http + "/health")
                 if response.status_code == 200 and not response.json()["sessions"]["live"]:
-                    return time.monotonic() - start
+                    return time.monotonic() - start, response.json()
             except httpx.TransportError:
                 pass
             await trio.sleep(0.5)
@@ -460,7 +464,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         server = subprocess.Popen(command, env=env, start_new_session=True)
     report: dict[str, Any] = {"serve_args": args.serve_args, "rows": []}
     try:
-        report["ready_after_s"] = round(await _wait_ready(http, args.start_timeout_s, server), 1)
+        ready_s, report["health_at_ready"] = await _wait_ready(http, args.start_timeout_s, server)
+        report["ready_after_s"] = round(ready_s, 1)
         alone = await _images(http, args) if args.beside_images else {}
         for n in args.counts:
             pid = server.pid if server else None
