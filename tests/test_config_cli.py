@@ -206,7 +206,7 @@ def test_cli_refuses_cuda_without_a_cuda_device(
 ) -> None:
     assert main(["serve", "--model", model, "--model-device", "cuda", "--port", "0"]) == 2
     err = capsys.readouterr().err
-    assert "configuration error: server.model_device: 'cuda'" in err
+    assert "configuration error: engine.model_device: 'cuda'" in err
     assert "no CUDA device" in err and "Traceback" not in err
 
 

@@ -131,10 +131,10 @@ class PolicyOptions:
     """What a policy factory is given (from the server config).
 
     Args:
-        device: torch device (``server.model_device``).
+        device: torch device (``engine.model_device``).
         seed: weight seed (``server.model_seed``).
-        action_horizon: steps per action chunk (``server.policy_action_horizon``).
-        action_dim: values per action step (``server.policy_action_dim``).
+        action_horizon: steps per action chunk (``policy.action_horizon``).
+        action_dim: values per action step (``policy.action_dim``).
     """
 
     device: str = "cpu"
@@ -156,10 +156,10 @@ def load_policy(name: str, options: PolicyOptions) -> Policy:
     policy = policy_factory(name)(options)
     if not isinstance(policy, Policy):
         raise ConfigError(
-            f"server.policy: {name} returned a {type(policy).__name__}, which has no "
+            f"policy.model: {name} returned a {type(policy).__name__}, which has no "
             "metadata and infer_batch (wrap a single-observation policy in "
             "duplex.models.OneAtATime)",
-            key="policy",
+            key="policy.model",
         )
     return policy
 
@@ -173,17 +173,17 @@ def policy_factory(name: str) -> Callable[[PolicyOptions], Any]:
     module_name, sep, attribute = name.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigError(
-            f"server.policy: {name!r} is not reference, none or module:factory", key="policy"
+            f"policy.model: {name!r} is not reference, none or module:factory", key="policy.model"
         )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(
-            f"server.policy: cannot import {module_name!r}: {exc}", key="policy"
+            f"policy.model: cannot import {module_name!r}: {exc}", key="policy.model"
         ) from None
     factory = vars(module).get(attribute)
     if not callable(factory):
         raise ConfigError(
-            f"server.policy: {module_name!r} has no callable {attribute!r}", key="policy"
+            f"policy.model: {module_name!r} has no callable {attribute!r}", key="policy.model"
         )
     return factory

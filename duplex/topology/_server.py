@@ -137,14 +137,14 @@ def check_cuda_device(device: str) -> None:
 
     if not torch.cuda.is_available():
         raise ConfigError(
-            f"server.model_device: {device!r}, but torch finds no CUDA device on this machine "
+            f"engine.model_device: {device!r}, but torch finds no CUDA device on this machine "
             "(use cpu)"
         )
     index = int(device.partition(":")[2] or 0)
     count = torch.cuda.device_count()
     if index >= count:
         raise ConfigError(
-            f"server.model_device: {device!r}, but torch finds {count} CUDA device(s) "
+            f"engine.model_device: {device!r}, but torch finds {count} CUDA device(s) "
             f"(0..{count - 1})"
         )
 

@@ -46,7 +46,7 @@ class _Engines(Protocol):
 @final
 @dataclass(frozen=True, slots=True)
 class AgentOptions:
-    """Which models the agent runs (``server.agent_*``)."""
+    """Which models the agent runs (the ``agent`` section)."""
 
     llm: str = ""
     asr: str = "pocketsphinx"
@@ -114,8 +114,8 @@ def build_asr(
         path = Path(options.asr_grammar)
         if not path.is_file():
             raise ConfigError(
-                f"server.agent_asr_grammar: no file {options.asr_grammar!r}",
-                key="server.agent_asr_grammar",
+                f"agent.asr_grammar: no file {options.asr_grammar!r}",
+                key="agent.asr_grammar",
             )
         grammar = path.read_text()
     runner: AsrProcess | AsrPool
@@ -140,8 +140,8 @@ def build_replier(options: AgentOptions) -> tuple[Replier, ChatEngine | None]:
 
     if not (Path(options.llm) / "config.json").is_file():
         raise ConfigError(
-            f"server.agent_llm: {options.llm!r} is not a checkpoint folder (no config.json)",
-            key="server.agent_llm",
+            f"agent.llm: {options.llm!r} is not a checkpoint folder (no config.json)",
+            key="agent.llm",
         )
     vllm = VllmReplier(options.llm, seed=options.seed)
     vllm.load()

@@ -54,7 +54,7 @@ LLM_CAPABILITIES: Final = ReplyCapabilities(tools=True, instructions=True)
 
 
 def reply_capabilities(llm: str) -> ReplyCapabilities:
-    """The capabilities of the reply model ``server.agent_llm`` names (``""``: the echo),
+    """The capabilities of the reply model ``agent.llm`` names (``""``: the echo),
     known before it loads."""
     return LLM_CAPABILITIES if llm else ECHO_CAPABILITIES
 

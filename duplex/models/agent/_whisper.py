@@ -64,7 +64,7 @@ MAX_NEW_TOKENS: Final = 128
 """Tokens a window may decode to: 30 s of English speech is about 80 words, ~110 tokens."""
 
 
-def check_whisper_folder(path: str, *, key: str = "server.agent_asr") -> Path:
+def check_whisper_folder(path: str, *, key: str = "agent.asr") -> Path:
     """``path`` as a Whisper checkpoint folder (its ``config.json`` says ``whisper``).
 
     Raises:
@@ -164,7 +164,7 @@ class WhisperRunner:
 
     Args:
         folder: a Whisper checkpoint (``config.json``, weights, the processor's files).
-        device: torch device (``server.model_device``); float16 on a GPU, float32 on the CPU.
+        device: torch device (``engine.model_device``); float16 on a GPU, float32 on the CPU.
         max_batch: the most chunks one call takes.
         partial_ms: new audio before a partial chunk is transcribed again.
         max_new_tokens: the most tokens one window decodes to (capped by the model's
@@ -215,9 +215,9 @@ class WhisperRunner:
             )
         except (OSError, ValueError) as exc:
             raise ConfigError(
-                f"server.agent_asr: {str(self.folder)!r} does not load as a Whisper "
+                f"agent.asr: {str(self.folder)!r} does not load as a Whisper "
                 f"checkpoint: {exc}",
-                key="server.agent_asr",
+                key="agent.asr",
             ) from exc
         self._model = model.to(self.device).eval()
         self._processor = processor

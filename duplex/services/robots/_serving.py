@@ -336,7 +336,7 @@ browser page."""
 
 NO_POLICY_AT_ROOT: Final = (
     "A WebSocket on / is the OpenPI robot endpoint, and this server runs no robot policy "
-    "(server.policy = none). Start it with --policy reference or --policy module:factory; "
+    "(policy.model = none). Start it with --policy reference or --policy module:factory; "
     "OpenAI Realtime clients connect to /v1/realtime, native clients to /v1/duplex, Moshi "
     "clients to /api/chat."
 )
