@@ -215,8 +215,7 @@ class WhisperRunner:
             )
         except (OSError, ValueError) as exc:
             raise ConfigError(
-                f"agent.asr: {str(self.folder)!r} does not load as a Whisper "
-                f"checkpoint: {exc}",
+                f"agent.asr: {str(self.folder)!r} does not load as a Whisper checkpoint: {exc}",
                 key="agent.asr",
             ) from exc
         self._model = model.to(self.device).eval()
