@@ -67,6 +67,11 @@ class StreamingResampler:
             return 0.0
         return (self._taps * self._up - 1) / 2.0 / self._down
 
+    @property
+    def produced(self) -> int:
+        """Output samples made so far (where the next chunk's output starts)."""
+        return self._produced
+
     def output_count(self, n_in: int) -> int:
         """How many samples `process` would return for ``n_in`` more input samples."""
         if self.identity:

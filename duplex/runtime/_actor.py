@@ -74,6 +74,7 @@ from duplex.sessions import (
 )
 
 from ._agent_link import AgentLink
+from ._heard import Heard, Hearing
 from ._input_times import InputTimes
 from ._vad_link import VadLink
 
@@ -322,6 +323,8 @@ class SessionActor(Actor[Any]):
         self.resources = resources
         self.owner = owner
         self.connections: dict[int, ActorRef[Any]] = {}
+        self.hearing = Hearing(machine.config.model_sample_rate)
+        """The input at 16 kHz for the VAD and the ASR: resampled once for both."""
         self.armed: float | None = None
         self.closed: int | None = None
         """The socket generation the current effects closed (for the session's end line)."""
@@ -526,10 +529,13 @@ class SessionActor(Actor[Any]):
                     self._tell_not_reading(ctx, generation, connection)
             case ModelAppendAudio(_, pcm, start_ms):
                 pcm = np.asarray(pcm, dtype=np.float32)
-                if res.vad is not None:
-                    self._push_vad(ctx, res.vad, pcm, start_ms)
-                if res.agent is not None:
-                    res.agent.push(pcm, start_ms)
+                vad = res.vad if res.vad is not None and res.vad.link.enabled else None
+                if vad is not None or res.agent is not None:
+                    heard = self.hearing.push(pcm, start_ms)
+                    if vad is not None:
+                        self._push_vad(ctx, vad, heard)
+                    if res.agent is not None:
+                        res.agent.push(heard)
                 push = res.driver.push_input(res.handle, pcm)
                 self.input_times.push(
                     len(pcm) - push.frames_rejected * res.driver.spec.frame_samples,
@@ -548,6 +554,7 @@ class SessionActor(Actor[Any]):
                         res.agent.clear_input()
                 if clear_input:
                     self.input_times.clear()
+                    self.hearing.restart()
                 if clear_input and res.vad is not None:  # the machine forgot the speech too
                     res.vad.link.restart()
             case ModelSignal():
@@ -608,10 +615,8 @@ class SessionActor(Actor[Any]):
             reason=reason,
         )
 
-    def _push_vad(
-        self, ctx: ActorContext, vad: VadResources, pcm: np.ndarray, start_ms: float
-    ) -> None:
-        push = vad.link.push(pcm, start_ms)
+    def _push_vad(self, ctx: ActorContext, vad: VadResources, heard: Heard) -> None:
+        push = vad.link.push(heard)
         if push is not None and push.overflowed and not vad.overflow_logged:
             vad.overflow_logged = True  # counted in the link's statistics from here on
             ctx.log.warning("VAD stream fell behind; windows refused (a gap, taken as silence)")

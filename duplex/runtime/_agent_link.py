@@ -5,7 +5,8 @@ this link does the I/O with the shared model stages (``duplex.models.agent``) an
 the session what came back, as `AsrResult` and `AgentChunk` runtime events.
 
 - Hearing: every input chunk (``ModelAppendAudio``) is kept here at 16 kHz on the
-  session's input clock. A `Transcribe` opens (or, with ``end_ms``, closes) a stream over
+  session's input clock, as the session's `Hearing` made it (one resampler, shared with
+  the VAD). A `Transcribe` opens (or, with ``end_ms``, closes) a stream over
   one user item; one task per session sends each open stream's new audio to the shared
   ASR every `ASR_CHUNK_MS` and reports the growing transcript, and the final one once the
   turn's audio up to ``end_ms`` is in.
@@ -50,6 +51,8 @@ from duplex.sessions import (
     StreamingResampler,
     Transcribe,
 )
+
+from ._heard import Heard
 
 __all__ = ["ASR_CHUNK_MS", "AgentLink"]
 
@@ -97,7 +100,6 @@ class AgentLink:
         self._session = session_id
         self._rate = model_rate
         self._deliver: Deliver = _nowhere
-        self._resampler = StreamingResampler(model_rate, ASR_SAMPLE_RATE)
         self._audio = np.zeros(0, np.int16)
         self._audio_start_ms = 0.0  # input clock of self._audio[0]
         self._input_ms = 0.0  # input clock at the end of the input pushed so far
@@ -132,16 +134,13 @@ class AgentLink:
     def _end_ms(self) -> float:
         return self._audio_start_ms + self._audio.size * 1000.0 / ASR_SAMPLE_RATE
 
-    def push(self, pcm: np.ndarray, start_ms: float) -> None:
-        """One chunk of the session's input (model rate) at ``start_ms`` on its input clock."""
-        if abs(start_ms - self._input_ms) > 1.0:  # a gap (input cleared): start over there
+    def push(self, heard: Heard) -> None:
+        """One chunk of the session's input, at 16 kHz."""
+        if heard.fresh:  # a new run (a gap in the input, or it was cleared): start over there
             self._audio = np.zeros(0, np.int16)
-            self._audio_start_ms = start_ms
-            self._resampler = StreamingResampler(self._rate, ASR_SAMPLE_RATE)
-        self._input_ms = start_ms + len(pcm) * 1000.0 / self._rate
-        samples = self._resampler.process(np.asarray(pcm, np.float32))
-        pcm16 = float_to_pcm16(samples)
-        self._audio = np.concatenate([self._audio, pcm16])
+            self._audio_start_ms = heard.start_ms
+        self._input_ms = heard.end_ms
+        self._audio = np.concatenate([self._audio, float_to_pcm16(heard.samples)])
         keep_from = min([s.cursor_ms for s in self._streams.values()] + [self._end_ms]) - KEEP_MS
         self._trim(keep_from)
         if self._streams:
@@ -236,9 +235,9 @@ class AgentLink:
             self._log.debug("asr stream abort failed", exc_info=True)
 
     def clear_input(self) -> None:
-        """The input was cleared: drop the audio and the open streams (freed in the ASR)."""
+        """The input was cleared: drop the audio and the open streams (freed in the ASR); the
+        session's `Hearing` starts a new run, which sets the clock again."""
         self._audio = np.zeros(0, np.int16)
-        self._resampler = StreamingResampler(self._rate, ASR_SAMPLE_RATE)
         if self._streams and self._nursery is not None:
             self._nursery.start_soon(self._abort_streams)
 

@@ -4,14 +4,14 @@ The VAD is an engine like the model's (`duplex.models.silero_engine` behind an
 `EngineDriver`): the session's stream is a slot on it, its 16 kHz input that
 slot's input, and each scored window an output whose ``score`` is the speech
 probability. What is per session and no engine's business stays here: the
-resampler, the clock mapping and the segmenter (session policy).
+clock mapping and the segmenter (session policy); the 16 kHz input comes from the
+session's `Hearing` (one resampler, shared with the agent's ASR).
 
 The session actor owns a `VadLink` next to its engine slot. It is synchronous
 and trio-free; the actor feeds it and applies what it returns:
 
-- `push`: every ``ModelAppendAudio`` chunk (model rate, on the session's input
-  clock) is resampled to 16 kHz by a per-session `StreamingResampler` and
-  pushed to the stream, while turn detection is on.
+- `push`: every ``ModelAppendAudio`` chunk, as the session's `Hearing` made it
+  16 kHz (a `Heard`), is pushed to the stream while turn detection is on.
 - `on_window`: each scored window (`VadWindow.of` the VAD engine's output)
   goes through a per-session `SpeechSegmenter` (threshold ``vad_threshold``,
   silence ``vad_hangover_ms``, no prefix padding: the machine pads; pauses of
@@ -26,10 +26,10 @@ Clocks. A window's ``start`` is where it starts among all the samples pushed
 to the stream (a refused window leaves a gap, never a shift). A *run* is audio
 pushed without a gap; it starts on a window boundary (`restart` pads the
 partial window with zeros, then drops it with the reset) at stream sample
-``base``, with the input-clock time of its first chunk ``base_ms`` and a fresh
-resampler whose output lags its input by ``delay_samples``. So stream time
-``t`` ms maps to input time ``base_ms + (t - base / 16) - delay / 16``, never
-before ``base_ms``.
+``base``, with its first chunk's `Heard.start_ms` as ``base_ms`` and the
+resampler's delay `Heard.delay_ms`. So stream time ``t`` ms maps to input time
+``base_ms + (t - base / 16) - delay_ms``, never before ``base_ms``. A `Heard`
+that starts a new run (a gap in the input clock) restarts the stream too.
 """
 
 from __future__ import annotations
@@ -60,9 +60,10 @@ from duplex.sessions import (
     SpeechResumed,
     SpeechStarted,
     SpeechStopped,
-    StreamingResampler,
     VadMode,
 )
+
+from ._heard import Heard
 
 __all__ = ["VadLink", "VadLinkStatistics", "VadStreams"]
 
@@ -127,11 +128,10 @@ class VadLink:
         self.config = config
         self.epoch = 0
         self.segmenter = SpeechSegmenter(segmenter_config(config))
-        self._resampler: StreamingResampler | None = None
+        self._delay_ms = 0.0  # the resampler's delay in the current run
         self._pushed = 0  # 16 kHz samples pushed to the stream
         self._base = 0  # stream sample where the current run starts (a window boundary)
         self._base_ms: float | None = None  # input-clock ms of the run's first sample
-        self._next_ms = 0.0  # where the next chunk should start on the input clock
         self._last_ms = 0.0  # input-clock end of the newest window seen
         self._windows = 0
         self._stale = 0
@@ -150,26 +150,23 @@ class VadLink:
             self._windows, self._stale, self._overflow, self._restarts, self._replacements
         )
 
-    def push(self, pcm: Pcm, audio_start_ms: float) -> InputPush | None:
-        """Resample one model-rate chunk starting at ``audio_start_ms`` and queue it.
+    def push(self, heard: Heard) -> InputPush | None:
+        """Queue one 16 kHz input chunk.
 
         Returns:
             What the VAD did with it, or ``None`` while turn detection is off.
         """
-        if not self.enabled or pcm.size == 0:
+        if not self.enabled:
             return None
-        rate = self.config.model_sample_rate
-        if self._base_ms is not None and abs(audio_start_ms - self._next_ms) > 1000.0 / rate:
+        if heard.fresh and self._base_ms is not None:
             self.restart()  # the input clock jumped (never expected): start a new run
-        if self._base_ms is None or self._resampler is None:
-            self._base_ms = audio_start_ms
-            self._resampler = StreamingResampler(rate, VAD_SAMPLE_RATE)
-        self._next_ms = audio_start_ms + pcm.size * 1000.0 / rate
-        out = self._resampler.process(pcm)
-        if out.size == 0:
+        if self._base_ms is None:
+            self._base_ms = heard.start_ms
+            self._delay_ms = heard.delay_ms
+        if heard.samples.size == 0:
             return None
-        result = self.streams.push_input(self.handle, out)
-        self._pushed += out.size
+        result = self.streams.push_input(self.handle, heard.samples)
+        self._pushed += heard.samples.size
         self._overflow += result.frames_rejected
         return result
 
@@ -248,10 +245,8 @@ class VadLink:
         self.segmenter.reset(self._pushed * 1000 // VAD_SAMPLE_RATE)
         self._base = self._pushed
         self._base_ms = None
-        self._resampler = None
 
     def _to_input_ms(self, stream_ms: int) -> float:
-        assert self._base_ms is not None and self._resampler is not None
-        delay_ms = self._resampler.delay_samples * 1000.0 / VAD_SAMPLE_RATE
+        assert self._base_ms is not None
         base_stream_ms = self._base * 1000.0 / VAD_SAMPLE_RATE
-        return max(self._base_ms, self._base_ms + (stream_ms - base_stream_ms) - delay_ms)
+        return max(self._base_ms, self._base_ms + (stream_ms - base_stream_ms) - self._delay_ms)

@@ -8,6 +8,7 @@ import trio
 from duplex.exceptions import RequestFailed, RequestsOverloaded
 from duplex.models.agent import AsrChunk, AsrText
 from duplex.runtime._agent_link import AgentLink
+from duplex.runtime._heard import Hearing
 from duplex.sessions import Transcribe
 
 RATE = 24_000
@@ -38,7 +39,8 @@ async def _one_turn(models: FailsFirst) -> list[object]:
     async with trio.open_nursery() as nursery:
         await nursery.start(link.run, deliver)
         link.transcribe(Transcribe("item-1", 0.0, end_ms=1000.0))
-        link.push(np.zeros(RATE, np.float32), 0.0)  # one second of input, the turn's end
+        # one second of input (the turn's end), as the session's Hearing hands it on
+        link.push(Hearing(RATE).push(np.zeros(RATE, np.float32), 0.0))
         with trio.fail_after(5):
             while not delivered:
                 await trio.sleep(0.01)

@@ -8,6 +8,8 @@ session actor composes them.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 import trio
@@ -25,6 +27,7 @@ from duplex.models import (
     silero_engine,
 )
 from duplex.models._driver import inline
+from duplex.runtime._heard import Hearing
 from duplex.runtime._vad_link import VadLink
 
 from ..signals import voiced
@@ -67,6 +70,15 @@ def config(**options: object) -> ds.SessionConfig:
     return ds.SessionConfig().updated(TURN_BASED).updated(ds.SessionOptions(**options))  # type: ignore[arg-type]
 
 
+_HEARINGS: weakref.WeakKeyDictionary[VadLink, Hearing] = weakref.WeakKeyDictionary()
+
+
+def push(link: VadLink, pcm: np.ndarray, start_ms: float) -> InputPush | None:
+    """A model-rate chunk to ``link`` through its session's `Hearing`, as the actor does."""
+    hearing = _HEARINGS.setdefault(link, Hearing(RATE))
+    return link.push(hearing.push(pcm, start_ms))
+
+
 def chunk(ms: int) -> np.ndarray:
     return np.zeros(RATE * ms // 1000, dtype=np.float32)
 
@@ -86,8 +98,8 @@ def windows(link: VadLink, probs: list[float], first: int = 0) -> list[object]:
 def test_windows_map_to_the_input_clock_from_the_first_chunk() -> None:
     fake = FakeVad()
     link = VadLink(fake, HANDLE, config())
-    link.push(chunk(80), 1000.0)  # the stream opened when the input clock was at 1 s
-    link.push(chunk(80), 1080.0)
+    push(link, chunk(80), 1000.0)  # the stream opened when the input clock was at 1 s
+    push(link, chunk(80), 1080.0)
     assert fake.pushed == 2 * 1280  # 24 kHz -> 16 kHz
     delay = (32 * 2 - 1) / 2 / 3 / 16  # the resampler's group delay, in ms
     events = windows(link, [0.1, 0.9, 0.9] + [0.1] * 16)
@@ -100,7 +112,7 @@ def test_windows_map_to_the_input_clock_from_the_first_chunk() -> None:
 
 def test_stale_windows_are_dropped_and_counted() -> None:
     link = VadLink(FakeVad(), HANDLE, config())
-    link.push(chunk(80), 0.0)
+    push(link, chunk(80), 0.0)
     other = SlotHandle(1, "t", 2)
     assert link.on_window(window(other, 0, 0, 1.0)) == ()
     assert link.on_window(window(HANDLE, 7, 0, 1.0)) == ()
@@ -110,14 +122,14 @@ def test_stale_windows_are_dropped_and_counted() -> None:
 def test_restart_pads_to_a_window_and_starts_a_new_run() -> None:
     fake = FakeVad()
     link = VadLink(fake, HANDLE, config())
-    link.push(chunk(100), 0.0)  # 1600 samples: 3 windows and 64 samples
+    push(link, chunk(100), 0.0)  # 1600 samples: 3 windows and 64 samples
     windows(link, [0.9])
     assert link.segmenter.speaking
     link.restart()  # input cleared
     assert fake.pushed == 4 * VAD_WINDOW_SAMPLES and fake.resets == [(1, True)]
     assert not link.segmenter.speaking and link.epoch == 1
     assert link.on_window(window(HANDLE, 0, 3, 0.9)) == ()  # the old epoch
-    link.push(chunk(80), 100.0)
+    push(link, chunk(80), 100.0)
     (started,) = windows(link, [0.9], first=4)  # the run's first window
     assert isinstance(started, ds.SpeechStarted)
     assert started.audio_ms == 100.0  # the delay is clamped at the run's start
@@ -126,12 +138,12 @@ def test_restart_pads_to_a_window_and_starts_a_new_run() -> None:
 def test_turn_detection_off_pushes_nothing_and_back_on_restarts() -> None:
     fake = FakeVad()
     link = VadLink(fake, HANDLE, config())
-    link.push(chunk(80), 0.0)
+    push(link, chunk(80), 0.0)
     link.reconfigure(config(turn_detection="none"))
-    assert link.push(chunk(80), 80.0) is None and fake.pushed == 1280 + 256  # the pad only
+    assert push(link, chunk(80), 80.0) is None and fake.pushed == 1280 + 256  # the pad only
     link.reconfigure(config(turn_detection="server_vad"))
     assert [epoch for epoch, _ in fake.resets] == [1, 2]
-    link.push(chunk(80), 160.0)
+    push(link, chunk(80), 160.0)
     (started,) = windows(link, [0.9], first=3)
     assert isinstance(started, ds.SpeechStarted) and started.audio_ms == 160.0
 
@@ -147,13 +159,13 @@ def test_a_threshold_change_restarts_other_changes_do_not() -> None:
 
 def test_replace_ends_speech_in_progress_at_the_last_window() -> None:
     link = VadLink(FakeVad(), HANDLE, config())
-    link.push(chunk(160), 0.0)
+    push(link, chunk(160), 0.0)
     windows(link, [0.9, 0.9, 0.9])
     fresh = FakeVad()
     (stopped,) = link.replace(fresh, SlotHandle(0, "s", 9))
     assert isinstance(stopped, ds.SpeechStopped) and stopped.audio_ms == pytest.approx(96, abs=1)
     assert not link.segmenter.speaking and link.statistics().replacements == 1
-    link.push(chunk(80), 160.0)
+    push(link, chunk(80), 160.0)
     assert fresh.pushed == 1280
 
 
@@ -184,7 +196,7 @@ async def test_silero_turn_through_the_machine(autojump_clock: trio.testing.Mock
             if isinstance(effect, ds.Send):
                 sent.append(effect.event)
             elif isinstance(effect, ds.ModelAppendAudio):
-                link.push(np.asarray(effect.pcm), effect.audio_start_ms)
+                push(link, np.asarray(effect.pcm), effect.audio_start_ms)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(driver.run)
@@ -215,9 +227,9 @@ def test_a_stream_that_falls_behind_is_refused_counted_and_keeps_its_clock() -> 
     handle = engine.acquire_slot("s")
     assert handle is not None
     link = VadLink(engine, handle, config(vad_hangover_ms=100))
-    push = link.push(chunk(400), 0.0)  # 12.5 windows at once: 4 fit
-    assert push is not None and push.overflowed
-    assert link.statistics().overflow_windows == push.frames_rejected == 8
+    burst = push(link, chunk(400), 0.0)  # 12.5 windows at once: 4 fit
+    assert burst is not None and burst.overflowed
+    assert link.statistics().overflow_windows == burst.frames_rejected == 8
     starts = []
     while outputs := engine.step(0.0):
         starts.extend(VadWindow.of(o).start for o in outputs.values())
@@ -225,7 +237,7 @@ def test_a_stream_that_falls_behind_is_refused_counted_and_keeps_its_clock() -> 
     speech = voiced(0.4, seed=2, rate=RATE)
     events: list[object] = []
     for k in range(0, speech.size, 1920):  # in real time again: 80 ms chunks, all scored
-        pushed = link.push(speech[k : k + 1920], 400.0 + k / 24)
+        pushed = push(link, speech[k : k + 1920], 400.0 + k / 24)
         assert pushed is not None and not pushed.overflowed
         while outputs := engine.step(0.0):
             for output in outputs.values():
@@ -237,7 +249,7 @@ def test_a_stream_that_falls_behind_is_refused_counted_and_keeps_its_clock() -> 
 
 def test_pauses_and_resumptions_map_to_the_machine_with_vad_prepare_ms() -> None:
     link = VadLink(FakeVad(), HANDLE, config(vad_prepare_ms=200))
-    link.push(chunk(80), 1000.0)
+    push(link, chunk(80), 1000.0)
     delay = (32 * 2 - 1) / 2 / 3 / 16
     events = windows(link, [0.9, 0.9] + [0.1] * 7 + [0.9] + [0.1] * 16)
     kinds = [type(e) for e in events]
@@ -247,5 +259,5 @@ def test_pauses_and_resumptions_map_to_the_machine_with_vad_prepare_ms() -> None
     at = [1000 + ms - delay for ms in (64, 9 * 32, 10 * 32, 10 * 32)]
     assert [e.audio_ms for e in events[1:]] == pytest.approx(at)  # type: ignore[attr-defined]
     quiet = VadLink(FakeVad(), HANDLE, config())  # off by default
-    quiet.push(chunk(80), 0.0)
+    push(quiet, chunk(80), 0.0)
     assert [type(e) for e in windows(quiet, [0.9] + [0.1] * 10)] == [ds.SpeechStarted]
