@@ -11,7 +11,8 @@ Voice activity: the silero VAD is one more runner on the same core
 and supervised by an `EngineActor`): it scores 32 ms windows of every session's
 16 kHz input in one batched forward per step, only for slots with a window
 queued, and each output's score is a `VadWindow`; a per-session
-`SpeechSegmenter` turns them into OpenAI server_vad events.
+`duplex.sessions.SpeechSegmenter` (session policy) turns them into OpenAI server_vad
+events.
 
 Request-batched models (robot policies, TTS, diffusion, ASR): a `BatchRunner`
 answers a batch of requests in one call; the `RequestEngine` batches concurrent
@@ -73,16 +74,6 @@ from ._requests import (
     UnitGate,
 )
 from ._scheduler import CapacityLimit, CapacityReport, Scheduler, SchedulerStatistics, SlotState
-from ._segmenter import (
-    IdleTimeout,
-    SegmenterEvent,
-    SegmentPaused,
-    SegmentResumed,
-    SegmentStarted,
-    SegmentStopped,
-    ServerVadConfig,
-    SpeechSegmenter,
-)
 from ._silero import (
     VAD_MAX_STEPS_PER_TICK,
     VAD_METRICS,
@@ -126,7 +117,6 @@ __all__ = [
     "EngineStatistics",
     "Fanout",
     "FrameOutput",
-    "IdleTimeout",
     "InputPush",
     "LoopbackRunner",
     "ModelOptions",
@@ -151,12 +141,6 @@ __all__ = [
     "SamplingRequest",
     "Scheduler",
     "SchedulerStatistics",
-    "SegmentPaused",
-    "SegmentResumed",
-    "SegmentStarted",
-    "SegmentStopped",
-    "SegmenterEvent",
-    "ServerVadConfig",
     "SileroRunner",
     "Slack",
     "SlackStatistics",
@@ -168,7 +152,6 @@ __all__ = [
     "SlotPrompt",
     "SlotState",
     "SlotStatistics",
-    "SpeechSegmenter",
     "StepOutput",
     "StepPlan",
     "Subscriber",

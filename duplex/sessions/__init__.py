@@ -137,6 +137,16 @@ from ._journal import Journal, JournalStatistics, Replay, ReplayGap
 from ._ledger import InputStatistics, SessionStatistics
 from ._resample import StreamingResampler
 from ._responder import ResponderSource, TurnResponder
+from ._segmenter import (
+    IdleTimeout,
+    SegmenterEvent,
+    SegmentPaused,
+    SegmentResumed,
+    SegmentStarted,
+    SegmentStopped,
+    ServerVadConfig,
+    SpeechSegmenter,
+)
 from ._state import SessionMachine, SessionState, TurnState
 from ._vad import EnergyVad
 
@@ -194,6 +204,7 @@ __all__ = [
     "FunctionCallDone",
     "FunctionTool",
     "HistoryItem",
+    "IdleTimeout",
     "InputAudioCleared",
     "InputAudioCommitted",
     "InputAudioTimeout",
@@ -241,8 +252,14 @@ __all__ = [
     "ResponseOptions",
     "ResponseSettings",
     "RuntimeEvent",
+    "SegmentPaused",
+    "SegmentResumed",
+    "SegmentStarted",
+    "SegmentStopped",
+    "SegmenterEvent",
     "Send",
     "ServerEvent",
+    "ServerVadConfig",
     "SessionClose",
     "SessionClosed",
     "SessionConfig",
@@ -264,6 +281,7 @@ __all__ = [
     "SessionUpdated",
     "SpeechPaused",
     "SpeechResumed",
+    "SpeechSegmenter",
     "SpeechStarted",
     "SpeechStopped",
     "StreamingResampler",

@@ -1,9 +1,10 @@
 """A tiny energy VAD, used when no model VAD is present.
 
 RMS over fixed frames against ``threshold_rms`` (0.003, vllm-omni's
-``overlap_silence_rms``), a minimum run to start and a hangover to stop, so a
-click does not start speech and a breath does not end it. It emits the same
-`SpeechStarted` / `SpeechStopped` events a real (silero) VAD actor will.
+``overlap_silence_rms``); the frames go through the same `SpeechSegmenter` as the
+silero VAD's windows (a loud frame is probability 1), with a minimum run to start
+and a hangover to stop, so a click does not start speech and a breath does not end
+it. It emits the same `SpeechStarted` / `SpeechStopped` events as the silero VAD.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._events import SpeechStarted, SpeechStopped
+from ._segmenter import SegmentStarted, SegmentStopped, ServerVadConfig, SpeechSegmenter
 
 __all__ = ["EnergyVad"]
 
@@ -40,29 +42,29 @@ class EnergyVad:
         min_speech_ms: int = 60,
         hangover_ms: int = 300,
     ) -> None:
-        self._rate = sample_rate
         self._frame = sample_rate * frame_ms // 1000
         self._frame_ms = frame_ms
-        self._threshold = threshold_rms
         self._loud_energy = threshold_rms * threshold_rms * self._frame  # sum of squares
-        self._min_frames = max(1, -(-min_speech_ms // frame_ms))
-        self._hang_frames = max(1, -(-hangover_ms // frame_ms))
+        self._segmenter = SpeechSegmenter(
+            ServerVadConfig(
+                prefix_padding_ms=0,  # the machine pads (``vad_prefix_padding_ms``)
+                silence_duration_ms=hangover_ms,
+                min_speech_ms=min_speech_ms,
+            )
+        )
         self._pending = _NO_SAMPLES
         self._frames = 0
-        self._speaking = False
-        self._speech_run = 0
-        self._silence_run = 0
-        self._last_loud_ms = 0.0
 
     @property
     def last_speech_ms(self) -> float:
-        """End of the most recent loud frame: where speech really stopped (no hangover)."""
-        return self._last_loud_ms
+        """While `speaking`, the end of the latest loud frame: where speech really stopped
+        (no hangover)."""
+        return self._segmenter.last_speech_end_ms
 
     @property
     def speaking(self) -> bool:
         """Inside a speech segment."""
-        return self._speaking
+        return self._segmenter.speaking
 
     def process(self, pcm: npt.NDArray[np.float32]) -> list[SpeechStarted | SpeechStopped]:
         """Feed samples; return the speech boundaries they complete, in order."""
@@ -83,34 +85,15 @@ class EnergyVad:
         for first in range(0, whole, _BLOCK_FRAMES):
             block = np.square(frames[first : first + _BLOCK_FRAMES])
             energy += np.add.reduce(block, axis=1, dtype=np.float64).tolist()
-        # the run state in locals for the loop, stored back once
-        loud_energy = self._loud_energy
-        frame_ms = self._frame_ms
-        count = self._frames
-        speaking = self._speaking
-        speech_run = self._speech_run
-        silence_run = self._silence_run
+        loud, frame_ms, push = self._loud_energy, self._frame_ms, self._segmenter.push
         events: list[SpeechStarted | SpeechStopped] = []
+        end_ms = self._frames * frame_ms
         for frame_energy in energy:
-            count += 1
-            end_ms = count * frame_ms
-            if frame_energy >= loud_energy:
-                self._last_loud_ms = end_ms
-                silence_run = 0
-                speech_run += 1
-                if not speaking and speech_run >= self._min_frames:
-                    speaking = True
-                    events.append(SpeechStarted(end_ms - speech_run * frame_ms))
-            else:
-                speech_run = 0
-                if speaking:
-                    silence_run += 1
-                    if silence_run >= self._hang_frames:
-                        speaking = False
-                        events.append(SpeechStopped(end_ms - silence_run * frame_ms))
-                        silence_run = 0
-        self._frames = count
-        self._speaking = speaking
-        self._speech_run = speech_run
-        self._silence_run = silence_run
+            start_ms, end_ms = end_ms, end_ms + frame_ms
+            for found in push(start_ms, end_ms, 1.0 if frame_energy >= loud else 0.0):
+                if isinstance(found, SegmentStarted):
+                    events.append(SpeechStarted(found.audio_start_ms))
+                elif isinstance(found, SegmentStopped):
+                    events.append(SpeechStopped(found.audio_end_ms))
+        self._frames += whole
         return events

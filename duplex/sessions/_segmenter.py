@@ -1,16 +1,21 @@
 """`SpeechSegmenter`: OpenAI ``server_vad`` turn detection over speech probabilities.
 
-Pure: it sees ``(start_ms, end_ms, probability)`` per window, in order, on one
-audio clock (a `VadWindow`'s stream clock), and returns events. It reads no
-time of its own, imports no model, and is tested without one.
+The one segmenter of both VADs: the shared silero VAD's windows (through the
+session's ``VadLink``, a probability a 32 ms window) and the built-in `EnergyVad`'s
+frames (probability 1 for a loud 20 ms frame, else 0) go through it. Pure: it sees
+``(start_ms, end_ms, probability)`` per window, in order, on one audio clock, and
+returns events. It reads no time of its own, imports no model, and is tested
+without one.
 
 Rules (``ServerVadConfig``):
 
 - A window is speech when ``probability >= threshold``.
-- Idle -> speaking on the first speech window: `SegmentStarted` with
-  ``audio_start_ms = window start - prefix_padding_ms``, clamped at 0 and at the
+- Idle -> speaking once a run of speech windows (no non-speech window and no gap
+  between them) lasts ``min_speech_ms`` (0: its first window): `SegmentStarted`
+  with ``audio_start_ms = run start - prefix_padding_ms``, clamped at 0 and at the
   previous segment's ``audio_end_ms`` (two segments never overlap; the audio
-  before that end was already committed with the previous turn).
+  before that end was already committed with the previous turn). A shorter run (a
+  click) starts nothing.
 - Speaking -> idle once a non-speech window ends ``silence_duration_ms`` or
   more after the end of the last speech window: `SegmentStopped` with
   ``audio_end_ms`` = the end of the last speech window. A gap in the windows
@@ -62,12 +67,13 @@ class ServerVadConfig:
     silence_duration_ms: int = 500
     idle_timeout_ms: int | None = None
     pause_ms: int | None = None
+    min_speech_ms: int = 0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.threshold) and 0.0 <= self.threshold <= 1.0):
             raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
-        if self.prefix_padding_ms < 0 or self.silence_duration_ms < 0:
-            raise ValueError("prefix_padding_ms and silence_duration_ms must be >= 0")
+        if self.prefix_padding_ms < 0 or self.silence_duration_ms < 0 or self.min_speech_ms < 0:
+            raise ValueError("prefix_padding_ms, silence_duration_ms, min_speech_ms must be >= 0")
         if self.idle_timeout_ms is not None and self.idle_timeout_ms <= 0:
             raise ValueError(f"idle_timeout_ms must be positive, got {self.idle_timeout_ms}")
         if self.pause_ms is not None and self.pause_ms <= 0:
@@ -153,6 +159,7 @@ class SpeechSegmenter:
         self._floor = 0
         self._idle_from: int | None = None
         self._paused = False
+        self._run: tuple[int, int] | None = None  # (start, end) of a run not yet speech
 
     @property
     def config(self) -> ServerVadConfig:
@@ -163,6 +170,12 @@ class SpeechSegmenter:
     def speaking(self) -> bool:
         """Between a `SegmentStarted` and its `SegmentStopped`."""
         return self._speaking
+
+    @property
+    def last_speech_end_ms(self) -> int:
+        """End of the last speech window of the segment (while `speaking`: where the
+        speech really stopped so far, the silence after it not counted)."""
+        return self._last_speech_end
 
     @property
     def idle_armed_at(self) -> int | None:
@@ -180,6 +193,7 @@ class SpeechSegmenter:
         self._floor = floor_ms
         self._idle_from = None
         self._paused = False
+        self._run = None
 
     def arm_idle_timeout(self, at_ms: int) -> None:
         """Start the idle timer at ``at_ms`` on the input clock (playback of the last
@@ -200,11 +214,19 @@ class SpeechSegmenter:
             raise ValueError(f"empty window [{start_ms}, {end_ms})")
         cfg = self._config
         events: list[SegmenterEvent] = []
+        if probability < cfg.threshold:
+            self._run = None
         if probability >= cfg.threshold:
             if not self._speaking:
+                run = self._run
+                run_start = run[0] if run is not None and run[1] == start_ms else start_ms
+                if end_ms - run_start < cfg.min_speech_ms:
+                    self._run = (run_start, end_ms)
+                    return ()
+                self._run = None
                 self._speaking = True
                 self._idle_from = None
-                start = max(0, self._floor, start_ms - cfg.prefix_padding_ms)
+                start = max(0, self._floor, run_start - cfg.prefix_padding_ms)
                 events.append(SegmentStarted(start, end_ms))
             elif self._paused:
                 self._paused = False
