@@ -100,18 +100,19 @@ class SessionHub:
         registry: MetricsRegistry,
         shard: int | None = None,
         node: str | None = None,
+        export_engine_metrics: bool = True,
     ):
         """``shard``: this process's index among session shards; its sessions' ids carry it
         (``duplex-s<shard>-<32 hex>``) so a worker can route a resume to it. ``node``: the
-        cluster node this server is (``duplex-n<node>-...``), for the cluster's ingress."""
+        cluster node this server is (``duplex-n<node>-...``), for the cluster's ingress.
+        ``export_engine_metrics``: off in every session process but the first when engines
+        run in their own processes (one engine's figures are exported once)."""
         self.system = system
         self.spec = spec
         self.engines: dict[int, SlotEngine] = {}
         """The running engine of each index (one per device)."""
         self.engine_starts = 0
-        self.export_engine_metrics = True
-        """Off in every session process but the first when engines run in their own
-        processes: one engine's figures are exported once."""
+        self.export_engine_metrics = export_engine_metrics
         self.vad: EngineDriver | None = None
         """The shared silero VAD's engine, once it runs (sessions with ``vad="silero"``)."""
         self.vad_starts = 0
@@ -125,9 +126,7 @@ class SessionHub:
         self.admission = Admission(capacity)
         self.shard = shard
         self.node = node
-        self.on_load: Callable[[], None] | None = None
-        """Called after each admission attempt and each release (a shard tells its workers,
-        which count a session they send as taken until then)."""
+        self._on_load: Callable[[], None] | None = None
         self._sessions: dict[str, ActorRef[Any]] = {}
         self.sleeping = False
         """The engine was put to sleep (``POST /v1/omni/sleep``): `open` refuses
@@ -345,6 +344,15 @@ class SessionHub:
         for ref in list(self._sessions.values()):
             await ref.tell(VadReplaced(driver))
 
+    def watch_load(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` after each admission attempt and each release (a shard tells
+        its workers, which count a session they send as taken until then)."""
+        self._on_load = callback
+
+    def agent_started(self, models: AgentModels) -> None:
+        """The agent's shared stages run: sessions opened from now on get an `AgentLink`."""
+        self.agent = models
+
     def _attach_vad(self, session_id: str, config: SessionConfig) -> VadResources | None:
         """A slot on the shared VAD when the session's config uses it.
 
@@ -372,7 +380,7 @@ class SessionHub:
         return self._sessions.get(session_id)
 
     async def open(self, options: SessionOptions | None) -> Opened:
-        """Admit and start a session (see ``_open``); tells ``on_load`` either way."""
+        """Admit and start a session (see ``_open``); tells `watch_load`'s callback either way."""
         try:
             return await self._open(options)
         finally:
@@ -463,8 +471,8 @@ class SessionHub:
         self._let_go.inc()
 
     def _load_changed(self) -> None:
-        if self.on_load is not None:
-            self.on_load()
+        if self._on_load is not None:
+            self._on_load()
 
     async def inspect(self, session_id: str) -> SessionMachine | None:
         """The live machine of a session (diagnostics and tests)."""

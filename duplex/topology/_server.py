@@ -352,8 +352,8 @@ async def open_backend(
         registry=registry,
         shard=shard,
         node=server.node_name or None,
+        export_engine_metrics=not engine_paths or not shard,  # one engine, exported once
     )
-    hub.export_engine_metrics = not engine_paths or not shard  # one engine, exported once
     startup = startup if startup is not None else Startup()
     guard = ResumeGuard(burst=access.auth_failure_burst, window_s=access.auth_failure_window_s)
     backend = HubBackend(
@@ -363,6 +363,15 @@ async def open_backend(
         resume_guard=guard,
         startup=startup,
         chat_wait_queue=engine.chat_wait_queue,
+        more_models=None
+        if requests is None
+        else partial(
+            model_cards,
+            config,
+            requests,
+            lambda: hub.agent.metadata["llm"] if hub.agent else None,
+            lambda: chat_modalities(hub.agent.chat if hub.agent else None),
+        ),
     )
     refs: list[ActorRef[Any]] = []
     frozen = False
@@ -422,7 +431,7 @@ async def open_backend(
             with startup.step("agent", "loading the agent's reply model"):
                 replier, chat = await trio.to_thread.run_sync(build_replier, options)
                 await nursery.start(replier.run)
-            hub.agent = AgentModels(requests, replier, chat)
+            hub.agent_started(AgentModels(requests, replier, chat))
             log.info("agent started", llm=agent.llm or "echo", asr=agent.asr)
         freeze_startup_objects()
         frozen = True
@@ -601,13 +610,6 @@ async def _serve_sessions(
             configured=config.agent.enabled and bool(config.agent.llm),
             registry=registry,
         )
-        backend.more_models = partial(
-            model_cards,
-            config,
-            requests,
-            lambda: hub.agent.metadata["llm"] if hub.agent else None,
-            lambda: chat_modalities(hub.agent.chat if hub.agent else None),
-        )
         # the grace is split: half for every socket to close (1001, in parallel), half for
         # hypercorn to let the rest finish before it aborts them (a peer that reads nothing)
         robot_payload_bytes = MAX_PAYLOAD_BYTES if robots is not None else 0
@@ -784,7 +786,7 @@ async def serve_with_workers(
         async with shard_processes as shards, trio.open_nursery() as nursery:
             if shards.count:
                 await nursery.start(shards.children.run)
-                backend.shards = shards
+                backend.attach_shards(shards)
             settings = WorkerSettings(
                 server,
                 fingerprint=_link.CODE_FINGERPRINT,

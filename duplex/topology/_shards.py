@@ -22,9 +22,10 @@ from typing import Any
 
 import trio
 
+from duplex import __version__
 from duplex.config import Config
 from duplex.logs import get_logger
-from duplex.metrics import MetricsRegistry
+from duplex.metrics import Family, MetricsRegistry, Sample, merge_labelled
 
 from ._capacity import merged_sessions
 from ._children import Children, child_args, spawn_linked
@@ -111,6 +112,34 @@ class ShardProcesses:
         share their engines, each counted once (``_capacity.py``)."""
         return merged_sessions(healths, shared_engines=bool(self.engine_paths)).as_dict()
 
+    async def health(self, own: dict[str, Any]) -> dict[str, Any]:
+        """The server's ``/health``: each shard's (``own`` is shard 0's, this process's),
+        and the sessions of them all. The server takes sessions while any shard does, so a
+        restarting shard only degrades it; this process's own status (``starting``,
+        ``sleeping``) is the server's."""
+        shards = [{"shard": 0, **own}]
+        for index, answer in enumerate(await self.query("health"), 1):
+            shards.append({"shard": index, **(answer or {"status": "unavailable"})})
+        status = "ok" if all(shard["status"] == "ok" for shard in shards) else "degraded"
+        if own["status"] != "ok":
+            status = own["status"]
+        return {
+            "status": status,
+            "version": __version__,
+            "model": own["model"],
+            "sessions": self.sessions(shards),
+            "shards": shards,
+        }
+
+    async def metrics(self, own: list[Family], own_health: dict[str, Any]) -> list[Family]:
+        """The server's ``/metrics``: every shard's families under a ``shard`` label, and the
+        whole server's sessions (`server_families`)."""
+        parts = [({"shard": "0"}, own)]
+        answers = await self.query("metrics")
+        parts += [({"shard": str(i)}, a) for i, a in enumerate(answers, 1) if a is not None]
+        sessions = self.sessions([own_health, *await self.query("health")])
+        return [*merge_labelled(parts), *server_families(sessions)]
+
     async def spawn(self, index: int) -> tuple[trio.Process, Link]:
         args = [
             *child_args(self.config, index, self.paths[index - 1]),
@@ -149,3 +178,17 @@ def private_folder(longest: str) -> str:
         os.rmdir(folder)
         raise RuntimeError(f"no folder short enough for the shards' Unix sockets: {folder}")
     return folder
+
+
+def server_families(sessions: dict[str, int]) -> list[Family]:
+    """The whole server's sessions (every shard, each engine once): per-shard gauges carry a
+    ``shard`` label, and summing their capacity would count a shared engine per shard."""
+    return [
+        Family(
+            f"duplex_server_sessions_{key}",
+            "gauge",
+            f"Sessions {key} over every session shard (each engine's slots counted once)",
+            [Sample(f"duplex_server_sessions_{key}", {}, float(sessions[key]))],
+        )
+        for key in ("live", "capacity")
+    ]

@@ -217,7 +217,7 @@ class LinkServer:
         self._sockets = registry.gauge(
             "duplex_connection_worker_sockets", "Client sockets open in connection workers"
         )
-        backend.hub.on_load = self._post_load
+        backend.hub.watch_load(self._post_load)
 
     async def wait_unlinked(self) -> None:
         """Until no link is left (a stopping shard waits for its workers to finish)."""

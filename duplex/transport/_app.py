@@ -38,7 +38,7 @@ from duplex import __version__
 from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.exceptions import ProtocolError
 from duplex.logs import get_logger
-from duplex.metrics import Counter, Family, MetricsRegistry, Sample, merge_labelled, render
+from duplex.metrics import Counter, Family, MetricsRegistry, Sample, render
 from duplex.progress import Startup
 from duplex.refusals import JSON_CONTENT_TYPE, Refusal
 from duplex.runtime import SessionHub
@@ -226,15 +226,16 @@ class Connections:
 
 
 class Shards(Protocol):
-    """The server's other session shards, as its HTTP routes see them (``_shards.py``)."""
+    """The server's other session shards, as its HTTP routes see them: they answer for the
+    whole server, given this process's own part (``topology/_shards.py``)."""
 
-    async def query(self, what: str) -> list[Any]:
-        """Each other shard's answer to ``what`` (``health``, ``metrics``); ``None``: no answer."""
+    async def health(self, own: dict[str, Any]) -> dict[str, Any]:
+        """The server's ``/health`` body from this process's own (``status``: ``starting``
+        while this process starts)."""
         ...
 
-    def sessions(self, healths: Sequence[dict[str, Any] | None]) -> dict[str, int]:
-        """Every shard's health (this one's first) as the server's ``live`` and ``capacity``:
-        each engine counted once, however many shards share it."""
+    async def metrics(self, own: list[Family], own_health: dict[str, Any]) -> list[Family]:
+        """The server's ``/metrics`` families from this process's own."""
         ...
 
 
@@ -267,20 +268,6 @@ _WAIT_QUEUE_METRICS: Final = (
 """The wait queue's figures (`WaitQueueStatistics` fields), exported when it is on."""
 
 
-def _server_families(sessions: dict[str, int]) -> list[Family]:
-    """The whole server's sessions (every shard, each engine once): per-shard gauges carry a
-    ``shard`` label, and summing their capacity would count a shared engine per shard."""
-    return [
-        Family(
-            f"duplex_server_sessions_{key}",
-            "gauge",
-            f"Sessions {key} over every session shard (each engine's slots counted once)",
-            [Sample(f"duplex_server_sessions_{key}", {}, float(sessions[key]))],
-        )
-        for key in ("live", "capacity")
-    ]
-
-
 class HubBackend:
     """The sessions of this process: one hub (engine + sessions), its connections, its metrics.
 
@@ -298,12 +285,14 @@ class HubBackend:
         resume_guard: ResumeGuard | None = None,
         startup: Startup | None = None,
         chat_wait_queue: int = 0,
+        more_models: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         """``first_event_timeout_s`` closes sockets that open no session in time (0: never);
         ``resume_guard`` limits failed ``session.resume`` per peer and session id;
         ``startup``: what the engine and VAD still wait for (``/health`` names it);
         ``chat_wait_queue``: ``/api/chat`` sockets that may wait for a slot when the
-        server is full (0: refused at once)."""
+        server is full (0: refused at once); ``more_models``: the cards of the other models
+        this process serves (``GET /v1/models``)."""
         self.hub = hub
         self.startup = startup
         self.ready = trio.Event()
@@ -328,7 +317,8 @@ class HubBackend:
         if self.wait_queue is not None:
             self._export_wait_queue(self.wait_queue)
         self.shards: Shards | None = None
-        self.more_models: Callable[[], list[dict[str, Any]]] = list
+        """The other session shards, once they run (`attach_shards`)."""
+        self.more_models: Callable[[], list[dict[str, Any]]] = more_models or list
         """The cards of the other models this process serves (the request engines', the
         agent's), listed by ``GET /v1/models`` after the realtime model's."""
 
@@ -339,6 +329,11 @@ class HubBackend:
                 return [Sample(name, {}, float(getattr(queue.statistics(), field)))]
 
             self.registry.add_collector(name, kind, help_text, collect)
+
+    def attach_shards(self, shards: Shards) -> None:
+        """The server's other session shards run: ``/health`` and ``/metrics`` answer for
+        them all from now on."""
+        self.shards = shards
 
     def health_of(self) -> dict[str, Any]:
         """This process's own health."""
@@ -403,29 +398,11 @@ class HubBackend:
     async def http(self, route: HttpRoute, body: bytes = b"") -> HttpAnswer:
         if self.shards is None or route in ("models", "client_secrets", "redeem"):
             return self.reply(route, body)
-        answers = await self.shards.query(route)
         if route == "metrics":
-            parts = [({"shard": "0"}, self.registry.families())]
-            parts += [({"shard": str(i)}, a) for i, a in enumerate(answers, 1) if a is not None]
-            healths = [self.health_of(), *await self.shards.query("health")]
-            sessions = self.shards.sessions(healths)
-            families = [*merge_labelled(parts), *_server_families(sessions)]
+            families = await self.shards.metrics(self.registry.families(), self.health_of())
             return HttpAnswer(200, PROMETHEUS_CONTENT_TYPE, render(families).encode())
-        shards = [{"shard": 0, **self.health_of()}]
-        for index, answer in enumerate(answers, 1):
-            shards.append({"shard": index, **(answer or {"status": "unavailable"})})
-        # this process takes sessions while any shard does; a restarting shard only degrades it
-        status = "ok" if all(shard["status"] == "ok" for shard in shards) else "degraded"
-        if shards[0]["status"] != "ok":
-            status = shards[0]["status"]
-        health = {
-            "status": status,
-            "version": __version__,
-            "model": self.hub.spec.name,
-            "sessions": self.shards.sessions(shards),
-            "shards": shards,
-        }
-        return HttpAnswer.json(health, 503 if status == "starting" else 200)
+        health = await self.shards.health(self.health_of())
+        return HttpAnswer.json(health, 503 if health["status"] == "starting" else 200)
 
     async def connect(
         self,
