@@ -225,9 +225,19 @@ async def _read_body(request: Request) -> bytes | Refusal:
 
 def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
     """The speech routes over ``service`` (``None``: no TTS here; each route says so)."""
-    log = get_logger(component="speech")
+    return SpeechRoutes(service).routes()
 
-    def ready(endpoint: str) -> Response | None:
+
+@final
+class SpeechRoutes:
+    """The handlers of the speech routes over one `SpeechService` (``None``: no TTS here)."""
+
+    def __init__(self, service: SpeechService | None) -> None:
+        self.service = service
+        self.log = get_logger(component="speech")
+
+    def _ready(self, endpoint: str) -> Response | None:
+        service = self.service
         if service is None or not service.configured:
             return refusal_response(NOT_LOADED)
         if service.engine is None:
@@ -235,9 +245,10 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
             return refusal_response(LOADING)
         return None
 
-    async def attempt(endpoint: str, what: str, work: Callable[[], Awaitable[Any]]) -> Any:
+    async def _attempt(self, endpoint: str, what: str, work: Callable[[], Awaitable[Any]]) -> Any:
         """``work``'s result, or the answer to its refusal (429) or failure (500, logged as
         ``what``), counted either way."""
+        service = self.service
         assert service is not None
         try:
             return await work()
@@ -246,16 +257,17 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
             return _overloaded(exc)
         except EngineUnavailable as exc:  # its engine process is being restarted: retry
             service.count(endpoint, "unavailable")
-            log.warning(what, error=str(exc))
+            self.log.warning(what, error=str(exc))
             return refusal_response(UNAVAILABLE)
         except RequestFailed as exc:
             service.count(endpoint, "failed")
-            log.error(what, exc_info=exc)
+            self.log.error(what, exc_info=exc)
             return refusal_response(FAILED)
 
-    async def parsed_body(
-        request: Request, endpoint: str, parse: Callable[..., Any]
+    async def _parsed_body(
+        self, request: Request, endpoint: str, parse: Callable[..., Any]
     ) -> Any | Response:
+        service = self.service
         assert service is not None
         body = await _read_body(request)
         if isinstance(body, Refusal):
@@ -273,21 +285,22 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
         )
         if too_long is not None:  # the response's size is bounded before any audio is made
             service.count(endpoint, "too_long")
-            log.info("speech refused", reason="audio_too_long", items=len(items))
+            self.log.info("speech refused", reason="audio_too_long", items=len(items))
             return refusal_response(too_long)
         return parsed
 
-    async def speech(request: Request) -> Response:
+    async def speech(self, request: Request) -> Response:
+        service = self.service
         endpoint = "speech"
-        if (early := ready(endpoint)) is not None:
+        if (early := self._ready(endpoint)) is not None:
             return early
         assert service is not None
-        params = await parsed_body(request, endpoint, parse_speech)
+        params = await self._parsed_body(request, endpoint, parse_speech)
         if isinstance(params, Response):
             return params
         if params.stream:
-            return await stream_http(request, params)
-        outcome = await attempt(
+            return await self._stream_http(request, params)
+        outcome = await self._attempt(
             endpoint,
             "speech failed",
             lambda: unless_gone(request, lambda: service.speak(params.input, params)),
@@ -303,13 +316,14 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
         body = await service.off_loop(encode_audio, pcm, rate, params.response_format)
         return Response(body, media_type=MEDIA_TYPES[params.response_format])
 
-    async def stream_http(request: Request, params: SpeechParams) -> Response:
+    async def _stream_http(self, request: Request, params: SpeechParams) -> Response:
         """``stream: true``: the first sentence is made before answering (so overload is still
         a 429), the rest as the client reads."""
+        service = self.service
         assert service is not None
         endpoint = "speech_stream"
         sentences = split_sentences(params.input)
-        first = await attempt(
+        first = await self._attempt(
             endpoint, "speech failed", lambda: service.speak(sentences[0], params)
         )
         if isinstance(first, Response):
@@ -321,21 +335,22 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
             try:
                 yield await service.off_loop(encoder.chunk, first)
                 for sentence in sentences[1:]:
-                    pcm = await speak_retrying(sentence, params)
+                    pcm = await self._speak_retrying(sentence, params)
                     yield await service.off_loop(encoder.chunk, pcm)
                 yield await service.off_loop(encoder.end)
                 outcome = "ok"
             except RequestFailed as exc:
                 outcome = "failed"
-                log.error("speech failed mid-stream", exc_info=exc)
+                self.log.error("speech failed mid-stream", exc_info=exc)
             finally:
                 service.count(endpoint, outcome)
 
         return StreamingResponse(body(), media_type=MEDIA_TYPES[params.response_format])
 
-    async def speak_retrying(text: str, params: SpeechParams) -> np.ndarray:
+    async def _speak_retrying(self, text: str, params: SpeechParams) -> np.ndarray:
         """A started stream's next sentence: a full queue is waited out (up to
         `OVERLOAD_RETRY_S`), since the client already has the start of the audio."""
+        service = self.service
         assert service is not None
         deadline = trio.current_time() + OVERLOAD_RETRY_S
         while True:
@@ -346,12 +361,13 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
                     raise RequestFailed("the TTS queue stayed full") from exc
                 await trio.sleep(min(1.0, exc.retry_after_s))
 
-    async def batch(request: Request) -> Response:
+    async def batch(self, request: Request) -> Response:
+        service = self.service
         endpoint = "speech_batch"
-        if (early := ready(endpoint)) is not None:
+        if (early := self._ready(endpoint)) is not None:
             return early
         assert service is not None
-        items = await parsed_body(request, endpoint, parse_batch)
+        items = await self._parsed_body(request, endpoint, parse_batch)
         if isinstance(items, Response):
             return items
         results: list[np.ndarray | None] = [None] * len(items)
@@ -372,7 +388,7 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
             if failed:
                 raise failed[0]
 
-        outcome = await attempt(
+        outcome = await self._attempt(
             endpoint, "speech batch failed", lambda: unless_gone(request, all_items)
         )
         if isinstance(outcome, Response):
@@ -404,7 +420,8 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
 
         return Response(await service.off_loop(answer), media_type="application/json")
 
-    async def stream_socket(websocket: WebSocket) -> None:
+    async def stream_socket(self, websocket: WebSocket) -> None:
+        service = self.service
         await websocket.accept()
         if service is None or not service.configured or service.engine is None:
             loading = service is not None and service.configured
@@ -414,11 +431,12 @@ def speech_routes(service: SpeechService | None) -> list[BaseRoute]:
             return
         await SpeechSocket(service, websocket).run()
 
-    return [
-        Route("/v1/audio/speech", speech, methods=["POST"]),
-        Route("/v1/audio/speech/batch", batch, methods=["POST"]),
-        WebSocketRoute("/v1/audio/speech/stream", stream_socket),
-    ]
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/v1/audio/speech", self.speech, methods=["POST"]),
+            Route("/v1/audio/speech/batch", self.batch, methods=["POST"]),
+            WebSocketRoute("/v1/audio/speech/stream", self.stream_socket),
+        ]
 
 
 @final
