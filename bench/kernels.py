@@ -11,7 +11,7 @@ For each case it times (CUDA events, median of ``--reps`` calls after warm-up):
 - ``kernel``: `duplex.kernels.ring_attention` with each tiling of ``--sweep``
   (split rows / block rows / warps), checked against the torch reference;
 - ``int4``: the same rings stored in 4 bits (`duplex.kernels.kv_int4`), read by
-  ``ring_attention_int4`` at its default tiling, checked against the reference on
+  ``ring_attention_int4`` at each tiling of ``--int4-sweep``, checked against the reference on
   the dequantized bf16 rows it stands for (``int4_max_err``: the kernel's own error).
 
 Effective bandwidth is the bytes of *filled* keys and values divided by the time.
@@ -76,6 +76,7 @@ def measure(
     tilings: list[tuple[int, int, int, bool]],
     reps: int,
     generator: torch.Generator,
+    int4_tilings: list[tuple[int, int, int, bool]],
 ) -> dict[str, Any]:
     """One case: SDPA and every tiling of the kernel on the same rings."""
     device = generator.device
@@ -112,7 +113,7 @@ def measure(
         row[f"kernel_{name}_gbps"] = round(filled_bytes / micros / 1e3, 1)
         row[f"kernel_{name}_max_err"] = round(float((got - want).abs().max()), 5)
     if dtype == torch.bfloat16:
-        row.update(measure_int4(q, keys, values, lengths, fills, reps))
+        row.update(measure_int4(q, keys, values, lengths, fills, reps, int4_tilings))
     return row
 
 
@@ -123,19 +124,28 @@ def measure_int4(
     lengths: torch.Tensor,
     fills: list[int],
     reps: int,
+    tilings: list[tuple[int, int, int, bool]],
 ) -> dict[str, Any]:
-    """The int4 ring of the same keys and values: time and bandwidth of its kernel."""
+    """The int4 ring of the same keys and values: time and bandwidth of its kernel, for
+    each tiling (split rows / block rows / warps; ``flat``: the per-value scaling kernel)."""
     keys4, values4 = quantize_int4(keys), quantize_int4(values)
-    got = ring_attention_int4(q, keys4, values4, lengths).float()
     want = ring_attention_int4_reference(q, keys4, values4, lengths).float()
     filled_bytes = sum(fills) * HEADS * int4_row_bytes(HEAD_DIM) * 2
-    micros = timed(lambda: ring_attention_int4(q, keys4, values4, lengths), reps)
-    return {
-        "int4_filled_gb": round(filled_bytes / 1e9, 3),
-        "int4_us": round(micros, 1),
-        "int4_gbps": round(filled_bytes / micros / 1e3, 1),
-        "int4_max_err": round(float((got - want).abs().max()), 5),
-    }
+    row: dict[str, Any] = {"int4_filled_gb": round(filled_bytes / 1e9, 3)}
+    for split_rows, block_rows, warps, flat in tilings:
+        tiling = {
+            "split_rows": split_rows,
+            "block_rows": block_rows,
+            "num_warps": warps,
+            "grouped": not flat,
+        }
+        got = ring_attention_int4(q, keys4, values4, lengths, **tiling).float()
+        micros = timed(lambda t=tiling: ring_attention_int4(q, keys4, values4, lengths, **t), reps)
+        name = f"{split_rows}/{block_rows}/{warps}{'/flat' if flat else ''}"
+        row[f"int4_{name}_us"] = round(micros, 1)
+        row[f"int4_{name}_gbps"] = round(filled_bytes / micros / 1e3, 1)
+        row[f"int4_{name}_max_err"] = round(float((got - want).abs().max()), 5)
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         default="128/64/4,256/64/4,256/32/4,256/64/8,512/64/4,512/128/8",
         help="split_rows/block_rows/num_warps[/dot] tilings to time (dot: tensor cores)",
     )
+    parser.add_argument(
+        "--int4-sweep",
+        default="256/32/4/flat,256/32/4,256/64/4,256/64/8,256/128/8,512/64/4,512/128/8",
+        help="split_rows/block_rows/num_warps[/flat] tilings of the int4 kernel (on the bf16 "
+        "cases' rings; flat: the kernel that scales every value)",
+    )
     parser.add_argument("--out", type=Path, default=Path("out/kernels"))
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
@@ -155,12 +171,16 @@ def main(argv: list[str] | None = None) -> int:
         fields = text.split("/")
         numbers = [int(x) for x in fields[:3]]
         tilings.append((*numbers, fields[3:] == ["dot"]))
+    int4_tilings = []
+    for text in args.int4_sweep.split(","):
+        fields = text.split("/")
+        int4_tilings.append((*(int(x) for x in fields[:3]), fields[3:] == ["flat"]))
     generator = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for dtype, batch, fill in itertools.product(
         (torch.bfloat16, torch.float8_e4m3fn), batches, ("staggered", "full")
     ):
-        rows.append(measure(dtype, batch, fill, tilings, args.reps, generator))
+        rows.append(measure(dtype, batch, fill, tilings, args.reps, generator, int4_tilings))
         print(json.dumps(rows[-1]), flush=True)
         torch.cuda.empty_cache()
     out = args.out.with_suffix(".json")
