@@ -124,8 +124,9 @@ def ring_attention_int4(
 
     ``grouped``: load each row's scales once and apply them per group (the key's dot is
     summed within a group, then scaled; the value weights are the row weight times the
-    group's scale), with the nibbles' offset of 8 taken out of the sums, not each value;
-    else scale every value as it is unpacked (the first kernel, kept for the bench)."""
+    group's scale), and make each nibble's level a float by placing it in a float's
+    mantissa (no int-to-float conversion, a quarter-rate instruction); else convert and
+    scale every value as it is unpacked (the first kernel, kept for the bench)."""
     batch, heads, head_dim = q.shape
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
@@ -268,6 +269,19 @@ if _triton.available():
         tl.store(part + 2 * HALF + 1, total)
 
     @triton.jit
+    def _low_level(packed):
+        """The low nibbles' levels (``n - 8``) as float32, with no conversion instruction:
+        ``n`` in the mantissa of 2**23 (``0x4B000000``), then 2**23 + 8 taken off."""
+        bits = (packed.to(tl.int32) & 15) | 0x4B000000
+        return bits.to(tl.float32, bitcast=True) - 8388616.0
+
+    @triton.jit
+    def _high_level(packed):
+        """The high nibbles' levels, as `_low_level`."""
+        bits = (packed.to(tl.int32) >> 4) | 0x4B000000
+        return bits.to(tl.float32, bitcast=True) - 8388616.0
+
+    @triton.jit
     def _ring_attention_int4_grouped(
         q_ptr,
         kp_ptr,
@@ -312,8 +326,6 @@ if _triton.available():
         q_base = q_ptr + b * stride_qb + h * stride_qh
         q_even = tl.load(q_base + 2 * j).to(tl.float32) * scale
         q_odd = tl.load(q_base + 2 * j + 1).to(tl.float32) * scale
-        # sum((n - 8) q) over a group = sum(n q) - 8 sum(q): the offset once a group
-        q_offset = 8.0 * tl.sum(tl.reshape(q_even + q_odd, [GROUPS, BYTES]), axis=1)
         kp_base = kp_ptr + slot * stride_kps + h * stride_kph
         ks_base = ks_ptr + slot * stride_kss + h * stride_ksh
         vp_base = vp_ptr + slot * stride_vps + h * stride_vph
@@ -331,11 +343,9 @@ if _triton.available():
             ks = tl.load(
                 ks_base + rows[:, None] * stride_ksr + g[None, :], mask=filled[:, None], other=0.0
             ).to(tl.float32)
-            dots = (kp & 15).to(tl.float32) * q_even[None, :] + (kp >> 4).to(tl.float32) * q_odd[
-                None, :
-            ]
+            dots = _low_level(kp) * q_even[None, :] + _high_level(kp) * q_odd[None, :]
             per_group = tl.sum(tl.reshape(dots, [BLOCK_ROWS, GROUPS, BYTES]), axis=2)
-            raw = tl.sum((per_group - q_offset[None, :]) * ks, axis=1)
+            raw = tl.sum(per_group * ks, axis=1)
             scores = tl.where(filled, raw, float("-inf"))
             new_best = tl.maximum(best, tl.max(scores, axis=0))
             rescale = tl.exp(best - new_best)
@@ -351,9 +361,8 @@ if _triton.available():
                 tl.broadcast_to(by_group[:, :, None], [BLOCK_ROWS, GROUPS, BYTES]),
                 [BLOCK_ROWS, HALF],
             )
-            offset = 8.0 * tl.sum(w, axis=0)
-            acc_even = acc_even * rescale + tl.sum(w * (vp & 15).to(tl.float32), 0) - offset
-            acc_odd = acc_odd * rescale + tl.sum(w * (vp >> 4).to(tl.float32), 0) - offset
+            acc_even = acc_even * rescale + tl.sum(w * _low_level(vp), 0)
+            acc_odd = acc_odd * rescale + tl.sum(w * _high_level(vp), 0)
             total = total * rescale + tl.sum(weights, axis=0)
             best = new_best
         part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (2 * HALF + 2)
