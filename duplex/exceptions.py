@@ -117,7 +117,6 @@ PlaybackItemNotFound = _code("PlaybackItemNotFound", "playback_item_not_found")
 PlaybackAckTooLate = _code("PlaybackAckTooLate", "playback_ack_too_late")
 VideoInputUnsupported = _code("VideoInputUnsupported", "video_input_unsupported")
 InvalidVideoFrames = _code("InvalidVideoFrames", "invalid_video_frames")
-UnknownSession = _code("UnknownSession", "unknown_session")
 SessionResumeExpired = _code("SessionResumeExpired", "session_resume_expired")
 SessionClosed = _code("SessionClosed", "session_closed")
 IllegalState = _code("IllegalState", "illegal_state")
@@ -179,7 +178,7 @@ ERROR_CLASSES: dict[str, type[ProtocolError]] = {
         InvalidJson, UnknownEvent, BadEvent, BadAudio, EventTooLarge, BinaryFrameUnsupported,
         UnsupportedAudioFormat, InputAudioBufferEmpty, ResponseAlreadyActive, ResponseNotActive,
         PlaybackItemNotFound, PlaybackAckTooLate, VideoInputUnsupported, InvalidVideoFrames,
-        UnknownSession, SessionResumeExpired, SessionClosed, IllegalState, InputBackpressure,
+        SessionResumeExpired, SessionClosed, IllegalState, InputBackpressure,
         ResourceExhausted, InternalError, EngineError, UnsupportedEvent, UnsupportedParameter,
         UnsupportedTurnDetection, ItemNotFound, AudioEndOutOfRange, FirstEventTimeout,
         InvalidPayload, RateLimited, ToolsNotCallable, InvalidParameters, EngineSleeping,

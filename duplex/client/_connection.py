@@ -209,4 +209,4 @@ class RealtimeClient:
 
 def _refused_resume(event: ServerEvent) -> bool:
     code = event.data.get("error", {}).get("code")
-    return code in ("unknown_session", "session_resume_expired", "rate_limited")
+    return code in ("session_resume_expired", "rate_limited")

@@ -147,7 +147,7 @@ from ._segmenter import (
     ServerVadConfig,
     SpeechSegmenter,
 )
-from ._state import SessionMachine, SessionState, TurnState
+from ._state import SessionMachine, SessionState, TurnState, resume_refused
 from ._vad import EnergyVad
 
 __all__ = [
@@ -301,5 +301,6 @@ __all__ = [
     "new_session_id",
     "node_of",
     "rebuilt",
+    "resume_refused",
     "shard_of",
 ]

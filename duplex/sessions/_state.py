@@ -251,6 +251,15 @@ _COUNTERS = (
 )
 
 
+def resume_refused(session_id: str, event_id: str | None = None) -> errors.SessionResumeExpired:
+    """The answer to every failed ``session.resume``: an unknown id, an ended or expired
+    session and a wrong token read the same (``session_resume_expired``), so a client that
+    guesses learns nothing about which session ids exist."""
+    return errors.SessionResumeExpired(
+        f"unknown or expired duplex session: {session_id[:100]}", event_id=event_id
+    )
+
+
 class SessionMachine:
     """One session's facts and decisions; the session actor only runs its effects.
 
@@ -494,8 +503,7 @@ class SessionMachine:
 
     def _on_first_attach(self, event: ConnectionAttached, out: list[Effect]) -> None:
         if event.resume is not None:
-            exc = errors.UnknownSession("unknown session", event_id=event.resume.event_id)
-            self._refuse_socket(out, exc, event.generation, "unknown_session")
+            self._refuse_resume(out, event.resume, event.generation)
             return
         self._set_state(SessionState.ACTIVE)
         self._generation = event.generation
@@ -519,9 +527,7 @@ class SessionMachine:
         if resume.session_id != self._session_id or not self._credential.verify(
             resume.resume_token
         ):
-            exc = errors.UnknownSession("unknown session or invalid resume token")
-            exc.event_id = resume.event_id
-            self._refuse_socket(out, exc, event.generation, "unknown_session")
+            self._refuse_resume(out, resume, event.generation)
             return
         old = self._generation
         if old is not None:
@@ -549,9 +555,17 @@ class SessionMachine:
             self._direct(out, resync, event.generation)
 
     def _on_closed_attach(self, event: ConnectionAttached, out: list[Effect]) -> None:
+        if event.resume is not None:
+            self._refuse_resume(out, event.resume, event.generation)
+            return
         exc = errors.SessionResumeExpired(f"session {self._session_id} has ended")
-        exc.event_id = event.resume.event_id if event.resume else None
         self._refuse_socket(out, exc, event.generation, "session_resume_expired")
+
+    def _refuse_resume(self, out: list[Effect], resume: SessionResume, generation: int) -> None:
+        """One refusal for every resume that fails (an unknown, ended or expired id, a wrong
+        token): what it says never tells a prober which ids exist (`resume_refused`)."""
+        exc = resume_refused(resume.session_id, resume.event_id)
+        self._refuse_socket(out, exc, generation, "session_resume_expired")
 
     def _on_detach(self, event: ConnectionDetached, out: list[Effect]) -> None:
         if event.generation != self._generation:

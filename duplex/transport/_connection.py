@@ -53,6 +53,7 @@ from duplex.sessions import (
     SessionOptions,
     SessionResume,
     SessionUpdate,
+    resume_refused,
 )
 
 from ._access import ResumeGuard
@@ -226,7 +227,7 @@ class ConnectionActor(Actor[Any]):
             self.latency.written(event, input_at, trio.current_time())
 
     async def _close(self, ctx: ActorContext, code: int, reason: str) -> None:
-        if self.resuming is not None and reason in ("unknown_session", "session_resume_expired"):
+        if self.resuming is not None and reason == "session_resume_expired":
             self._resume_failed(self.resuming)  # a wrong resume token
         self.closing = True  # frames still in flight must not open a new session
         if self.closed_with is None and self.socket.peer_close is None:
@@ -277,10 +278,7 @@ class ConnectionActor(Actor[Any]):
             session = self.hub.lookup(event.session_id)
             if session is None:
                 self._resume_failed(event.session_id)
-                exc = errors.SessionResumeExpired(
-                    f"unknown or expired duplex session: {event.session_id}",
-                    event_id=event.event_id,
-                )
+                exc = resume_refused(event.session_id, event.event_id)
                 await self._refuse(ctx, exc, close=(1008, "session_resume_expired"))
                 return
             self.session, self.resuming = session, event.session_id

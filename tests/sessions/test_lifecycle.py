@@ -159,9 +159,11 @@ def test_resume_replays_after_cursor_and_rotates_token():
     # The old token no longer works; the new one does.
     m.handle(ConnectionDetached(2), 8.0)
     stale = m.handle(ConnectionAttached(3, SessionResume(m.session_id, created.resume_token)), 9.0)
-    assert of(stale, ErrorEvent)[0].code == "unknown_session"
+    (refused,) = of(stale, ErrorEvent)  # the refusal of an unknown id: nothing told
+    assert refused.code == "session_resume_expired"
+    assert refused.message == f"unknown or expired duplex session: {m.session_id}"
     assert of(stale, CloseConnection)[0] == CloseConnection(
-        3, CLOSE_POLICY_VIOLATION, "unknown_session"
+        3, CLOSE_POLICY_VIOLATION, "session_resume_expired"
     )
     ok = m.handle(ConnectionAttached(4, SessionResume(m.session_id, resumed.resume_token, 99)), 9.5)
     assert isinstance(ok[0].event, SessionResumed) and m.generation == 4

@@ -177,7 +177,7 @@ async def test_takeover_replaces_the_old_socket(workers: Layout) -> None:
         async with client(server) as third:
             await third.send(resume(created, 0))
             error = await third.until("error")
-            assert error["error"]["code"] == "unknown_session"
+            assert error["error"]["code"] == "session_resume_expired"
 
 
 async def test_admission_limit_closes_with_1013_and_capacity_returns(workers: Layout) -> None:

@@ -162,8 +162,8 @@ def resume(created: dict[str, Any], token: str) -> dict[str, Any]:
     }
 
 
-async def refused_resume(server: Server, event: dict[str, Any]) -> str:
-    """The error code of a refused ``session.resume``; the socket is closed 1008."""
+async def refused_error(server: Server, event: dict[str, Any]) -> dict[str, Any]:
+    """The error event of a refused ``session.resume``; the socket is closed 1008."""
     async with connect(server.url, max_queue=None) as ws:
         c = Client(ws)
         await c.send(event)
@@ -171,7 +171,31 @@ async def refused_resume(server: Server, event: dict[str, Any]) -> str:
         with pytest.raises(ConnectionClosed) as closed:
             await c.recv()
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
-        return str(error["error"]["code"])
+        return error
+
+
+async def refused_resume(server: Server, event: dict[str, Any]) -> str:
+    """The error code of a refused ``session.resume``."""
+    return str((await refused_error(server, event))["error"]["code"])
+
+
+async def test_a_wrong_token_reads_as_an_unknown_id(workers: Layout) -> None:
+    """A prober learns nothing from a refused resume: a live session's id with a wrong
+    token gets, word for word but the id, what an id that no session has gets."""
+    async with running_server(**workers) as server:
+        async with connect(server.url, max_queue=None) as ws:
+            c = Client(ws)
+            await c.send({"type": "session.create", "session": {}})
+            created = await c.until("session.created")
+            await c.send({"type": "session.update", "session": {}})  # a used session waits
+            await c.until("session.updated")
+        live = created["session"]["id"]
+        wrong = await refused_error(server, resume(created, "guess"))
+        nobody = live[:-8] + "00000000"
+        unknown = await refused_error(server, {**resume(created, "guess"), "session_id": nobody})
+        assert wrong["error"]["code"] == "session_resume_expired"
+        said, told = json.dumps(wrong["error"]), json.dumps(unknown["error"])
+        assert said.replace(live, "ID") == told.replace(nobody, "ID")
 
 
 async def test_resume_guessing_is_rate_limited_then_recovers(workers: Layout) -> None:
@@ -183,8 +207,8 @@ async def test_resume_guessing_is_rate_limited_then_recovers(workers: Layout) ->
             created = await c.until("session.created")
             await c.send({"type": "session.update", "session": {}})  # a used session waits
             await c.until("session.updated")  # for its resume (one that heard nothing ends)
-        for guess in ("guess-1", "guess-2", "guess-3"):
-            assert await refused_resume(server, resume(created, guess)) == "unknown_session"
+        for guess in ("guess-1", "guess-2", "guess-3"):  # the same refusal as an unknown id
+            assert await refused_resume(server, resume(created, guess)) == "session_resume_expired"
         right = resume(created, created["resume_token"])
         assert await refused_resume(server, right) == "rate_limited"  # even the right token
         await trio.sleep(1.6)  # the budget refills
