@@ -23,6 +23,8 @@ from duplex.metrics import MetricsRegistry
 
 from .helpers import Crash, Journal, Ping, Recorder, Stop
 
+TEMPORARY = Restart.TEMPORARY
+
 
 async def settle() -> None:
     """Let restarts run to completion (every task blocked, clock jumps)."""
@@ -259,6 +261,44 @@ async def test_shutdown_timeout_then_cancellation(
         await system.spawn(Hangs, finished, name="h", shutdown_timeout=2.5)
     assert finished == [f"cancelled at {t0 + 2.5:.1f}"]
     assert trio.current_time() - t0 == pytest.approx(2.5)
+
+
+class StopsAt(Actor[Any]):
+    """Records when it stopped."""
+
+    def __init__(self, stopped: list[tuple[str, float]], name: str):
+        self.stopped, self.name = stopped, name
+
+    async def on_stop(self, ctx: ActorContext) -> None:
+        self.stopped.append((self.name, trio.current_time()))
+
+    async def receive(self, ctx: ActorContext, message: Any) -> Any:
+        return None
+
+
+async def test_temporary_children_stop_together_and_before_the_older_ones(
+    autojump_clock: trio.testing.MockClock, registry: MetricsRegistry
+) -> None:
+    """Three stuck temporary children (sessions) take one shutdown timeout, not three; the
+    child started before them (what they may use) stops only once they are gone."""
+    finished: list[str] = []
+    stopped: list[tuple[str, float]] = []
+    t0 = trio.current_time()
+    async with open_actor_system(registry=registry) as system:
+        await system.spawn(StopsAt, stopped, "engine", name="engine")
+        for n in range(3):
+            await system.spawn(
+                Hangs, finished, name=f"session-{n}", shutdown_timeout=2.5, restart=TEMPORARY
+            )
+        await system.spawn(StopsAt, stopped, "newest", name="newest", restart=TEMPORARY)
+    assert finished == [f"cancelled at {t0 + 2.5:.1f}"] * 3
+    assert stopped == [("newest", pytest.approx(t0)), ("engine", pytest.approx(t0 + 2.5))]
+    assert trio.current_time() - t0 == pytest.approx(2.5)
+    finished.clear()
+    async with open_actor_system(registry=registry) as system:  # permanent: one at a time
+        for n in range(2):
+            await system.spawn(Hangs, finished, name=f"service-{n}", shutdown_timeout=2.5)
+    assert finished == [f"cancelled at {t0 + 5.0:.1f}", f"cancelled at {t0 + 7.5:.1f}"]
 
 
 async def test_no_task_outlives_the_system(
