@@ -267,7 +267,6 @@ class Supervisor:
             self._hooks.restarted(member.cell)
 
 
-
 def _stop_groups(children: Iterable[_Child]) -> list[list[_Child]]:
     """``children``, in order, cut into what stops together: each run of temporary
     children, and every other child alone."""
