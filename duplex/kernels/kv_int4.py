@@ -26,14 +26,16 @@ import math
 import torch
 
 from . import _triton
-from .ring_attention import SPLIT_ROWS, merge_splits, ring_attention_reference
+from .ring_attention import merge_splits, ring_attention_reference
 
 if _triton.available():
     import triton
     import triton.language as tl
 
 __all__ = [
+    "BLOCK_ROWS",
     "GROUP",
+    "SPLIT_ROWS",
     "ZERO_BYTE",
     "dequantize_int4",
     "int4_row_bytes",
@@ -46,7 +48,10 @@ GROUP = 32
 """Values per scale: 4 scales a 128-value head row."""
 ZERO_BYTE = 0x88
 """Two zeros (level 0 is stored as 8 in each nibble): a cleared ring's bytes."""
-BLOCK_ROWS = 32
+SPLIT_ROWS = 512
+"""Rows a program walks (a split, merged after); with `BLOCK_ROWS` the fastest of seven
+tilings on one H100 (docs/benchmarks.md, "KV in 4 bits on a GPU")."""
+BLOCK_ROWS = 64
 """Rows per tile of the online softmax."""
 _LEVELS = 7.0
 

@@ -9,13 +9,13 @@ import torch
 from duplex.kernels import ring_attention_reference, triton_available
 from duplex.kernels.kv_int4 import (
     GROUP,
+    SPLIT_ROWS,
     dequantize_int4,
     int4_row_bytes,
     quantize_int4,
     ring_attention_int4,
     ring_attention_int4_reference,
 )
-from duplex.kernels.ring_attention import SPLIT_ROWS
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
