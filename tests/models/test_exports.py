@@ -18,7 +18,6 @@ SANS_TRIO = (
     "_loopback.py",
     "_registry.py",
     "_silero.py",
-    "_segmenter.py",
     "_policy.py",
     "_batcher.py",
     "_policy_reference.py",

@@ -267,9 +267,14 @@ class SpeechRoutes:
     async def _parsed_body(
         self, request: Request, endpoint: str, parse: Callable[..., Any]
     ) -> Any | Response:
+        """The request, parsed and bounded; or the refusal. The body is read (within its
+        bound) before anything is refused, a missing TTS too: an answer that leaves a
+        body unread leaves the connection unusable for the client's next request."""
+        body = await _read_body(request)
+        if (early := self._ready(endpoint)) is not None:
+            return early
         service = self.service
         assert service is not None
-        body = await _read_body(request)
         if isinstance(body, Refusal):
             service.count(endpoint, "invalid")
             return refusal_response(body)
@@ -292,12 +297,10 @@ class SpeechRoutes:
     async def speech(self, request: Request) -> Response:
         service = self.service
         endpoint = "speech"
-        if (early := self._ready(endpoint)) is not None:
-            return early
-        assert service is not None
         params = await self._parsed_body(request, endpoint, parse_speech)
         if isinstance(params, Response):
             return params
+        assert service is not None  # (a parsed request: the TTS is there)
         if params.stream:
             return await self._stream_http(request, params)
         outcome = await self._attempt(
@@ -364,12 +367,10 @@ class SpeechRoutes:
     async def batch(self, request: Request) -> Response:
         service = self.service
         endpoint = "speech_batch"
-        if (early := self._ready(endpoint)) is not None:
-            return early
-        assert service is not None
         items = await self._parsed_body(request, endpoint, parse_batch)
         if isinstance(items, Response):
             return items
+        assert service is not None  # (a parsed request: the TTS is there)
         results: list[np.ndarray | None] = [None] * len(items)
 
         async def all_items() -> None:
