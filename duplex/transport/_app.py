@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, final
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -654,6 +654,172 @@ def _body_timeouts(registry: MetricsRegistry | None) -> Callable[[Any, int, floa
     return on_timeout
 
 
+@final
+class SessionRoutes:
+    """The handlers of the routes every server has (the sessions' sockets, health, models,
+    metrics, client secrets, the browser client), over one `Backend`; ``build_app`` adds the
+    service routes beside them. Arguments as ``build_app``'s."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        max_frame_bytes: int,
+        realtime_vad: str | None,
+        realtime_agent: bool,
+        client_secret_ttl_s: int,
+    ) -> None:
+        self.backend = backend
+        self.max_frame_bytes = max_frame_bytes
+        self.realtime_vad = realtime_vad
+        self.realtime_agent = realtime_agent
+        self.client_secret_ttl_s = client_secret_ttl_s
+        self.files = web_files()
+        self.bad_queries = RefusalLog()  # a log line for the first, then one every 10 s
+
+    async def health(self, request: Request) -> Response:
+        return (await self.backend.http("health")).response()
+
+    async def models(self, request: Request) -> Response:
+        return (await self.backend.http("models")).response()
+
+    async def metrics(self, request: Request) -> Response:
+        return (await self.backend.http("metrics")).response()
+
+    async def client_secrets(self, request: Request) -> Response:
+        """OpenAI's ``POST /v1/realtime/client_secrets``: a short-lived single-use key."""
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_CLIENT_SECRET_BODY:
+                return refusal_response(Refusal(413, "The body is too large.", "body_too_large"))
+        parsed = client_secret_request(body, self.client_secret_ttl_s)
+        if isinstance(parsed, Refusal):
+            return refusal_response(parsed)
+        ttl_s, session = parsed
+        body = json.dumps({"ttl_s": ttl_s, "session": session}).encode()
+        return (await self.backend.http("client_secrets", body)).response()
+
+    async def web(self, request: Request) -> Response:
+        """The browser client (``clients/web``): ``/`` is its page, ``/web/<name>`` its files."""
+        path = request.url.path
+        name = "index.html" if path in WEB_PATHS else path.removeprefix("/web/")
+        body = self.files.get(name)
+        if body is None:
+            return refusal_response(Refusal(404, f"no such file: {path[:200]}", "not_found"))
+        media_type = WEB_TYPES[name[name.rindex(".") :]]
+        return Response(body, media_type=media_type, headers=WEB_HEADERS)
+
+    async def upgrade_required(self, request: Request) -> Response:
+        """A plain HTTP request on a WebSocket route: 426, naming the upgrade it needs."""
+        message = f"{request.url.path} is a WebSocket endpoint: send an Upgrade: websocket request"
+        upgrade = (("Upgrade", "websocket"), ("Connection", "Upgrade"))
+        return refusal_response(Refusal(426, message, "upgrade_required", headers=upgrade))
+
+    async def _accept(self, websocket: WebSocket) -> str | None:
+        """Accept, echoing ``realtime`` when a browser offered it; returns the peer address."""
+        await websocket.accept(subprotocol=select_subprotocol(websocket.scope["subprotocols"]))
+        return websocket.client.host if websocket.client else None
+
+    async def duplex_socket(self, websocket: WebSocket) -> None:
+        peer = await self._accept(websocket)
+        projection = NativeProjection(max_size=self.max_frame_bytes)
+        events = WebSocketEvents(websocket, projection)
+        await self.backend.connect(events, autostart=False, peer=peer, endpoint="/v1/duplex")
+
+    def _refuse_query(self, endpoint: str, peer: str | None, exc: ProtocolError) -> None:
+        unlogged = self.bad_queries.note("bad_query", trio.current_time())
+        if unlogged is not None:
+            get_logger(component="http").warning(
+                "connection refused",
+                endpoint=endpoint,
+                peer=peer,
+                code=1008,
+                reason="bad_query",
+                param=exc.param,
+                unlogged_since_last=unlogged,
+            )
+
+    async def realtime_socket(self, websocket: WebSocket) -> None:
+        """OpenAI Realtime: the session opens on connect, as OpenAI's does.
+
+        ``?duplex=1`` adds the duplex extensions; ``?resume=1`` waits for a
+        ``session.resume`` instead of opening a session.
+        """
+        peer = await self._accept(websocket)
+        params = websocket.query_params
+        try:
+            duplex = duplex_flag(params.get("duplex"))
+            resume_only = duplex_flag(params.get("resume"))
+        except ProtocolError as exc:
+            self._refuse_query("/v1/realtime", peer, exc)
+            (text,) = NativeProjection().frames(ErrorEvent.from_exception(exc), None)
+            await websocket.send_text(text)
+            await websocket.close(1008, "bad_query")
+            return
+        projection = RealtimeProjection(
+            schema=schema_from_headers(websocket.headers.get("openai-beta")),
+            duplex=duplex,
+            model=params.get("model"),
+            max_size=self.max_frame_bytes,
+            vad=self.realtime_vad,
+            agent=self.realtime_agent,
+        )
+        events = WebSocketEvents(websocket, projection)
+        await self.backend.connect(
+            events, autostart=not resume_only, peer=peer, endpoint="/v1/realtime"
+        )
+
+    async def _serve_stream(
+        self, socket: FramedSocket, *, autostart: bool, peer: str | None, endpoint: str
+    ) -> None:
+        """Run the connection, with the task that keeps its output stream flowing."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(socket.keep_flowing)
+            await self.backend.connect(socket, autostart=autostart, peer=peer, endpoint=endpoint)
+            nursery.cancel_scope.cancel()
+
+    async def chat_socket(self, websocket: WebSocket) -> None:
+        """Moshi's and PersonaPlex's ``/api/chat``: the session opens on connect with the
+        query's prompt; ``0x00`` goes out when its slot takes input."""
+        peer = await self._accept(websocket)
+        try:
+            query = ChatQuery.parse(websocket.query_params)
+        except ProtocolError as exc:
+            self._refuse_query("/api/chat", peer, exc)
+            await websocket.send_bytes(moshi_error_frame(ErrorEvent.from_exception(exc)))
+            await websocket.close(1008, "bad_query")
+            return
+        socket = FramedSocket(websocket, MoshiProjection(query, max_size=self.max_frame_bytes))
+        await self._serve_stream(socket, autostart=True, peer=peer, endpoint="/api/chat")
+
+    async def pcm_socket(self, websocket: WebSocket) -> None:
+        """vllm-omni's raw ``/v1/audio/duplex``: JSON ``open``/``close``, float32 PCM."""
+        peer = await self._accept(websocket)
+        socket = FramedSocket(websocket, PcmProjection(max_size=self.max_frame_bytes))
+        await self._serve_stream(socket, autostart=False, peer=peer, endpoint="/v1/audio/duplex")
+
+    async def healthz(self, request: Request) -> Response:
+        """OpenPI's ``GET /healthz``: 200 ``OK`` while the server runs."""
+        return PlainTextResponse("OK\n")
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/", self.web),
+            Route("/index.html", self.web),
+            Route("/web/{name:path}", self.web),
+            Route("/health", self.health),
+            Route("/healthz", self.healthz),
+            Route("/v1/models", self.models),
+            Route("/metrics", self.metrics),
+            Route("/v1/realtime/client_secrets", self.client_secrets, methods=["POST"]),
+            WebSocketRoute("/v1/duplex", self.duplex_socket),
+            WebSocketRoute("/v1/realtime", self.realtime_socket),
+            WebSocketRoute("/api/chat", self.chat_socket),
+            WebSocketRoute("/v1/audio/duplex", self.pcm_socket),
+        ]
+
+
 def build_app(
     backend: Backend,
     *,
@@ -689,152 +855,17 @@ def build_app(
             ["code"],
         )
 
-    async def health(request: Request) -> Response:
-        return (await backend.http("health")).response()
-
-    async def models(request: Request) -> Response:
-        return (await backend.http("models")).response()
-
-    async def metrics(request: Request) -> Response:
-        return (await backend.http("metrics")).response()
-
-    async def client_secrets(request: Request) -> Response:
-        """OpenAI's ``POST /v1/realtime/client_secrets``: a short-lived single-use key."""
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_CLIENT_SECRET_BODY:
-                return refusal_response(Refusal(413, "The body is too large.", "body_too_large"))
-        parsed = client_secret_request(body, client_secret_ttl_s)
-        if isinstance(parsed, Refusal):
-            return refusal_response(parsed)
-        ttl_s, session = parsed
-        body = json.dumps({"ttl_s": ttl_s, "session": session}).encode()
-        return (await backend.http("client_secrets", body)).response()
-
-    files = web_files()
-
-    async def web(request: Request) -> Response:
-        """The browser client (``clients/web``): ``/`` is its page, ``/web/<name>`` its files."""
-        path = request.url.path
-        name = "index.html" if path in WEB_PATHS else path.removeprefix("/web/")
-        body = files.get(name)
-        if body is None:
-            return refusal_response(Refusal(404, f"no such file: {path[:200]}", "not_found"))
-        media_type = WEB_TYPES[name[name.rindex(".") :]]
-        return Response(body, media_type=media_type, headers=WEB_HEADERS)
-
-    bad_queries = RefusalLog()  # a log line for the first, then one every 10 s
-
-    async def upgrade_required(request: Request) -> Response:
-        """A plain HTTP request on a WebSocket route: 426, naming the upgrade it needs."""
-        message = f"{request.url.path} is a WebSocket endpoint: send an Upgrade: websocket request"
-        upgrade = (("Upgrade", "websocket"), ("Connection", "Upgrade"))
-        return refusal_response(Refusal(426, message, "upgrade_required", headers=upgrade))
-
-    async def accept(websocket: WebSocket) -> str | None:
-        """Accept, echoing ``realtime`` when a browser offered it; returns the peer address."""
-        await websocket.accept(subprotocol=select_subprotocol(websocket.scope["subprotocols"]))
-        return websocket.client.host if websocket.client else None
-
-    async def duplex_socket(websocket: WebSocket) -> None:
-        peer = await accept(websocket)
-        projection = NativeProjection(max_size=max_frame_bytes)
-        events = WebSocketEvents(websocket, projection)
-        await backend.connect(events, autostart=False, peer=peer, endpoint="/v1/duplex")
-
-    def refuse_query(endpoint: str, peer: str | None, exc: ProtocolError) -> None:
-        unlogged = bad_queries.note("bad_query", trio.current_time())
-        if unlogged is not None:
-            get_logger(component="http").warning(
-                "connection refused",
-                endpoint=endpoint,
-                peer=peer,
-                code=1008,
-                reason="bad_query",
-                param=exc.param,
-                unlogged_since_last=unlogged,
-            )
-
-    async def realtime_socket(websocket: WebSocket) -> None:
-        """OpenAI Realtime: the session opens on connect, as OpenAI's does.
-
-        ``?duplex=1`` adds the duplex extensions; ``?resume=1`` waits for a
-        ``session.resume`` instead of opening a session.
-        """
-        peer = await accept(websocket)
-        params = websocket.query_params
-        try:
-            duplex = duplex_flag(params.get("duplex"))
-            resume_only = duplex_flag(params.get("resume"))
-        except ProtocolError as exc:
-            refuse_query("/v1/realtime", peer, exc)
-            (text,) = NativeProjection().frames(ErrorEvent.from_exception(exc), None)
-            await websocket.send_text(text)
-            await websocket.close(1008, "bad_query")
-            return
-        projection = RealtimeProjection(
-            schema=schema_from_headers(websocket.headers.get("openai-beta")),
-            duplex=duplex,
-            model=params.get("model"),
-            max_size=max_frame_bytes,
-            vad=realtime_vad,
-            agent=realtime_agent,
-        )
-        events = WebSocketEvents(websocket, projection)
-        await backend.connect(events, autostart=not resume_only, peer=peer, endpoint="/v1/realtime")
-
-    async def serve_stream(
-        socket: FramedSocket, *, autostart: bool, peer: str | None, endpoint: str
-    ) -> None:
-        """Run the connection, with the task that keeps its output stream flowing."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(socket.keep_flowing)
-            await backend.connect(socket, autostart=autostart, peer=peer, endpoint=endpoint)
-            nursery.cancel_scope.cancel()
-
-    async def chat_socket(websocket: WebSocket) -> None:
-        """Moshi's and PersonaPlex's ``/api/chat``: the session opens on connect with the
-        query's prompt; ``0x00`` goes out when its slot takes input."""
-        peer = await accept(websocket)
-        try:
-            query = ChatQuery.parse(websocket.query_params)
-        except ProtocolError as exc:
-            refuse_query("/api/chat", peer, exc)
-            await websocket.send_bytes(moshi_error_frame(ErrorEvent.from_exception(exc)))
-            await websocket.close(1008, "bad_query")
-            return
-        socket = FramedSocket(websocket, MoshiProjection(query, max_size=max_frame_bytes))
-        await serve_stream(socket, autostart=True, peer=peer, endpoint="/api/chat")
-
-    async def pcm_socket(websocket: WebSocket) -> None:
-        """vllm-omni's raw ``/v1/audio/duplex``: JSON ``open``/``close``, float32 PCM."""
-        peer = await accept(websocket)
-        socket = FramedSocket(websocket, PcmProjection(max_size=max_frame_bytes))
-        await serve_stream(socket, autostart=False, peer=peer, endpoint="/v1/audio/duplex")
-
-    async def healthz(request: Request) -> Response:
-        """OpenPI's ``GET /healthz``: 200 ``OK`` while the server runs."""
-        return PlainTextResponse("OK\n")
-
-    all_routes: list[BaseRoute] = [
-        Route("/", web),
-        Route("/index.html", web),
-        Route("/web/{name:path}", web),
-        Route("/health", health),
-        Route("/healthz", healthz),
-        Route("/v1/models", models),
-        Route("/metrics", metrics),
-        Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
-        WebSocketRoute("/v1/duplex", duplex_socket),
-        WebSocketRoute("/v1/realtime", realtime_socket),
-        WebSocketRoute("/api/chat", chat_socket),
-        WebSocketRoute("/v1/audio/duplex", pcm_socket),
-        *routes,
-    ]
+    session_routes = SessionRoutes(
+        backend,
+        max_frame_bytes=max_frame_bytes,
+        realtime_vad=realtime_vad,
+        realtime_agent=realtime_agent,
+        client_secret_ttl_s=client_secret_ttl_s,
+    )
+    all_routes: list[BaseRoute] = [*session_routes.routes(), *routes]
     http_paths = {route.path for route in all_routes if isinstance(route, Route)}
     all_routes += [  # a plain GET on a WebSocket route: 426, not 404
-        Route(route.path, upgrade_required)
+        Route(route.path, session_routes.upgrade_required)
         for route in all_routes
         if isinstance(route, WebSocketRoute) and route.path not in http_paths
     ]
