@@ -119,6 +119,26 @@ def test_the_config_tables_are_the_schema(heading: str, schema: type, env_prefix
     assert sorted(documented) == sorted(fields), f"{heading}: keys missing from the docs"
 
 
+def test_the_model_table_is_the_policy() -> None:
+    """Each route family's row names its OpenAI aliases and whether ``model`` may be left out,
+    as ``duplex.services._models`` has them; the example is its wording."""
+    from duplex.services._models import AUDIO, CHAT, IMAGES, SPEECH, VIDEO_CHAT, VIDEOS
+
+    heading = "### The `model` of a request"
+    _header, *table = rows(section(heading))
+    families = {
+        "/v1/audio/speech": SPEECH, "/v1/images/generations": IMAGES, "/v1/videos": VIDEOS,
+        "/v1/audio/generate": AUDIO, "/v1/chat/completions": CHAT,
+        "/v1/video/chat/stream": VIDEO_CHAT,
+    }  # fmt: skip
+    assert len(table) == len(families)
+    for row, (route, family) in zip(table, families.items(), strict=True):
+        assert route in code(row[0])[0], row
+        assert tuple(code(row[2])) == family.aliases, row
+        assert row[3].startswith("refused") == family.required, row
+    assert SPEECH.refusal_message("x", "espeak") in section(heading)
+
+
 FORBIDDEN = re.compile(r"/work/|/root/|/home/[a-z_][a-z0-9_-]*/")
 """Absolute paths of one machine: a committed file gives repository-relative paths."""
 

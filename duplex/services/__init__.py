@@ -8,7 +8,8 @@ services and hands their routes to the app (``duplex.transport.build_app``);
 the app imports none of them.
 
 ``_cost.py`` is what every family shares: a request's cost estimated before it is
-accepted, and the process's budget it is checked against (sans-I/O).
+accepted, and the process's budget it is checked against (sans-I/O); ``_models.py`` the one
+policy of a request's ``model`` (the served names, OpenAI's names as aliases, one refusal).
 """
 
 from ._cost import (

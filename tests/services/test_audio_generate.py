@@ -64,6 +64,7 @@ def parse(**body: object) -> object:
         ({**ASK, "num_inference_steps": 0}, "num_inference_steps", "invalid_value"),
         ({**ASK, "guidance_scale": 1e9}, "guidance_scale", "invalid_value"),
         ({**ASK, "model": "stable-audio-open"}, "model", "model_not_found"),
+        ({**ASK, "model": "tts-1"}, "model", "model_not_found"),  # no OpenAI alias here
     ],
 )
 def test_every_bad_field_is_refused_by_name(body: dict[str, object], param: str, code: str) -> None:

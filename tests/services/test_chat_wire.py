@@ -27,6 +27,7 @@ from duplex.services.chat._protocol import (
 TEXT = ModelInfo(("tiny", "/models/tiny"))
 VISION = ModelInfo(("tiny-vl",), multimodal=True, max_images=2)
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+HI = [{"role": "user", "content": "hi"}]
 
 
 def _body(**fields: Any) -> bytes:
@@ -147,6 +148,34 @@ def test_a_bad_field_is_refused_by_name(fields: dict[str, Any], param: str) -> N
     refused = _refused(_body(**fields))
     assert refused.param == param, refused
     assert refused.status in (400, 404)
+
+
+def test_the_model_is_the_checkpoint_asked_for_by_either_name_and_no_alias() -> None:
+    """Chat takes no OpenAI alias (docs/operations.md, "The `model` of a request"): an app
+    that chooses a chat model gets that checkpoint, or a 404 naming the one served."""
+    for name in TEXT.names:
+        parsed = parse_chat(_body(model=name), TEXT)
+        assert isinstance(parsed, ChatCompletion) and parsed.model == name  # echoed as sent
+    for name in ("gpt-4o", "gpt-4o-mini", "tts-1", "dall-e-2", "", "TINY"):
+        for refused in (
+            _refused(_body(model=name)),
+            parse_batch(json.dumps({"model": name, "messages": [HI]}).encode(), TEXT),
+        ):
+            assert isinstance(refused, Refusal)
+            assert (refused.status, refused.code, refused.param) == (
+                404,
+                "model_not_found",
+                "model",
+            )
+            assert refused.message == (
+                f"The model {name!r} is not served here; this server serves 'tiny'."
+            )
+    missing = _refused(json.dumps({"messages": HI}).encode())
+    assert (missing.status, missing.code, missing.param) == (
+        400,
+        "missing_required_parameter",
+        "model",
+    )
 
 
 def test_images_are_refused_on_a_text_model_naming_the_part() -> None:

@@ -203,8 +203,14 @@ def test_bad_requests_are_refused_by_name(client: OpenAI, served: Served, tiny_l
             messages=[{"role": "user", "content": [{"type": "text", "text": "what"}, image]}],
         )
     assert caught.value.body["param"] == "messages[0].content[1].image_url"  # type: ignore[index]
-    with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model="gpt-4o", messages=_user("x"))
+    for other in ("gpt-4o", "gpt-4o-mini"):  # no alias: the refusal names the checkpoint
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.chat.completions.create(model=other, messages=_user("x"))
+        error = missing.value.body
+        assert (error["code"], error["param"]) == ("model_not_found", "model")  # type: ignore[index]
+        assert error["message"] == (  # type: ignore[index]
+            f"The model {other!r} is not served here; this server serves {tiny_llm.name!r}."
+        )
     body = {"model": tiny_llm.name, "messages": _user("x"), "top_k": 3, "extra_body": {"top_k": 4}}
     answer = httpx.post(served.http + "/v1/chat/completions", json=body, timeout=30)
     assert answer.status_code == 400

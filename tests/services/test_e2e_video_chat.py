@@ -22,6 +22,7 @@ import openai
 import pytest
 from openai import OpenAI
 from PIL import Image
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from tests.helpers import ROOT, Served, serve
@@ -180,6 +181,21 @@ def test_bounds_and_bad_events_are_typed_errors_and_the_session_goes_on(
         assert not any(e["type"] == "response.audio.delta" for e in seen)  # text only
     metrics = served.get("/metrics")[1]
     assert 'duplex_video_chat_total{what="evicted"}' in metrics
+
+
+def test_another_model_is_refused_naming_the_checkpoint(served: Served, tiny_vl: Path) -> None:
+    """No OpenAI alias for video chat (docs/operations.md, "The `model` of a request")."""
+    with connect(served.ws + "/v1/video/chat/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "model": "gpt-4o"}))
+        event = json.loads(ws.recv(timeout=30))
+        assert event["type"] == "error"
+        assert (event["error"]["code"], event["error"]["param"]) == ("model_not_found", "model")
+        assert event["error"]["message"] == (
+            f"The model 'gpt-4o' is not served here; this server serves {tiny_vl.name!r}."
+        )
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=30)
+        assert ws.close_code == 1008
 
 
 @pytest.mark.parametrize("workers", [(), ("--connection-workers", "1")])

@@ -42,4 +42,14 @@ async def test_not_configured_then_starting_then_served(tmp_path: Path) -> None:
             served = await http.post("/v1/images/generations", json={**ASK, "model": "tiny-image"})
             assert served.status_code == 200, served.text
             assert served.json()["data"][0]["seed"] == 1
+            # the official SDK's own model names run on the served model (docs/operations.md)
+            alias = await http.post("/v1/images/generations", json={**ASK, "model": "dall-e-2"})
+            assert alias.status_code == 200, alias.text
+            assert alias.json()["data"][0]["b64_json"] == served.json()["data"][0]["b64_json"]
+            other = await http.post("/v1/images/generations", json={**ASK, "model": "flux"})
+            error = other.json()["error"]
+            assert (other.status_code, error["code"], error["param"]) == (
+                404, "model_not_found", "model"
+            )  # fmt: skip
+            assert "this server serves 'tiny-image' (OpenAI's names dall-e-2" in error["message"]
             nursery.cancel_scope.cancel()

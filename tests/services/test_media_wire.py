@@ -78,7 +78,9 @@ def test_image_defaults_and_fields() -> None:
         ({"seed": 2**63}, "seed", "invalid_value"),
         ({"response_format": "url"}, "response_format", "unsupported_parameter"),
         ({"output_format": "jpeg"}, "output_format", "unsupported_parameter"),
-        ({"model": "dall-e-3"}, "model", "model_not_found"),
+        ({"model": "dall-e-4"}, "model", "model_not_found"),
+        ({"model": "sora-2"}, "model", "model_not_found"),  # a video model's alias
+        ({"model": 3}, "model", "invalid_type"),
     ],
 )
 def test_image_refusals_name_the_field(fields: dict[str, Any], param: str, code: str) -> None:
@@ -91,10 +93,28 @@ def test_image_refusals_name_the_field(fields: dict[str, Any], param: str, code:
 
 
 def test_a_model_not_served_is_told_which_one_is() -> None:
-    """Issue 30: ``dall-e-2`` got a 404 that did not name the served model."""
+    """Issue 30: ``dall-e-2`` got a 404 that did not name the served model (it is an alias
+    now); the refusal names the served model and the aliases, the client's value cut short."""
     body = json.dumps({"prompt": "a cat", "model": "dall-e-2" * 1000}).encode()
     exc = refused(parse_image_request, body, "tiny-image", LIMITS)
-    assert "'tiny-image'" in str(exc) and len(str(exc)) < 300
+    assert "this server serves 'tiny-image'" in str(exc) and len(str(exc)) < 300
+    assert "dall-e-2, dall-e-3, gpt-image-1, gpt-image-1-mini" in str(exc)
+    video = {"prompt": "waves", "model": "dall-e-2"}
+    exc = refused(parse_video_request, video, "tiny-video", LIMITS)
+    assert "'tiny-video' (OpenAI's names sora-2, sora-2-pro" in str(exc)
+
+
+@pytest.mark.parametrize("model", [None, "tiny-image", "dall-e-2", "dall-e-3", "gpt-image-1"])
+def test_the_served_image_model_and_openais_names_are_accepted(model: str | None) -> None:
+    assert parse_image_request(image(model=model), "tiny-image", LIMITS).prompt == "a cat"
+
+
+@pytest.mark.parametrize("model", [None, "tiny-video", "sora-2", "sora-2-pro"])
+def test_the_served_video_model_and_openais_names_are_accepted(model: str | None) -> None:
+    form = {"prompt": "waves"} if model is None else {"prompt": "waves", "model": model}
+    assert parse_video_request(form, "tiny-video", LIMITS).prompt == "waves"
+    event = {"type": "session.start", "prompt": "p", "model": model}
+    assert parse_realtime_video_start(event, "tiny-video", LIMITS).prompt == "p"
 
 
 @pytest.mark.parametrize("body", [b"", b"{", b"[]", b'"x"', b"[" * 100_000])

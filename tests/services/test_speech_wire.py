@@ -26,6 +26,8 @@ from duplex.services.speech._protocol import (
 )
 
 VOICES = {"alloy", "coral", "en-us"}
+SERVED = "espeak"
+"""The TTS's name (``GET /v1/models``), as the route hands it to the parsers."""
 
 
 def check_voice(voice: str) -> str | None:
@@ -33,7 +35,7 @@ def check_voice(voice: str) -> str | None:
 
 
 def speech(**fields: Any) -> SpeechParams | Refusal:
-    return parse_speech(json.dumps({"input": "Hello.", **fields}), check_voice)
+    return parse_speech(json.dumps({"input": "Hello.", **fields}), SERVED, check_voice)
 
 
 def test_defaults_and_every_field() -> None:
@@ -71,7 +73,7 @@ def test_defaults_and_every_field() -> None:
         ({"stream": True, "response_format": "flac"}, "response_format", "invalid_value"),
         ({"stream_format": "sse"}, "stream_format", "invalid_value"),
         ({"instructions": "whisper"}, "instructions", "unsupported_parameter"),
-        ({"model": 5}, "model", "invalid_value"),
+        ({"model": 5}, "model", "invalid_type"),
     ],
 )
 def test_each_bad_field_is_refused_by_name(fields: dict[str, Any], param: str, code: str) -> None:
@@ -83,6 +85,31 @@ def test_each_bad_field_is_refused_by_name(fields: dict[str, Any], param: str, c
     assert body["type"] == "invalid_request_error" and body["message"]
 
 
+@pytest.mark.parametrize("model", [None, SERVED, "tts-1", "tts-1-hd", "gpt-4o-mini-tts"])
+def test_the_served_model_and_openais_names_are_accepted_and_echoed(model: str | None) -> None:
+    asked = speech(model=model)
+    assert isinstance(asked, SpeechParams) and asked.model == model
+    (item,) = parse_batch(json.dumps({"input": ["One."], "model": model}), SERVED, check_voice)
+    assert item.model == model
+
+
+@pytest.mark.parametrize("model", ["tts-2", "dall-e-3", "", "ESPEAK", "x" * 10_000])
+def test_any_other_model_is_a_404_naming_the_served_one(model: str) -> None:
+    for refused in (
+        speech(model=model),
+        parse_batch(json.dumps({"input": ["One."], "model": model}), SERVED, check_voice),
+    ):
+        assert isinstance(refused, Refusal)
+        assert (refused.status, refused.code, refused.param) == (404, "model_not_found", "model")
+        assert "this server serves 'espeak'" in refused.message
+        assert "tts-1, tts-1-hd, gpt-4o-mini-tts" in refused.message
+        assert len(refused.message) < 400
+    stream = SpeechStream(SERVED, check_voice)
+    (error,) = errors(send(stream, type="session.config", model=model))
+    assert error["code"] == "model_not_found" and "'espeak'" in error["message"]
+    assert send(stream, type="session.config", model="tts-1") == []  # still usable
+
+
 def test_limits_accept_their_edges() -> None:
     assert isinstance(speech(input="x" * MAX_INPUT_CHARS), SpeechParams)
     assert isinstance(speech(speed=0.25), SpeechParams)
@@ -92,17 +119,19 @@ def test_limits_accept_their_edges() -> None:
 
 @pytest.mark.parametrize("body", [b"", b"{", b"[]", b'"x"', b"\xff", b'{"input": NaN}'])
 def test_a_body_that_is_not_a_json_object(body: bytes) -> None:
-    refused = parse_speech(body, check_voice)
+    refused = parse_speech(body, SERVED, check_voice)
     assert isinstance(refused, Refusal) and refused.code == "invalid_json"
 
 
 def test_missing_input() -> None:
-    refused = parse_speech(b"{}", check_voice)
+    refused = parse_speech(b"{}", SERVED, check_voice)
     assert isinstance(refused, Refusal) and refused.code == "missing_required_parameter"
 
 
 def test_batch() -> None:
-    items = parse_batch(json.dumps({"input": ["One.", "Two."], "voice": "coral"}), check_voice)
+    items = parse_batch(
+        json.dumps({"input": ["One.", "Two."], "voice": "coral"}), SERVED, check_voice
+    )
     assert items == [SpeechParams("One.", "coral"), SpeechParams("Two.", "coral")]
     for body, param in [
         ({"input": []}, "input"),
@@ -112,9 +141,11 @@ def test_batch() -> None:
         ({"input": ["ok"], "stream": True}, "stream"),
         ({"input": ["ok"], "voice": "nova"}, "voice"),
     ]:
-        refused = parse_batch(json.dumps(body), check_voice)
+        refused = parse_batch(json.dumps(body), SERVED, check_voice)
         assert isinstance(refused, Refusal) and refused.param == param, body
-    assert len(parse_batch(json.dumps({"input": ["x"] * MAX_BATCH_ITEMS}), check_voice)) == 64
+    assert (
+        len(parse_batch(json.dumps({"input": ["x"] * MAX_BATCH_ITEMS}), SERVED, check_voice)) == 64
+    )
 
 
 # -- the stream ------------------------------------------------------------------------------
@@ -129,7 +160,7 @@ def errors(actions: list[Any]) -> list[dict[str, Any]]:
 
 
 def test_a_stream_speaks_sentence_by_sentence() -> None:
-    stream = SpeechStream(check_voice)
+    stream = SpeechStream(SERVED, check_voice)
     assert send(stream, type="session.config", voice="coral", response_format="pcm") == []
     config = StreamConfig(voice="coral", response_format="pcm")
     assert send(stream, type="input.text", text="Hello there. How") == [
@@ -152,7 +183,7 @@ def test_a_stream_speaks_sentence_by_sentence() -> None:
 
 
 def test_stream_errors_keep_it_usable() -> None:
-    stream = SpeechStream(check_voice)
+    stream = SpeechStream(SERVED, check_voice)
     cases = [
         ("not json", "invalid_json"),
         (json.dumps({"type": "input.text", "text": "x"}), "config_required"),
@@ -200,7 +231,7 @@ events = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(st.lists(events, max_size=25))
 def test_any_event_sequence_gives_consistent_utterances(sequence: list[dict[str, Any]]) -> None:
-    stream = SpeechStream(check_voice)
+    stream = SpeechStream(SERVED, check_voice)
     spoken: dict[int, list[int]] = {}
     finished: dict[int, int] = {}
     for event in sequence:

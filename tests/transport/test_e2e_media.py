@@ -111,12 +111,9 @@ async def test_images(tmp_path: Path) -> None:
             ({**ask, "response_format": "url"}, "response_format", "unsupported_parameter"),
         ):
             await refused(await http.post(url + IMAGES, json=body), 400, param, code)
-        await refused(
-            await http.post(url + IMAGES, json={**ask, "model": "x"}),
-            404,
-            "model",
-            "model_not_found",
-        )
+        unknown = await http.post(url + IMAGES, json={**ask, "model": "x"})
+        await refused(unknown, 404, "model", "model_not_found")
+        assert "serves 'tiny-image' (OpenAI's names dall-e-2" in unknown.json()["error"]["message"]
         await refused(await http.post(url + IMAGES, content=b"{"), 400, None, "invalid_json")
         async with httpx.AsyncClient() as once:  # answered before the body is read: not reused
             huge = await once.post(url + IMAGES, content=b" " * (2 << 20))
@@ -147,7 +144,8 @@ async def test_images(tmp_path: Path) -> None:
         # the queued request is withdrawn; the running one stops at its next step
         await wait_metric(http, url, "duplex_requests_cancelled_total", "image", cancelled + 1)
         await wait_metric(http, url, "duplex_request_batches_stopped_total", "image", stopped + 1)
-        recovered = await http.post(url + IMAGES, json={**ask, "seed": 5})  # the engine is free
+        # the engine is free; OpenAI's model name runs on the served model
+        recovered = await http.post(url + IMAGES, json={**ask, "seed": 5, "model": "gpt-image-1"})
         assert recovered.json()["data"][0]["b64_json"] == alone_of[5]
 
 
@@ -182,9 +180,12 @@ async def test_video_jobs(tmp_path: Path) -> None:
         assert len(frames) == 10 and {(f.width, f.height) for f in frames} == {(32, 16)}
 
         as_json = {"prompt": "waves", "size": "32x16", "seconds": 0.5, "fps": 8, "seed": 3}
-        second = (
-            await http.post(url + "/v1/videos", json={**as_json, "num_inference_steps": 2})
+        second = (  # OpenAI's model name runs on the served model, which the job names
+            await http.post(
+                url + "/v1/videos", json={**as_json, "model": "sora-2", "num_inference_steps": 2}
+            )
         ).json()
+        assert second["model"] == job["model"] == "tiny-video"
         await wait_job(http, url, second["id"], "completed")
         listed = (await http.get(url + "/v1/videos?limit=1")).json()
         assert [j["id"] for j in listed["data"]] == [second["id"]] and listed["has_more"]
@@ -198,6 +199,9 @@ async def test_video_jobs(tmp_path: Path) -> None:
         ):
             answer = await http.post(url + "/v1/videos", data=body)
             assert (answer.status_code, answer.json()["error"]["param"]) == (400, param)
+        unknown = await http.post(url + "/v1/videos", data={**form, "model": "veo-3"})
+        await refused(unknown, 404, "model", "model_not_found")
+        assert "serves 'tiny-video' (OpenAI's names sora-2" in unknown.json()["error"]["message"]
         missing = await http.get(url + "/v1/videos/video_nope")
         assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
 

@@ -132,6 +132,21 @@ async def test_speech_files_formats_voices_and_errors(url: str) -> None:
         )  # fmt: skip
         assert "alloy, ash, ballad, coral" in message
         error_of(await http.post(SPEECH, content=b"{"), 400, None, "invalid_json")
+        # the TTS by its name in GET /v1/models, and OpenAI's names for it, speak; others: 404
+        cards = (await http.get("/v1/models")).json()["data"]
+        (served_name,) = [card["id"] for card in cards if card["kind"] == "speech"]
+        assert served_name == "espeak"
+        for model in (served_name, "tts-1-hd", "gpt-4o-mini-tts"):
+            named = await http.post(SPEECH, json={"model": model, "input": "Hello there."})
+            assert named.status_code == 200, (model, named.text)
+        message = error_of(
+            await http.post(SPEECH, json={"model": "tts-2", "input": "x"}), 404, "model",
+            "model_not_found",
+        )  # fmt: skip
+        assert message == (
+            "The model 'tts-2' is not served here; this server serves 'espeak' (OpenAI's names "
+            "tts-1, tts-1-hd, gpt-4o-mini-tts are accepted as aliases)."
+        )
         # answered before its body is read and its connection closed: a client of its own,
         # so the next request never goes out on that connection ("Server disconnected")
         async with httpx.AsyncClient(base_url=url) as once:
@@ -188,9 +203,11 @@ async def test_streams_over_http_and_batches_in_input_order(url: str) -> None:
 
         inputs = ["A long first input, with quite a few words in it.", "Short.", "Medium one."]
         response = await http.post(
-            SPEECH + "/batch", json={"input": inputs, "voice": "marin", "response_format": "wav"}
+            SPEECH + "/batch",
+            json={"input": inputs, "voice": "marin", "response_format": "wav", "model": "tts-1-hd"},
         )
         assert response.status_code == 200, response.text
+        assert response.json()["model"] == "tts-1-hd"  # the name the client sent, echoed
         data = response.json()["data"]
         assert [item["index"] for item in data] == [0, 1, 2]
         lengths = []
@@ -205,6 +222,10 @@ async def test_streams_over_http_and_batches_in_input_order(url: str) -> None:
             await http.post(SPEECH + "/batch", json={"input": ["ok", ""]}),
             400, "input[1]", "empty_input",
         )  # fmt: skip
+        error_of(
+            await http.post(SPEECH + "/batch", json={"input": ["ok"], "model": "dall-e-3"}),
+            404, "model", "model_not_found",
+        )  # fmt: skip
 
 
 async def test_the_speech_stream_socket(url: str) -> None:
@@ -212,8 +233,12 @@ async def test_the_speech_stream_socket(url: str) -> None:
     async with connect(ws_url) as ws:
         await ws.send(json.dumps({"type": "input.text", "text": "early"}))
         assert json.loads(await ws.recv())["code"] == "config_required"
+        await ws.send(json.dumps({"type": "session.config", "model": "whisper-1"}))
+        refused = json.loads(await ws.recv())
+        assert (refused["type"], refused["code"]) == ("error", "model_not_found")
+        assert "this server serves 'espeak'" in refused["message"]
         config = {"type": "session.config", "voice": "sage", "response_format": "wav",
-                  "sample_rate": 16000}  # fmt: skip
+                  "sample_rate": 16000, "model": "gpt-4o-mini-tts"}  # fmt: skip
         await ws.send(json.dumps(config))
         for piece in ["Hello the", "re. How are", " you today? Fine"]:
             await ws.send(json.dumps({"type": "input.text", "text": piece}))
@@ -343,6 +368,14 @@ async def test_a_vits_checkpoint_folder_serves(tmp_path: Path) -> None:
         assert "speaker-1" in voices and "alloy" in voices
         error_of(await http.post(SPEECH, json={"input": "x", "voice": "en-us"}), 400, "voice",
                  "invalid_value")  # fmt: skip
+        # the checkpoint is served by its folder's name (its card's), and espeak's is refused
+        cards = (await http.get("/v1/models")).json()["data"]
+        assert [card["id"] for card in cards if card["kind"] == "speech"] == ["vits"]
+        named = await http.post(SPEECH, json={"input": "Hello.", "model": "vits"})
+        assert named.status_code == 200, named.text
+        message = error_of(await http.post(SPEECH, json={"input": "x", "model": "espeak"}), 404,
+                           "model", "model_not_found")  # fmt: skip
+        assert "this server serves 'vits'" in message
 
 
 async def test_streaming_clients_that_leave_stop_their_sentences(tmp_path: Path) -> None:

@@ -127,7 +127,7 @@ class EspeakRunner:
 
     @property
     def metadata(self) -> Mapping[str, Any]:
-        return speech_metadata(self.sample_rate, self._voices, self.variants)
+        return speech_metadata("espeak", self.sample_rate, self._voices, self.variants)
 
     def _resolve(self, voice: str) -> str | None:
         """What espeak is asked for (``en-GB-x-rp+m7``) for ``voice``: an OpenAI name, a

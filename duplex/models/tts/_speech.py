@@ -117,11 +117,13 @@ NO_GATE: UnitGate = _NoGate()
 
 
 def speech_metadata(
-    sample_rate: int, voices: Sequence[VoiceInfo], variants: Sequence[str] = ()
+    model: str, sample_rate: int, voices: Sequence[VoiceInfo], variants: Sequence[str] = ()
 ) -> dict[str, Any]:
     """What a TTS runner tells the endpoints (``RequestEngine.metadata``), as plain data: it
-    crosses the engine link when the engine runs in an engine process."""
+    crosses the engine link when the engine runs in an engine process. ``model``: its name
+    (``GET /v1/models`` lists it; a speech request's ``model`` names it)."""
     return {
+        "model": model,
         "sample_rate": sample_rate,
         "voices": [
             {

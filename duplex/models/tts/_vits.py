@@ -69,6 +69,8 @@ class VitsRunner:
         self._model.eval()
         self._tokenizer: Any = VitsTokenizer.from_pretrained(folder, local_files_only=True)
         self._device = device
+        self._name = folder.name
+        """The checkpoint's folder name: the model's name to clients."""
         self._seed = seed
         self._lock = threading.Lock()
         self.max_batch = max_batch
@@ -91,7 +93,7 @@ class VitsRunner:
 
     @property
     def metadata(self) -> Mapping[str, Any]:
-        return speech_metadata(self.sample_rate, self._voices)
+        return speech_metadata(self._name, self.sample_rate, self._voices)
 
     def check_voice(self, voice: str) -> None:
         if voice not in self._ids:

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, final
 
+from duplex.exceptions import ProtocolError
 from duplex.models.agent import (
     ChatPart,
     ChatRequest,
@@ -37,6 +38,8 @@ from duplex.models.agent import (
     ToolSpec,
 )
 from duplex.refusals import Refusal, echo
+
+from .._models import CHAT
 
 __all__ = [
     "EXTENSION_PARAMETERS",
@@ -277,16 +280,12 @@ def _fields(body: bytes, *, batch: bool = False) -> dict[str, Any]:
 
 
 def _model(fields: Mapping[str, Any], model: ModelInfo) -> str:
-    name = fields.get("model")
-    if not isinstance(name, str) or not name:
-        raise _bad("model is required (a string).", "model", "missing_required_parameter")
-    if name not in model.names:
-        raise _bad(
-            f"The model {echo(name)} is not served here; this server serves {model.names[0]!r}.",
-            "model",
-            "model_not_found",
-            404,
-        )
+    """The checkpoint's name as the client wrote it (no alias: ``duplex.services._models``)."""
+    try:
+        name = CHAT.accepted(fields.get("model"), model.names)
+    except ProtocolError as exc:
+        raise _Refused(Refusal.of(exc)) from None
+    assert name is not None  # CHAT requires one
     return name
 
 

@@ -35,6 +35,7 @@ from duplex.transport import refusal_response
 from duplex.wire import dumps
 
 from .._client import unless_gone
+from .._models import served_names
 from ._protocol import (
     MAX_CHAT_BODY,
     ChatBatch,
@@ -110,9 +111,9 @@ class ChatService:
             self._outcomes.inc(endpoint=endpoint, outcome=outcome)
 
     def model_info(self, engine: ChatEngine) -> ModelInfo:
-        shown = engine.model.rstrip("/").rsplit("/", 1)[-1]
-        names = (shown, engine.model) if shown != engine.model else (shown,)
-        return ModelInfo(names, engine.multimodal, min(engine.max_images, MAX_CHAT_IMAGES))
+        return ModelInfo(
+            served_names(engine.model), engine.multimodal, min(engine.max_images, MAX_CHAT_IMAGES)
+        )
 
     def admit(self, choices: int) -> Refusal | None:
         """Take ``choices`` places, or the 429 that refuses them (give them back with

@@ -29,6 +29,7 @@ from duplex.refusals import Refusal
 from duplex.runtime import RequestService
 from duplex.transport import refusal_response
 
+from .._models import AUDIO
 from ._protocol import MAX_SEED, MediaLimits, _Fields, _json_object
 from ._serving import (
     MediaService,
@@ -79,7 +80,7 @@ def parse_audio_request(
     """
     fields = _Fields(_json_object(body), _AUDIO_FIELDS, strings=False)
     prompt = fields.text("input", limit=limits.max_prompt_chars, required=True)
-    fields.model(model)
+    fields.model(AUDIO, model)
     fields.text("user", limit=256)
     seconds = fields.number("audio_length", DEFAULT_AUDIO_LENGTH_S, MIN_AUDIO_LENGTH_S,
                             max_seconds)  # fmt: skip

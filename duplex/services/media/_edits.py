@@ -34,6 +34,7 @@ from duplex.transport import refusal_response
 
 from .._cost import DiffusionShape
 from .._forms import read_upload_form
+from .._models import IMAGES
 from ._protocol import (
     InvalidValue,
     MediaLimits,
@@ -84,7 +85,7 @@ def parse_edit_fields(fields: dict[str, str], model: str, limits: MediaLimits) -
     """
     read = _Fields(fields, _EDIT_FIELDS, strings=True)
     prompt = read.text("prompt", limit=limits.max_prompt_chars, required=True)
-    read.model(model)
+    read.model(IMAGES, model)
     read.text("user", limit=256)
     read.choice("response_format", "b64_json", ("b64_json",))
     read.choice("output_format", "png", ("png",))

@@ -21,10 +21,11 @@ from typing import Any, ClassVar, Final, final
 from duplex.exceptions import InvalidJson, ProtocolError, UnsupportedParameter
 from duplex.refusals import echo
 
+from .._models import IMAGES, VIDEOS, ModelFamily
+
 __all__ = [
     "ImageGeneration",
     "MediaLimits",
-    "ModelNotFound",
     "RealtimeVideoStart",
     "VideoGeneration",
     "parse_image_request",
@@ -47,13 +48,6 @@ class UnknownParameter(ProtocolError):
 
 class MissingParameter(ProtocolError):
     code: ClassVar[str] = "missing_required_parameter"
-
-
-class ModelNotFound(ProtocolError):
-    """A ``model`` this server does not serve for that endpoint (404, as OpenAI answers)."""
-
-    code: ClassVar[str] = "model_not_found"
-    status_hint: ClassVar[int] = 404
 
 
 class ModelNotLoaded(ProtocolError):
@@ -216,14 +210,9 @@ class _Fields:
             )
         return str(value)
 
-    def model(self, served: str) -> None:
-        value = self.raw.get("model")
-        if value is not None and value != served:
-            raise ModelNotFound(
-                f"The model {echo(value)} is not served here; this server serves "
-                f"{served!r} (or leave 'model' out).",
-                param="model",
-            )
+    def model(self, family: ModelFamily, served: str) -> None:
+        """``model``: ``served``, or an alias of ``family`` (``duplex.services._models``)."""
+        family.accepted(self.raw.get("model"), served)
 
 
 def parse_size(text: Any, limits: MediaLimits, *, param: str = "size") -> tuple[int, int]:
@@ -268,13 +257,14 @@ DEFAULT_GUIDANCE: Final = 7.5
 
 
 def _opened(
-    source: Mapping[str, Any], allowed: frozenset[str], model: str, limits: MediaLimits, *,
-    strings: bool = False,
+    source: Mapping[str, Any], allowed: frozenset[str], family: ModelFamily, model: str,
+    limits: MediaLimits, *, strings: bool = False,
 ) -> tuple[_Fields, str]:  # fmt: skip
-    """A request's fields (unknown ones refused) and its prompt, its ``model`` checked."""
+    """A request's fields (unknown ones refused) and its prompt, its ``model`` checked (the
+    served ``model``, or one of ``family``'s aliases)."""
     fields = _Fields(source, allowed, strings=strings)
     prompt = fields.text("prompt", limit=limits.max_prompt_chars, required=True)
-    fields.model(model)
+    fields.model(family, model)
     return fields, prompt
 
 
@@ -301,12 +291,12 @@ DEFAULT_IMAGE_SIZE: Final = "512x512"
 
 
 def parse_image_request(body: bytes, model: str, limits: MediaLimits) -> ImageGeneration:
-    """A ``POST /v1/images/generations`` JSON body for the served ``model``.
+    """A ``POST /v1/images/generations`` JSON body for the served ``model`` (or an alias).
 
     Raises:
         ProtocolError: the first field refused (``param`` names it).
     """
-    fields, prompt = _opened(_json_object(body), _IMAGE_FIELDS, model, limits)
+    fields, prompt = _opened(_json_object(body), _IMAGE_FIELDS, IMAGES, model, limits)
     fields.choice("response_format", "b64_json", ("b64_json",))
     fields.choice("output_format", "png", ("png",))
     width, height = _http_size(fields, DEFAULT_IMAGE_SIZE, limits)
@@ -335,7 +325,7 @@ def parse_video_request(
     """
     form = not isinstance(raw, bytes)
     source = raw if not isinstance(raw, bytes) else _json_object(raw)
-    fields, prompt = _opened(source, _VIDEO_FIELDS, model, limits, strings=form)
+    fields, prompt = _opened(source, _VIDEO_FIELDS, VIDEOS, model, limits, strings=form)
     width, height = _http_size(fields, DEFAULT_VIDEO_SIZE, limits)
     seconds_raw = fields.raw.get("seconds")
     seconds = fields.number("seconds", float(DEFAULT_SECONDS), 0.0, limits.max_seconds)
@@ -369,7 +359,7 @@ def parse_realtime_video_start(
     Raises:
         ProtocolError: the first field refused (``param`` names it).
     """
-    fields, prompt = _opened(event, _START_FIELDS, model, limits)
+    fields, prompt = _opened(event, _START_FIELDS, VIDEOS, model, limits)
     fields.choice("format", "m4s", ("m4s",))
     width = fields.integer("width", 512, limits.min_side, limits.max_side)
     height = fields.integer("height", 512, limits.min_side, limits.max_side)

@@ -29,9 +29,12 @@ from dataclasses import dataclass
 from typing import Any, Final, final
 
 from duplex.codecs import AUDIO_FORMATS, OPUS_RATE, STREAM_FORMATS
+from duplex.exceptions import ProtocolError
 from duplex.models.tts import MAX_SPEED, MIN_SPEED, SentenceBuffer
 from duplex.refusals import Refusal, echo
 from duplex.wire import dumps
+
+from .._models import SPEECH
 
 __all__ = [
     "MAX_BATCH_ITEMS",
@@ -92,7 +95,8 @@ class SpeechParams:
         speed: ``MIN_SPEED``..``MAX_SPEED``.
         sample_rate: one of `SAMPLE_RATES`; ``None``: the engine's own (``opus``: 24 kHz).
         stream: send the audio sentence by sentence as it is made.
-        model: the model the client named (one TTS engine serves every name).
+        model: the model the client named: the TTS served, or an OpenAI alias of it
+            (``None``: left out).
     """
 
     input: str
@@ -159,13 +163,14 @@ def _text(value: Any, param: str) -> str:
     return value
 
 
-def _common(fields: Mapping[str, Any], check_voice: VoiceCheck) -> dict[str, Any]:
-    """The fields a speech request and a stream's config share, checked."""
+def _common(fields: Mapping[str, Any], served: str, check_voice: VoiceCheck) -> dict[str, Any]:
+    """The fields a speech request and a stream's config share, checked; ``model``: the
+    ``served`` one or an OpenAI alias of it (``duplex.services._models``)."""
     out: dict[str, Any] = {}
-    model = fields.get("model")
-    if model is not None and (not isinstance(model, str) or len(model) > 256):
-        raise _fail("model must be a string of at most 256 characters.", "model")
-    out["model"] = model
+    try:
+        out["model"] = SPEECH.accepted(fields.get("model"), served)
+    except ProtocolError as exc:
+        raise _Bad(Refusal.of(exc)) from None
     voice = fields.get("voice", "alloy")
     if not isinstance(voice, str):
         raise _fail("voice must be a string.", "voice", "invalid_type")
@@ -211,15 +216,16 @@ def _common(fields: Mapping[str, Any], check_voice: VoiceCheck) -> dict[str, Any
     return out
 
 
-def parse_speech(body: bytes | str, check_voice: VoiceCheck) -> SpeechParams | Refusal:
-    """A ``POST /v1/audio/speech`` body (OpenAI's fields, plus ``sample_rate`` and ``stream``)."""
+def parse_speech(body: bytes | str, served: str, check_voice: VoiceCheck) -> SpeechParams | Refusal:
+    """A ``POST /v1/audio/speech`` body (OpenAI's fields, plus ``sample_rate`` and ``stream``)
+    for the TTS named ``served``."""
     try:
         fields = _json_object(body)
         _unknown(fields, _SPEECH_FIELDS)
         if "input" not in fields:
             raise _fail("input is required.", "input", "missing_required_parameter")
         text = _text(fields["input"], "input")
-        common = _common(fields, check_voice)
+        common = _common(fields, served, check_voice)
         stream = fields.get("stream", False)
         if not isinstance(stream, bool):
             raise _fail("stream must be a boolean.", "stream", "invalid_type")
@@ -239,7 +245,9 @@ def parse_speech(body: bytes | str, check_voice: VoiceCheck) -> SpeechParams | R
     return SpeechParams(input=text, stream=stream, **common)
 
 
-def parse_batch(body: bytes | str, check_voice: VoiceCheck) -> list[SpeechParams] | Refusal:
+def parse_batch(
+    body: bytes | str, served: str, check_voice: VoiceCheck
+) -> list[SpeechParams] | Refusal:
     """A ``POST /v1/audio/speech/batch`` body: the speech fields, with ``input`` a list of
     1..`MAX_BATCH_ITEMS` texts; one `SpeechParams` per text, in order."""
     try:
@@ -254,7 +262,7 @@ def parse_batch(body: bytes | str, check_voice: VoiceCheck) -> list[SpeechParams
             count = len(inputs)
             raise _fail(f"input must hold 1 to {MAX_BATCH_ITEMS} texts; got {count}.", "input")
         texts = [_text(value, f"input[{i}]") for i, value in enumerate(inputs)]
-        common = _common(fields, check_voice)
+        common = _common(fields, served, check_voice)
     except _Bad as bad:
         return bad.refused
     return [SpeechParams(input=text, **common) for text in texts]
@@ -373,10 +381,12 @@ class SpeechStream:
     """One ``/v1/audio/speech/stream`` connection's protocol state.
 
     Args:
+        served: the TTS's name (``model`` names it, or an OpenAI alias of it).
         check_voice: the engine's voice check.
     """
 
-    def __init__(self, check_voice: VoiceCheck) -> None:
+    def __init__(self, served: str, check_voice: VoiceCheck) -> None:
+        self._served = served
         self._check_voice = check_voice
         self.state = StreamState.AWAIT_CONFIG
         self.config: StreamConfig | None = None
@@ -417,7 +427,7 @@ class SpeechStream:
         if self.state is StreamState.SPEAKING:
             raise _fail("session.config mid-utterance: send input.done first", code="bad_state")
         _unknown(event, _CONFIG_FIELDS)
-        common = _common(event, self._check_voice)
+        common = _common(event, self._served, self._check_voice)
         granularity = event.get("split_granularity", "sentence")
         if granularity not in ("sentence", "none"):
             raise _fail("split_granularity must be sentence or none.", "split_granularity")

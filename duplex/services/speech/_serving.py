@@ -171,6 +171,12 @@ class SpeechService:
         return problem
 
     @property
+    def model(self) -> str:
+        """The TTS's name, as ``GET /v1/models`` lists it (the engine's own: ``espeak``, a
+        checkpoint's folder); a request's ``model`` names it or an OpenAI alias of it."""
+        return str(self._metadata().get("model", TTS_RUNNER))
+
+    @property
     def native_rate(self) -> int:
         return int(self._metadata()["sample_rate"])
 
@@ -278,7 +284,7 @@ class SpeechRoutes:
         if isinstance(body, Refusal):
             service.count(endpoint, "invalid")
             return refusal_response(body)
-        parsed = parse(body, service.check_voice)
+        parsed = parse(body, service.model, service.check_voice)
         if isinstance(parsed, Refusal):
             service.count(endpoint, "invalid")
             return refusal_response(parsed)
@@ -449,7 +455,7 @@ class SpeechSocket:
     def __init__(self, service: SpeechService, websocket: WebSocket) -> None:
         self.service = service
         self.ws = websocket
-        self.protocol = SpeechStream(service.check_voice)
+        self.protocol = SpeechStream(service.model, service.check_voice)
         self._send_lock = trio.Lock()
         self._unsaid = 0  # sentences queued and not yet sent
 

@@ -31,7 +31,7 @@ import trio
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from duplex.exceptions import DuplexError
+from duplex.exceptions import DuplexError, ProtocolError
 from duplex.logs import get_logger
 from duplex.metrics import Counter, MetricsRegistry
 from duplex.models.agent import (
@@ -45,6 +45,7 @@ from duplex.models.agent import (
 from duplex.models.tts import split_sentences
 from duplex.pcm import float_to_pcm16
 
+from .._models import VIDEO_CHAT, served_names
 from ._protocol import (
     Answer,
     Frame,
@@ -217,9 +218,10 @@ class VideoChatSocket:
             await self._act(actions, nursery)
 
     def _check_config(self, config: VideoChatConfig) -> Send | None:
-        names = {self.engine.model, self.engine.model.rstrip("/").rsplit("/", 1)[-1]}
-        if config.model and config.model not in names:
-            return error("model_not_found", f"this server serves {sorted(names)[0]!r}", "model")
+        try:  # "" is left out
+            VIDEO_CHAT.accepted(config.model or None, served_names(self.engine.model))
+        except ProtocolError as exc:
+            return error(exc.code, exc.message, exc.param)
         if config.max_frames > self.engine.max_images:
             return error(
                 "invalid_value",
