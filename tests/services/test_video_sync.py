@@ -1,6 +1,6 @@
 """``POST /v1/videos/sync`` over a real request engine on the tiny AnimateDiff, in process:
 the MP4 itself, its seed, each body form, the active limit and the engine's queue refusing
-429 and recovering."""
+429 and recovering, and admission by cost."""
 
 from __future__ import annotations
 
@@ -99,4 +99,22 @@ async def test_the_mp4_is_the_answer_and_limits_refuse_then_recover(tmp_path: Pa
                 await trio.sleep(0.01)
             recovered = await http.post(SYNC, data=ASK)
             assert recovered.content == first.content
+
+            # admitted by its cost, as a job is: a video over the memory budget alone is
+            # refused 413 before any work; one within it is served, and its lease ends
+            config = MediaConfig(video_chunk_frames=4)
+            tight = MediaService(engines, config=config, memory_budget_bytes=1 << 20)
+            tight_app = Starlette(routes=sync_routes(tight))
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=tight_app), base_url="http://media", timeout=120
+            ) as small:
+                before = engine.statistics().batcher.batches
+                big = await small.post(SYNC, data={**ASK, "size": "256x256"})
+                assert (big.status_code, big.json()["error"]["param"]) == (413, "size")
+                assert "media.memory_budget_mb" in big.json()["error"]["message"]
+                assert engine.statistics().batcher.batches == before  # nothing ran
+                fits = await small.post(SYNC, data=ASK)
+                assert fits.content == first.content
+                held = tight.budget.statistics()
+                assert (held.held_bytes, held.leases, held.refused_memory) == (0, 0, 1)
             nursery.cancel_scope.cancel()

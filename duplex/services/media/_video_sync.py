@@ -3,11 +3,14 @@
 The body is ``POST /v1/videos``' (JSON, multipart or urlencoded; the same fields and
 checks). Nothing is kept: no job, no stored MP4. The answer is ``video/mp4`` with the
 whole file (with the seed in ``X-Seed``), or an error envelope: never a 200 with an
-empty body. Its limits are the jobs': at most ``max_active_jobs`` sync generations at
-once and the video engine's queue (``media_max_queue``); past either, ``429`` with
-``Retry-After``. Once its first chunk is admitted, a later chunk that finds the queue full
-waits its turn (as a job's does). A client that leaves cancels the generation: its
-queued chunk is withdrawn, its running one stops at its next step.
+empty body. Its limits are the jobs': admission by its cost (memory and time, as a job's:
+``MediaService._admit_video``, so 413 for a video that alone is over the memory budget,
+400 for one over ``media.max_request_s``, 429 while others hold the budget), at most
+``max_active_jobs`` sync generations at once and the video engine's queue
+(``media_max_queue``); past either of the last two, ``429`` with ``Retry-After``. Once
+its first chunk is admitted, a later chunk that finds the queue full waits its turn (as a
+job's does). A client that leaves cancels the generation: its queued chunk is withdrawn,
+its running one stops at its next step.
 """
 
 from __future__ import annotations
@@ -108,11 +111,19 @@ class SyncVideos:
         if self.active >= most:
             message = f"Too many video generations at once (the most is {most}); retry later."
             return refusal_response(Refusal(429, message, "rate_limited", retry_after_s=1))
+        lease = service._admit_video(asked)
+        if isinstance(lease, Refusal):
+            return refusal_response(lease)
         self.active += 1
+        started, outcome = trio.current_time(), "abandoned"
         try:
-            return await self._until_client_leaves(request, engine, asked)
+            answer = await self._until_client_leaves(request, engine, asked)
+            if answer is not None:
+                outcome = "answered" if answer.status_code == 200 else "failed"
+            return answer
         finally:
             self.active -= 1
+            service._finished("video", lease, started, outcome)
 
     async def _until_client_leaves(
         self, request: Request, engine: RequestService, asked: VideoGeneration
