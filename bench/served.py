@@ -446,6 +446,25 @@ async def _beside_images(
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Every N in turn; on SIGTERM (``timeout``) the rows so far are the report. The server
+    runs in its own session (so a Ctrl-C reaches it once, from here): it is stopped on the
+    way out whatever ends the run, or an orphan would keep the GPU and this stdout."""
+    report: dict[str, Any] = {"serve_args": args.serve_args, "rows": []}
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_sigterm() -> None:
+                async for _ in signals:
+                    report["stopped"] = "SIGTERM: the rows measured before it"
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_on_sigterm)
+            await _bench(args, report)
+            nursery.cancel_scope.cancel()
+    return report
+
+
+async def _bench(args: argparse.Namespace, report: dict[str, Any]) -> None:
     server = None
     http = args.url
     engine = _engine_bench(args) if args.engine_bench else {}
@@ -462,7 +481,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "--log-level", "warning", *args.serve_args,
         ]  # fmt: skip
         server = subprocess.Popen(command, env=env, start_new_session=True)
-    report: dict[str, Any] = {"serve_args": args.serve_args, "rows": []}
     try:
         ready_s, report["health_at_ready"] = await _wait_ready(http, args.start_timeout_s, server)
         report["ready_after_s"] = round(ready_s, 1)
@@ -478,6 +496,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 row["engine_only_step_p99_ms"] = engine[n]
                 row["served_over_engine_step"] = round(row["step_p99_ms"] / engine[n], 2)
             report["rows"].append(row)
+            if args.out:  # each row as it comes: a run cut short keeps what it measured
+                Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
             await _wait_ready(http, 60, server)
     finally:
         if server is not None and server.poll() is None:
@@ -486,7 +506,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 server.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 os.killpg(server.pid, signal.SIGKILL)
-    return report
 
 
 def _free_port() -> int:
