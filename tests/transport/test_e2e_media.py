@@ -148,6 +148,23 @@ async def test_images(tmp_path: Path) -> None:
         recovered = await http.post(url + IMAGES, json={**ask, "seed": 5, "model": "gpt-image-1"})
         assert recovered.json()["data"][0]["b64_json"] == alone_of[5]
 
+        # the official SDK, as a newcomer calls it: OpenAI's model name is served, any other
+        # is a 404 that names what is
+        import openai
+
+        sdk = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        options: dict[str, Any] = {"prompt": ask["prompt"], "size": ask["size"]}
+        extra = {"seed": 5, "num_inference_steps": 2}
+        image = await sdk.images.generate(model="dall-e-2", extra_body=extra, **options)
+        assert image.data is not None and image.data[0].b64_json == alone_of[5]
+        try:
+            await sdk.images.generate(model="gpt-5-image", extra_body=extra, **options)
+        except openai.NotFoundError as exc:
+            assert exc.status_code == 404 and "serves 'tiny-image'" in str(exc)
+        else:
+            raise AssertionError("an unknown model was served")
+        await sdk.close()
+
 
 async def wait_job(http: httpx.AsyncClient, url: str, job_id: str, *states: str) -> dict[str, Any]:
     with trio.fail_after(120):
