@@ -252,8 +252,9 @@ class AccessConfig:
     )
     auth_failure_burst: int = setting(
         10,
-        "wrong credentials per peer address, and failed `session.resume` per peer and per "
-        "session id, allowed at once before `rate_limited`; >= 1",
+        "wrong credentials per peer address (for the whole server: connection workers share "
+        "it), and failed `session.resume` per peer and per session id, allowed at once "
+        "before `rate_limited`; >= 1",
     )
     auth_failure_window_s: float = setting(
         60.0,

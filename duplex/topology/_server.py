@@ -77,7 +77,7 @@ from ._shards import ShardProcesses
 from ._sleep import LocalEngineSleep
 from ._voices import voice_folder, voice_store
 from ._watchdog import EngineWatchdog, Killer
-from ._workers import ConnectionWorkers, LinkServer, WorkerSettings
+from ._workers import ConnectionWorkers, LinkServer, WorkerSettings, worker_access
 
 
 def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
@@ -793,7 +793,7 @@ async def serve_with_workers(
                 realtime_vad=config.engine.realtime_vad,
                 agent=config.agent.enabled,
                 shard_paths=shards.paths,
-                access=access,
+                access=worker_access(access, server.connection_workers),
                 client_secret_ttl_s=config.access.client_secret_ttl_s,
                 tls_certfile=config.access.tls_certfile,
                 tls_keyfile=config.access.tls_keyfile,

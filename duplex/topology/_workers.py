@@ -17,7 +17,7 @@ import json
 import math
 import socket
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import trio
@@ -50,6 +50,23 @@ from ._link import (
     Written,
 )
 from ._relay import RelayServer
+
+
+def worker_access(access: AccessSettings, workers: int) -> AccessSettings:
+    """One connection worker's share of the wrong-credential budget.
+
+    ``auth_failure_burst`` is the server's: each worker counts a peer's wrong keys on its own
+    (its Guard sees only the connections the kernel hands it), so each gets
+    ``burst // workers`` of them (at least one) and a peer whose connections land on every
+    worker still gets at most the server's burst before ``rate_limited``. Each worker's window
+    is stretched so that, all together, they forgive one failure every
+    ``auth_failure_window_s / auth_failure_burst`` seconds, as one process does.
+    """
+    if workers <= 1:
+        return access
+    share = max(1, access.failure_burst // workers)
+    window = access.failure_window_s * share * workers / access.failure_burst
+    return replace(access, failure_burst=share, failure_window_s=window)
 
 
 @dataclass(frozen=True, slots=True)

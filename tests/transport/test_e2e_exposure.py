@@ -88,6 +88,26 @@ async def test_wrong_keys_are_rate_limited_then_recover() -> None:
         assert 'duplex_access_refused_total{code="rate_limited"} 2' in metrics
 
 
+async def test_workers_share_one_wrong_key_budget_then_recover() -> None:
+    """Two connection workers: a peer's wrong keys, each on a new connection (wherever the
+    kernel hands it), get at most the server's burst of 401s before ``rate_limited``, not a
+    burst per worker; the budget refills at the server's rate."""
+    limits = {"server.auth_failure_burst": 4, "server.auth_failure_window_s": 2.0}
+    async with running_server(**KEYED, **limits, **{"server.connection_workers": 2}) as server:
+        statuses = []
+        for _ in range(10):
+            async with httpx.AsyncClient() as fresh:  # a new connection each time
+                wrong = {"Authorization": "Bearer x"}
+                statuses.append(
+                    (await fresh.get(server.http + "/health", headers=wrong)).status_code
+                )
+        assert set(statuses) == {401, 429} and statuses.count(401) <= 4
+        assert statuses[statuses.index(429) :].count(401) <= 2  # a second worker's share at most
+        await trio.sleep(2.1)  # every worker's share refills
+        async with httpx.AsyncClient() as fresh:
+            assert (await fresh.get(server.http + "/health", headers=BEARER)).status_code == 200
+
+
 async def test_client_secret_works_once_not_twice_not_after_expiry(
     workers: Layout, monkeypatch: pytest.MonkeyPatch
 ) -> None:
