@@ -52,7 +52,13 @@ async def opens_a_session(url: str, **kwargs: Any) -> dict[str, Any]:
 
 
 async def test_api_key_on_every_route_wrong_then_right(workers: Layout) -> None:
-    async with running_server(**KEYED, **workers) as server, httpx.AsyncClient() as http:
+    # five wrong keys, most on one kept-alive connection (one worker), then the right one:
+    # with two workers each holds half the server's budget, so the budget is twice that
+    budget = {"server.auth_failure_burst": 12}
+    async with (
+        running_server(**KEYED, **workers, **budget) as server,
+        httpx.AsyncClient() as http,
+    ):
         for path in ("/health", "/v1/models", "/metrics"):
             missing = await http.get(server.http + path)
             wrong = await http.get(server.http + path, headers={"Authorization": "Bearer nope"})
