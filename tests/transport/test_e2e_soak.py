@@ -22,7 +22,7 @@ def test_a_short_soak_leaves_the_server_as_it_found_it(tmp_path: Path) -> None:
     subprocess.run(
         [
             sys.executable, str(ROOT / "bench" / "soak.py"), "--seconds", "20",
-            "--warmup-s", "5", "--sessions", "4", "--sample-s", "1", "--no-plot",
+            "--warmup-s", "5", "--sessions", "4", "--sample-s", "2", "--no-plot",
             "--out", str(out),
         ],
         check=True,
