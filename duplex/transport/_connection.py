@@ -135,6 +135,10 @@ class ConnectionActor(Actor[Any]):
         self.first_event_timeout_s = first_event_timeout_s
         self.session: ActorRef[Any] | None = None
         self.closing = False
+        self.close_queued = False
+        """A refusal's close is on its way (`_refuse`): the first-event timer has nothing
+        left to say (a worker that held the socket past the timeout leaves it almost none,
+        and its message may come before the refusal's close)."""
         self.resume_guard = resume_guard
         self.peer = peer
         self.resuming: str | None = None
@@ -199,7 +203,7 @@ class ConnectionActor(Actor[Any]):
                 await self._close(ctx, code, reason)
             case ShutDown():
                 ctx.stop()  # on_stop closes with 1001; the reader detaches the session
-            case _FirstEventDue() if not self.heard and not self.closing:
+            case _FirstEventDue() if not (self.heard or self.closing or self.close_queued):
                 limit = self.first_event_timeout_s
                 if self.session is None:
                     exc = errors.FirstEventTimeout(f"no session was opened within {limit:g} s")
@@ -422,6 +426,8 @@ class ConnectionActor(Actor[Any]):
         update_refused: bool = False,
     ) -> None:
         error = ErrorEvent.from_exception(exc, update_refused=update_refused)
+        if close is not None:
+            self.close_queued = True
         await ctx.self.tell(Outbound(error, None))
         if close is not None:
             await ctx.self.tell(_Refuse(*close))
