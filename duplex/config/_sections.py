@@ -351,8 +351,9 @@ class EngineConfig:
         "`fp8` (float8 e4m3: half the bytes, about twice the GPU slots; the Triton attention "
         "kernel reads it at one byte an element) or `int4` (4-bit values with a float16 scale "
         "a group of 32: 0.28 of bf16's bytes, about 1.75 times fp8's slots; read in place by "
-        "its own kernel). Their accuracy cost is measured in docs/benchmarks.md "
-        '("KV storage precision", "KV in 4 bits")',
+        "its own kernel, which is still about 1.3 times slower than fp8's, so a full-context "
+        "step is slower). Their accuracy and speed are measured in docs/benchmarks.md "
+        '("KV storage precision", "KV in 4 bits", "KV in 4 bits on a GPU")',
         flag="--kv-cache-dtype",
     )
     loopback_delay_ms: int = setting(
