@@ -14,6 +14,7 @@ reports have not shown is dropped (the session failed to open, or ended at once)
 from __future__ import annotations
 
 import enum
+import heapq
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -115,6 +116,9 @@ class PlacementStatistics:
 PENDING_REPORTS = 4
 """Reports of a node after which a placement it never showed is no longer counted."""
 
+_Entry = tuple[float, float, int, str]
+"""A serving node in `Placement`'s heap: (minus its free share, step load, tie, name)."""
+
 
 @dataclass
 class _Node:
@@ -154,6 +158,9 @@ class Placement:
     _refused_full: int = 0
     _expired: int = 0
     _placed_gone: dict[str, int] = field(default_factory=dict)
+    _heap: list[_Entry] = field(default_factory=list)
+    """The serving nodes with room, best first (`_entry`): a placement takes the top and
+    puts it back with its new room, O(log nodes), not a walk over every node."""
 
     def update(self, reports: Iterable[NodeReport]) -> None:
         """The controller's latest table: nodes not in it are gone (their counts are kept)."""
@@ -172,6 +179,17 @@ class Placement:
         self._serving = [n for n in fresh.values() if n.report.state is NodeState.SERVING]
         for name in fresh.keys() - self._ties.keys():
             self._ties[name] = zlib.crc32(name.encode(), self.salt) if self.salt else 0
+        self._heap = [entry for node in self._serving if (entry := self._entry(node))]
+        heapq.heapify(self._heap)
+
+    def _entry(self, node: _Node) -> _Entry | None:
+        """``node``'s place in the heap: the largest share of its capacity free first, then
+        the lower step load, the tie-breaker, the name; ``None`` without room."""
+        report = node.report
+        free = -(-report.free // self.copies) - len(node.pending)
+        if free <= 0:
+            return None
+        return (-(free / report.capacity), report.step_load, self._ties[report.name], report.name)
 
     def nodes(self) -> list[NodeReport]:
         """The reports held, by name."""
@@ -193,29 +211,38 @@ class Placement:
         ``exclude``: nodes that just failed to answer (tried next: another);
         ``count=False``: a request that holds no session (HTTP), sent where there is room.
         """
+        heap = self._heap
         best: _Node | None = None
-        best_key: tuple[float, float, int] = (0.0, 0.0, 0)
-        copies = self.copies
-        for node in self._serving:
-            report = node.report
-            free = -(-report.free // copies) - len(node.pending)
-            if free <= 0 or (exclude and report.name in exclude):
-                continue
-            key = (free / report.capacity, -report.step_load, -self._ties[report.name])
-            if (
-                best is None
-                or key > best_key
-                or (key == best_key and report.name < best.report.name)
-            ):
-                best, best_key = node, key
+        skipped: list[_Entry] = []
+        while heap:
+            entry = heap[0]
+            node = self._nodes[entry[3]]
+            current = self._entry(node)
+            if current != entry:  # its room changed since it was pushed: its new place
+                if current is None:
+                    heapq.heappop(heap)
+                else:
+                    heapq.heapreplace(heap, current)
+            elif exclude and entry[3] in exclude:
+                skipped.append(heapq.heappop(heap))
+            else:
+                best = node
+                break
+        if best is not None and count:  # (still the top: the skipped are not back yet)
+            best.pending.append(best.report.seq)
+            best.placed += 1
+            moved = self._entry(best)
+            if moved is None:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, moved)
+        for entry in skipped:
+            heapq.heappush(heap, entry)
         if best is None:
             self._refused_full += count
             return Full(
                 f"every node is full ({len(self._serving)} serving, {len(self._nodes)} known)"
             )
-        if count:
-            best.pending.append(best.report.seq)
-            best.placed += 1
         return Placed(best.report.name, best.report.url)
 
     def route(self, object_id: str) -> Placed | Expired:

@@ -217,3 +217,50 @@ def test_each_copy_places_only_its_share_of_a_node_between_reports() -> None:
     to_new = sum(isinstance(d, Placed) and d.node == "new" for d in sent)
     assert to_new <= 8  # 2 each (8 / 4 copies), never 4 copies x its whole room
     assert all(p.room("new") == 0 for p in copies)
+
+
+def _best_by_walking(placement: Placement, exclude: frozenset[str]) -> str | None:
+    """The rule `Placement.place` keeps in a heap, read off every node (the oracle)."""
+    best, best_key = None, None
+    for node in placement.nodes():
+        room = placement.room(node.name)
+        if room <= 0 or node.name in exclude:
+            continue
+        tie = placement._ties[node.name]
+        key = (room / node.capacity, -node.step_load, -tie, [-ord(c) for c in node.name])
+        if best_key is None or key > best_key:
+            best, best_key = node.name, key
+    return best
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 12), st.integers(1, 12), st.sampled_from([0.0, 0.3, 0.6])),
+        min_size=1,
+        max_size=12,
+    ),
+    st.integers(0, 3),
+    st.integers(1, 3),
+    st.lists(st.tuples(st.booleans(), st.sets(st.integers(0, 11), max_size=3)), max_size=40),
+)
+def test_the_heap_places_as_a_walk_over_every_node_would(
+    nodes: list[tuple[int, int, float]],
+    salt: int,
+    copies: int,
+    steps: list[tuple[bool, set[int]]],
+) -> None:
+    """Placements between two reports (the heap's only changes) pick, each time, the node a
+    walk over every node picks: the most free share, then the lower load, the tie, the name."""
+    names = [f"n{i:02d}" for i in range(len(nodes))]
+    placement = Placement(salt=salt, copies=copies)
+    placement.update(
+        [
+            report(name, min(live, cap), cap, step_load=load)
+            for name, (live, cap, load) in zip(names, nodes, strict=True)
+        ]
+    )
+    for count, excluded in steps:
+        exclude = frozenset(names[i] for i in excluded if i < len(names))
+        want = _best_by_walking(placement, exclude)
+        got = placement.place(exclude=exclude, count=count)
+        assert (got.node if isinstance(got, Placed) else None) == want
