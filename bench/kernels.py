@@ -76,7 +76,7 @@ def measure(
     tilings: list[tuple[int, int, int, bool]],
     reps: int,
     generator: torch.Generator,
-    int4_tilings: list[tuple[int, int, int, bool]],
+    int4_tilings: list[tuple[int, int, int]],
 ) -> dict[str, Any]:
     """One case: SDPA and every tiling of the kernel on the same rings."""
     device = generator.device
@@ -124,24 +124,19 @@ def measure_int4(
     lengths: torch.Tensor,
     fills: list[int],
     reps: int,
-    tilings: list[tuple[int, int, int, bool]],
+    tilings: list[tuple[int, int, int]],
 ) -> dict[str, Any]:
     """The int4 ring of the same keys and values: time and bandwidth of its kernel, for
-    each tiling (split rows / block rows / warps; ``flat``: the per-value scaling kernel)."""
+    each tiling (split rows / block rows / warps)."""
     keys4, values4 = quantize_int4(keys), quantize_int4(values)
     want = ring_attention_int4_reference(q, keys4, values4, lengths).float()
     filled_bytes = sum(fills) * HEADS * int4_row_bytes(HEAD_DIM) * 2
     row: dict[str, Any] = {"int4_filled_gb": round(filled_bytes / 1e9, 3)}
-    for split_rows, block_rows, warps, flat in tilings:
-        tiling = {
-            "split_rows": split_rows,
-            "block_rows": block_rows,
-            "num_warps": warps,
-            "grouped": not flat,
-        }
+    for split_rows, block_rows, warps in tilings:
+        tiling = {"split_rows": split_rows, "block_rows": block_rows, "num_warps": warps}
         got = ring_attention_int4(q, keys4, values4, lengths, **tiling).float()
         micros = timed(lambda t=tiling: ring_attention_int4(q, keys4, values4, lengths, **t), reps)
-        name = f"{split_rows}/{block_rows}/{warps}{'/flat' if flat else ''}"
+        name = f"{split_rows}/{block_rows}/{warps}"
         row[f"int4_{name}_us"] = round(micros, 1)
         row[f"int4_{name}_gbps"] = round(filled_bytes / micros / 1e3, 1)
         row[f"int4_{name}_max_err"] = round(float((got - want).abs().max()), 5)
@@ -159,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--int4-sweep",
-        default="256/32/4/flat,256/32/4,256/64/4,256/64/8,256/128/8,512/64/4,512/128/8",
-        help="split_rows/block_rows/num_warps[/flat] tilings of the int4 kernel (on the bf16 "
-        "cases' rings; flat: the kernel that scales every value)",
+        default="256/32/4,256/64/4,256/64/8,256/128/8,512/64/4,512/128/8",
+        help="split_rows/block_rows/num_warps tilings of the int4 kernel (on the bf16 cases' "
+        "rings)",
     )
     parser.add_argument("--out", type=Path, default=Path("out/kernels"))
     args = parser.parse_args(argv)
@@ -171,10 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         fields = text.split("/")
         numbers = [int(x) for x in fields[:3]]
         tilings.append((*numbers, fields[3:] == ["dot"]))
-    int4_tilings = []
-    for text in args.int4_sweep.split(","):
-        fields = text.split("/")
-        int4_tilings.append((*(int(x) for x in fields[:3]), fields[3:] == ["flat"]))
+    int4_tilings = [
+        (int(a), int(b), int(c))
+        for a, b, c in (text.split("/") for text in args.int4_sweep.split(","))
+    ]
     generator = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for dtype, batch, fill in itertools.product(

@@ -121,17 +121,17 @@ def ring_attention_int4(
     split_rows: int = SPLIT_ROWS,
     block_rows: int = BLOCK_ROWS,
     num_warps: int = 4,
-    grouped: bool = True,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as
     long as their last axes are contiguous; ``lengths`` in ``[1, context]``.
 
-    ``grouped``: load each row's scales once and apply them per group (the key's dot is
-    summed within a group, then scaled; the value weights are the row weight times the
-    group's scale), and make each nibble's level a float by placing it in a float's
-    mantissa (no int-to-float conversion, a quarter-rate instruction); else convert and
-    scale every value as it is unpacked (the first kernel, kept for the bench)."""
+    It loads each row's scales once and applies them per group (the key's dot is summed
+    within a group, then scaled; the value weights are the row weight times the group's
+    scale), and makes each nibble's level a float by placing it in a float's mantissa (no
+    int-to-float conversion, a quarter-rate instruction). The first kernel, which converted
+    and scaled every value as it unpacked it, read a third slower at best (commit
+    ``d019c80``; docs/benchmarks.md, "KV in 4 bits on a GPU")."""
     batch, heads, head_dim = q.shape
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
@@ -147,8 +147,7 @@ def ring_attention_int4(
     out = torch.empty_like(q)
     if slots is None:
         slots = torch.arange(batch, device=q.device)
-    kernel = _ring_attention_int4_grouped if grouped else _ring_attention_int4_split
-    kernel[(batch, heads, splits)](
+    _ring_attention_int4_grouped[(batch, heads, splits)](
         q,
         k_packed,
         k_scales,
@@ -184,94 +183,6 @@ def ring_attention_int4(
 
 
 if _triton.available():
-
-    @triton.jit
-    def _ring_attention_int4_split(
-        q_ptr,
-        kp_ptr,
-        ks_ptr,
-        vp_ptr,
-        vs_ptr,
-        len_ptr,
-        slot_ptr,
-        part_ptr,
-        stride_qb,
-        stride_qh,
-        stride_kps,
-        stride_kph,
-        stride_kpr,
-        stride_kss,
-        stride_ksh,
-        stride_ksr,
-        stride_vps,
-        stride_vph,
-        stride_vpr,
-        stride_vss,
-        stride_vsh,
-        stride_vsr,
-        scale,
-        splits,
-        SPLIT_ROWS: tl.constexpr,
-        BLOCK_ROWS: tl.constexpr,
-        HALF: tl.constexpr,
-        GROUP: tl.constexpr,
-    ):
-        b = tl.program_id(0)
-        h = tl.program_id(1)
-        s = tl.program_id(2)
-        length = tl.load(len_ptr + b).to(tl.int32)
-        slot = tl.load(slot_ptr + b).to(tl.int64)
-        start = s * SPLIT_ROWS
-        end = tl.minimum(start + SPLIT_ROWS, length)
-        j = tl.arange(0, HALF)  # byte j holds values 2j (low nibble) and 2j + 1 (high)
-        group = (2 * j) // GROUP
-        q_base = q_ptr + b * stride_qb + h * stride_qh
-        q_even = tl.load(q_base + 2 * j).to(tl.float32) * scale
-        q_odd = tl.load(q_base + 2 * j + 1).to(tl.float32) * scale
-        kp_base = kp_ptr + slot * stride_kps + h * stride_kph
-        ks_base = ks_ptr + slot * stride_kss + h * stride_ksh
-        vp_base = vp_ptr + slot * stride_vps + h * stride_vph
-        vs_base = vs_ptr + slot * stride_vss + h * stride_vsh
-        best = tl.full([], float("-inf"), tl.float32)
-        total = tl.full([], 0.0, tl.float32)
-        acc_even = tl.zeros([HALF], dtype=tl.float32)
-        acc_odd = tl.zeros([HALF], dtype=tl.float32)
-        for row in range(start, end, BLOCK_ROWS):
-            rows = row + tl.arange(0, BLOCK_ROWS)
-            filled = rows < end
-            kp = tl.load(
-                kp_base + rows[:, None] * stride_kpr + j[None, :], mask=filled[:, None], other=0
-            ).to(tl.int32)
-            ks = tl.load(
-                ks_base + rows[:, None] * stride_ksr + group[None, :],
-                mask=filled[:, None],
-                other=0.0,
-            ).to(tl.float32)
-            k_even = ((kp & 15) - 8).to(tl.float32) * ks
-            k_odd = ((kp >> 4) - 8).to(tl.float32) * ks
-            raw = tl.sum(k_even * q_even[None, :] + k_odd * q_odd[None, :], axis=1)
-            scores = tl.where(filled, raw, float("-inf"))
-            new_best = tl.maximum(best, tl.max(scores, axis=0))
-            rescale = tl.exp(best - new_best)
-            weights = tl.exp(scores - new_best)
-            vp = tl.load(
-                vp_base + rows[:, None] * stride_vpr + j[None, :], mask=filled[:, None], other=0
-            ).to(tl.int32)
-            vs = tl.load(
-                vs_base + rows[:, None] * stride_vsr + group[None, :],
-                mask=filled[:, None],
-                other=0.0,
-            ).to(tl.float32)
-            weighted = weights[:, None] * vs
-            acc_even = acc_even * rescale + tl.sum(weighted * ((vp & 15) - 8).to(tl.float32), 0)
-            acc_odd = acc_odd * rescale + tl.sum(weighted * ((vp >> 4) - 8).to(tl.float32), 0)
-            total = total * rescale + tl.sum(weights, axis=0)
-            best = new_best
-        part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (2 * HALF + 2)
-        tl.store(part + 2 * j, acc_even)
-        tl.store(part + 2 * j + 1, acc_odd)
-        tl.store(part + 2 * HALF, best)
-        tl.store(part + 2 * HALF + 1, total)
 
     @triton.jit
     def _low_level(packed):
