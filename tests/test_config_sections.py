@@ -53,7 +53,7 @@ FLAT_DEFAULTS: dict[str, Any] = {
     "voice_max_count": 100, "voice_max_duration_s": 30.0,
     # issue 35's budgets, first added as flat keys
     "media_memory_budget_mb": 0, "media_max_request_s": 300.0, "speech_max_audio_s": 600.0,
-    "http_body_timeout_s": 30.0,
+    "http_body_timeout_s": 30.0, "max_connections": 0,
 }  # fmt: skip
 """The flat ``[server]`` table before sections (tree ``0a62554``): every name and default
 (since then ``connection_workers`` and ``session_shards`` default to ``auto``, and

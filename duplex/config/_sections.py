@@ -138,6 +138,18 @@ class ServerConfig:
         "(a stalled or trickled body, slowloris, is answered 408 and closed); 0: no deadline; "
         "0..3600",
     )
+    max_connections: int = setting(
+        0,
+        "TCP connections each serving process (the server, each connection worker) serves "
+        "in full at once; at the cap the connection that has waited longest without work "
+        "(none in flight, then a body still arriving) is closed to make room, and when every "
+        "one works a new one gets only `/health` and `/metrics`, anything else "
+        "`503 server_busy`. 0: from the process's file descriptors (less those open at start "
+        "and a reserve of 1/16, at least 64) and an eighth of the memory at 64 KiB a "
+        "connection; >= 0 (see [Connections](#connections))",
+        flag="--max-connections",
+        metavar="N",
+    )
     node_name: str = setting(
         "",
         "this server's name as a node of a duplex cluster (docs/cluster.md): 1-16 lowercase "
@@ -188,6 +200,8 @@ class ServerConfig:
         if not self.first_event_timeout_s >= 0:
             refuse("first_event_timeout_s", "must be >= 0")
         _within("http_body_timeout_s", self.http_body_timeout_s, 0, 3600)
+        if self.max_connections < 0:
+            refuse("max_connections", f"must be >= 0, got {self.max_connections}")
 
 
 @final

@@ -360,7 +360,12 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
 
         async def serve_then_end(*, task_status: trio.TaskStatus[Any]) -> None:
             await serve_http(
-                app, hyper, shutdown_trigger=stopping.wait, announce=False, task_status=task_status
+                app,
+                hyper,
+                shutdown_trigger=stopping.wait,
+                announce=False,
+                max_connections=settings.server.max_connections,
+                task_status=task_status,
             )
             nursery.cancel_scope.cancel()
 

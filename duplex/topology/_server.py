@@ -750,7 +750,12 @@ async def _serve_here(
 
     # hypercorn returns after its graceful shutdown; then the engine stops
     await serve_http(
-        app, hyper, shutdown_trigger=shutdown_trigger, registry=registry, task_status=task_status
+        app,
+        hyper,
+        shutdown_trigger=shutdown_trigger,
+        registry=registry,
+        max_connections=server.max_connections,
+        task_status=task_status,
     )
 
 

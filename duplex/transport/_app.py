@@ -69,7 +69,7 @@ from ._access import (
 from ._connection import ConnectionActor, ShutDown
 from ._http import PathLimitedConfig
 from ._latency import LatencyMetrics
-from ._limits import BodyDeadline
+from ._limits import BodyDeadline, deny
 from ._sockets import EventSocket, WebSocketEvents
 from ._stream_socket import FramedSocket
 from ._wait_queue import WaitQueue
@@ -540,30 +540,12 @@ class Guard:
                     code=decision.code,
                     unlogged_since_last=unlogged,
                 )
-            await _deny(scope, receive, send, decision)
+            await deny(scope, receive, send, decision)
             return
         try:
             await self.app(scope, receive, send)
         finally:
             self.peers.leave(peer)
-
-
-async def _deny(scope: dict[str, Any], receive: Any, send: Any, denied: Refusal) -> None:
-    body = denied.body_bytes()
-    headers = [(name.encode(), value.encode()) for name, value in denied.http_headers()]
-    if scope["type"] == "http":
-        await send({"type": "http.response.start", "status": denied.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-        return
-    message = await receive()  # websocket.connect
-    if message["type"] != "websocket.connect":
-        return
-    if "websocket.http.response" in scope.get("extensions", {}):
-        start = {"type": "websocket.http.response.start", "status": denied.status}
-        await send({**start, "headers": headers})
-        await send({"type": "websocket.http.response.body", "body": body})
-    else:  # a server without the denial response: closing before accepting is a 403
-        await send({"type": "websocket.close", "code": denied.close_code})
 
 
 async def _http_refused(request: Request, exc: Exception) -> Response:
@@ -916,4 +898,4 @@ class _NoWebSocketRoute:
                 code=refusal.code,
                 unlogged_since_last=unlogged,
             )
-        await _deny(scope, receive, send, refusal)
+        await deny(scope, receive, send, refusal)

@@ -43,7 +43,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Awaitable, Callable
+import os
+import resource
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final
 
 import hypercorn.protocol.h2
@@ -63,11 +65,12 @@ from wsproto.frame_protocol import CloseReason
 
 from duplex.actors import unwrap
 from duplex.logs import get_logger
-from duplex.metrics import REGISTRY, MetricsRegistry
+from duplex.metrics import REGISTRY, MetricsRegistry, Sample
 from duplex.sessions import RefusalLog
 
 from . import _wsmask
-from ._limits import throttle_accept_errors
+from ._connection_cap import ConnectionCap, auto_connection_limit, open_fds
+from ._limits import CONNECTION, HeldConnections, throttle_accept_errors
 
 _wsmask.install()
 
@@ -265,6 +268,49 @@ class _ErrorLog:
             )
 
 
+def connection_cap(max_connections: int) -> ConnectionCap:
+    """The cap this process serves under: ``max_connections`` (0: what its descriptors and
+    memory afford, `auto_connection_limit`), with half the descriptor reserve as overflow."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    limit, overflow = auto_connection_limit(soft, open_fds(), memory)
+    return ConnectionCap(max_connections or limit, overflow)
+
+
+class _ConnectionMetrics:
+    """The cap's figures at each scrape, and what it shed."""
+
+    def __init__(self, cap: ConnectionCap, registry: MetricsRegistry) -> None:
+        self.shed = registry.counter(
+            "duplex_http_connections_shed_total",
+            "Connections the cap ended or turned away: evicted_idle / evicted_uploading (the "
+            "longest-waiting connection, closed for a new one), busy (an overflow connection's "
+            "request answered 503 server_busy), closed (past the overflow, closed at accept)",
+            ("reason",),
+        )
+
+        def held() -> Iterator[Sample]:
+            idle, uploading = cap.waiting()
+            yield Sample("duplex_http_connections", {"state": "idle"}, idle)
+            yield Sample("duplex_http_connections", {"state": "uploading"}, uploading)
+            working = cap.held - idle - uploading
+            yield Sample("duplex_http_connections", {"state": "working"}, working)
+            yield Sample("duplex_http_connections", {"state": "overflow"}, cap.overflowing)
+
+        def limit() -> Iterator[Sample]:
+            yield Sample("duplex_http_connections_limit", {}, cap.limit)
+
+        registry.add_collector(
+            "duplex_http_connections", "gauge",
+            "TCP connections this process holds, by state (overflow: beyond the limit, served "
+            "/health and /metrics only)", held,
+        )  # fmt: skip
+        registry.add_collector(
+            "duplex_http_connections_limit", "gauge",
+            "Connections this process serves in full at once (server.max_connections)", limit,
+        )  # fmt: skip
+
+
 async def serve_http(
     app: Any,
     config: HypercornConfig,
@@ -272,12 +318,15 @@ async def serve_http(
     shutdown_trigger: Callable[[], Awaitable[object]],
     registry: MetricsRegistry = REGISTRY,
     announce: bool = True,
+    max_connections: int = 0,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``config``'s binds until ``shutdown_trigger`` returns; reports the binds.
 
     ``announce``: log one ``listening`` line with every bound URL (the real port when
     0 was asked); a connection worker, which serves the server's own listener, does not.
+    ``max_connections``: the connections served in full at once (0: from the process's
+    descriptors and memory; `connection_cap`).
 
     Then accepting stops, idle keep-alive connections close, and connections
     still open get ``config.graceful_timeout`` to finish before they are cancelled.
@@ -286,7 +335,10 @@ async def serve_http(
     throttle_accept_errors()
     errors = _ErrorLog(registry)
     context = WorkerContext(None)
-    wrapped = ASGIWrapper(app)
+    cap = connection_cap(max_connections)
+    counted = _ConnectionMetrics(cap, registry)
+    busy = functools.partial(counted.shed.inc, reason="busy")
+    wrapped = ASGIWrapper(HeldConnections(app, cap, on_busy=busy))
     sockets = config.create_sockets()
     ssl_context = config.create_ssl_context()
     listeners: list[trio.abc.Listener[Any]] = []
@@ -302,16 +354,33 @@ async def serve_http(
         binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
 
     async def connection(stream: Any) -> None:
+        admitted = cap.accept()
+        held = admitted.held
+        if held is None:
+            counted.shed.inc(reason="closed")
+            await trio.aclose_forcefully(stream)
+            return
+        if admitted.evicted is not None and admitted.evicted.evict is not None:
+            counted.shed.inc(reason=f"evicted_{admitted.evicted_as}")
+            admitted.evicted.evict()
         try:
-            served = _Connection(wrapped, config, context, {}, stream)
-            if isinstance(stream, trio.SocketStream):  # a plain-HTTP listener's
-                served.on_tls = errors.tls_on_plain_port
-            await served.run()
+            with trio.CancelScope() as scope:
+                held.evict = scope.cancel
+                CONNECTION.set(held)  # this task's context: its requests' tasks inherit it
+                served = _Connection(wrapped, config, context, {}, stream)
+                if isinstance(stream, trio.SocketStream):  # a plain-HTTP listener's
+                    served.on_tls = errors.tls_on_plain_port
+                await served.run()
+            if scope.cancelled_caught:
+                with trio.CancelScope(shield=True):
+                    await trio.aclose_forcefully(stream)
         except* Exception as group:  # Cancelled (shutdown) passes through
             for exc in group.exceptions:
                 errors.record(unwrap(exc))  # hypercorn's task group nests them
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
+        finally:
+            cap.release(held)
 
     async with trio.open_nursery() as connections:
         async with trio.open_nursery() as accepting:

@@ -9,10 +9,14 @@
   is a common default, below what a busy server holds).
 - `throttle_accept_errors`: trio's accept loop logs every ``EMFILE`` it sleeps on (49k
   lines in a minute when fds ran out); one line per interval now, with the count.
+- `HeldConnections`: tells the connection cap (`_connection_cap.py`) when each request
+  starts, has its body and ends, and answers an overflow connection only ``/health``
+  and ``/metrics`` (the rest: ``503 server_busy``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import resource
 import time
@@ -23,7 +27,18 @@ import trio
 from duplex.logs import get_logger
 from duplex.refusals import Refusal
 
-__all__ = ["MIN_BODY_RATE", "BodyDeadline", "raise_fd_limit", "throttle_accept_errors"]
+from ._connection_cap import ConnectionCap, Held
+
+__all__ = [
+    "CONNECTION",
+    "MIN_BODY_RATE",
+    "SERVER_BUSY",
+    "BodyDeadline",
+    "HeldConnections",
+    "deny",
+    "raise_fd_limit",
+    "throttle_accept_errors",
+]
 
 MIN_BODY_RATE: Final = 4096
 """Bytes per second a request body must keep up, beyond its first ``timeout_s``."""
@@ -36,6 +51,116 @@ BODY_TIMEOUT = Refusal(
     "body_timeout",
     headers=(("Connection", "close"),),
 )
+
+
+SERVER_BUSY = Refusal(
+    503,
+    "Every connection this server holds is working (server.max_connections); try again shortly.",
+    "server_busy",
+    close_code=1013,
+    retry_after_s=1,
+    headers=(("Connection", "close"),),
+)
+
+OVERFLOW_PATHS: Final = frozenset({"/health", "/metrics"})
+"""What an overflow connection is answered: enough for a probe and an operator."""
+
+CONNECTION: contextvars.ContextVar[Held | None] = contextvars.ContextVar(
+    "duplex_connection", default=None
+)
+"""The connection a request arrived on: set by the HTTP boundary in each connection's
+task, inherited by the tasks hypercorn starts for its requests."""
+
+
+async def deny(scope: dict[str, Any], receive: Any, send: Any, denied: Refusal) -> None:
+    """Answer an HTTP request or a WebSocket handshake with ``denied``."""
+    body = denied.body_bytes()
+    headers = [(name.encode(), value.encode()) for name, value in denied.http_headers()]
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": denied.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return
+    message = await receive()  # websocket.connect
+    if message["type"] != "websocket.connect":
+        return
+    if "websocket.http.response" in scope.get("extensions", {}):
+        start = {"type": "websocket.http.response.start", "status": denied.status}
+        await send({**start, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:  # a server without the denial response: closing before accepting is a 403
+        await send({"type": "websocket.close", "code": denied.close_code})
+
+
+def _has_body(scope: dict[str, Any]) -> bool:
+    for name, value in scope.get("headers", ()):
+        lowered = name.lower()
+        if lowered == b"transfer-encoding":
+            return True
+        if lowered == b"content-length" and value.strip() != b"0":
+            return True
+    return False
+
+
+@final
+class HeldConnections:
+    """Pure ASGI middleware: each request's part in its connection's place under the cap.
+
+    Args:
+        app: the app it wraps.
+        cap: the serving process's connection cap.
+        on_busy: called once per request refused ``server_busy`` (a counter).
+    """
+
+    def __init__(self, app: Any, cap: ConnectionCap, on_busy: Any = None) -> None:
+        self.app = app
+        self.cap = cap
+        self.on_busy = on_busy
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        held = CONNECTION.get()
+        if held is None or scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        if held.evicted:
+            return  # its connection is being closed (the cancellation reaches it next)
+        if held.overflow:
+            if scope["type"] == "http" and scope.get("path") in OVERFLOW_PATHS:
+                await self.app(scope, receive, _closing(send))
+                return
+            if self.on_busy is not None:
+                self.on_busy()
+            await deny(scope, receive, send, SERVER_BUSY)
+            return
+        body = scope["type"] == "http" and _has_body(scope)
+        arrived = not body
+        self.cap.begin(held, body=body)
+
+        async def tracked_receive() -> dict[str, Any]:
+            nonlocal arrived
+            message: dict[str, Any] = await receive()
+            if not arrived and (
+                message["type"] == "http.disconnect" or not message.get("more_body", False)
+            ):
+                arrived = True
+                self.cap.body_done(held)
+            return message
+
+        try:
+            await self.app(scope, tracked_receive, send)
+        finally:
+            self.cap.end(held, body_done=arrived)
+
+
+def _closing(send: Any) -> Any:
+    """``send``, with ``Connection: close`` on the response (an overflow connection ends)."""
+
+    async def closing_send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            headers = [*message.get("headers", ()), (b"connection", b"close")]
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return closing_send
 
 
 @final

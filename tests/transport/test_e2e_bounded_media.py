@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -34,17 +35,28 @@ GRACE_S = 2.0
 
 @asynccontextmanager
 async def serving(
-    tmp_path: Path, config: str, *, stop: bool = True
+    tmp_path: Path, config: str, *, stop: bool = True, max_open_files: int = 0
 ) -> AsyncIterator[tuple[str, trio.Process, list[str]]]:
     """``duplex serve --config`` on a free port: its URL, its process and its log lines.
-    ``stop``: SIGINT it at the end (a test that signals it itself says ``False``)."""
+    ``stop``: SIGINT it at the end (a test that signals it itself says ``False``).
+    ``max_open_files``: its soft and hard descriptor limit (0: this process's)."""
     path = tmp_path / "server.toml"
     path.write_text(config)
     command = [sys.executable, "-m", "duplex.cli", "serve", "--port", "0", "--log-format",
                "json", "--config", str(path)]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_")}
     env["PYTHONPATH"] = str(ROOT)
-    process = await trio.lowlevel.open_process(command, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+
+    def limit_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
+
+    process = await trio.lowlevel.open_process(
+        command,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+        preexec_fn=limit_files if max_open_files else None,
+    )
     assert process.stderr is not None
     lines: list[str] = []
     started = trio.Event()
