@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 from websockets.trio.client import connect
 
@@ -238,9 +239,41 @@ LONG_STEP_IMAGE = {"prompt": "a cat", "size": "512x512", "num_inference_steps": 
 a second or two: a check inside the step stops it."""
 
 
-async def test_a_client_that_leaves_stops_its_work_inside_the_step(tmp_path: Path) -> None:
+def process_tree(pid: int) -> set[int]:
+    """``pid`` and every live process under it (an engine process and its helpers)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+                if fields[0] != "Z":  # a zombie holds nothing
+                    parents[int(entry)] = int(fields[1])
+    tree, grown = {pid}, True
+    while grown:
+        more = {child for child, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grown = bool(more)
+    return {member for member in tree if member in parents}
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """The RSS of ``pid`` and every process under it."""
+    total = 0
+    for member in process_tree(pid):
+        with contextlib.suppress(OSError, AssertionError):
+            total += rss_bytes(member)
+    return total
+
+
+@pytest.mark.parametrize("engine_process", ["off", "on"], ids=["in-process", "engine-process"])
+async def test_a_client_that_leaves_stops_its_work_inside_the_step(
+    tmp_path: Path, engine_process: str
+) -> None:
+    """In the server's process, and in an engine process (the withdrawal crosses its link
+    and sets the gate's stop flag where the step runs)."""
+    config = LONG_STEP + f'engine_process = "{engine_process}"\n'
     async with (
-        serving(tmp_path, LONG_STEP) as (url, process, _),
+        serving(tmp_path, config) as (url, process, _),
         httpx.AsyncClient(timeout=60) as http,
     ):
         async with trio.open_nursery() as nursery:
@@ -250,7 +283,7 @@ async def test_a_client_that_leaves_stops_its_work_inside_the_step(tmp_path: Pat
 
             nursery.start_soon(leaving)
             await wait_running(http, url, "image")
-            peak = rss_bytes(process.pid)
+            peak = tree_rss_bytes(process.pid)
             nursery.cancel_scope.cancel()
         left = trio.current_time()
         with trio.fail_after(30):  # before: the whole step (a minute or more)
@@ -261,12 +294,18 @@ async def test_a_client_that_leaves_stops_its_work_inside_the_step(tmp_path: Pat
         small = {"prompt": "a cat", "size": "32x16", "num_inference_steps": 2}
         answer = await http.post(url + IMAGES, json=small)  # the engine is free again
         assert answer.status_code == 200
-        assert rss_bytes(process.pid) <= peak + 50 * 2**20
+        assert tree_rss_bytes(process.pid) <= peak + 50 * 2**20
 
 
-async def test_a_shutdown_during_a_long_step_exits_within_the_grace(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine_process", ["off", "on"], ids=["in-process", "engine-process"])
+async def test_a_shutdown_during_a_long_step_exits_within_the_grace(
+    tmp_path: Path, engine_process: str
+) -> None:
+    """Every process of the server's tree is gone within the deadline: with an engine
+    process, the step runs there, and the server's exit must not leave it behind."""
+    config = LONG_STEP + f'engine_process = "{engine_process}"\n'
     async with (
-        serving(tmp_path, LONG_STEP, stop=False) as (url, process, lines),
+        serving(tmp_path, config, stop=False) as (url, process, lines),
         httpx.AsyncClient(timeout=60) as http,
     ):
         async with trio.open_nursery() as nursery:
@@ -277,11 +316,17 @@ async def test_a_shutdown_during_a_long_step_exits_within_the_grace(tmp_path: Pa
 
             nursery.start_soon(waiting)
             await wait_running(http, url, "image")
+            tree = process_tree(process.pid) - {process.pid}
+            assert len(tree) >= (engine_process == "on"), tree
             process.send_signal(signal.SIGTERM)
             signalled = trio.current_time()
             with trio.move_on_after(30):  # before: the whole step (many minutes)
                 await process.wait()
             assert process.returncode is not None, "\n".join(lines[-15:])
+            with trio.move_on_after(30):
+                while tree & process_tree(1):
+                    await trio.sleep(0.05)
             took = trio.current_time() - signalled
             nursery.cancel_scope.cancel()
+        assert not tree & process_tree(1), "left behind"
         assert took < GRACE_S + 1 + 1.0, (took, lines[-5:])
