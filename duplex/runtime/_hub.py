@@ -257,6 +257,7 @@ class SessionHub:
         """Engine ``index`` runs (again); after a crash, its live sessions move onto it."""
         self.engines[index] = engine
         self.engine_starts += 1
+        self._load_changed()  # its room: workers route by it
         if index not in self._engine_indices:
             self._engine_indices.add(index)
             return
@@ -285,14 +286,15 @@ class SessionHub:
         """Engine ``index`` is gone until it starts again: no new session goes to it."""
         if self.engines.get(index) is engine:
             del self.engines[index]
+            self._load_changed()
 
     async def engine_lost(self, index: int, reason: str) -> None:
         """Engine ``index`` died (its process exited): its sessions are told now, not when
         a new one is up (a 7B model takes minutes to load); they move on `engine_started`."""
         lost = [sid for sid, placed in self._placed.items() if placed == index]
-        get_logger(component="engine", model=self.spec.name).error(
-            "engine lost", engine=index, reason=reason, sessions=len(lost)
-        )
+        log = get_logger(component="engine", model=self.spec.name)
+        say = log.info if self.sleeping and not lost else log.error
+        say("engine lost", engine=index, reason=reason, sessions=len(lost))
         for session_id in lost:
             ref = self._sessions.get(session_id)
             if ref is not None:

@@ -120,6 +120,9 @@ class Children:
         self.ready: set[int] = set()
         """Children that said ``Ready`` on their current link."""
         self.stopping = False
+        self.paused = False
+        """Children asked to stop for a while (`pause`): not restarted until `resume`."""
+        self._resumed = trio.Event()
         self.log = get_logger(component="children")
         self._restarts = restarts
         self._serving = serving
@@ -134,8 +137,26 @@ class Children:
     def stop(self) -> None:
         """Ask every child to finish and exit (one being started is asked once it is)."""
         self.stopping = True
+        self._resumed.set()  # a paused child's keeper returns
         for link in self.links.values():
             link.post(Stop())
+
+    async def pause(self) -> None:
+        """Ask every child to finish and exit, and return once none runs; they stay
+        stopped (no restart, nothing logged as a crash) until `resume`."""
+        self.paused = True
+        self._resumed = trio.Event()
+        for link in self.links.values():
+            link.post(Stop())
+        while self.processes:
+            await trio.sleep(0.05)
+
+    async def resume(self) -> None:
+        """Start the paused children again; returns once every one says ``Ready``."""
+        self.paused = False
+        self._resumed.set()
+        while self.ready != set(self.indices) and not self.stopping:
+            await trio.sleep(0.05)
 
     def kill(self, index: int) -> bool:
         """SIGKILL child ``index`` now (one that is alive but stuck): it is reaped and
@@ -164,13 +185,12 @@ class Children:
             process, link = await self.child.spawn(index)
             self.links[index] = link
             self.processes[index] = process
-            if self.stopping:  # ``stop`` came while this one was being spawned
+            if self.stopping or self.paused:  # asked while this one was being spawned
                 link.post(Stop())
             try:
                 await link.while_sending(self.child.serve, index, link, on_ready)
             finally:
                 del self.links[index]
-                self.processes.pop(index, None)
                 if index in self.ready:
                     self.ready.discard(index)
                     if self._serving is not None:
@@ -178,8 +198,15 @@ class Children:
                 with trio.CancelScope(shield=True):
                     await link.stream.aclose()  # EOF: a child whose server is failing exits now
                 code = await self._reap(process)
+                self.processes.pop(index, None)
             if self.stopping:
                 return
+            if self.paused and started:
+                self.log.info(f"{kind} paused", index=index, code=code)
+                await self._resumed.wait()
+                if self.stopping:
+                    return
+                continue
             if code == EXIT_STALE_CODE:
                 raise RuntimeError(
                     f"{kind} {index}: duplex's code on disk changed since this server started; "

@@ -91,6 +91,10 @@ class EngineSet(Protocol):
 class EngineHost(Protocol):
     """Who is told an engine started or stopped (the session hub)."""
 
+    sleeping: bool
+    """Its engines were stopped on purpose (``POST /v1/omni/sleep``): a link that ends
+    then is no failure."""
+
     async def engine_started(self, engine: SlotEngine, index: int = 0) -> None: ...
 
     def engine_stopped(self, index: int, engine: SlotEngine) -> None: ...
@@ -471,5 +475,8 @@ class EngineConnection:
                 for service in services:
                     self.requests.stopped(service)
         # not reached when this process stops (cancelled): only an engine that went away
-        self.log.error("engine link ended", sessions=engine.slots)
+        if self.host.sleeping:
+            self.log.info("engine link ended: the engine sleeps", sessions=engine.slots)
+        else:
+            self.log.error("engine link ended", sessions=engine.slots)
         await self.host.engine_lost(self.index, "the engine process exited")

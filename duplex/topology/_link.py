@@ -244,7 +244,10 @@ class AsgiEnd:
 @final
 @dataclass(frozen=True, slots=True)
 class ShardQuery:
-    """The server asks a shard for ``what``: ``health`` or ``metrics``."""
+    """The server asks a shard for ``what``: ``health`` or ``metrics``; for a sleep of the
+    engine processes ``sleep`` / ``wake`` (admission closed / opened; the answer: the
+    sessions live), ``live`` (the sessions live) or ``evict`` (every session ended; how
+    many)."""
 
     request: int
     what: str

@@ -64,6 +64,7 @@ from duplex.transport import (
 from duplex.wire import MAX_PAYLOAD_BYTES
 
 from . import _link
+from ._children import Children
 from ._deadline import EXIT_MARGIN_S, ExitDeadline
 from ._engine_client import EngineConnection, engine_spec, export_engine_histograms
 from ._engines import EngineProcesses
@@ -74,9 +75,9 @@ from ._memory import export_trim_histogram, trim_memory_every
 from ._requests import model_cards, open_request_engines, runner_specs
 from ._routes import robot_limits, service_routes
 from ._shards import ShardProcesses
-from ._sleep import LocalEngineSleep
+from ._sleep import LocalEngineSleep, ProcessEngineSleep
 from ._voices import voice_folder, voice_store
-from ._watchdog import EngineWatchdog, Killer
+from ._watchdog import EngineWatchdog
 from ._workers import ConnectionWorkers, LinkServer, WorkerSettings, worker_access
 
 
@@ -557,7 +558,7 @@ async def _serve_sessions(
     registry: MetricsRegistry,
     access: AccessSettings,
     engine_paths: Sequence[str],
-    engine_processes: Killer | None = None,
+    engine_processes: Children | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -577,7 +578,8 @@ async def _serve_sessions(
         )
     if local and runner_specs(config) and config.engine.devices[0] == "cpu":
         limit_torch_threads()  # a model on the CPU shares the cores with the event loop
-    sleeper = LocalEngineSleep(system)
+    # an in-process engine beside shards cannot sleep (each shard has its own): 501
+    local_sleep = LocalEngineSleep(system)
     async with (
         open_request_engines(config, system, registry, slack, local=local) as requests,
         open_backend(
@@ -588,7 +590,7 @@ async def _serve_sessions(
             engine_paths=engine_paths,
             slack=slack,
             requests=requests,
-            sleep=sleeper,
+            sleep=local_sleep if local and not sharded else None,
         ) as backend,
         open_media(config, registry, requests) as media,
     ):
@@ -596,6 +598,9 @@ async def _serve_sessions(
         store = voice_store(config)
         speech = speech_service(config, registry, requests, store)
         voices = VoiceService(store, speech, registry=registry)
+        sleeper: LocalEngineSleep | ProcessEngineSleep = local_sleep
+        if engine_processes is not None and engine_paths:
+            sleeper = ProcessEngineSleep(backend.hub, engine_processes)
         omni = OmniService(sleeper)
         hub = backend.hub
         chat = ChatService(
@@ -646,6 +651,11 @@ async def _serve_sessions(
                         engine_paths,
                         relayed,
                         robot_payload_bytes=robot_payload_bytes,
+                        on_shards=(
+                            sleeper.attach_shards
+                            if isinstance(sleeper, ProcessEngineSleep)
+                            else None
+                        ),
                     )
                 )
             else:
@@ -769,13 +779,15 @@ async def serve_with_workers(
     relayed: Any | None = None,
     *,
     robot_payload_bytes: int = 0,
+    on_shards: Callable[[ShardProcesses], None] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Bind here, serve in connection workers (and shards); returns once all have exited.
 
     ``relayed``: the app of the routes the workers relay whole to this process
     (``_relay.py``: speech, images, videos, robots); ``robot_payload_bytes``: the robot
-    endpoint's frame limit when a policy is served (the workers' sockets allow it).
+    endpoint's frame limit when a policy is served (the workers' sockets allow it);
+    ``on_shards``: told the shards once they run (the engine processes' sleep asks them).
 
     Shards start first, so each worker finds every shard's socket when it starts.
     On shutdown this process's sockets close (1001), then every shard closes its
@@ -792,6 +804,8 @@ async def serve_with_workers(
             if shards.count:
                 await nursery.start(shards.children.run)
                 backend.attach_shards(shards)
+                if on_shards is not None:
+                    on_shards(shards)
             settings = WorkerSettings(
                 server,
                 fingerprint=_link.CODE_FINGERPRINT,

@@ -33,6 +33,7 @@ from ._children import child_config, child_parser
 from ._link import EXIT_STALE_CODE, Link, Ready, ShardAnswer, ShardQuery, Stop
 from ._requests import open_request_engines
 from ._server import SERVER_DEAD_LETTERS, open_backend
+from ._sleep import SLEEP_REASON
 from ._workers import LinkServer
 
 ACCEPT_RETRY_S = 0.1
@@ -83,13 +84,25 @@ async def run_shard(
                         continue
                     nursery.start_soon(serve_link, sock)
 
+        hub = backend.hub
+
+        async def evict(request: int) -> None:
+            """A forced sleep: every live session told and ended; how many."""
+            control.post(ShardAnswer(request, await hub.evict_all(SLEEP_REASON)))
+
         def answer(what: str) -> Any:
-            """This shard's part of ``/health`` or ``/metrics``; ``None`` leaves it out."""
+            """This shard's part of ``/health`` or ``/metrics``, or of a sleep (``sleep``,
+            ``wake``: admission closed or opened, and the sessions live); ``None`` leaves
+            it out."""
             try:
                 if what == "health":
                     return backend.health_of()
                 if what == "metrics":
                     return REGISTRY.families()
+                if what in ("sleep", "wake", "live"):
+                    if what != "live":
+                        hub.sleeping = what == "sleep"
+                    return hub.live_sessions
             except Exception:  # a scrape must never end the shard and its sessions
                 log.exception("answering the server failed", query=what)
             return None
@@ -104,6 +117,8 @@ async def run_shard(
                     case Stop():
                         stopped = True
                         break
+                    case ShardQuery(request, "evict"):
+                        nursery.start_soon(evict, request)
                     case ShardQuery(request, what):
                         control.post(ShardAnswer(request, answer(what)))
             if not stopped:

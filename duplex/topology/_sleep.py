@@ -12,19 +12,28 @@ Sleeping with live sessions is refused (409 ``sessions_live``) unless forced: th
 session is ended (an ``error`` with the reason, then ``session.closed`` and the socket's
 close), and the engine stops once they are gone (or after `DRAIN_S`).
 
-Only a server whose engine runs in its own process can sleep (``engine_process = off``,
-one session shard): engine processes and shards answer 501 ``sleep_unsupported``. The
-request engines (images, video, audio, TTS, policy) keep their memory.
+With engine processes (`ProcessEngineSleep`, the default on a GPU), a sleep stops the
+engine processes themselves: everything they hold (the realtime engine and the request
+engines built beside it: images, video, audio, TTS, policy, ASR) goes back to the system
+with the process, and waking starts them again. Every session process (this one and each
+shard) closes its admission first and, when forced, ends its sessions; their engine links
+reconnect by themselves once the engines are back.
+
+What cannot sleep answers 501 ``sleep_unsupported``: an in-process engine beside session
+shards (each shard has its own engine). With an in-process engine the request engines
+(images, video, audio, TTS, policy) keep their memory.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import shutil
+import subprocess
 import time
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, Final, final
+from typing import Any, ClassVar, Final, Protocol, final
 
 import trio
 
@@ -35,11 +44,21 @@ from duplex.runtime import SessionHub
 
 from ._memory import malloc_trim
 
-__all__ = ["DRAIN_S", "LocalEngineSleep", "SessionsLive", "SleepUnsupported"]
+__all__ = [
+    "DRAIN_S",
+    "SLEEP_REASON",
+    "LocalEngineSleep",
+    "ProcessEngineSleep",
+    "SessionsLive",
+    "SleepUnsupported",
+]
 
 DRAIN_S: Final = 10.0
 """How long a forced sleep waits for the told sessions to end before it stops the engine."""
-REASON: Final = "engine_sleeping: an operator put the engine to sleep (POST /v1/omni/sleep)"
+WAKE_LINK_S: Final = 30.0
+"""How long a wake waits, after the engine processes are ready, for this process to link
+them (it reconnects every ``CONNECT_RETRY_S``)."""
+SLEEP_REASON: Final = "engine_sleeping: an operator put the engine to sleep (POST /v1/omni/sleep)"
 
 
 @final
@@ -167,7 +186,7 @@ class LocalEngineSleep:
             started = self.clock()
             before = _memory()
             hub.sleeping = True  # no new session from here on
-            told = await hub.evict_all(REASON) if live else 0
+            told = await hub.evict_all(SLEEP_REASON) if live else 0
             with trio.move_on_after(DRAIN_S):
                 while hub.live_sessions:
                     await trio.sleep(0.05)
@@ -211,4 +230,155 @@ class LocalEngineSleep:
             took = round(self.clock() - started, 3)
             after = _memory()
             self.log.info("engine awake", took_s=took, **after)
+            return {"status": "awake", "wake_s": took, "memory_awake": after}
+
+
+class _ShardQueries(Protocol):
+    """The server's session shards, asked by name (``_shards.ShardProcesses``)."""
+
+    async def query(self, what: str) -> list[Any]: ...
+
+
+class _Pausable(Protocol):
+    """The engine processes' supervision (``_children.Children``)."""
+
+    processes: dict[int, trio.Process]
+
+    async def pause(self) -> None: ...
+
+    async def resume(self) -> None: ...
+
+
+def _process_memory(pids: list[int]) -> dict[str, int]:
+    """The resident memory of ``pids`` together and, where ``nvidia-smi`` answers, the
+    device memory they hold (what a sleep gives back)."""
+    resident = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as statm:
+                resident += int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            continue
+    figures = {"engine_processes": len(pids), "rss_bytes": resident}
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return figures
+    try:
+        found = subprocess.run(
+            [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout  # fmt: skip
+        used = 0
+        for line in found.splitlines():
+            pid, _, mib = line.partition(",")
+            if pid.strip().isdigit() and int(pid) in pids:
+                used += int(mib.strip()) * (1 << 20)
+        figures["gpu_used_bytes"] = used
+        total = subprocess.run(
+            [smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout  # fmt: skip
+        figures["device_used_bytes"] = sum(int(v) for v in total.split()) * (1 << 20)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    return figures
+
+
+@final
+class ProcessEngineSleep:
+    """The sleep of the engine processes: each session process closes its admission (and,
+    forced, ends its sessions), then the engine processes stop; waking starts them again
+    and opens admission once every session process has its engines back.
+
+    Args:
+        hub: this process's session hub (shard 0).
+        engines: the engine processes' supervision.
+        clock: wall seconds, for the answers' durations.
+
+    `attach_shards` gives it the other session shards once they run.
+    """
+
+    def __init__(
+        self, hub: SessionHub, engines: _Pausable, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.hub = hub
+        self.engines = engines
+        self.clock = clock
+        self.shards: _ShardQueries | None = None
+        self._lock = trio.Lock()
+        self.asleep = False
+        self.log = get_logger(component="sleep")
+
+    def attach_shards(self, shards: _ShardQueries) -> None:
+        self.shards = shards
+
+    async def _ask(self, what: str) -> int:
+        """Every shard's answer to ``what``, summed (a shard that does not answer: 0)."""
+        if self.shards is None:
+            return 0
+        return sum(answer or 0 for answer in await self.shards.query(what))
+
+    async def _live(self) -> int:
+        return self.hub.live_sessions + await self._ask("live")
+
+    async def sleep(self, *, force: bool = False) -> dict[str, Any]:
+        """Close admission everywhere, end the sessions if forced, stop the engine processes.
+
+        Raises:
+            SessionsLive: sessions are live and ``force`` is off (admission opens again).
+        """
+        async with self._lock:
+            if self.asleep:
+                return {"status": "asleep", "already": True}
+            started = self.clock()
+            self.hub.sleeping = True  # no new session from here on, in any session process
+            live = self.hub.live_sessions + await self._ask("sleep")
+            if live and not force:
+                self.hub.sleeping = False
+                await self._ask("wake")
+                raise SessionsLive(
+                    f"{live} session(s) are live: sleep when they end, or with force=true "
+                    "(each is told and ended).",
+                    param="force",
+                )
+            told = 0
+            if live:
+                told = await self.hub.evict_all(SLEEP_REASON) + await self._ask("evict")
+                with trio.move_on_after(DRAIN_S):
+                    while await self._live():
+                        await trio.sleep(0.05)
+            pids = [p.pid for p in self.engines.processes.values()]
+            before = await trio.to_thread.run_sync(_process_memory, pids)
+            await self.engines.pause()
+            after = await trio.to_thread.run_sync(_process_memory, pids)
+            self.asleep = True
+            took = round(self.clock() - started, 3)
+            self.log.info("engine processes asleep", sessions_told=told, took_s=took, **after)
+            return {
+                "status": "asleep",
+                "sessions_told": told,
+                "engine_released": not self.engines.processes,
+                "sleep_s": took,
+                "memory_before": before,
+                "memory_asleep": after,
+            }
+
+    async def wake(self) -> dict[str, Any]:
+        """Start the engine processes (model loads); admission opens once every session
+        process has linked them again."""
+        async with self._lock:
+            if not self.asleep:
+                return {"status": "awake", "already": True}
+            started = self.clock()
+            await self.engines.resume()
+            with trio.move_on_after(WAKE_LINK_S):
+                while len(self.hub.engines) < len(self.engines.processes):
+                    await trio.sleep(0.05)
+            self.asleep = False
+            self.hub.sleeping = False
+            await self._ask("wake")
+            took = round(self.clock() - started, 3)
+            pids = [p.pid for p in self.engines.processes.values()]
+            after = await trio.to_thread.run_sync(_process_memory, pids)
+            self.log.info("engine processes awake", took_s=took, **after)
             return {"status": "awake", "wake_s": took, "memory_awake": after}

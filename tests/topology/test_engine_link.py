@@ -204,6 +204,7 @@ class Host:
         self.stopped = 0
         self.lost: list[str] = []
         self.changed = trio.Event()
+        self.sleeping = False
 
     async def engine_started(self, engine: SlotEngine, index: int = 0) -> None:
         self.started.append(engine)
