@@ -33,6 +33,11 @@ ticks, underruns and dropped outputs over the window. With ``--engine-bench``
 (one H200), ``bench/duplex_engine.py --phases ours-fp8-staggered`` runs first,
 at the same batch sizes, and each N's served step p99 is given as a ratio to it.
 
+With ``--sleep-wake``, before the counts the idle engine is put to sleep and woken
+(``POST /v1/omni/sleep``, ``/v1/omni/wakeup``): the report's ``sleep_wake`` has both answers
+(their memory figures, the time to wake) and the device's used memory before, asleep and
+after; every N then runs on the woken engine.
+
 With ``--beside-images K`` (a server started with ``--image-model``), the images'
 share is measured in the same run: ``bench/images_load.py`` (K clients posting one
 ``--image-size`` image of ``--image-steps`` steps back to back) alone for the same
@@ -445,6 +450,24 @@ async def _beside_images(
     }
 
 
+async def _sleep_wake(http: str) -> dict[str, Any]:
+    """``POST /v1/omni/sleep`` then ``/v1/omni/wakeup`` on the idle server, with the device's
+    used memory (``nvidia-smi``) before, asleep and after, and each answer as it came."""
+    figures: dict[str, Any] = {"gpu_used_mib_before": _gpu_memory_mib()}
+    async with httpx.AsyncClient(timeout=900) as client:
+        started = time.monotonic()
+        slept = await client.post(http + "/v1/omni/sleep")
+        figures["sleep_wall_s"] = round(time.monotonic() - started, 2)
+        figures["sleep"] = {"status": slept.status_code, **slept.json()}
+        figures["gpu_used_mib_asleep"] = _gpu_memory_mib()
+        started = time.monotonic()
+        woke = await client.post(http + "/v1/omni/wakeup")
+        figures["wake_wall_s"] = round(time.monotonic() - started, 2)
+        figures["wake"] = {"status": woke.status_code, **woke.json()}
+    figures["gpu_used_mib_after"] = _gpu_memory_mib()
+    return figures
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     """Every N in turn; on SIGTERM (``timeout``) the rows so far are the report. The server
     runs in its own session (so a Ctrl-C reaches it once, from here): it is stopped on the
@@ -484,6 +507,11 @@ async def _bench(args: argparse.Namespace, report: dict[str, Any]) -> None:
     try:
         ready_s, report["health_at_ready"] = await _wait_ready(http, args.start_timeout_s, server)
         report["ready_after_s"] = round(ready_s, 1)
+        if args.sleep_wake:  # then every N below runs on the woken engine
+            report["sleep_wake"] = await _sleep_wake(http)
+            if args.out:
+                Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+            await _wait_ready(http, 60, server)
         alone = await _images(http, args) if args.beside_images else {}
         for n in args.counts:
             pid = server.pid if server else None
@@ -533,6 +561,13 @@ def main() -> int:
     parser.add_argument("--image-steps", type=int, default=30)
     parser.add_argument(
         "--rounds", type=int, default=1, help="with --beside-images: alone/beside pairs per N"
+    )
+    parser.add_argument(
+        "--sleep-wake",
+        action="store_true",
+        help="before the counts: sleep and wake the engine (POST /v1/omni/sleep, /wakeup), "
+        "with the device memory before, asleep and after; the counts then run on the woken "
+        "engine",
     )
     parser.add_argument("--load", help=argparse.SUPPRESS)
     parser.add_argument("--load-range", help=argparse.SUPPRESS)

@@ -15,6 +15,7 @@ use one, so what it hears is deterministic).
 from __future__ import annotations
 
 import math
+import signal
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -418,6 +419,9 @@ def _catching(call: Any, errors: list[BaseException]) -> Any:
 
 def _serve_asr(conn: Any, options: dict[str, Any]) -> None:
     """The child's loop: a batch in, its results out, until the pipe closes."""
+    # an engine process ignores SIGTERM (the server stops it) and a spawned child inherits
+    # that: multiprocessing's exit (terminate, then join) then waited on it for ever
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         runner = PocketSphinxRunner(**options)
         runner.prepare()
