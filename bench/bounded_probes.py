@@ -7,8 +7,10 @@ Starts ``duplex serve`` (tiny image and video pipelines, espeak-ng, ``http_body_
 2 s, ``shutdown_grace_s`` ``--grace``) on a free loopback port as a subprocess and sends:
 a 2048x2048 x 16-frame video job, ten 2048x2048 images, one 512x512 image at the default
 20 steps, a 1024-frame 512x512 video stream, a speech batch of 4 x 2,048 characters at
-speed 0.25 and 48 kHz WAV, 50 bodies that stall after their headers, and, last, SIGTERM
-with five WebSocket peers that read nothing. Prints one
+speed 0.25 and 48 kHz WAV, 50 bodies that stall after their headers, ``--flood`` (1,100)
+stalled bodies held open at once (the server's descriptor limit is ``--max-open-files``,
+soft and hard: 1,024, the common default) and then ``/health`` and a speech request timed,
+and, last, SIGTERM with five WebSocket peers that read nothing. Prints one
 line per probe: the answer, the time to it, and the RSS change; then the time to exit.
 """
 
@@ -18,6 +20,7 @@ import argparse
 import base64
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -89,7 +92,14 @@ async def main(args: argparse.Namespace) -> None:
     command = [sys.executable, "-m", "duplex.cli", "serve", "--port", "0", "--log-format",
                "json", "--config", str(config)]  # fmt: skip
     log = open(folder / "server.log", "wb")  # noqa: SIM115 (the process writes it)
-    process = subprocess.Popen(command, stderr=log, env=env, cwd=ROOT)
+    files = args.max_open_files
+
+    def limit_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+
+    process = subprocess.Popen(
+        command, stderr=log, env=env, cwd=ROOT, preexec_fn=limit_files if files else None
+    )
     url = ""
     deadline = time.monotonic() + 120
     while not url and time.monotonic() < deadline:
@@ -152,6 +162,22 @@ async def main(args: argparse.Namespace) -> None:
         print(f"50 stalled bodies: all closed by {max(closed):.2f} s (deadline 2 s); "
               f"RSS {before:.0f} -> {tree_rss_mb(pid):.0f} MB")  # fmt: skip
 
+        flood = []
+        for _ in range(args.flood):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(head)
+            flood.append(stream)
+        started = time.monotonic()
+        health = await http.get(url + "/health")
+        health_s = time.monotonic() - started
+        started = time.monotonic()
+        speech = await http.post(url + "/v1/audio/speech", json={"input": "Hi.", "voice": "alloy"})
+        print(f"{args.flood} stalled bodies held at {files or 'the inherited'} fds: /health "
+              f"{health.status_code} in {health_s * 1000:.0f} ms, speech {speech.status_code} in "
+              f"{(time.monotonic() - started) * 1000:.0f} ms")  # fmt: skip
+        for stream in flood:
+            await stream.aclose()
+
         peers = [await stalled_ws(port) for _ in range(5)]
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
@@ -170,4 +196,10 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--grace", type=float, default=5.0)
+    parser.add_argument("--flood", type=int, default=1100, help="stalled bodies held at once")
+    parser.add_argument(
+        "--max-open-files", type=int, default=1024, help="the server's fd limit (0: inherited)"
+    )
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the flood's sockets are ours too
     trio.run(main, parser.parse_args())

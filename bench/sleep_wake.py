@@ -8,7 +8,7 @@ bench adds the process's RSS read from ``/proc`` and the wall time of each call.
 
     python bench/sleep_wake.py --model tiny --rounds 3
     python bench/sleep_wake.py --model moshi-7b --random-weights --model-device cuda \\
-        --engine-process off   # the GPU figure (not yet measured)
+        --engine-process on    # the GPU default: the engine processes stop asleep
 """
 
 from __future__ import annotations
@@ -75,6 +75,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "wake_s_median": statistics.median(r["wake_call_s"] for r in rounds),
         "engine_released": all(r["server_sleep"].get("engine_released") for r in rounds),
     }
+    if "engine_processes" in rounds[0]["server_sleep"].get("memory_before", {}):
+        # engine processes: a sleep stops them; the server's answers carry their memory
+        for key, answer, field in (
+            ("engine_rss_before_mib", "server_sleep", "memory_before"),
+            ("engine_rss_asleep_mib", "server_sleep", "memory_asleep"),
+            ("engine_rss_awake_mib", "server_wake", "memory_awake"),
+        ):
+            summary[key] = statistics.median(r[answer][field]["rss_bytes"] for r in rounds) / mib
     return {
         "machine": machine(),
         "commit": commit(),
@@ -91,8 +99,9 @@ if __name__ == "__main__":
     parser.add_argument("--engine-process", default="off")
     parser.add_argument("--random-weights", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="the report (default results/sleep_wake.json)")
     parsed, _ = parser.parse_known_args()
     parsed.argv = sys.argv[1:]
     report = trio.run(main, parsed)
-    write_report(RESULTS / "sleep_wake.json", report)
+    write_report(parsed.out or RESULTS / "sleep_wake.json", report)
     print(json.dumps(report["summary"], indent=2))

@@ -11,21 +11,12 @@ been failed by its loop (`RequestEngine.run`), never left hanging.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, final, runtime_checkable
-
-import trio
+from typing import Any, final
 
 from duplex.actors import Actor, ActorContext
 
 from ._driver import Offload
 from ._requests import RequestEngine
-
-
-@runtime_checkable
-class ClosableRunner(Protocol):
-    """A runner with resources beyond its memory (child processes) to give back."""
-
-    def close(self) -> None: ...
 
 
 @final
@@ -53,20 +44,8 @@ class RequestActor(Actor[Any]):
 
     async def on_start(self, ctx: ActorContext) -> None:
         engine = self.build() if self.offload is None else await self.offload(self.build)
-        ctx.start_soon(self._run, engine)
+        ctx.start_soon(engine.run)
         await self.on_engine(engine)
-
-    async def _run(self, engine: RequestEngine[Any, Any]) -> None:
-        """The engine's loop; when it ends (a stop, a crash) a runner that holds processes
-        of its own (the ASR's pocketsphinx children) closes them: a crash's fresh engine
-        starts new ones, and a stopping engine process must not wait on the old."""
-        try:
-            await engine.run()
-        finally:
-            runner = engine.runner
-            if isinstance(runner, ClosableRunner):
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(runner.close)
 
     async def receive(self, ctx: ActorContext, message: Any) -> Any:
         return None

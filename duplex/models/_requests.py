@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Final, Generic, Protocol, TypeVar, final
+from typing import Any, Final, Generic, Protocol, TypeVar, final, runtime_checkable
 
 import trio
 
@@ -96,6 +96,14 @@ class UnitGate(Protocol):
             RequestCancelled: every request was withdrawn, or the engine is stopping.
         """
         ...
+
+
+@runtime_checkable
+class ClosableRunner(Protocol):
+    """A runner with resources beyond its memory (child processes) to give back when its
+    engine's loop ends."""
+
+    def close(self) -> None: ...
 
 
 class BatchRunner(Protocol[Req_contra, Res_co]):
@@ -417,6 +425,11 @@ class RequestEngine(Generic[Req, Res]):
                 await self._run_batch(tickets, gated=True)
         finally:  # stopped or crashed: no request is left waiting on a dead loop
             self._fail_all(f"the {self.name} engine stopped")
+            if isinstance(self.runner, ClosableRunner):
+                # its child processes (the ASR's pocketsphinx) go with it: a crash's fresh
+                # engine starts new ones, and a stopping engine process must not wait on them
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(self.runner.close)
 
     async def _window_unless_realtime(self) -> bool:
         """Hold a slack window for the next batch-class batch; ``False`` (no window held):
