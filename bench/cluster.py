@@ -8,6 +8,11 @@ best-aligned 80 ms cadence (as ``bench/served.py``). Figures are given as ratios
 the 1-node round, since on a small shared machine the absolute ones mostly measure
 the machine.
 
+With ``--ingress-process`` the ingress copy is ``duplex cluster ingress`` in its own
+process (as an operator runs it), and each round also gives its CPU over the round:
+``ingress_cpu_cores`` (CPU seconds per wall second) and ``ingress_cpu_us_per_frame``
+(per audio frame relayed, both ways: each session sends and gets one frame a tick).
+
     python bench/cluster.py --per-node 8 --seconds 5 --warmup 2 --json out.json
 """
 
@@ -21,10 +26,16 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 import argparse
 import json
 import platform
+import re
+import signal
+import socket
 import subprocess
+import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
 import numpy as np
 import ray
 import trio
@@ -56,8 +67,15 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)) * 1000, 2) if values else None
 
 
-async def _round(ingress: Ingress, url: str, count: int, args: argparse.Namespace) -> dict:
-    before = dict(ingress.placement.statistics().placed)
+async def _round(
+    placed: Callable[[], Awaitable[dict[str, int]]],
+    url: str,
+    count: int,
+    args: argparse.Namespace,
+) -> dict:
+    """``count`` sessions through the ingress at ``url``; ``placed``: the ingress's sessions
+    placed per node so far (the round's split is the difference)."""
+    before = await placed()
     results: list[dict[str, Any]] = []
 
     async def one(index: int) -> None:
@@ -69,7 +87,7 @@ async def _round(ingress: Ingress, url: str, count: int, args: argparse.Namespac
     async with trio.open_nursery() as nursery:
         for index in range(count):
             nursery.start_soon(one, index)
-    after = ingress.placement.statistics().placed
+    after = await placed()
     per_node = sorted(after.get(n, 0) - before.get(n, 0) for n in after)
     admitted = [r for r in results if r["admitted"]]
     delays = [d for r in admitted for d in r["delays"]]
@@ -86,6 +104,65 @@ async def _round(ingress: Ingress, url: str, count: int, args: argparse.Namespac
     }
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _round_via_cli(address: str, k: int, args: argparse.Namespace) -> dict:
+    """One round through ``duplex cluster ingress`` in its own process, with its CPU."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "duplex.cli", "cluster", "ingress", "--loopback",
+               "--address", address, "--port", str(port)]  # fmt: skip
+    process = subprocess.Popen(command)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, "the ingress exited"
+            try:
+                nodes = httpx.get(base + "/health", timeout=2).json().get("nodes", [])
+                if sum(n["state"] == "serving" for n in nodes) >= k:
+                    break
+            except (httpx.TransportError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the ingress did not see every node")
+            time.sleep(0.2)
+
+        async def placed() -> dict[str, int]:
+            async with httpx.AsyncClient(timeout=10) as http:
+                text = (await http.get(base + "/metrics")).text
+            found = re.findall(r'^duplex_cluster_placed_total\{node="([^"]+)"\} (\S+)$', text, re.M)
+            return {node: int(float(value)) for node, value in found}
+
+        async def measure() -> dict:
+            count = k * args.per_node
+            cpu, wall = _cpu_s(process.pid), time.monotonic()
+            url = base.replace("http", "ws", 1) + "/v1/duplex"
+            result = await _round(placed, url, count, args)
+            cpu, wall = _cpu_s(process.pid) - cpu, time.monotonic() - wall
+            frames = 2 * result["admitted"] * (args.warmup + args.seconds) / PERIOD
+            return {
+                **result,
+                "ingress_cpu_cores": round(cpu / wall, 3),
+                "ingress_cpu_us_per_frame": round(cpu / max(frames, 1) * 1e6, 1),
+            }
+
+        return trio.run(measure)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", default="1,2,3", help="node counts, one round each, rising")
@@ -93,6 +170,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--json", default="")
+    parser.add_argument(
+        "--ingress-process",
+        action="store_true",
+        help="the ingress as `duplex cluster ingress` in its own process, with its CPU",
+    )
     args = parser.parse_args()
     counts = [int(n) for n in args.nodes.split(",")]
 
@@ -120,14 +202,23 @@ def main() -> None:
                     raise RuntimeError(f"{k} nodes did not all start")
                 time.sleep(0.25)
 
+            if args.ingress_process:
+                rounds.append({"nodes": k, **_round_via_cli(cluster.address, k, args)})
+                print(json.dumps(rounds[-1]), flush=True)
+                continue
+
             async def measure(k: int = k) -> dict:
                 ingress = Ingress(RayTable(handle), refresh_s=0.1)
                 async with trio.open_nursery() as nursery:
                     base = await nursery.start(serve_ingress, ingress, "127.0.0.1", 0)
                     while sum(n.state is NodeState.SERVING for n in ingress.placement.nodes()) < k:
                         await trio.sleep(0.1)
+
+                    async def placed() -> dict[str, int]:
+                        return dict(ingress.placement.statistics().placed)
+
                     result = await _round(
-                        ingress,
+                        placed,
                         base.replace("http", "ws", 1) + "/v1/duplex",
                         k * args.per_node,
                         args,

@@ -69,9 +69,66 @@ async def engine_live_slots(server: Server) -> float | None:
     return sample(text, "duplex_engine_live_slots", model="loopback", shard="0")
 
 
-async def test_sessions_of_two_shards_share_one_engine_process_and_hear_only_themselves() -> None:
-    async with running_server(**SHARDED, **ON) as server, AsyncExitStack() as stack:
+async def sleep_and_wake(server: Server) -> None:
+    """The GPU default's layout (engine process, shards, workers) sleeps: live sessions of
+    both shards refuse it, a forced sleep tells them and stops the engine process (its
+    memory goes with it: no restart, no crash logged); asleep, sessions and speech are
+    refused; a wake starts it again."""
+    async with (
+        httpx.AsyncClient(base_url=server.http, timeout=60) as http,
+        AsyncExitStack() as stack,
+    ):
+        (before,) = engine_pids()
+        live = [await stack.enter_async_context(client(server)) for _ in range(2)]
+        for c in live:
+            await open_session(c)
+        refused = await http.post("/v1/omni/sleep")
+        assert refused.status_code == 409, refused.text
+        assert "2 session(s)" in refused.json()["error"]["message"]
+        assert (await http.get("/health")).json()["status"] == "ok"  # admission open again
+        assert (await http.post("/v1/audio/speech", json={"input": "Hi."})).status_code == 200
+
+        slept = await http.post("/v1/omni/sleep", json={"force": True})
+        assert slept.status_code == 200, slept.text
+        answer = slept.json()
+        assert answer["sessions_told"] == 2 and answer["engine_released"] is True, answer
+        assert answer["memory_before"]["engine_processes"] == 1
+        assert answer["memory_before"]["rss_bytes"] > 50 * 2**20  # the model, the TTS
+        assert answer["memory_asleep"]["rss_bytes"] == 0
+        for c in live:
+            told = await c.until("error")
+            assert "engine_sleeping" in told["error"]["message"]
+            await c.until("session.closed")
+        assert engine_pids() == []
+        health = (await http.get("/health")).json()
+        assert health["status"] == "sleeping", health
+        async with client(server) as c:
+            await c.send({"type": "session.create", "event_id": "x"})
+            assert (await c.until("error"))["error"]["code"] == "engine_sleeping"
+        speech = await http.post("/v1/audio/speech", json={"input": "Hi."})
+        assert (speech.status_code, speech.json()["error"]["code"]) == (503, "engine_sleeping")
+
+        woke = await http.post("/v1/omni/wakeup")
+        assert woke.status_code == 200 and woke.json()["status"] == "awake", woke.text
+        (after,) = engine_pids()
+        assert after != before and woke.json()["memory_awake"]["engine_processes"] == 1
+        assert (await http.post("/v1/audio/speech", json={"input": "Hi."})).status_code == 200
+        restarts = parse_metrics(await metrics_over_http(server)).sum(
+            "duplex_engine_process_restarts_total"
+        )
+        assert restarts == 0  # a pause, no crash
+
+
+async def test_sessions_of_two_shards_share_one_engine_process_sleep_and_hear_only_themselves() -> (
+    None
+):
+    """After a sleep and a wake of the engine process (`sleep_and_wake`), every shard
+    admits sessions on the new one and each hears only itself; a shard killed takes only
+    its own sessions and their slots."""
+    overrides = {**SHARDED, **ON, "server.tts": "espeak"}
+    async with running_server(**overrides) as server, AsyncExitStack() as stack:
         assert len(engine_pids()) == 1 and len(shard_pids()) == 1
+        await sleep_and_wake(server)
         clients: list[Client] = []
         ids = []
         for _ in range(4):
@@ -453,58 +510,3 @@ async def test_engine_process_histograms_are_exported_once_per_engine() -> None:
             (("batch", str(1 << i)), ("engine", "0"), ("model", "loopback")) for i in range(3)
         }  # every batch bucket, from the start
         assert all(dict(labels)["engine"] == "0" for _, labels in counts)  # one engine, once
-
-
-async def test_engine_processes_sleep_with_shards_and_wake_again() -> None:
-    """The GPU default's layout (engine process, shards, workers) sleeps: live sessions of
-    both shards refuse it, a forced sleep tells them and stops the engine process (its
-    memory goes with it: no restart, no crash logged); asleep, sessions and speech are
-    refused; a wake starts it again and every shard admits sessions on it."""
-    overrides = {**SHARDED, **ON, "server.tts": "espeak"}
-    async with (
-        running_server(**overrides) as server,
-        httpx.AsyncClient(base_url=server.http, timeout=60) as http,
-        AsyncExitStack() as stack,
-    ):
-        (before,) = engine_pids()
-        live = [await stack.enter_async_context(client(server)) for _ in range(2)]
-        ids = [(await open_session(c))["session"]["id"] for c in live]
-        refused = await http.post("/v1/omni/sleep")
-        assert refused.status_code == 409, refused.text
-        assert "2 session(s)" in refused.json()["error"]["message"]
-        assert (await http.get("/health")).json()["status"] == "ok"  # admission open again
-        assert (await http.post("/v1/audio/speech", json={"input": "Hi."})).status_code == 200
-
-        slept = await http.post("/v1/omni/sleep", json={"force": True})
-        assert slept.status_code == 200, slept.text
-        answer = slept.json()
-        assert answer["sessions_told"] == 2 and answer["engine_released"] is True, answer
-        assert answer["memory_before"]["engine_processes"] == 1
-        assert answer["memory_before"]["rss_bytes"] > 50 * 2**20  # the model, the TTS
-        assert answer["memory_asleep"]["rss_bytes"] == 0
-        for c in live:
-            told = await c.until("error")
-            assert "engine_sleeping" in told["error"]["message"]
-            await c.until("session.closed")
-        assert engine_pids() == [] and sorted(shard_of(i) for i in ids) in ([0, 1], [0, 0], [1, 1])
-        health = (await http.get("/health")).json()
-        assert health["status"] == "sleeping", health
-        async with client(server) as c:
-            await c.send({"type": "session.create", "event_id": "x"})
-            assert (await c.until("error"))["error"]["code"] == "engine_sleeping"
-        speech = await http.post("/v1/audio/speech", json={"input": "Hi."})
-        assert (speech.status_code, speech.json()["error"]["code"]) == (503, "engine_sleeping")
-
-        woke = await http.post("/v1/omni/wakeup")
-        assert woke.status_code == 200 and woke.json()["status"] == "awake", woke.text
-        (after,) = engine_pids()
-        assert after != before and woke.json()["memory_awake"]["engine_processes"] == 1
-        again = [await stack.enter_async_context(client(server)) for _ in range(4)]
-        shards = [shard_of((await open_session(c))["session"]["id"]) for c in again]
-        assert sorted(shards) == [0, 0, 1, 1]
-        for n, c in enumerate(again[:2]):
-            await echo(c, tone(4, amplitude=0.2 + 0.1 * n))
-        assert (await http.post("/v1/audio/speech", json={"input": "Hi."})).status_code == 200
-        text = await metrics_over_http(server)
-        restarts = parse_metrics(text).sum("duplex_engine_process_restarts_total")
-        assert restarts == 0, text  # a pause, no crash

@@ -266,14 +266,17 @@ def tree_rss_bytes(pid: int) -> int:
 
 
 @pytest.mark.parametrize("engine_process", ["off", "on"], ids=["in-process", "engine-process"])
-async def test_a_client_that_leaves_stops_its_work_inside_the_step(
+async def test_a_leaving_client_and_a_shutdown_stop_work_inside_the_step(
     tmp_path: Path, engine_process: str
 ) -> None:
     """In the server's process, and in an engine process (the withdrawal crosses its link
-    and sets the gate's stop flag where the step runs)."""
+    and sets the gate's stop flag where the step runs), one server each: a client that
+    leaves stops its step, its memory not kept; then SIGTERM during a step no check can
+    interrupt ends every process of the server's tree within the deadline (with an engine
+    process, the server's exit must not leave it behind)."""
     config = LONG_STEP + f'engine_process = "{engine_process}"\n'
     async with (
-        serving(tmp_path, config) as (url, process, _),
+        serving(tmp_path, config, stop=False) as (url, process, lines),
         httpx.AsyncClient(timeout=60) as http,
     ):
         async with trio.open_nursery() as nursery:
@@ -296,18 +299,6 @@ async def test_a_client_that_leaves_stops_its_work_inside_the_step(
         assert answer.status_code == 200
         assert tree_rss_bytes(process.pid) <= peak + 50 * 2**20
 
-
-@pytest.mark.parametrize("engine_process", ["off", "on"], ids=["in-process", "engine-process"])
-async def test_a_shutdown_during_a_long_step_exits_within_the_grace(
-    tmp_path: Path, engine_process: str
-) -> None:
-    """Every process of the server's tree is gone within the deadline: with an engine
-    process, the step runs there, and the server's exit must not leave it behind."""
-    config = LONG_STEP + f'engine_process = "{engine_process}"\n'
-    async with (
-        serving(tmp_path, config, stop=False) as (url, process, lines),
-        httpx.AsyncClient(timeout=60) as http,
-    ):
         async with trio.open_nursery() as nursery:
 
             async def waiting() -> None:
@@ -315,7 +306,7 @@ async def test_a_shutdown_during_a_long_step_exits_within_the_grace(
                     await http.post(url + IMAGES, json=HUGE_STEP)
 
             nursery.start_soon(waiting)
-            await wait_running(http, url, "image")
+            await wait_running(http, url, "image", total=3)
             tree = process_tree(process.pid) - {process.pid}
             assert len(tree) >= (engine_process == "on"), tree
             process.send_signal(signal.SIGTERM)

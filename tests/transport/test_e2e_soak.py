@@ -1,4 +1,4 @@
-"""The soak's short variant: ``bench/soak.py`` for 20 s against a real ``duplex serve``.
+"""The soak's short variant: ``bench/soak.py`` for 14 s against a real ``duplex serve``.
 
 Sessions come and go (closed, or dropped and resumed) for the whole run; then the load
 stops and everything settles. The server must end where it began after its warm-up:
@@ -21,7 +21,7 @@ def test_a_short_soak_leaves_the_server_as_it_found_it(tmp_path: Path) -> None:
     out = tmp_path / "soak"
     subprocess.run(
         [
-            sys.executable, str(ROOT / "bench" / "soak.py"), "--seconds", "20",
+            sys.executable, str(ROOT / "bench" / "soak.py"), "--seconds", "14",
             "--warmup-s", "5", "--sessions", "4", "--sample-s", "2", "--no-plot",
             "--out", str(out),
         ],
