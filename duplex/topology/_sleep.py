@@ -249,11 +249,30 @@ class _Pausable(Protocol):
     async def resume(self) -> None: ...
 
 
+def _with_children(pids: list[int]) -> list[int]:
+    """``pids`` and every live process under them (an engine process's ASR children)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parents[int(entry)] = int(stat.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    tree, grown = set(pids), True
+    while grown:
+        more = {child for child, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grown = bool(more)
+    return sorted(tree)
+
+
 def _process_memory(pids: list[int]) -> dict[str, int]:
-    """The resident memory of ``pids`` together and, where ``nvidia-smi`` answers, the
-    device memory they hold (what a sleep gives back)."""
+    """The resident memory of ``pids`` and their children together and, where
+    ``nvidia-smi`` answers, the device memory they hold (what a sleep gives back)."""
     resident = 0
-    for pid in pids:
+    tree = _with_children(pids)
+    for pid in tree:
         try:
             with open(f"/proc/{pid}/statm") as statm:
                 resident += int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -271,7 +290,7 @@ def _process_memory(pids: list[int]) -> dict[str, int]:
         used = 0
         for line in found.splitlines():
             pid, _, mib = line.partition(",")
-            if pid.strip().isdigit() and int(pid) in pids:
+            if pid.strip().isdigit() and int(pid) in tree:
                 used += int(mib.strip()) * (1 << 20)
         figures["gpu_used_bytes"] = used
         total = subprocess.run(
