@@ -51,10 +51,14 @@ __all__ = [
     "ProcessEngineSleep",
     "SessionsLive",
     "SleepUnsupported",
+    "WakeUnfinished",
 ]
 
 DRAIN_S: Final = 10.0
 """How long a forced sleep waits for the told sessions to end before it stops the engine."""
+WAKE_S: Final = 600.0
+"""How long a wake waits for the engine processes to be built again (a 7B model's load and
+graph captures take tens of seconds; a crash loop would take for ever)."""
 WAKE_LINK_S: Final = 30.0
 """How long a wake waits, after the engine processes are ready, for this process to link
 them (it reconnects every ``CONNECT_RETRY_S``)."""
@@ -65,6 +69,15 @@ SLEEP_REASON: Final = "engine_sleeping: an operator put the engine to sleep (POS
 class SessionsLive(ProtocolError):
     code: ClassVar[str] = "sessions_live"
     status_hint: ClassVar[int] = 409
+
+
+@final
+class WakeUnfinished(ProtocolError):
+    """The engine processes did not all come back within `WAKE_S`: they are still being
+    started (admission stays closed); another wake waits for them again."""
+
+    code: ClassVar[str] = "engine_starting"
+    status_hint: ClassVar[int] = 503
 
 
 @final
@@ -384,12 +397,22 @@ class ProcessEngineSleep:
 
     async def wake(self) -> dict[str, Any]:
         """Start the engine processes (model loads); admission opens once every session
-        process has linked them again."""
+        process has linked them again.
+
+        Raises:
+            WakeUnfinished: they were not all ready within `WAKE_S` (still starting).
+        """
         async with self._lock:
             if not self.asleep:
                 return {"status": "awake", "already": True}
             started = self.clock()
-            await self.engines.resume()
+            with trio.move_on_after(WAKE_S) as waited:
+                await self.engines.resume()
+            if waited.cancelled_caught:
+                raise WakeUnfinished(
+                    f"The engine processes did not all start within {WAKE_S:.0f} s; they are "
+                    "still being started (see the server's log). Call wakeup again to wait."
+                )
             with trio.move_on_after(WAKE_LINK_S):
                 while len(self.hub.engines) < len(self.engines.processes):
                     await trio.sleep(0.05)

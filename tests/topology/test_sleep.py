@@ -10,10 +10,12 @@ import trio
 
 from duplex.actors import ActorSystem
 from duplex.topology._sleep import (
+    WAKE_S,
     LocalEngineSleep,
     ProcessEngineSleep,
     SessionsLive,
     SleepUnsupported,
+    WakeUnfinished,
 )
 
 
@@ -87,3 +89,27 @@ async def test_live_sessions_in_any_shard_refuse_until_forced() -> None:
         woke = await sleeper.wake()
     assert woke["status"] == "awake" and engines.resumed == 1
     assert not hub.sleeping and shards.sleeping == [False, False]
+
+
+class Stuck(Engines):
+    """Engine processes that never come back (a model that cannot load, a crash loop)."""
+
+    async def resume(self) -> None:
+        self.resumed += 1
+        await trio.sleep_forever()
+
+
+async def test_a_wake_whose_engines_never_start_answers_503_and_stays_asleep(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    hub, engines = Hub(live=0), Stuck()
+    sleeper = ProcessEngineSleep(hub, engines)  # type: ignore[arg-type]
+    await sleeper.sleep()
+    started = trio.current_time()
+    with pytest.raises(WakeUnfinished) as refused:
+        await sleeper.wake()
+    assert refused.value.status_hint == 503 and trio.current_time() - started == WAKE_S
+    assert sleeper.asleep and hub.sleeping  # admission stays closed
+    engines.resume = Engines.resume.__get__(engines)  # type: ignore[method-assign]
+    assert (await sleeper.wake())["status"] == "awake"  # they came back: a wake opens it
+    assert not hub.sleeping
