@@ -192,7 +192,7 @@ async def test_tools_the_reply_model_cannot_call_are_flagged() -> None:
     /v1/models`` says it calls no tools and follows no instructions, and a
     ``session.update`` that sets tools gets a ``tools_not_supported`` warning after its
     ``session.updated``; the session goes on and answers. With ``--llm`` neither (the
-    warning's absence there: tests/agent/test_e2e_vllm.py)."""
+    warning's absence there: tests/services/test_e2e_chat_vllm.py)."""
     async with running_server(**{"server.agent": True}) as server:
         cards, seen = await trio.to_thread.run_sync(
             lambda: asyncio.run(_tools_on_the_echo(server.http + "/v1"))
