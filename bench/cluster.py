@@ -9,7 +9,8 @@ the 1-node round, since on a small shared machine the absolute ones mostly measu
 the machine.
 
 With ``--ingress-process`` the ingress copy is ``duplex cluster ingress`` in its own
-process (as an operator runs it), and each round also gives its CPU over the round:
+process (as an operator runs it), and each round also gives its CPU (with any process
+under it) over the round:
 ``ingress_cpu_cores`` (CPU seconds per wall second) and ``ingress_cpu_us_per_frame``
 (per audio frame relayed, both ways: each session sends and gets one frame a tick).
 
@@ -28,7 +29,6 @@ import json
 import platform
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,7 +40,7 @@ import numpy as np
 import ray
 import trio
 from ray.cluster_utils import Cluster
-from served import PERIOD, _measure, _session
+from served import PERIOD, _free_port, _measure, _session, _tree_cpu_s
 
 from duplex.cluster import (
     NODE_RESOURCE,
@@ -104,18 +104,9 @@ async def _round(
     }
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _round_via_cli(address: str, k: int, args: argparse.Namespace) -> dict:
     """One round through ``duplex cluster ingress`` in its own process, with its CPU."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _free_port()
     command = [sys.executable, "-m", "duplex.cli", "cluster", "ingress", "--loopback",
                "--address", address, "--port", str(port)]  # fmt: skip
     process = subprocess.Popen(command)
@@ -142,10 +133,10 @@ def _round_via_cli(address: str, k: int, args: argparse.Namespace) -> dict:
 
         async def measure() -> dict:
             count = k * args.per_node
-            cpu, wall = _cpu_s(process.pid), time.monotonic()
+            cpu, wall = _tree_cpu_s(process.pid), time.monotonic()
             url = base.replace("http", "ws", 1) + "/v1/duplex"
             result = await _round(placed, url, count, args)
-            cpu, wall = _cpu_s(process.pid) - cpu, time.monotonic() - wall
+            cpu, wall = _tree_cpu_s(process.pid) - cpu, time.monotonic() - wall
             frames = 2 * result["admitted"] * (args.warmup + args.seconds) / PERIOD
             return {
                 **result,

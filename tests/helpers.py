@@ -202,7 +202,7 @@ class Served:
 
 def process_tree(pid: int) -> list[int]:
     """``pid`` and its live descendants (workers, shards, engine processes), parents
-    first, read from ``/proc``."""
+    first, read from ``/proc``; a zombie (exited, not yet reaped) is not live."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -210,7 +210,9 @@ def process_tree(pid: int) -> list[int]:
                 contextlib.suppress(OSError, IndexError, ValueError),
                 open(f"/proc/{entry}/stat") as f,
             ):
-                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                state, parent = f.read().rsplit(")", 1)[1].split()[:2]
+                if state != "Z":
+                    parents[int(entry)] = int(parent)
     out, todo = [], [pid]
     while todo:
         current = todo.pop()

@@ -28,6 +28,7 @@ import pytest
 import trio
 from websockets.trio.client import connect
 
+from ..helpers import process_tree
 from .test_e2e_media import IMAGES, metric, refused
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -239,23 +240,6 @@ LONG_STEP_IMAGE = {"prompt": "a cat", "size": "512x512", "num_inference_steps": 
 a second or two: a check inside the step stops it."""
 
 
-def process_tree(pid: int) -> set[int]:
-    """``pid`` and every live process under it (an engine process and its helpers)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError), open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rpartition(")")[2].split()
-                if fields[0] != "Z":  # a zombie holds nothing
-                    parents[int(entry)] = int(fields[1])
-    tree, grown = {pid}, True
-    while grown:
-        more = {child for child, parent in parents.items() if parent in tree} - tree
-        tree |= more
-        grown = bool(more)
-    return {member for member in tree if member in parents}
-
-
 def tree_rss_bytes(pid: int) -> int:
     """The RSS of ``pid`` and every process under it."""
     total = 0
@@ -307,7 +291,7 @@ async def test_a_leaving_client_and_a_shutdown_stop_work_inside_the_step(
 
             nursery.start_soon(waiting)
             await wait_running(http, url, "image", total=3)
-            tree = process_tree(process.pid) - {process.pid}
+            tree = set(process_tree(process.pid)) - {process.pid}
             assert len(tree) >= (engine_process == "on"), tree
             process.send_signal(signal.SIGTERM)
             signalled = trio.current_time()
@@ -315,9 +299,9 @@ async def test_a_leaving_client_and_a_shutdown_stop_work_inside_the_step(
                 await process.wait()
             assert process.returncode is not None, "\n".join(lines[-15:])
             with trio.move_on_after(30):
-                while tree & process_tree(1):
+                while tree & set(process_tree(1)):
                     await trio.sleep(0.05)
             took = trio.current_time() - signalled
             nursery.cancel_scope.cancel()
-        assert not tree & process_tree(1), "left behind"
+        assert not tree & set(process_tree(1)), "left behind"
         assert took < GRACE_S + 1 + 1.0, (took, lines[-5:])
