@@ -342,7 +342,7 @@ class EngineConfig:
         "torch device of the model: `cpu`, `cuda` or `cuda:N`, or several comma-separated "
         "(`cuda:0,cuda:1`: one engine process per device, new sessions on the one with most "
         "room); CUDA without a CUDA device is a configuration error. The Moshi LM runs in "
-        "bfloat16 on CUDA, float32 on CPU; Mimi in float32",
+        "bfloat16 on CUDA, float32 on CPU; Mimi in `codec_dtype`",
         flag="--model-device",
     )
     model_seed: int = setting(
@@ -369,6 +369,14 @@ class EngineConfig:
         "step is slower). Their accuracy and speed are measured in docs/benchmarks.md "
         '("KV storage precision", "KV in 4 bits", "KV in 4 bits on a GPU")',
         flag="--kv-cache-dtype",
+    )
+    codec_dtype: Literal["float32", "bf16"] = setting(
+        "float32",
+        "the dtype Moshi's codec (Mimi) computes in: `float32`, or `bf16` (half its weight "
+        "and state bytes; its codebooks and code distances stay float32). Its code agreement "
+        "and audio SNR against float32 are measured in docs/benchmarks.md (\"Mimi in bf16\"); "
+        "its speed on a GPU is not measured yet, so float32 stays the default",
+        flag="--codec-dtype",
     )
     loopback_delay_ms: int = setting(
         240,

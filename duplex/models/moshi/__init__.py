@@ -46,7 +46,13 @@ from ._lm import MoshiLM, TokenChooser
 from ._mimi import MimiModel
 from ._mimi_config import MIMI_PRESETS, MimiConfig, mimi_preset
 from ._mimi_streams import MimiStreams
-from ._mimi_weights import expected_mimi_tensors, load_mimi, random_mimi, save_random_mimi
+from ._mimi_weights import (
+    cast_mimi,
+    expected_mimi_tensors,
+    load_mimi,
+    random_mimi,
+    save_random_mimi,
+)
 from ._models import MOSHI_MODEL_NAMES, moshi_spec, resolve_moshi
 from ._runner import GREEDY, MoshiRunner, SlotSampling, StepTokens
 from ._sampling import SamplingParams
@@ -81,6 +87,7 @@ __all__ = [
     "StepTokens",
     "TokenChooser",
     "build_tiny_checkpoint",
+    "cast_mimi",
     "check_checkpoint",
     "expected_mimi_tensors",
     "expected_tensors",

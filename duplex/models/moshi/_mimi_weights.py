@@ -26,7 +26,7 @@ from duplex.exceptions import ConfigError
 from ._mimi import MimiModel
 from ._mimi_config import MimiConfig
 
-__all__ = ["expected_mimi_tensors", "load_mimi", "random_mimi", "save_random_mimi"]
+__all__ = ["cast_mimi", "expected_mimi_tensors", "load_mimi", "random_mimi", "save_random_mimi"]
 
 
 def expected_mimi_tensors(config: MimiConfig) -> dict[str, tuple[int, ...]]:
@@ -86,6 +86,17 @@ def load_mimi(
         model = MimiModel(config)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False)
+
+
+def cast_mimi(model: MimiModel, dtype: torch.dtype) -> MimiModel:
+    """``model`` in ``dtype`` (in place), but for its codebook statistics, which stay float32
+    as `load_mimi` keeps them: the quantizer measures distances between near centroids."""
+    kept = {n: b for n, b in model.named_buffers() if "._codebook." in n}
+    model.to(dtype)
+    for name, buffer in kept.items():
+        owner, leaf = name.rsplit(".", 1)
+        setattr(model.get_submodule(owner), leaf, buffer)
+    return model
 
 
 def random_mimi(config: MimiConfig, seed: int) -> MimiModel:

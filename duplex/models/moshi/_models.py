@@ -38,7 +38,7 @@ from ._config import MOSHI_PRESETS, MoshiConfig, moshi_preset
 from ._engine_runner import MoshiEngineRunner
 from ._kv import INT4, KVDtype
 from ._mimi_config import MimiConfig
-from ._mimi_weights import expected_mimi_tensors
+from ._mimi_weights import cast_mimi, expected_mimi_tensors
 from ._weights import expected_tensors
 
 __all__ = [
@@ -79,11 +79,17 @@ def moshi_spec(preset: str, max_slots: int | None = None) -> ModelSpec:
     )
 
 
-def weight_bytes(lm: MoshiConfig, mimi: MimiConfig, *, lm_bytes: int = 2) -> int:
-    """Bytes of the loaded weights: the LM at ``lm_bytes`` a value, Mimi in float32."""
+def weight_bytes(
+    lm: MoshiConfig, mimi: MimiConfig, *, lm_bytes: int = 2, mimi_bytes: int = 4
+) -> int:
+    """Bytes of the loaded weights: the LM at ``lm_bytes`` a value, Mimi at ``mimi_bytes``
+    but for its codebook statistics (float32 in any dtype, as `cast_mimi` keeps them)."""
     lm_values = sum(math.prod(shape) for shape in expected_tensors(lm).values())
-    mimi_values = sum(math.prod(shape) for shape in expected_mimi_tensors(mimi).values())
-    return lm_values * lm_bytes + mimi_values * 4
+    mimi_bytes_total = sum(
+        math.prod(shape) * (4 if "._codebook." in name else mimi_bytes)
+        for name, shape in expected_mimi_tensors(mimi).items()
+    )
+    return lm_values * lm_bytes + mimi_bytes_total
 
 
 KV_DTYPES: dict[str, KVDtype | None] = {"auto": None, "fp8": torch.float8_e4m3fn, "int4": INT4}
@@ -91,11 +97,15 @@ KV_DTYPES: dict[str, KVDtype | None] = {"auto": None, "fp8": torch.float8_e4m3fn
 KV_BYTES: dict[str, float] = {"auto": 2, "fp8": 1, "int4": int4_row_bytes(128) / 128}
 """Bytes a stored value takes (int4: half a byte and its share of a float16 scale a group;
 the 7B's and PersonaPlex's heads are 128 wide)."""
+CODEC_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bf16": torch.bfloat16}
+"""Mimi's compute dtype for each ``codec_dtype``."""
 
 
-def per_slot_bytes(lm: MoshiConfig, mimi: MimiConfig, *, kv_bytes: float = 2) -> int:
+def per_slot_bytes(
+    lm: MoshiConfig, mimi: MimiConfig, *, kv_bytes: float = 2, mimi_bytes: int = 4
+) -> int:
     """Bytes one slot holds: its temporal KV ring, Mimi's rings, and working room."""
-    rings = lm.kv_bytes_per_slot(kv_bytes) + mimi.kv_bytes_per_slot(4)
+    rings = lm.kv_bytes_per_slot(kv_bytes) + mimi.kv_bytes_per_slot(mimi_bytes)
     return int(rings * _SLOT_OVERHEAD)
 
 
@@ -128,9 +138,10 @@ def _spec_for(lm: MoshiConfig, mimi: MimiConfig, options: ModelOptions) -> Model
     if not options.device.startswith("cuda"):
         return moshi_spec(lm.name)
     free, _total = torch.cuda.mem_get_info(torch.device(options.device))
-    weights = weight_bytes(lm, mimi)
+    mimi_bytes = CODEC_DTYPES[options.codec_dtype].itemsize
+    weights = weight_bytes(lm, mimi, mimi_bytes=mimi_bytes)
     kv_bytes = KV_BYTES[options.kv_cache_dtype]
-    per_slot = per_slot_bytes(lm, mimi, kv_bytes=kv_bytes)
+    per_slot = per_slot_bytes(lm, mimi, kv_bytes=kv_bytes, mimi_bytes=mimi_bytes)
     slots = memory_slots(free, weights, per_slot)
     return moshi_spec(lm.name, slots)
 
@@ -195,6 +206,8 @@ def _factory(load: Callable[[torch.dtype], LoadedMoshi], options: ModelOptions) 
         cuda = options.device.startswith("cuda")
         note(f"loading model {spec.name} on {options.device}")
         loaded = load(torch.bfloat16 if cuda else torch.float32)
+        if options.codec_dtype != "float32":
+            cast_mimi(loaded.mimi, CODEC_DTYPES[options.codec_dtype])
         note(f"model {spec.name} loaded; making its runner")
         kv_dtype = KV_DTYPES[options.kv_cache_dtype]
         runner = MoshiEngineRunner(

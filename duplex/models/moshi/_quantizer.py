@@ -8,6 +8,8 @@ cluster_usage,_initialized}``, with ``input_proj`` / ``output_proj`` 1x1 convs
 codebook (code row 0); ``rvq_rest`` the acoustic ones (rows 1..). Encoding is
 residual: each codebook quantizes what the previous ones left; distances use
 ``torch.cdist`` like the reference, so nearest-centroid ties break the same way.
+The codebooks and the distances stay float32 whatever the model's dtype (a bf16 Mimi
+only computes its convolutions and transformers in bf16).
 """
 
 from __future__ import annotations
@@ -69,7 +71,9 @@ class ResidualVectorQuantizer(nn.Module):
 
     def encode(self, latent: torch.Tensor, count: int) -> torch.Tensor:
         """``[B, dimension, T]`` -> ``[B, count, T]`` codes of the first ``count`` codebooks."""
-        residual = self.input_proj(latent).transpose(1, 2)  # [B, T, D]
+        # distances in float32 (the codebooks stay float32 in any model dtype): a bf16
+        # residual would round away the small margins between near centroids
+        residual = self.input_proj(latent).transpose(1, 2).float()  # [B, T, D]
         batch, steps, dim = residual.shape
         codes = []
         for layer in list(self.vq.layers)[:count]:
@@ -87,7 +91,7 @@ class ResidualVectorQuantizer(nn.Module):
         for q in range(codes.shape[1]):
             centroids = self.vq.layers[q]._codebook.centroids()
             total = total + F.embedding(codes[:, q], centroids).transpose(1, 2)
-        return self.output_proj(total)
+        return self.output_proj(total.to(self.output_proj.weight.dtype))
 
 
 @final

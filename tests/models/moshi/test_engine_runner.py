@@ -367,7 +367,7 @@ def test_gpu_pools_are_sized_from_free_memory() -> None:
 
     lm, mimi = moshi_preset("moshi-7b"), mimi_preset("mimi")
     weights, per_slot = weight_bytes(lm, mimi), per_slot_bytes(lm, mimi)
-    assert 15.3e9 < weights < 15.9e9  # 7.69 G bf16 LM values + 79 M float32 Mimi values
+    assert 15.3e9 < weights < 15.9e9  # 7.69 G bf16 LM values + 96 M float32 Mimi values
     assert lm.kv_bytes_per_slot(2) < per_slot < 1.2 * lm.kv_bytes_per_slot(2) + 1e8
     gib = 1 << 30
     # an H200 with 139 GiB free: the measured run fit 80 slots in bf16
@@ -406,6 +406,38 @@ def test_fp8_kv_doubles_the_gpu_pool_and_serves(loaded: LoadedMoshi, tmp_path: P
     assert "".join(texts) and 0 < max(peaks) <= 1.0
     with pytest.raises(ConfigError, match="kv_cache_dtype"):
         ModelOptions(kv_cache_dtype="int2")
+
+
+def test_a_bf16_codec_serves_and_takes_less_of_the_gpu_pool(tmp_path: Path) -> None:
+    """``codec_dtype = "bf16"``: Mimi's weights and rings at two bytes a value (more slots in
+    the same memory), and a tiny engine with a bf16 codec still speaks; another value is
+    refused."""
+    from duplex.models.moshi import mimi_preset, moshi_preset
+    from duplex.models.moshi._models import per_slot_bytes, weight_bytes
+
+    lm, mimi = moshi_preset("moshi-7b"), mimi_preset("mimi")
+    saved = weight_bytes(lm, mimi) - weight_bytes(lm, mimi, mimi_bytes=2)
+    assert 155e6 < saved < 162e6  # 79 M Mimi values, two bytes fewer each (codebooks: float32)
+    assert per_slot_bytes(lm, mimi, mimi_bytes=2) < per_slot_bytes(lm, mimi)
+
+    options = ModelOptions(seed=SEED, cache_dir=tmp_path, codec_dtype="bf16")
+    spec, factory = get_model("tiny", options)
+    runner = factory(spec)
+    assert isinstance(runner, MoshiEngineRunner)
+    assert next(runner.mimi_streams.model.parameters()).dtype == torch.bfloat16
+    eng = Engine(runner, timer=FakeTimer())
+    handle = eng.acquire_slot("x")
+    assert handle is not None
+    texts, peaks = [], []
+    for tick, frame in enumerate(signal("x", 6)):
+        eng.push_input(handle, frame)
+        result = eng.step(tick * 0.08)[handle]
+        assert result.frame.pcm.dtype == np.float32
+        texts.append(result.frame.text)
+        peaks.append(float(np.abs(result.frame.pcm).max()))
+    assert "".join(texts) and 0 < max(peaks) <= 1.0
+    with pytest.raises(ConfigError, match="codec_dtype"):
+        ModelOptions(codec_dtype="fp16")
 
 
 def test_int4_kv_holds_more_sessions_and_serves(loaded: LoadedMoshi, tmp_path: Path) -> None:

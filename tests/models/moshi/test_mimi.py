@@ -33,6 +33,7 @@ from duplex.exceptions import ConfigError
 from duplex.models.moshi import (
     MimiModel,
     MimiStreams,
+    cast_mimi,
     expected_mimi_tensors,
     load_mimi,
     mimi_preset,
@@ -313,6 +314,27 @@ def test_reset_slot_restarts_only_that_slot(tiny: MimiModel) -> None:
 
 
 # --- shapes, dtypes, errors ------------------------------------------------------------------
+
+
+def test_a_bf16_codec_keeps_float32_codebooks_and_stays_near_float32(tiny: MimiModel) -> None:
+    """``codec_dtype = "bf16"``: convolutions and transformers in bf16, the codebooks (and so
+    the code distances) in float32. Its streamed codes mostly agree with float32's and its
+    PCM, from the same codes, is 30 dB above the difference (measured on this seed: every code
+    equal, 40.7 dB)."""
+    half = cast_mimi(random_mimi(TINY, seed=3), torch.bfloat16)
+    codebooks = {b.dtype for n, b in half.named_buffers() if "._codebook." in n}
+    assert codebooks == {torch.float32}
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    frames = 24  # past the 16-step ring: the wrapped window too
+    pcm, codes = signal(frames, seed=4), random_codes(frames, seed=5)
+    want_codes, want_pcm = stream_alone(tiny, pcm, codes)
+    got_codes, got_pcm = stream_alone(half, pcm, codes)
+    assert got_codes.dtype == torch.long and got_pcm.dtype == torch.bfloat16
+    agreement = float((got_codes == want_codes).float().mean())
+    noise = float((got_pcm.float() - want_pcm).square().sum())
+    snr_db = 10 * np.log10(float(want_pcm.square().sum()) / noise)
+    assert agreement >= 0.9 and snr_db >= 30, (agreement, snr_db)
+    assert not torch.equal(got_pcm.float(), want_pcm)  # it did run in bf16
 
 
 def test_shapes_dtypes_and_codebook_count(tiny: MimiModel) -> None:
