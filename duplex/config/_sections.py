@@ -374,7 +374,7 @@ class EngineConfig:
         "float32",
         "the dtype Moshi's codec (Mimi) computes in: `float32`, or `bf16` (half its weight "
         "and state bytes; its codebooks and code distances stay float32). Its code agreement "
-        "and audio SNR against float32 are measured in docs/benchmarks.md (\"Mimi in bf16\"); "
+        'and audio SNR against float32 are measured in docs/benchmarks.md ("Mimi in bf16"); '
         "its speed on a GPU is not measured yet, so float32 stays the default",
         flag="--codec-dtype",
     )
