@@ -2,6 +2,12 @@
 
     .venv/bin/python bench/kv_precision.py [--preset tiny] [--frames 200] [--seeds 3]
     PYTHONPATH=$PWD python3 bench/kv_precision.py --device cuda --preset moshi-7b
+    .venv/bin/python bench/kv_precision.py --fp8-weights   # and the weights in fp8
+
+With ``--fp8-weights`` a second copy of the LM holds its temporal transformer's weights in
+e4m3 (``--weight-dtype fp8``: `MoshiLM.temporal_to_fp8`) and steps the same columns with
+the baseline's ring and with the fp8 and int4 rings: the weights' cost alone and together
+with each KV storage.
 
 One seeded random-weight LM (float32 compute) steps the same teacher-forced input
 columns (random tokens, the same for every ring) through rings of each storage
@@ -37,23 +43,36 @@ DTYPES: dict[str, KVDtype] = {
 }
 
 
-def run(preset: str, frames: int, seed: int, device: torch.device) -> dict[str, dict[str, float]]:
+def run(
+    preset: str, frames: int, seed: int, device: torch.device, fp8_weights: bool = False
+) -> dict[str, dict[str, float]]:
     config = moshi_preset(preset)
     cuda = device.type == "cuda"
-    if cuda:
-        from duplex_engine import build_lm_on_device, import_ours
 
-        model = build_lm_on_device(import_ours(), config, device, torch.bfloat16, seed)
+    def build() -> torch.nn.Module:
+        if cuda:
+            from duplex_engine import build_lm_on_device, import_ours
+
+            return build_lm_on_device(import_ours(), config, device, torch.bfloat16, seed)
+        return random_lm(config, seed)
+
+    model = build()
+    if cuda:
         dtypes = {k: v for k, v in DTYPES.items() if k != "float32"}
         base_name = "bf16"
     else:
-        model = random_lm(config, seed)
         dtypes, base_name = DTYPES, "float32"
+    runs = [(name, model, dtype) for name, dtype in dtypes.items()]
+    if fp8_weights:
+        quantized = build()
+        quantized.temporal_to_fp8()
+        for ring in (base_name, "fp8_e4m3", "int4"):
+            runs.append((f"fp8_weights+{ring}", quantized, DTYPES[ring]))
     generator = torch.Generator().manual_seed(1000 + seed)
     high = torch.tensor([config.text_card, *([config.card] * config.n_q)])
     columns = (torch.rand(frames, config.num_streams, generator=generator) * high).long()
     logits: dict[str, list[torch.Tensor]] = {}
-    for name, dtype in dtypes.items():
+    for name, stepped, dtype in runs:
         ring = KVRing(
             num_layers=config.num_layers,
             max_slots=1,
@@ -71,12 +90,12 @@ def run(preset: str, frames: int, seed: int, device: torch.device) -> dict[str, 
                 # CUDA: None is the served static path (the kernel); CPU: the reference
                 max_len = None if cuda else min(frame + 1, config.context)
                 column = columns[frame : frame + 1].to(device)
-                _, text = model.temporal_step(column, ring, slots, at, max_len)
+                _, text = stepped.temporal_step(column, ring, slots, at, max_len)
                 rows.append(text[0].float().cpu())
         logits[name] = rows
     out: dict[str, dict[str, float]] = {}
     base = torch.stack(logits[base_name])
-    for name in dtypes:
+    for name in logits:
         if name == base_name:
             continue
         other = torch.stack(logits[name])
@@ -100,11 +119,15 @@ def main() -> int:
     parser.add_argument("--frames", type=int, default=200)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--fp8-weights", action="store_true", help="add the fp8 weights rows")
     parser.add_argument("--out", type=Path, default=Path("out/kv_precision.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     device = torch.device(args.device)
-    results = {str(seed): run(args.preset, args.frames, seed, device) for seed in range(args.seeds)}
+    results = {
+        str(seed): run(args.preset, args.frames, seed, device, args.fp8_weights)
+        for seed in range(args.seeds)
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps({"params": vars(args) | {"out": str(args.out)}, "results": results}, indent=1)

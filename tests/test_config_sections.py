@@ -30,7 +30,8 @@ from duplex.exceptions import ConfigError
 
 FLAT_DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1", "port": 8000, "model": "loopback", "model_device": "cpu",
-    "model_seed": 0, "random_weights": False, "kv_cache_dtype": "auto", "codec_dtype": "float32",
+    "model_seed": 0, "random_weights": False, "kv_cache_dtype": "auto", "weight_dtype": "auto",
+    "codec_dtype": "float32",
     "loopback_delay_ms": 240,
     "model_cache_dir": "", "max_sessions": 0, "chat_wait_queue": 0, "max_frame_bytes": 16777216,
     "realtime_vad": "silero", "agent": True, "agent_llm": "", "agent_asr": "pocketsphinx",

@@ -370,6 +370,16 @@ class EngineConfig:
         '("KV storage precision", "KV in 4 bits", "KV in 4 bits on a GPU")',
         flag="--kv-cache-dtype",
     )
+    weight_dtype: Literal["auto", "fp8"] = setting(
+        "auto",
+        "storage of a Moshi LM's temporal transformer weights (most of its bytes): `auto` (the "
+        "LM's dtype: bf16 on a GPU) or `fp8` (float8 e4m3 with a float32 scale a row, the "
+        "activations quantized per token; on a GPU with fp8 tensor cores one `_scaled_mm` a "
+        "projection, elsewhere emulated in float32): about 6.6 GB fewer for the 7B, so more "
+        'slots. Its accuracy is in docs/benchmarks.md ("fp8 weights"); its speed on a GPU '
+        "is not measured yet",
+        flag="--weight-dtype",
+    )
     codec_dtype: Literal["float32", "bf16"] = setting(
         "float32",
         "the dtype Moshi's codec (Mimi) computes in: `float32`, or `bf16` (half its weight "

@@ -38,6 +38,9 @@ class ModelOptions:
         loopback_delay_ms: the ``loopback`` model's echo delay (whole 80 ms frames).
         kv_cache_dtype: KV ring storage of Moshi models: ``auto`` (the LM's dtype),
             ``fp8`` (float8 e4m3) or ``int4`` (4-bit values, a float16 scale a group of 32).
+        weight_dtype: storage of a Moshi LM's temporal transformer weights: ``auto`` (the
+            LM's dtype) or ``fp8`` (e4m3 with a float32 scale a row, activations quantized
+            per token: `duplex.models.moshi._fp8`).
         codec_dtype: the dtype Moshi's codec (Mimi) computes in: ``float32`` or ``bf16``
             (its codebooks and code distances stay float32 either way).
         random_weights: build a Moshi preset's architecture with weights drawn from
@@ -47,8 +50,7 @@ class ModelOptions:
             sample (PersonaPlex) looks in after its checkpoint's own (``None``: none).
 
     Raises:
-        ConfigError: the device string, the KV dtype or the codec dtype is not one of the
-            forms above.
+        ConfigError: the device string or a dtype is not one of the forms above.
     """
 
     device: str = "cpu"
@@ -56,6 +58,7 @@ class ModelOptions:
     cache_dir: Path | None = None
     loopback_delay_ms: int = 240
     kv_cache_dtype: str = "auto"
+    weight_dtype: str = "auto"
     codec_dtype: str = "float32"
     random_weights: bool = False
     voice_dir: Path | None = None
@@ -67,6 +70,8 @@ class ModelOptions:
             raise ConfigError(
                 f"kv_cache_dtype must be auto, fp8 or int4, got {self.kv_cache_dtype!r}"
             )
+        if self.weight_dtype not in ("auto", "fp8"):
+            raise ConfigError(f"weight_dtype must be auto or fp8, got {self.weight_dtype!r}")
         if self.codec_dtype not in ("float32", "bf16"):
             raise ConfigError(f"codec_dtype must be float32 or bf16, got {self.codec_dtype!r}")
 

@@ -98,6 +98,7 @@ def resolve_model(config: Config) -> tuple[ModelSpec, RunnerFactory]:
         device=engine.devices[0],
         seed=engine.model_seed,
         kv_cache_dtype=engine.kv_cache_dtype,
+        weight_dtype=engine.weight_dtype,
         codec_dtype=engine.codec_dtype,
         cache_dir=Path(engine.model_cache_dir).expanduser() if engine.model_cache_dir else None,
         loopback_delay_ms=engine.loopback_delay_ms,

@@ -3,7 +3,8 @@
 Module and parameter names mirror the reference checkpoint so that
 ``state_dict()`` keys are the official tensor names: ``norm1.alpha``,
 ``self_attn.in_proj_weight`` / ``self_attn.out_proj.weight`` (stacked per depth
-step), ``gating.linear_in.weight`` / ``gating.linear_out.weight``.
+step), ``gating.linear_in.weight`` / ``gating.linear_out.weight``. After `to_fp8` a
+block's linear weights are `Fp8Linear` buffers instead (``weight_dtype = "fp8"``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from torch import nn
 from duplex.kernels import rms_norm, rms_norm_reference, rope, rope_reference, triton_available
 from duplex.kernels.rms_norm import MAX_DIM as RMS_NORM_MAX_DIM
 from duplex.kernels.rope import rope_supports
+
+from ._fp8 import Fp8Linear
 
 __all__ = ["Attention", "GatedFFN", "RMSNorm", "apply_rope", "embed"]
 
@@ -91,6 +94,11 @@ class GatedFFN(nn.Module):
         gate, value = self.linear_in(x).unflatten(-1, (2, -1)).unbind(-2)
         return self.linear_out(F.silu(gate) * value)
 
+    def to_fp8(self) -> None:
+        """Store both weights as `Fp8Linear` (the originals are dropped)."""
+        self.linear_in = Fp8Linear(self.linear_in.weight)  # type: ignore[assignment]
+        self.linear_out = Fp8Linear(self.linear_out.weight)  # type: ignore[assignment]
+
 
 @final
 class _Weight(nn.Module):
@@ -117,15 +125,29 @@ class Attention(nn.Module):
         self.steps = steps
         self.in_proj_weight = nn.Parameter(torch.empty(steps * 3 * dim, dim))
         self.out_proj = _Weight(steps * dim, dim)
+        self.in_fp8: Fp8Linear | None = None
+        self.out_fp8: Fp8Linear | None = None
 
     def qkv(self, x: torch.Tensor, step: int = 0) -> tuple[torch.Tensor, ...]:
         """Project ``[..., dim]`` to q, k, v, each ``[..., H, D]``, with step ``step``'s weights."""
-        rows = 3 * self.dim
-        weight = self.in_proj_weight[step * rows : (step + 1) * rows]
-        projected = F.linear(x, weight).unflatten(-1, (3, self.num_heads, -1))
-        return projected.unbind(-3)
+        start, stop = step * 3 * self.dim, (step + 1) * 3 * self.dim
+        if self.in_fp8 is not None:
+            projected = self.in_fp8.rows(x, start, stop)
+        else:
+            projected = F.linear(x, self.in_proj_weight[start:stop])
+        return projected.unflatten(-1, (3, self.num_heads, -1)).unbind(-3)
 
     def out(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
         """Output projection of ``[..., H, D]`` heads with step ``step``'s weights."""
-        weight = self.out_proj.weight[step * self.dim : (step + 1) * self.dim]
-        return F.linear(x.flatten(-2), weight)
+        start, stop = step * self.dim, (step + 1) * self.dim
+        if self.out_fp8 is not None:
+            return self.out_fp8.rows(x.flatten(-2), start, stop)
+        return F.linear(x.flatten(-2), self.out_proj.weight[start:stop])
+
+    def to_fp8(self) -> None:
+        """Store both projections as `Fp8Linear` (a scale a row, so a step's rows slice
+        cleanly); the original parameters are dropped."""
+        self.in_fp8 = Fp8Linear(self.in_proj_weight)
+        self.out_fp8 = Fp8Linear(self.out_proj.weight)
+        del self.in_proj_weight
+        del self.out_proj

@@ -108,6 +108,15 @@ class MoshiLM(nn.Module):
         """Start token of every stream: ``text_card`` for text, ``card`` for audio."""
         return [self.config.text_card] + [self.config.card] * self.config.n_q
 
+    def temporal_to_fp8(self) -> None:
+        """Store the temporal transformer's linear weights in e4m3 with a scale a row
+        (``weight_dtype = "fp8"``: most of the LM's bytes); the originals are dropped, one
+        layer at a time, so the peak is one layer's copy above the model."""
+        for layer in self.transformer.layers:
+            assert isinstance(layer, _TemporalLayer)
+            layer.self_attn.to_fp8()
+            layer.gating.to_fp8()
+
     def embed_column(self, tokens: torch.Tensor) -> torch.Tensor:
         """Sum of the stream embeddings of ``[..., K]`` token columns -> ``[..., dim]``."""
         x = embed(self.text_emb.weight, tokens[..., 0])

@@ -15,6 +15,7 @@ its weights would be ignored.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import torch
@@ -79,17 +80,35 @@ def moshi_spec(preset: str, max_slots: int | None = None) -> ModelSpec:
     )
 
 
+_FP8_WEIGHTS = re.compile(
+    r"^transformer\.layers\.\d+\.(self_attn\.in_proj_weight|self_attn\.out_proj\.weight"
+    r"|gating\.linear_in\.weight|gating\.linear_out\.weight)$"
+)
+"""The LM tensors ``weight_dtype = "fp8"`` stores in e4m3 (`MoshiLM.temporal_to_fp8`)."""
+
+
 def weight_bytes(
-    lm: MoshiConfig, mimi: MimiConfig, *, lm_bytes: int = 2, mimi_bytes: int = 4
+    lm: MoshiConfig,
+    mimi: MimiConfig,
+    *,
+    lm_bytes: int = 2,
+    mimi_bytes: int = 4,
+    fp8_temporal: bool = False,
 ) -> int:
-    """Bytes of the loaded weights: the LM at ``lm_bytes`` a value, Mimi at ``mimi_bytes``
-    but for its codebook statistics (float32 in any dtype, as `cast_mimi` keeps them)."""
-    lm_values = sum(math.prod(shape) for shape in expected_tensors(lm).values())
+    """Bytes of the loaded weights: the LM at ``lm_bytes`` a value (its temporal linears at
+    one byte and a float32 scale a row with ``fp8_temporal``), Mimi at ``mimi_bytes`` but for
+    its codebook statistics (float32 in any dtype, as `cast_mimi` keeps them)."""
+    lm_total = sum(
+        math.prod(shape) + 4 * shape[0]
+        if fp8_temporal and _FP8_WEIGHTS.match(name)
+        else math.prod(shape) * lm_bytes
+        for name, shape in expected_tensors(lm).items()
+    )
     mimi_bytes_total = sum(
         math.prod(shape) * (4 if "._codebook." in name else mimi_bytes)
         for name, shape in expected_mimi_tensors(mimi).items()
     )
-    return lm_values * lm_bytes + mimi_bytes_total
+    return lm_total + mimi_bytes_total
 
 
 KV_DTYPES: dict[str, KVDtype | None] = {"auto": None, "fp8": torch.float8_e4m3fn, "int4": INT4}
@@ -139,7 +158,8 @@ def _spec_for(lm: MoshiConfig, mimi: MimiConfig, options: ModelOptions) -> Model
         return moshi_spec(lm.name)
     free, _total = torch.cuda.mem_get_info(torch.device(options.device))
     mimi_bytes = CODEC_DTYPES[options.codec_dtype].itemsize
-    weights = weight_bytes(lm, mimi, mimi_bytes=mimi_bytes)
+    fp8 = options.weight_dtype == "fp8"
+    weights = weight_bytes(lm, mimi, mimi_bytes=mimi_bytes, fp8_temporal=fp8)
     kv_bytes = KV_BYTES[options.kv_cache_dtype]
     per_slot = per_slot_bytes(lm, mimi, kv_bytes=kv_bytes, mimi_bytes=mimi_bytes)
     slots = memory_slots(free, weights, per_slot)
@@ -206,6 +226,10 @@ def _factory(load: Callable[[torch.dtype], LoadedMoshi], options: ModelOptions) 
         cuda = options.device.startswith("cuda")
         note(f"loading model {spec.name} on {options.device}")
         loaded = load(torch.bfloat16 if cuda else torch.float32)
+        if options.weight_dtype == "fp8":
+            loaded.lm.temporal_to_fp8()
+            if cuda:
+                torch.cuda.empty_cache()  # the bf16 copies, so free memory reads true
         if options.codec_dtype != "float32":
             cast_mimi(loaded.mimi, CODEC_DTYPES[options.codec_dtype])
         note(f"model {spec.name} loaded; making its runner")

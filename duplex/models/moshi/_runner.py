@@ -150,6 +150,11 @@ class MoshiRunner:
         return self._config
 
     @property
+    def model(self) -> MoshiLM:
+        """The LM it steps."""
+        return self._model
+
+    @property
     def kv_ring(self) -> KVRing:
         """The per-slot KV rings (tests poke unfilled rows through this)."""
         return self._state.ring

@@ -54,6 +54,23 @@ def signal(name: str, frames: int) -> list[np.ndarray]:
     return [tone(ord(name), k) for k in range(frames)]
 
 
+def speaks(runner: MoshiEngineRunner) -> int:
+    """Six frames of a tone through an engine on ``runner``: it says some text and its
+    audio is float32 in full scale. The slot it ran on."""
+    eng = Engine(runner, timer=FakeTimer())
+    handle = eng.acquire_slot("x")
+    assert handle is not None
+    texts, peaks = [], []
+    for tick, frame in enumerate(signal("x", 6)):
+        eng.push_input(handle, frame)
+        result = eng.step(tick * 0.08)[handle]
+        assert result.frame.pcm.dtype == np.float32
+        texts.append(result.frame.text)
+        peaks.append(float(np.abs(result.frame.pcm).max()))
+    assert "".join(texts) and 0 < max(peaks) <= 1.0
+    return handle.slot
+
+
 def run_alone(
     loaded: LoadedMoshi, frames: list[np.ndarray], *, slot: int, generation: int
 ) -> Trace:
@@ -394,16 +411,7 @@ def test_fp8_kv_doubles_the_gpu_pool_and_serves(loaded: LoadedMoshi, tmp_path: P
     runner = factory(spec)
     assert isinstance(runner, MoshiEngineRunner)
     assert runner.lm_runner.kv_ring.keys.dtype == torch.float8_e4m3fn
-    eng = Engine(runner, timer=FakeTimer())
-    handle = eng.acquire_slot("x")
-    assert handle is not None
-    texts, peaks = [], []
-    for tick, frame in enumerate(signal("x", 6)):
-        eng.push_input(handle, frame)
-        result = eng.step(tick * 0.08)[handle]
-        texts.append(result.frame.text)
-        peaks.append(float(np.abs(result.frame.pcm).max()))
-    assert "".join(texts) and 0 < max(peaks) <= 1.0
+    speaks(runner)
     with pytest.raises(ConfigError, match="kv_cache_dtype"):
         ModelOptions(kv_cache_dtype="int2")
 
@@ -425,19 +433,33 @@ def test_a_bf16_codec_serves_and_takes_less_of_the_gpu_pool(tmp_path: Path) -> N
     runner = factory(spec)
     assert isinstance(runner, MoshiEngineRunner)
     assert next(runner.mimi_streams.model.parameters()).dtype == torch.bfloat16
-    eng = Engine(runner, timer=FakeTimer())
-    handle = eng.acquire_slot("x")
-    assert handle is not None
-    texts, peaks = [], []
-    for tick, frame in enumerate(signal("x", 6)):
-        eng.push_input(handle, frame)
-        result = eng.step(tick * 0.08)[handle]
-        assert result.frame.pcm.dtype == np.float32
-        texts.append(result.frame.text)
-        peaks.append(float(np.abs(result.frame.pcm).max()))
-    assert "".join(texts) and 0 < max(peaks) <= 1.0
+    speaks(runner)
     with pytest.raises(ConfigError, match="codec_dtype"):
         ModelOptions(codec_dtype="fp16")
+
+
+def test_fp8_weights_free_most_of_the_lm_and_serve(tmp_path: Path) -> None:
+    """``weight_dtype = "fp8"``: the temporal transformer's linears at one byte a value and
+    a float32 scale a row (6.6 GB fewer for the 7B: more slots in the same memory), and a
+    tiny engine with them still speaks; another value is refused."""
+    from duplex.models.moshi import mimi_preset, moshi_preset
+    from duplex.models.moshi._models import memory_slots, per_slot_bytes, weight_bytes
+
+    lm, mimi = moshi_preset("moshi-7b"), mimi_preset("mimi")
+    full, fp8 = weight_bytes(lm, mimi), weight_bytes(lm, mimi, fp8_temporal=True)
+    assert 6.5e9 < full - fp8 < 6.6e9
+    per_slot, gib = per_slot_bytes(lm, mimi, kv_bytes=1), 1 << 30
+    assert memory_slots(139 * gib, fp8, per_slot) > memory_slots(139 * gib, full, per_slot)
+
+    options = ModelOptions(seed=SEED, cache_dir=tmp_path, weight_dtype="fp8")
+    spec, factory = get_model("tiny", options)
+    runner = factory(spec)
+    assert isinstance(runner, MoshiEngineRunner)
+    layer = runner.lm_runner.model.transformer.layers[0]
+    assert layer.gating.linear_out.weight.dtype == torch.float8_e4m3fn
+    speaks(runner)
+    with pytest.raises(ConfigError, match="weight_dtype"):
+        ModelOptions(weight_dtype="int8")
 
 
 def test_int4_kv_holds_more_sessions_and_serves(loaded: LoadedMoshi, tmp_path: Path) -> None:
@@ -458,14 +480,5 @@ def test_int4_kv_holds_more_sessions_and_serves(loaded: LoadedMoshi, tmp_path: P
     assert isinstance(runner, MoshiEngineRunner)
     ring = runner.lm_runner.kv_ring
     assert ring.int4 and ring.keys.dtype == torch.uint8 and INT4 == "int4"
-    eng = Engine(runner, timer=FakeTimer())
-    handle = eng.acquire_slot("x")
-    assert handle is not None
-    texts, peaks = [], []
-    for tick, frame in enumerate(signal("x", 6)):
-        eng.push_input(handle, frame)
-        result = eng.step(tick * 0.08)[handle]
-        texts.append(result.frame.text)
-        peaks.append(float(np.abs(result.frame.pcm).max()))
-    assert "".join(texts) and 0 < max(peaks) <= 1.0
-    assert bool((ring.key_scales[:, handle.slot] > 0).any())  # the slot's rows were written
+    slot = speaks(runner)
+    assert bool((ring.key_scales[:, slot] > 0).any())  # the slot's rows were written
