@@ -14,7 +14,14 @@ under it) over the round:
 ``ingress_cpu_cores`` (CPU seconds per wall second) and ``ingress_cpu_us_per_frame``
 (per audio frame relayed, both ways: each session sends and gets one frame a tick).
 
+With ``--kill``, a last round on the largest count SIGKILLs one Ray node (its raylet, its
+workers and so its duplex server: ``remove_node(allow_graceful=False)``) halfway through
+the measured seconds, and reports how long its sessions took to be told (``node_lost``
+or a close), the other sessions' delay and missed ticks before and after the kill, and
+whether a new session is then placed on a survivor.
+
     python bench/cluster.py --per-node 8 --seconds 5 --warmup 2 --json out.json
+    python bench/cluster.py --nodes 3 --per-node 8 --seconds 8 --warmup 2 --kill
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 import argparse
 import json
+import math
 import platform
 import re
 import signal
@@ -104,6 +112,72 @@ async def _round(
     }
 
 
+def _window(results: list[dict[str, Any]], lo: dict[int, float], hi: dict[int, float]) -> dict:
+    """Delay and missed ticks of each session's outputs in ``[lo, hi)`` (its own clock)."""
+    delays: list[float] = []
+    missed = received = expected = 0
+    for i, r in enumerate(results):
+        m = _measure(r, lo[i], hi[i] - lo[i])
+        delays += m["delays"]
+        missed += m["missed"]
+        received += m["received"]
+        expected += m["expected"]
+    return {
+        "delay_p50_ms": _pct(delays, 50),
+        "delay_p99_ms": _pct(delays, 99),
+        "missed": missed,
+        "frames": round(received / max(expected, 1), 3),
+    }
+
+
+async def _kill_round(
+    url: str, count: int, kill: Callable[[], None], args: argparse.Namespace
+) -> dict:
+    """``count`` sessions; one Ray node killed (``kill``) halfway through the measured
+    seconds; then one new session."""
+    results: list[dict[str, Any]] = []
+    marks: dict[str, float] = {}
+
+    async def one(index: int) -> None:
+        results.append(await _session(url, index * PERIOD / count, args.warmup, args.seconds))
+
+    async def killer() -> None:
+        await trio.sleep(args.warmup + args.seconds / 2)
+        marks["kill"] = trio.current_time()
+        await trio.to_thread.run_sync(kill)
+        marks["killed"] = trio.current_time()
+
+    async with trio.open_nursery() as nursery:
+        for index in range(count):
+            nursery.start_soon(one, index)
+        nursery.start_soon(killer)
+    admitted = [r for r in results if r["admitted"]]
+    lost = [r for r in admitted if r.get("error") == "node_lost" or "closed_at" in r]
+    kept = [r for r in admitted if r not in lost]
+    told = [
+        r["started"]
+        + min(r.get("error_at", math.inf), r.get("closed_at", math.inf))
+        - marks["kill"]
+        for r in lost
+    ]
+    at = {i: marks["kill"] - r["started"] for i, r in enumerate(kept)}
+    start = {i: args.warmup for i in at}
+    end = {i: args.warmup + args.seconds for i in at}
+    after = await _session(url, 0, 0.4, 0.8)
+    return {
+        "sessions": count,
+        "admitted": len(admitted),
+        "lost": len(lost),
+        "lost_told": sorted({r.get("error") or f"close {r.get('close_code')}" for r in lost}),
+        "told_p50_s": round(float(np.percentile(told, 50)), 3) if told else None,
+        "told_max_s": round(max(told), 3) if told else None,
+        "remove_node_s": round(marks["killed"] - marks["kill"], 3),
+        "others_before": _window(kept, start, at),
+        "others_after": _window(kept, at, end),
+        "new_session_admitted": bool(after["admitted"]),
+    }
+
+
 def _round_via_cli(address: str, k: int, args: argparse.Namespace) -> dict:
     """One round through ``duplex cluster ingress`` in its own process, with its CPU."""
     port = _free_port()
@@ -166,6 +240,11 @@ def main() -> None:
         action="store_true",
         help="the ingress as `duplex cluster ingress` in its own process, with its CPU",
     )
+    parser.add_argument(
+        "--kill",
+        action="store_true",
+        help="a last round on the largest count that SIGKILLs one Ray node halfway",
+    )
     args = parser.parse_args()
     counts = [int(n) for n in args.nodes.split(",")]
 
@@ -177,16 +256,15 @@ def main() -> None:
     try:
         ray.init(address=cluster.address, namespace="duplex", log_to_driver=False)
         handle = start_controller(poll_s=0.25, env=SERVE_ENV)
-        hosts = 0
+        hosts: list[Any] = []
 
         def serving() -> int:
             rows = ray.get(handle.rows.remote(), timeout=10)
             return sum(r.report.state is NodeState.SERVING for r in rows)
 
         for k in counts:
-            while hosts < k:
-                cluster.add_node(**NODE_ARGS, resources={NODE_RESOURCE: 1})
-                hosts += 1
+            while len(hosts) < k:
+                hosts.append(cluster.add_node(**NODE_ARGS, resources={NODE_RESOURCE: 1}))
             deadline = time.monotonic() + 120
             while serving() < k:
                 if time.monotonic() > deadline:
@@ -220,6 +298,26 @@ def main() -> None:
 
             rounds.append(trio.run(measure))
             print(json.dumps(rounds[-1]), flush=True)
+        if args.kill:
+
+            async def measure_kill(k: int = counts[-1]) -> dict:
+                ingress = Ingress(RayTable(handle), refresh_s=0.1)
+                async with trio.open_nursery() as nursery:
+                    base = await nursery.start(serve_ingress, ingress, "127.0.0.1", 0)
+                    while sum(n.state is NodeState.SERVING for n in ingress.placement.nodes()) < k:
+                        await trio.sleep(0.1)
+                    result = await _kill_round(
+                        base.replace("http", "ws", 1) + "/v1/duplex",
+                        k * args.per_node,
+                        lambda: cluster.remove_node(hosts[0], allow_graceful=False),
+                        args,
+                    )
+                    nursery.cancel_scope.cancel()
+                await ingress.aclose()
+                return {"nodes": k, **result}
+
+            killed = trio.run(measure_kill)
+            print(json.dumps(killed), flush=True)
         ray.get(handle.shutdown.remote(), timeout=60)
     finally:
         ray.shutdown()
@@ -237,6 +335,7 @@ def main() -> None:
         "args": vars(args),
         "wall_s": round(time.monotonic() - started, 1),
         "rounds": rounds,
+        **({"kill": killed} if args.kill else {}),
     }
     print(json.dumps(report, indent=1))
     if args.json:

@@ -86,7 +86,10 @@ def _tone(k: int) -> str:
 
 
 async def _session(url: str, offset: float, warmup: float, seconds: float) -> dict[str, Any]:
-    """One session; what it measured (times relative to its first frame sent)."""
+    """One session; what it measured (times relative to its first frame sent, which is
+    ``started`` on trio's clock). A session the server ends early (an ``error`` event, a
+    close) stops sending and says when and why: ``error`` / ``error_at``, ``close_code`` /
+    ``closed_at``."""
     await trio.sleep(offset)
     async with connect(url, max_queue=None, max_size=None) as ws:
         await ws.send(json.dumps({"type": "session.create"}))
@@ -95,6 +98,7 @@ async def _session(url: str, offset: float, warmup: float, seconds: float) -> di
         if first["type"] != "session.created":
             return {"admitted": False, "error": first.get("error", first)}
         arrivals: list[tuple[float, str]] = []  # (receipt, response id)
+        ended: dict[str, Any] = {}
         start = trio.current_time()
         frames = round((warmup + seconds) / PERIOD)
 
@@ -104,18 +108,25 @@ async def _session(url: str, offset: float, warmup: float, seconds: float) -> di
                     event = json.loads(await ws.recv())
                     if event["type"] == "response.audio.delta":
                         arrivals.append((trio.current_time() - start, event["response_id"]))
-            except ConnectionClosed:
-                return
+                    elif event["type"] == "error" and "error" not in ended:
+                        ended["error"] = event["error"].get("code")
+                        ended["error_at"] = trio.current_time() - start
+            except ConnectionClosed as closed:
+                ended["closed_at"] = trio.current_time() - start
+                ended["close_code"] = closed.rcvd.code if closed.rcvd else None
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(read)
-            for k in range(frames):
-                await trio.sleep_until(start + k * PERIOD)
-                await ws.send(_tone(k))
-            await trio.sleep(0.5)  # outputs of the last frames
-            nursery.cancel_scope.cancel()
-        await ws.send(json.dumps({"type": "session.close"}))
-    return {"admitted": True, "arrivals": arrivals}
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read)
+                for k in range(frames):
+                    await trio.sleep_until(start + k * PERIOD)
+                    await ws.send(_tone(k))
+                await trio.sleep(0.5)  # outputs of the last frames
+                nursery.cancel_scope.cancel()
+            await ws.send(json.dumps({"type": "session.close"}))
+        except* ConnectionClosed:
+            pass  # the server ended it: `read` noted when and how
+    return {"admitted": True, "arrivals": arrivals, "started": start, **ended}
 
 
 def _measure(result: dict[str, Any], warmup: float, seconds: float) -> dict[str, Any]:
