@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
@@ -25,10 +26,13 @@ from duplex.config import Config
 from duplex.logs import configure_logging, get_logger
 from duplex.metrics import Counter, Gauge
 
-from ._link import CODE_FINGERPRINT, EXIT_STALE_CODE, Link, Stop
+from ._link import CODE_FINGERPRINT, EXIT_STALE_CODE, Link, ShardQuery, Stop
 
 RESTART_DELAY_S = 1.0
 """Pause before a dead child's replacement starts, so a crash loop cannot spin a core."""
+
+QUERY_TIMEOUT_S = 2.0
+"""How long ``/health`` and ``/metrics`` wait for a child before leaving it out."""
 
 
 class Child(Protocol):
@@ -227,3 +231,45 @@ class Children:
                 return await process.wait()
             process.kill()
             return await process.wait()
+
+
+@dataclass
+class _Query:
+    expected: set[int]
+    answers: dict[int, Any] = field(default_factory=dict)
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+class ChildQueries:
+    """Questions to every serving child of one `Children` (``ShardQuery``) and their answers
+    (``ShardAnswer``, handed to `answered` by whoever reads the child's link)."""
+
+    def __init__(self, children: Children, timeout_s: float = QUERY_TIMEOUT_S) -> None:
+        self.children = children
+        self.timeout_s = timeout_s
+        self._queries: dict[int, _Query] = {}
+        self._requests = 0
+
+    async def ask(self, what: str) -> dict[int, Any]:
+        """Each serving child's answer to ``what``, by index; a child that is not serving
+        (starting, restarting) or does not answer within ``timeout_s`` is left out."""
+        request, self._requests = self._requests, self._requests + 1
+        ready = {i: self.children.links[i] for i in self.children.ready}
+        query = self._queries[request] = _Query(set(ready))
+        for link in ready.values():
+            link.post(ShardQuery(request, what))
+        try:
+            if ready:
+                with trio.move_on_after(self.timeout_s):
+                    await query.done.wait()
+        finally:
+            del self._queries[request]
+        return dict(query.answers)
+
+    def answered(self, index: int, request: int, value: Any) -> None:
+        """Child ``index``'s answer to ``request`` (late or unasked answers are dropped)."""
+        query = self._queries.get(request)
+        if query is not None and index in query.expected:
+            query.answers[index] = value
+            if len(query.answers) == len(query.expected):
+                query.done.set()

@@ -8,7 +8,8 @@ WebSocket is decoded and encoded here by its wire projection, and its events
 cross the link; HTTP routes are answered by the session process, and the
 generation routes (speech, images, videos) are relayed whole to the server
 process as ASGI messages (``_relay.py``). The worker
-owns no session state: when the session process goes away it closes its
+owns no session state (its HTTP boundary's metrics are its own: the server's ``/metrics``
+asks for them, ``ShardQuery("metrics")``): when the session process goes away it closes its
 sockets with 1011 and exits; SIGINT and SIGTERM are left to the session process, which
 stops the workers in order (sockets closed with 1001 first).
 """
@@ -27,6 +28,7 @@ from typing import Any
 import trio
 
 from duplex.logs import configure_logging, get_logger
+from duplex.metrics import REGISTRY
 from duplex.sessions import SessionResume, shard_of
 from duplex.transport import (
     EventSocket,
@@ -55,6 +57,8 @@ from ._link import (
     LinkBroken,
     Load,
     Ready,
+    ShardAnswer,
+    ShardQuery,
     Stop,
     Tally,
     ToSocket,
@@ -327,6 +331,7 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
         realtime_agent=settings.agent,
         access=settings.access,
         client_secret_ttl_s=settings.client_secret_ttl_s,
+        registry=REGISTRY,
         routes=relayed(service_routes(None, None, None), backend.relay),
     )
     hyper = hypercorn_config(
@@ -341,11 +346,14 @@ async def run_worker(index: int, listen_fd: int, link_fd: int, settings: WorkerS
 
     async def listen() -> None:
         async for message in link.messages():
-            if isinstance(message, Stop):
-                stopping.set()
-                await backend.close_held(1001, "server_shutdown")
-            else:
-                backend.route(message)
+            match message:
+                case Stop():
+                    stopping.set()
+                    await backend.close_held(1001, "server_shutdown")
+                case ShardQuery(request, "metrics"):  # the server's /metrics: ours too
+                    link.post(ShardAnswer(request, REGISTRY.families()))
+                case _:
+                    backend.route(message)
         if not stopping.is_set():
             log.error("session process gone; closing sockets")
             backend.shard_gone()

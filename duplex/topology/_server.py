@@ -823,6 +823,7 @@ async def serve_with_workers(
             workers = ConnectionWorkers(
                 links, listener, server.connection_workers, settings, registry
             )
+            backend.attach_workers(workers)
             await nursery.start(workers.children.run)
             bind = repr_socket_addr(listener.family, listener.getsockname())
             scheme = "https" if config.access.tls_certfile else "http"

@@ -16,7 +16,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -28,21 +27,11 @@ from duplex.logs import get_logger
 from duplex.metrics import Family, MetricsRegistry, Sample, merge_labelled
 
 from ._capacity import merged_sessions
-from ._children import Children, child_args, spawn_linked
-from ._link import Link, LinkBroken, Ready, ShardAnswer, ShardQuery
-
-QUERY_TIMEOUT_S = 2.0
-"""How long ``/health`` and ``/metrics`` wait for a shard before leaving it out."""
+from ._children import ChildQueries, Children, child_args, spawn_linked
+from ._link import Link, LinkBroken, Ready, ShardAnswer
 
 MAX_SOCKET_PATH = 100
 """A Unix socket's path must fit ``sun_path`` (108 bytes on Linux, with its NUL)."""
-
-
-@dataclass
-class _Query:
-    expected: set[int]
-    answers: dict[int, Any] = field(default_factory=dict)
-    done: trio.Event = field(default_factory=trio.Event)
 
 
 class ShardProcesses:
@@ -64,8 +53,6 @@ class ShardProcesses:
         self.folder = ""
         self.paths: tuple[str, ...] = ()
         self.log = get_logger(component="shards")
-        self._queries: dict[int, _Query] = {}
-        self._requests = 0
         grace = config.server.shutdown_grace_s
         restarts = None  # one shard: nothing to restart, nothing to export
         if self.count:
@@ -76,6 +63,7 @@ class ShardProcesses:
         self.children = Children(
             self, range(1, self.count + 1), reap_after_s=2 * grace + 5, restarts=restarts
         )
+        self.queries = ChildQueries(self.children)
 
     async def __aenter__(self) -> ShardProcesses:
         if self.count:
@@ -94,18 +82,8 @@ class ShardProcesses:
     async def query(self, what: str) -> list[Any]:
         """Each shard's answer to ``what``, in shard order; ``None`` from a shard that is not
         serving (starting, restarting) or did not answer in time."""
-        request, self._requests = self._requests, self._requests + 1
-        ready = {i: self.children.links[i] for i in self.children.ready}
-        query = self._queries[request] = _Query(set(ready))
-        for link in ready.values():
-            link.post(ShardQuery(request, what))
-        try:
-            if ready:
-                with trio.move_on_after(QUERY_TIMEOUT_S):
-                    await query.done.wait()
-        finally:
-            del self._queries[request]
-        return [query.answers.get(index) for index in range(1, self.count + 1)]
+        answers = await self.queries.ask(what)
+        return [answers.get(index) for index in range(1, self.count + 1)]
 
     def sessions(self, healths: Sequence[dict[str, Any] | None]) -> dict[str, int]:
         """Every shard's health as the server's sessions: with engine processes the shards
@@ -154,11 +132,7 @@ class ShardProcesses:
                     case Ready():
                         on_ready()
                     case ShardAnswer(request, value):
-                        query = self._queries.get(request)
-                        if query is not None and index in query.expected:
-                            query.answers[index] = value
-                            if len(query.answers) == len(query.expected):
-                                query.done.set()
+                        self.queries.answered(index, request, value)
         except LinkBroken as exc:
             self.log.error("session shard link broken", shard=index, error=str(exc))
 

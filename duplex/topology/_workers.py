@@ -18,17 +18,18 @@ import math
 import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import trio
 
 from duplex.config import ServerConfig
 from duplex.logs import get_logger
-from duplex.metrics import MetricsRegistry
+from duplex.metrics import Family, MetricsRegistry
 from duplex.sessions import ServerEvent, SessionOptions
 from duplex.transport import AccessSettings, HttpRoute, HubBackend, Received, SocketGone
 
-from ._children import Children, spawn_linked
+from ._children import ChildQueries, Children, spawn_linked
 from ._link import (
     AsgiEnd,
     AsgiIn,
@@ -44,6 +45,7 @@ from ._link import (
     LinkBroken,
     Load,
     Ready,
+    ShardAnswer,
     Tally,
     ToSocket,
     Window,
@@ -201,6 +203,7 @@ class ConnectionWorkers:
                 "duplex_connection_workers_serving", "Connection workers accepting connections"
             ),
         )
+        self.queries = ChildQueries(self.children)
 
     async def spawn(self, index: int) -> tuple[trio.Process, Link]:
         listen_fd = self.listener.fileno()
@@ -209,7 +212,18 @@ class ConnectionWorkers:
         return await spawn_linked("duplex.topology._frontend", args, pass_fds=(listen_fd,))
 
     async def serve(self, index: int, link: Link, on_ready: Callable[[], None]) -> None:
-        await self.server.serve(link, on_ready=on_ready, name=f"worker {index}")
+        await self.server.serve(
+            link,
+            on_ready=on_ready,
+            on_answer=partial(self.queries.answered, index),
+            name=f"worker {index}",
+        )
+
+    async def metrics(self) -> list[tuple[dict[str, str], list[Family]]]:
+        """Each serving worker's own families (its HTTP boundary: connections, shed and
+        refused requests), with a ``worker`` label for `merge_labelled`."""
+        answers = await self.queries.ask("metrics")
+        return [({"worker": str(index)}, answers[index]) for index in sorted(answers)]
 
 
 class LinkServer:
@@ -251,7 +265,12 @@ class LinkServer:
             link.post(load)
 
     async def serve(
-        self, link: Link, *, on_ready: Callable[[], None] | None = None, name: str = ""
+        self,
+        link: Link,
+        *,
+        on_ready: Callable[[], None] | None = None,
+        on_answer: Callable[[int, Any], None] | None = None,
+        name: str = "",
     ) -> None:
         """Deliver the link's messages until it ends, then end its connections.
 
@@ -307,6 +326,8 @@ class LinkServer:
                                 relay.on_message(message)
                             case Ready() if on_ready is not None:
                                 on_ready()
+                            case ShardAnswer(request, value) if on_answer is not None:
+                                on_answer(request, value)
                 except LinkBroken as exc:
                     self.log.error("link broken", link=name, error=str(exc))
                     await link.stream.aclose()

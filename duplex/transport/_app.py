@@ -38,7 +38,7 @@ from duplex import __version__
 from duplex.actors import ActorRef, ActorSystem, Restart
 from duplex.exceptions import ProtocolError
 from duplex.logs import get_logger
-from duplex.metrics import Counter, Family, MetricsRegistry, Sample, render
+from duplex.metrics import Counter, Family, MetricsRegistry, Sample, merge_labelled, render
 from duplex.progress import Startup
 from duplex.refusals import JSON_CONTENT_TYPE, Refusal
 from duplex.runtime import SessionHub
@@ -239,6 +239,15 @@ class Shards(Protocol):
         ...
 
 
+class Workers(Protocol):
+    """The server's connection workers, as its ``/metrics`` sees them: each keeps its HTTP
+    boundary's figures in its own process (``topology/_workers.py``)."""
+
+    async def metrics(self) -> list[tuple[dict[str, str], list[Family]]]:
+        """Each serving worker's families, with the labels that tell it apart."""
+        ...
+
+
 WAITING_ENDPOINTS: Final = frozenset({"/api/chat"})
 """Routes whose sockets may wait for a slot (``server.chat_wait_queue``): the Moshi
 clients show "waiting" until the handshake; JSON clients expect an answer at once."""
@@ -318,6 +327,8 @@ class HubBackend:
             self._export_wait_queue(self.wait_queue)
         self.shards: Shards | None = None
         """The other session shards, once they run (`attach_shards`)."""
+        self.workers: Workers | None = None
+        """The connection workers, once they run (`attach_workers`)."""
         self.more_models: Callable[[], list[dict[str, Any]]] = more_models or list
         """The cards of the other models this process serves (the request engines', the
         agent's), listed by ``GET /v1/models`` after the realtime model's."""
@@ -334,6 +345,10 @@ class HubBackend:
         """The server's other session shards run: ``/health`` and ``/metrics`` answer for
         them all from now on."""
         self.shards = shards
+
+    def attach_workers(self, workers: Workers) -> None:
+        """Connection workers serve this process's sockets: ``/metrics`` merges theirs."""
+        self.workers = workers
 
     def health_of(self) -> dict[str, Any]:
         """This process's own health."""
@@ -396,11 +411,15 @@ class HubBackend:
         return HttpAnswer.json({**answer, "session": request["session"]})
 
     async def http(self, route: HttpRoute, body: bytes = b"") -> HttpAnswer:
-        if self.shards is None or route in ("models", "client_secrets", "redeem"):
-            return self.reply(route, body)
-        if route == "metrics":
-            families = await self.shards.metrics(self.registry.families(), self.health_of())
+        if route == "metrics" and (self.shards is not None or self.workers is not None):
+            families = self.registry.families()
+            if self.shards is not None:
+                families = await self.shards.metrics(families, self.health_of())
+            if self.workers is not None:
+                families = merge_labelled([({}, families), *await self.workers.metrics()])
             return HttpAnswer(200, PROMETHEUS_CONTENT_TYPE, render(families).encode())
+        if self.shards is None or route != "health":
+            return self.reply(route, body)
         health = await self.shards.health(self.health_of())
         return HttpAnswer.json(health, 503 if health["status"] == "starting" else 200)
 
@@ -821,7 +840,7 @@ def build_app(
     turn-based too (the agent's replies follow their overlap policy; ``server.agent``).
     ``access``: who may connect (``None``: anyone on loopback, same-origin browsers).
     ``client_secret_ttl_s``: a client secret's lifetime when its request names none.
-    ``registry``: where refusals are counted (``None`` in a worker, whose metrics no one reads).
+    ``registry``: where refusals are counted (``None``: not counted).
     ``routes``: the service routes (speech, images, videos, robots: ``duplex.services``), as
     the topology builds them: served here, or in a connection worker relayed whole to the
     process that runs them (`relayed`). A plain HTTP request on any WebSocket route, the

@@ -12,6 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from websockets.exceptions import InvalidStatus
+from websockets.trio.client import connect as ws_connect
 
 from .wsclient import Server, client, running_server, tone
 
@@ -88,6 +90,33 @@ async def test_latency_histograms_fill_from_real_sessions(workers: int) -> None:
     assert count(after, "duplex_engine_tick_lateness_seconds", model="loopback") >= 12
     assert count(after, "duplex_engine_step_seconds", model="loopback", batch="1") >= 12
     assert count(after, "duplex_engine_step_seconds", batch="2") == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["one-process", "two-workers"])
+async def test_the_http_boundarys_figures_come_from_every_process_that_serves_http(
+    workers: int,
+) -> None:
+    """The connection cap and the access refusals are counted where HTTP is served: the
+    server process, or each connection worker, whose families ``/metrics`` merges under a
+    ``worker`` label."""
+    async with running_server(**{"server.connection_workers": workers}) as server:
+        with pytest.raises(InvalidStatus) as refused:
+            async with ws_connect(server.url.rsplit("/", 1)[0] + "/v1/nowhere"):
+                pass
+        assert refused.value.response.status_code == 404
+        text = await scrape(server)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    limits = [s for s in families["duplex_http_connections_limit"].samples]
+    labels = sorted(s.labels.get("worker", "") for s in limits)
+    assert labels == ([str(i) for i in range(workers)] if workers else [""])
+    assert all(s.value >= 64 for s in limits)
+    not_found = [
+        s
+        for s in families["duplex_access_refused"].samples
+        if s.name == "duplex_access_refused_total" and s.labels["code"] == "not_found"
+    ]
+    assert sum(s.value for s in not_found) == 1
+    assert all(("worker" in s.labels) == bool(workers) for s in not_found)
 
 
 def dashboard_metrics() -> set[str]:
