@@ -15,27 +15,26 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, suppress
 from functools import partial
 from typing import Any, Final, Protocol, final
 
 import httpx
 import trio
-from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve as hyper_serve
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.trio.client import ClientConnection, connect
 
 from duplex.logs import get_logger
-from duplex.metrics import Family, Sample, render
+from duplex.metrics import Family, MetricsRegistry, Sample, render
 from duplex.refusals import Refusal
-from duplex.transport import refusal_response
+from duplex.transport import hypercorn_config, refusal_response, serve_http
 
 from ._placement import (
     Expired,
@@ -58,8 +57,12 @@ CONNECT_TRIES = 3
 
 _VIDEO = re.compile(r"^/v1/videos/([^/]+)(/.*)?$")
 _HOP_HEADERS: Final = frozenset(
-    {"host", "content-length", "connection", "transfer-encoding", "keep-alive", "upgrade"}
+    {"host", "connection", "transfer-encoding", "keep-alive", "upgrade", "te", "trailer"}
 )
+"""Headers of one hop, never passed on (a body's ``content-length`` is: it streams through)."""
+DRAIN_BYTES = 64 * 1024 * 1024
+DRAIN_S = 10.0
+"""How much of a body the node did not read is still read (and dropped) after its answer."""
 _PROMETHEUS: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -122,6 +125,8 @@ class Ingress:
         self.connect_failed = 0
         self.log = get_logger(component="ingress")
         self._http = httpx.AsyncClient(timeout=60.0)
+        self.registry = MetricsRegistry()
+        """Its HTTP boundary's figures (`serve_http`'s), rendered with its own."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Refresh the table forever (a failed refresh keeps the last one: logged)."""
@@ -187,7 +192,8 @@ class Ingress:
         return JSONResponse(body, status_code=200 if serving else 503)
 
     async def metrics(self, request: Request) -> Response:
-        return Response(render(self.families()), media_type=_PROMETHEUS)
+        families = [*self.families(), *self.registry.families()]
+        return Response(render(families), media_type=_PROMETHEUS)
 
     def families(self) -> list[Family]:
         """The cluster as this ingress sees it, and what it placed and refused."""
@@ -310,21 +316,36 @@ class Ingress:
             return refusal_response(full)
         if isinstance(decision, Expired):
             return refusal_response(Refusal(404, decision.reason, "not_found"))
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        # bodies stream through both ways, never held whole here (an upload, a video's
+        # bytes): the node's own limits apply; only a JSON answer is read, to wrap its ids
+        headers = _passed(request.headers)
         url = decision.url + path + (f"?{request.url.query}" if request.url.query else "")
+        upload = _Upload(request)
+        upstream = self._http.build_request(request.method, url, headers=headers, content=upload)
         try:
-            reply = await self._http.request(
-                request.method, url, headers=headers, content=await request.body()
-            )
+            reply = await self._http.send(upstream, stream=True)
         except httpx.HTTPError as exc:
-            lost = Refusal(502, f"node {decision.node}: {exc!r}", "node_lost")
-            return refusal_response(lost)
-        body = reply.content
-        if reply.headers.get("content-type", "").startswith("application/json"):
-            body = _wrap_ids(body, decision.node)
-        out = {k: v for k, v in reply.headers.items() if k.lower() not in _HOP_HEADERS}
+            return _lost(decision.node, exc)
+        out = _passed(reply.headers, own=frozenset({"date", "server"}))
+        if not upload.ended:  # the node answered before the body ended (a 413, say): the
+            await upload.drain()  # rest is read first (the answer cannot pass a body the
+            out["connection"] = "close"  # app no longer reads), then the connection ends
+        if not reply.headers.get("content-type", "").startswith("application/json"):
+            return StreamingResponse(
+                reply.aiter_raw(),
+                status_code=reply.status_code,
+                headers=out,
+                background=BackgroundTask(reply.aclose),
+            )
+        try:
+            body = await reply.aread()
+        except httpx.HTTPError as exc:
+            return _lost(decision.node, exc)
+        finally:
+            await reply.aclose()
+        out.pop("content-length", None)  # the ids wrapped change it
         out.pop("content-encoding", None)  # httpx decoded it
-        return Response(body, status_code=reply.status_code, headers=out)
+        return Response(_wrap_ids(body, decision.node), reply.status_code, headers=out)
 
     # -- WebSocket ---------------------------------------------------------------
 
@@ -518,6 +539,43 @@ async def _close(ws: WebSocket, code: int, reason: str) -> None:
         await ws.close(code, reason)
 
 
+class _Upload:
+    """A request's body on its way to the node, as it arrives; notes whether it ended."""
+
+    def __init__(self, request: Request) -> None:
+        self._stream = request.stream()
+        self.ended = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            yield chunk
+        self.ended = True
+
+    async def drain(self) -> None:
+        """After an answer the node gave before the body ended (a 413): read and drop the
+        rest, up to `DRAIN_BYTES` and `DRAIN_S`, so a client that sends its whole body before
+        it reads (most do) gets to read the answer (hypercorn holds an answer while the app
+        leaves body unread); then the connection closes."""
+        read = 0
+        with trio.move_on_after(DRAIN_S), suppress(ClientDisconnect):
+            async for chunk in self._stream:
+                read += len(chunk)
+                if read > DRAIN_BYTES:
+                    return
+
+
+def _passed(headers: Any, *, own: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The end-to-end headers of a request or an answer (RFC 9110: hop headers stay), less
+    ``own`` (those our HTTP server sets itself)."""
+    dropped = _HOP_HEADERS | own
+    return {k.lower(): v for k, v in headers.items() if k.lower() not in dropped}
+
+
+def _lost(node: str, exc: Exception) -> Response:
+    """A node that did not answer an HTTP request (or broke off a JSON answer): 502."""
+    return refusal_response(Refusal(502, f"node {node}: {exc!r}", "node_lost"))
+
+
 def _wrap_ids(body: bytes, node: str) -> bytes:
     """A node's JSON answer with its video ids named as the cluster's (``object_id_on``)."""
     try:
@@ -547,15 +605,23 @@ async def serve_ingress(
     *,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run ``ingress`` on hypercorn (trio) at ``host``:``port`` until cancelled; reports
-    its base URL once bound and its first table arrived."""
-    config = HyperConfig()
-    config.bind = [f"{host}:{port}"]
-    config.accesslog = None
-    config.errorlog = "-"
-    config.graceful_timeout = 1.0
-    config.websocket_max_message_size = ingress.max_frame_bytes
+    """Run ``ingress`` at ``host``:``port`` until cancelled; reports its base URL once bound
+    and its first table arrived. It faces the clients as a server does, so it is served as
+    one: `serve_http` (each connection guarded, the connection cap and its reserve), with
+    its HTTP boundary's figures in its ``/metrics``."""
+    config = hypercorn_config(
+        f"{host}:{port}", max_frame_bytes=ingress.max_frame_bytes, graceful_timeout_s=1.0
+    )
+    config.websocket_max_message_size = ingress.max_frame_bytes  # the node says what is over
     async with trio.open_nursery() as nursery:
         await nursery.start(ingress.run)
-        binds = await nursery.start(partial(hyper_serve, ingress.app(), config))
+        serve = partial(
+            serve_http,
+            ingress.app(),
+            config,
+            shutdown_trigger=trio.sleep_forever,
+            registry=ingress.registry,
+            announce=False,
+        )
+        binds = await nursery.start(serve)
         task_status.started(binds[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -71,6 +72,8 @@ async def test_a_session_through_the_ingress_echoes_and_carries_its_node() -> No
             'duplex_cluster_nodes{state="serving"} 1',
         ):
             assert f"\n{line}" in text, line
+        # it faces clients as a server does: its connection cap is there too
+        assert re.search(r"^duplex_http_connections_limit \d+$", text, re.M)
 
 
 async def test_http_is_routed_by_the_id_it_names_and_refused_when_none_can_take_it() -> None:
@@ -97,6 +100,46 @@ async def test_http_is_routed_by_the_id_it_names_and_refused_when_none_can_take_
         table.reports = [node("a1", server, live=7, capacity=8, seq=3)]
         await wait_refreshed(ingress, "a1", 1)
         assert (await http.get(url + "/v1/models")).status_code == 200
+
+
+SPEECH = "/v1/audio/speech"
+
+
+async def test_http_bodies_stream_through_both_ways() -> None:
+    """The ingress holds no body whole: a binary answer (speech audio) reaches the client as
+    the node sends it, whole and with its length; an upload streams on to the node, whose own
+    limit refuses one too large (413) while it arrives: the client, which sends its whole
+    body before it reads, gets that answer, and the next request is served."""
+    table = Table()
+    async with AsyncExitStack() as stack:
+        server = await stack.enter_async_context(running_server(**{"server.node_name": "a1"}))
+        table.reports = [node("a1", server)]
+        ingress, url = await stack.enter_async_context(ingress_at(table))
+        await ingress.refreshed.wait()
+        http = await stack.enter_async_context(httpx.AsyncClient(timeout=60))
+        request = {"input": "One. Two.", "response_format": "wav"}
+        relayed = await http.post(url + SPEECH, json=request)
+        assert relayed.status_code == 200 and relayed.headers["content-type"] == "audio/wav"
+        wav = relayed.content  # whole: its RIFF size and the length passed on agree with it
+        assert wav[:4] == b"RIFF" and int.from_bytes(wav[4:8], "little") + 8 == len(wav) > 1000
+        assert relayed.headers["content-length"] == str(len(wav))
+
+        streamed = {"input": "One. Two. Three.", "stream": True, "response_format": "pcm"}
+        async with http.stream("POST", url + SPEECH, json=streamed) as answer:
+            assert answer.status_code == 200 and "content-length" not in answer.headers
+            parts = [part async for part in answer.aiter_raw()]
+        assert len(parts) >= 2 and sum(map(len, parts)) % 2 == 0  # a sentence at a time
+
+        async def upload() -> AsyncIterator[bytes]:
+            for _ in range(64):  # 4 MiB, twice the speech route's limit
+                yield b" " * 65536
+
+        too_big = await http.post(
+            url + SPEECH, content=upload(), headers={"content-type": "application/json"}
+        )
+        assert too_big.status_code == 413
+        assert too_big.json()["error"]["code"] == "body_too_large"
+        assert (await http.post(url + SPEECH, json=request)).status_code == 200
 
 
 async def wait_refreshed(ingress: Ingress, name: str, room: int) -> None:
