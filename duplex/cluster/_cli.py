@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -85,13 +84,34 @@ def cluster_parser() -> argparse.ArgumentParser:
 
 
 def _ray_start(args: list[str], *, loopback: bool) -> int:
-    ray_cli = shutil.which("ray") or "ray"
+    """``ray start ARGS`` with this interpreter's Ray (its ``ray`` script need not be on
+    ``PATH``: ``.venv/bin/duplex`` runs without the venv activated)."""
+    _token_auth()  # a node that joins sends the cluster's token, if this machine has it
     env = {**os.environ, **LOOPBACK_ENV} if loopback else None
-    return subprocess.run([ray_cli, "start", *args], env=env, check=False).returncode
+    command = [sys.executable, "-m", "ray.scripts.scripts", "start", *args]
+    return subprocess.run(command, env=env, check=False).returncode
+
+
+def _token_auth() -> None:
+    """Ray's token authentication whenever a token is at hand (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``) and the operator set no
+    ``RAY_AUTH_MODE``. ``ray start`` turns it on for a new cluster and writes the token,
+    but a driver that connects later (this command) does not turn it on by itself and is
+    refused (Ray 2.60: ``InvalidAuthToken``); a cluster without authentication accepts a
+    driver that sends a token. Ray's own rule, after its token cache is dropped (the token
+    may have been written since this process looked)."""
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available,
+    )
+    from ray._raylet import AuthenticationTokenLoader
+
+    AuthenticationTokenLoader.instance().reset_cache()
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def _connect(address: str) -> None:
     if not ray.is_initialized():
+        _token_auth()
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
 
 
