@@ -175,6 +175,7 @@ def import_ours() -> types.SimpleNamespace:
         mimi_preset=mimi_config.mimi_preset,
         MimiStreams=mimi_streams.MimiStreams,
         random_mimi=mimi_weights.random_mimi,
+        cast_mimi=mimi_weights.cast_mimi,
     )
 
 
@@ -570,14 +571,14 @@ def fit_slots(device: torch.device, want: int, per_slot: int) -> tuple[int, dict
     return int(min(want, fit)), info
 
 
-def our_per_slot_bytes(config: Any, mimi_config: Any, kv_bytes: int) -> int:
+def our_per_slot_bytes(config: Any, mimi_config: Any, kv_bytes: float, mimi_bytes: int = 4) -> int:
     """KV ring + Mimi state of one slot (an estimate for sizing).
 
     The ring attention kernel reads the rings in place in their stored dtype, so
     an fp8 ring needs no bf16 copy.
     """
     ring = config.kv_bytes_per_slot(kv_bytes)
-    mimi = mimi_config.kv_bytes_per_slot(4) + 16 * 1024**2
+    mimi = mimi_config.kv_bytes_per_slot(mimi_bytes) + 16 * 1024**2
     return ring + mimi
 
 
@@ -597,7 +598,8 @@ def run_ours(
     mode, kv_name, _ = OUR_PHASES[phase]
     kv_dtype = ours.KV_DTYPES[kv_name]
     kv_bytes = ours.KV_BYTES[kv_name] if kv_dtype else torch.finfo(lm_dtype(device)).bits // 8
-    per_slot = our_per_slot_bytes(config, mimi.config, kv_bytes)
+    mimi_bytes = next(mimi.parameters()).element_size()
+    per_slot = our_per_slot_bytes(config, mimi.config, kv_bytes, mimi_bytes)
     want = max(args.batches)
     max_slots, memory = fit_slots(device, want, per_slot)
     graphs = bool(args.cuda_graphs and device.type == "cuda")
@@ -607,7 +609,7 @@ def run_ours(
             "cuda_graphs": graphs,
             "kv_dtype": str(kv_dtype or lm_dtype(device)),
             "kv_ring_bytes_per_slot": config.kv_bytes_per_slot(kv_bytes),
-            "mimi_kv_bytes_per_slot": mimi.config.kv_bytes_per_slot(4),
+            "mimi_kv_bytes_per_slot": mimi.config.kv_bytes_per_slot(mimi_bytes),
             "max_slots": max_slots,
             "sizing": memory,
             "per_batch": {},
@@ -1060,6 +1062,18 @@ def main(argv: list[str] | None = None) -> int:
         "bucket (CUDA only)",
     )
     parser.add_argument(
+        "--weight-dtype",
+        choices=("auto", "fp8"),
+        default="auto",
+        help="ours phases: the temporal transformer's weights (`duplex serve --weight-dtype`)",
+    )
+    parser.add_argument(
+        "--codec-dtype",
+        choices=("float32", "bf16"),
+        default="float32",
+        help="ours phases: Mimi's dtype (`duplex serve --codec-dtype`)",
+    )
+    parser.add_argument(
         "--reference-per-process",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -1096,7 +1110,8 @@ def main(argv: list[str] | None = None) -> int:
             "budget_s": args.budget_s,
             "cuda_graphs": bool(args.cuda_graphs and device.type == "cuda"),
             "lm_dtype": str(lm_dtype(device)),
-            "mimi_dtype": "torch.float32",
+            "weight_dtype": args.weight_dtype,
+            "mimi_dtype": "torch.bfloat16" if args.codec_dtype == "bf16" else "torch.float32",
             "sampling": {"text": [0.7, 25], "audio": [0.8, 250]},
             "frame_ms": FRAME_MS,
         },
@@ -1134,6 +1149,12 @@ def main(argv: list[str] | None = None) -> int:
             models["build_s"] = round(time.monotonic() - t0, 2)
             models["lm_params"] = sum(p.numel() for p in models["lm"].parameters())
             models["mimi_params"] = sum(p.numel() for p in models["mimi"].parameters())
+            if args.weight_dtype == "fp8":  # as the server's factory does, after loading
+                models["lm"].temporal_to_fp8()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            if args.codec_dtype == "bf16":
+                ours.cast_mimi(models["mimi"], torch.bfloat16)
             log(
                 f"  built in {models['build_s']} s: {models['lm_params']:,} + "
                 f"{models['mimi_params']:,} params"
