@@ -326,6 +326,8 @@ class Ingress:
             reply = await self._http.send(upstream, stream=True)
         except httpx.HTTPError as exc:
             return _lost(decision.node, exc)
+        except ClientDisconnect:  # the client left while its body was on its way
+            return Response(status_code=499)  # nobody reads it; the node's request ended
         out = _passed(reply.headers, own=frozenset({"date", "server"}))
         if not upload.ended:  # the node answered before the body ended (a 413, say): the
             await upload.drain()  # rest is read first (the answer cannot pass a body the

@@ -142,6 +142,33 @@ async def test_http_bodies_stream_through_both_ways() -> None:
         assert (await http.post(url + SPEECH, json=request)).status_code == 200
 
 
+async def test_a_client_that_leaves_mid_upload_costs_nothing() -> None:
+    """A body cut off by its client (half sent, then the socket closed) ends that request
+    on the node too; the ingress counts no connection error and serves on."""
+    table = Table()
+    async with AsyncExitStack() as stack:
+        server = await stack.enter_async_context(running_server(**{"server.node_name": "a1"}))
+        table.reports = [node("a1", server)]
+        ingress, url = await stack.enter_async_context(ingress_at(table))
+        await ingress.refreshed.wait()
+        host, port = url.removeprefix("http://").split(":")
+        for _ in range(3):
+            stream = await trio.open_tcp_stream(host, int(port))
+            head = (
+                f"POST {SPEECH} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+                "content-length: 100000\r\n\r\n"
+            )
+            await stream.send_all(head.encode() + b'{"input": "' + b"a" * 5000)
+            await trio.sleep(0.2)  # the ingress has opened its request to the node
+            await stream.aclose()
+        async with httpx.AsyncClient(timeout=30) as http:
+            assert (await http.get(url + "/health")).status_code == 200
+            text = (await http.get(url + "/metrics")).text
+            speech = {"input": "Still here.", "response_format": "wav"}
+            assert (await http.post(url + SPEECH, json=speech)).status_code == 200
+        assert not re.search(r"^duplex_http_connection_errors_total\{.*\} [1-9]", text, re.M)
+
+
 async def wait_refreshed(ingress: Ingress, name: str, room: int) -> None:
     with trio.fail_after(5):
         while ingress.placement.room(name) != room:
