@@ -1,5 +1,6 @@
 """The runbook's commands on one host, each in its own process as an operator runs them:
-``duplex cluster head --loopback --nodes 2``, ``nodes``, ``ingress``, ``drain``, ``down``.
+``duplex cluster head --loopback --nodes 2``, ``nodes``, ``ingress`` (HTTP and a session
+routed through it), ``drain``, ``down``.
 
 Ray's token authentication is on (a token in the operator's ``~/.ray``, here a HOME of
 the test's own), so every command that connects must send it: Ray 2.60's ``ray start``
@@ -23,8 +24,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from websockets.sync.client import connect
 
-from duplex.cluster import LOOPBACK_ENV
+from duplex.cluster import LOOPBACK_ENV, node_of_object
 
 from ..helpers import free_port, process_tree
 
@@ -131,6 +133,13 @@ def test_the_runbook_runs_a_one_host_cluster(operator_env: tuple[dict[str, str],
         names = sorted(states())
         assert nodes(env, address) == dict.fromkeys(names, "serving")  # the CLI's listing
         assert httpx.get(base + "/v1/models", timeout=10).json()["data"][0]["id"] == "loopback"
+        # a session through the ingress: its id names the node it was placed on
+        with connect(base.replace("http", "ws", 1) + "/v1/duplex", open_timeout=30) as ws:
+            ws.send(json.dumps({"type": "session.create"}))
+            created = json.loads(ws.recv(timeout=30))
+            assert created["type"] == "session.created", created
+            assert node_of_object(created["session"]["id"]) in names
+            ws.send(json.dumps({"type": "session.close"}))
 
         drained = cluster(env, "drain", names[0], "--loopback", "--address", address)
         assert drained.returncode == 0 and f"{names[0]} drains" in drained.stdout

@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -42,9 +41,8 @@ from duplex.cluster import (
     serve_ingress,
     start_controller,
 )
-from duplex.cluster._node import free_port
 
-from ..transport.test_e2e_duplex import open_session, resume, use_session
+from ..transport.test_e2e_duplex import open_session, resume
 from ..transport.test_e2e_workers import cursor, echo, heard
 from ..transport.wsclient import Client, silence, tone
 
@@ -233,44 +231,6 @@ async def test_a_full_cluster_refuses_like_one_server_and_admits_again(ray3: Ray
         opened.append((c, created))
         for c, _ in opened:
             await close_session(c)
-
-
-async def test_an_ingress_started_by_the_cli_routes_like_any_copy(ray3: Ray3) -> None:
-    port = free_port("127.0.0.1")
-    command = [sys.executable, "-m", "duplex.cli", "cluster", "ingress", "--loopback"]
-    command += ["--address", ray3.cluster.address, "--port", str(port)]
-    process = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        cli_url = f"http://127.0.0.1:{port}"
-        async with httpx.AsyncClient() as http:
-            with trio.fail_after(60):
-                while True:
-                    assert process.poll() is None, "the ingress exited"
-                    try:
-                        if (await http.get(cli_url + "/health")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await trio.sleep(0.2)
-        async with AsyncExitStack() as stack:
-            c = await stack.enter_async_context(client_of(cli_url))  # through the CLI's copy
-            created = await open_session(c)
-            await use_session(c)
-            last = cursor(c)
-            await c.ws.aclose()
-            _, url = await stack.enter_async_context(ingress_of(ray3))  # resumed through ours
-            c2 = await stack.enter_async_context(client_of(url))
-            await c2.send(resume(created, last))
-            assert (await c2.recv(10))["type"] == "session.resumed"
-            await echo(c2, tone(3))
-            await close_session(c2)
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def row_of(ray3: Ray3, name: str) -> NodeRow:
