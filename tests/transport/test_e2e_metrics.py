@@ -68,6 +68,8 @@ def count(families: dict, name: str, **labels: str) -> float:
 
 @pytest.mark.parametrize("workers", [0, 2], ids=["one-process", "two-workers"])
 async def test_latency_histograms_fill_from_real_sessions(workers: int) -> None:
+    """And the HTTP boundary's figures come from every process that serves HTTP
+    (`http_boundary`)."""
     async with running_server(
         **{"session.overlap_policy": "model", "server.connection_workers": workers}
     ) as server:
@@ -82,7 +84,13 @@ async def test_latency_histograms_fill_from_real_sessions(workers: int) -> None:
             await c.until("response.audio.delta")
             for _ in range(5):
                 await c.until("response.audio.delta")
-        after = histograms(await scrape(server))
+        with pytest.raises(InvalidStatus) as refused:
+            async with ws_connect(server.url.rsplit("/", 1)[0] + "/v1/nowhere"):
+                pass
+        assert refused.value.response.status_code == 404
+        text = await scrape(server)
+        after = histograms(text)
+    http_boundary(text, workers)
     delays = count(after, "duplex_output_delay_seconds", model="loopback", endpoint="/v1/duplex")
     assert delays >= 6
     assert count(after, "duplex_output_delay_seconds", endpoint="/v1/realtime") == 0
@@ -92,21 +100,12 @@ async def test_latency_histograms_fill_from_real_sessions(workers: int) -> None:
     assert count(after, "duplex_engine_step_seconds", batch="2") == 0
 
 
-@pytest.mark.parametrize("workers", [0, 2], ids=["one-process", "two-workers"])
-async def test_the_http_boundarys_figures_come_from_every_process_that_serves_http(
-    workers: int,
-) -> None:
+def http_boundary(text: str, workers: int) -> None:
     """The connection cap and the access refusals are counted where HTTP is served: the
     server process, or each connection worker, whose families ``/metrics`` merges under a
-    ``worker`` label."""
-    async with running_server(**{"server.connection_workers": workers}) as server:
-        with pytest.raises(InvalidStatus) as refused:
-            async with ws_connect(server.url.rsplit("/", 1)[0] + "/v1/nowhere"):
-                pass
-        assert refused.value.response.status_code == 404
-        text = await scrape(server)
+    ``worker`` label. One WebSocket handshake on no route was refused (404)."""
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    limits = [s for s in families["duplex_http_connections_limit"].samples]
+    limits = list(families["duplex_http_connections_limit"].samples)
     labels = sorted(s.labels.get("worker", "") for s in limits)
     assert labels == ([str(i) for i in range(workers)] if workers else [""])
     assert all(s.value >= 64 for s in limits)

@@ -20,7 +20,7 @@ from typing import final
 import torch
 from torch import nn
 
-__all__ = ["E4M3", "Fp8Linear", "fp8_linear", "quantize_rows"]
+__all__ = ["E4M3", "Fp8Linear", "fp8_linear", "quantize_rows", "scaled_product"]
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)
@@ -57,12 +57,25 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
     x_scale = flat.abs().amax(dim=-1, keepdim=True).float().clamp(min=_EPS) / E4M3_MAX
     x8 = (flat.float() / x_scale).to(E4M3)
     if _tensor_cores(x, weight):
-        out = torch._scaled_mm(
-            x8, weight.t(), scale_a=x_scale, scale_b=scale[None, :], out_dtype=x.dtype
-        )
+        out = scaled_product(x8, x_scale, weight, scale, x.dtype)
     else:
         out = ((x8.float() * x_scale) @ (weight.float() * scale[:, None]).t()).to(x.dtype)
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def scaled_product(
+    x8: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``(x8 * x_scale) @ (weight * scale).T`` in one ``torch._scaled_mm`` (row-wise scales:
+    ``x_scale`` ``[M, 1]``, ``scale`` ``[N]``; the weight's transpose is the column-major
+    operand it wants). torch's CPU build runs the same call, so its layout is tested there."""
+    return torch._scaled_mm(
+        x8, weight.t(), scale_a=x_scale, scale_b=scale[None, :], out_dtype=out_dtype
+    )
 
 
 @final

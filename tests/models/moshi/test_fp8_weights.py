@@ -16,7 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from duplex.models.moshi import KVRing, moshi_preset, random_lm
-from duplex.models.moshi._fp8 import E4M3, E4M3_MAX, Fp8Linear, fp8_linear, quantize_rows
+from duplex.models.moshi._fp8 import (
+    E4M3,
+    E4M3_MAX,
+    Fp8Linear,
+    fp8_linear,
+    quantize_rows,
+    scaled_product,
+)
 
 TINY = moshi_preset("tiny")
 
@@ -66,6 +73,24 @@ def test_the_product_is_the_float32_product_of_the_quantized_operands() -> None:
     assert float((out - exact).norm() / exact.norm()) < 0.08  # both operands rounded
     # a block of rows (one depth step of stacked weights) is its own quantized matrix
     torch.testing.assert_close(layer.rows(x, 8, 16), out[..., 8:16], rtol=1e-6, atol=1e-5)
+
+
+def test_the_tensor_core_call_computes_the_emulated_product() -> None:
+    """`scaled_product` is the GPU's one ``torch._scaled_mm``; torch's CPU build runs the
+    same call, so its operand layout and scales are checked here against the emulation
+    (to bf16's rounding)."""
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(48, 64, generator=generator)
+    values, scale = quantize_rows(weight)
+    x = torch.randn(7, 64, generator=generator) * 2
+    x_values, x_scale = quantize_rows(x)
+    try:
+        got = scaled_product(x_values, x_scale[:, None], values, scale, torch.bfloat16)
+    except (RuntimeError, NotImplementedError) as exc:  # a torch without it on the CPU
+        pytest.skip(f"torch._scaled_mm does not run on this CPU build: {exc}")
+    assert got.dtype == torch.bfloat16 and got.shape == (7, 48)
+    want = fp8_linear(x, values, scale)  # float32: the emulated path
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=2e-2)
 
 
 def temporal_logits(model: torch.nn.Module, frames: int) -> torch.Tensor:
