@@ -46,13 +46,23 @@ def node(
     return NodeReport(name, server.http, NodeState.SERVING, live, capacity, 0.0, seq)
 
 
-async def test_a_session_through_the_ingress_echoes_and_carries_its_node() -> None:
+@asynccontextmanager
+async def one_node(
+    *more: NodeReport,
+) -> AsyncIterator[tuple[Table, Server, Ingress, str]]:
+    """A server named ``a1``, in a table (with ``more`` reports) an ingress reads."""
     table = Table()
     async with AsyncExitStack() as stack:
         server = await stack.enter_async_context(running_server(**{"server.node_name": "a1"}))
-        table.reports = [node("a1", server)]
+        table.reports = [node("a1", server), *more]
         ingress, url = await stack.enter_async_context(ingress_at(table))
         await ingress.refreshed.wait()
+        yield table, server, ingress, url
+
+
+async def test_a_session_through_the_ingress_echoes_and_carries_its_node() -> None:
+    async with AsyncExitStack() as stack:
+        _table, _server, _ingress, url = await stack.enter_async_context(one_node())
         ws = await stack.enter_async_context(connect(url.replace("http", "ws") + "/v1/duplex"))
         c = Client(ws)
         created = await open_session(c)
@@ -77,12 +87,8 @@ async def test_a_session_through_the_ingress_echoes_and_carries_its_node() -> No
 
 
 async def test_http_is_routed_by_the_id_it_names_and_refused_when_none_can_take_it() -> None:
-    table = Table()
     async with AsyncExitStack() as stack:
-        server = await stack.enter_async_context(running_server(**{"server.node_name": "a1"}))
-        table.reports = [node("a1", server)]
-        ingress, url = await stack.enter_async_context(ingress_at(table))
-        await ingress.refreshed.wait()
+        table, server, ingress, url = await stack.enter_async_context(one_node())
         http = await stack.enter_async_context(httpx.AsyncClient(timeout=10))
         models = await http.get(url + "/v1/models")  # names nothing: a node with room
         assert models.status_code == 200 and models.json()["data"][0]["id"] == "loopback"
@@ -110,12 +116,8 @@ async def test_http_bodies_stream_through_both_ways() -> None:
     the node sends it, whole and with its length; an upload streams on to the node, whose own
     limit refuses one too large (413) while it arrives: the client, which sends its whole
     body before it reads, gets that answer, and the next request is served."""
-    table = Table()
     async with AsyncExitStack() as stack:
-        server = await stack.enter_async_context(running_server(**{"server.node_name": "a1"}))
-        table.reports = [node("a1", server)]
-        ingress, url = await stack.enter_async_context(ingress_at(table))
-        await ingress.refreshed.wait()
+        _table, _server, _ingress, url = await stack.enter_async_context(one_node())
         http = await stack.enter_async_context(httpx.AsyncClient(timeout=60))
         request = {"input": "One. Two.", "response_format": "wav"}
         relayed = await http.post(url + SPEECH, json=request)
@@ -145,12 +147,8 @@ async def test_http_bodies_stream_through_both_ways() -> None:
 async def test_a_client_that_leaves_mid_upload_costs_nothing() -> None:
     """A body cut off by its client (half sent, then the socket closed) ends that request
     on the node too; the ingress counts no connection error and serves on."""
-    table = Table()
     async with AsyncExitStack() as stack:
-        server = await stack.enter_async_context(running_server(**{"server.node_name": "a1"}))
-        table.reports = [node("a1", server)]
-        ingress, url = await stack.enter_async_context(ingress_at(table))
-        await ingress.refreshed.wait()
+        _table, _server, _ingress, url = await stack.enter_async_context(one_node())
         host, port = url.removeprefix("http://").split(":")
         for _ in range(3):
             stream = await trio.open_tcp_stream(host, int(port))
@@ -176,15 +174,9 @@ async def wait_refreshed(ingress: Ingress, name: str, room: int) -> None:
 
 
 async def test_a_resume_naming_no_serving_node_expires_like_one_server() -> None:
-    table = Table()
+    gone = NodeReport("b2", "http://127.0.0.1:9", NodeState.GONE, 0, 0)
     async with AsyncExitStack() as stack:
-        server = await stack.enter_async_context(running_server(**{"server.node_name": "a1"}))
-        table.reports = [
-            node("a1", server),
-            NodeReport("b2", "http://127.0.0.1:9", NodeState.GONE, 0, 0),
-        ]
-        ingress, url = await stack.enter_async_context(ingress_at(table))
-        await ingress.refreshed.wait()
+        _table, _server, _ingress, url = await stack.enter_async_context(one_node(gone))
         for session_id in ("duplex-nb2-" + "0" * 32, "duplex-" + "0" * 32):
             ws = await stack.enter_async_context(connect(url.replace("http", "ws") + "/v1/duplex"))
             c = Client(ws)
