@@ -15,6 +15,7 @@ quality bench see the rounding the GPU does (up to the order of the sums).
 
 from __future__ import annotations
 
+import functools
 from typing import final
 
 import torch
@@ -36,13 +37,19 @@ def quantize_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (wide / scale[:, None]).to(E4M3), scale
 
 
+@functools.cache
+def _has_fp8_tensor_cores(device: torch.device) -> bool:
+    """Compute capability 8.9 or later (Ada, Hopper and on): asked once a device."""
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def _tensor_cores(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``torch._scaled_mm`` takes these operands here."""
     if not x.is_cuda or x.dtype != torch.bfloat16:
         return False
     if weight.shape[0] % 16 or weight.shape[1] % 16:
         return False
-    return torch.cuda.get_device_capability(x.device) >= (8, 9)
+    return _has_fp8_tensor_cores(x.device)
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
