@@ -14,7 +14,7 @@ under it) over the round:
 ``ingress_cpu_cores`` (CPU seconds per wall second) and ``ingress_cpu_us_per_frame``
 (per audio frame relayed, both ways: each session sends and gets one frame a tick).
 
-With ``--kill``, a last round on the largest count SIGKILLs one Ray node (its raylet, its
+With ``--kill``, a last round on every node started SIGKILLs one Ray node (its raylet, its
 workers and so its duplex server: ``remove_node(allow_graceful=False)``) halfway through
 the measured seconds, and reports how long its sessions took to be told (``node_lost``
 or a close), the other sessions' delay and missed ticks before and after the kill, and
@@ -49,6 +49,7 @@ import ray
 import trio
 from ray.cluster_utils import Cluster
 from served import PERIOD, _free_port, _measure, _session, _tree_cpu_s
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from duplex.cluster import (
     NODE_RESOURCE,
@@ -163,7 +164,10 @@ async def _kill_round(
     at = {i: marks["kill"] - r["started"] for i, r in enumerate(kept)}
     start = {i: args.warmup for i in at}
     end = {i: args.warmup + args.seconds for i in at}
-    after = await _session(url, 0, 0.4, 0.8)
+    try:  # a newcomer after the kill: placed on a survivor once the ingress knows
+        after = await _session(url, 0, 0.4, 0.8)
+    except (ConnectionClosed, InvalidHandshake, OSError) as exc:
+        after = {"admitted": False, "error": repr(exc)}
     return {
         "sessions": count,
         "admitted": len(admitted),
@@ -243,7 +247,7 @@ def main() -> None:
     parser.add_argument(
         "--kill",
         action="store_true",
-        help="a last round on the largest count that SIGKILLs one Ray node halfway",
+        help="a last round on every node started that SIGKILLs one Ray node halfway",
     )
     args = parser.parse_args()
     counts = [int(n) for n in args.nodes.split(",")]
@@ -300,7 +304,7 @@ def main() -> None:
             print(json.dumps(rounds[-1]), flush=True)
         if args.kill:
 
-            async def measure_kill(k: int = counts[-1]) -> dict:
+            async def measure_kill(k: int = len(hosts)) -> dict:
                 ingress = Ingress(RayTable(handle), refresh_s=0.1)
                 async with trio.open_nursery() as nursery:
                     base = await nursery.start(serve_ingress, ingress, "127.0.0.1", 0)

@@ -87,9 +87,9 @@ def _tone(k: int) -> str:
 
 async def _session(url: str, offset: float, warmup: float, seconds: float) -> dict[str, Any]:
     """One session; what it measured (times relative to its first frame sent, which is
-    ``started`` on trio's clock). A session the server ends early (an ``error`` event, a
-    close) stops sending and says when and why: ``error`` / ``error_at``, ``close_code`` /
-    ``closed_at``."""
+    ``started`` on trio's clock). The first ``error`` event is noted (``error`` /
+    ``error_at``); a session the server closes stops sending and says when and how
+    (``close_code`` / ``closed_at``)."""
     await trio.sleep(offset)
     async with connect(url, max_queue=None, max_size=None) as ws:
         await ws.send(json.dumps({"type": "session.create"}))

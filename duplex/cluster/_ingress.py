@@ -23,7 +23,6 @@ from typing import Any, Final, Protocol, final
 import httpx
 import trio
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
@@ -124,7 +123,9 @@ class Ingress:
         self.node_lost = 0
         self.connect_failed = 0
         self.log = get_logger(component="ingress")
-        self._http = httpx.AsyncClient(timeout=60.0)
+        # no pool limit: each relayed request holds its connection while its body streams,
+        # and the connection cap of the ingress's own port bounds how many there are
+        self._http = httpx.AsyncClient(timeout=60.0, limits=httpx.Limits(max_connections=None))
         self.registry = MetricsRegistry()
         """Its HTTP boundary's figures (`serve_http`'s), rendered with its own."""
 
@@ -320,7 +321,9 @@ class Ingress:
         # bytes): the node's own limits apply; only a JSON answer is read, to wrap its ids
         headers = _passed(request.headers)
         url = decision.url + path + (f"?{request.url.query}" if request.url.query else "")
-        upload = _Upload(request)
+        # a request without a body goes on without one (not as an empty chunked body)
+        has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
+        upload = _Upload(request) if has_body else None
         upstream = self._http.build_request(request.method, url, headers=headers, content=upload)
         try:
             reply = await self._http.send(upstream, stream=True)
@@ -329,16 +332,12 @@ class Ingress:
         except ClientDisconnect:  # the client left while its body was on its way
             return Response(status_code=499)  # nobody reads it; the node's request ended
         out = _passed(reply.headers, own=frozenset({"date", "server"}))
-        if not upload.ended:  # the node answered before the body ended (a 413, say): the
-            await upload.drain()  # rest is read first (the answer cannot pass a body the
-            out["connection"] = "close"  # app no longer reads), then the connection ends
+        if upload is not None and not upload.ended:  # the node answered before the body
+            await upload.drain()  # ended (a 413, say): the rest is read first (the answer
+            out["connection"] = "close"  # cannot pass a body the app no longer reads)
         if not reply.headers.get("content-type", "").startswith("application/json"):
-            return StreamingResponse(
-                reply.aiter_raw(),
-                status_code=reply.status_code,
-                headers=out,
-                background=BackgroundTask(reply.aclose),
-            )
+            chunks = self._relayed(reply, decision.node)
+            return StreamingResponse(chunks, status_code=reply.status_code, headers=out)
         try:
             body = await reply.aread()
         except httpx.HTTPError as exc:
@@ -348,6 +347,18 @@ class Ingress:
         out.pop("content-length", None)  # the ids wrapped change it
         out.pop("content-encoding", None)  # httpx decoded it
         return Response(_wrap_ids(body, decision.node), reply.status_code, headers=out)
+
+    async def _relayed(self, reply: httpx.Response, node: str) -> AsyncIterator[bytes]:
+        """A node's answer as it arrives; a node that breaks it off ends it here (the client
+        sees it cut short of its length), logged, and the reply is closed in every case."""
+        try:
+            async for chunk in reply.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            self.log.warning("node broke off an answer", node=node, error=repr(exc))
+        finally:
+            with trio.CancelScope(shield=True):
+                await reply.aclose()
 
     # -- WebSocket ---------------------------------------------------------------
 

@@ -110,8 +110,9 @@ class MoshiLM(nn.Module):
 
     def temporal_to_fp8(self) -> None:
         """Store the temporal transformer's linear weights in e4m3 with a scale a row
-        (``weight_dtype = "fp8"``: most of the LM's bytes); the originals are dropped, one
-        layer at a time, so the peak is one layer's copy above the model."""
+        (``weight_dtype = "fp8"``: most of the LM's bytes); the originals are dropped one
+        matrix at a time, so the peak above the model is the float32 copies `quantize_rows`
+        makes of one matrix (about 0.75 GB for the 7B's largest)."""
         for layer in self.transformer.layers:
             assert isinstance(layer, _TemporalLayer)
             layer.self_attn.to_fp8()

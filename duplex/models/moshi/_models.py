@@ -156,7 +156,15 @@ def _spec_for(lm: MoshiConfig, mimi: MimiConfig, options: ModelOptions) -> Model
     """On a GPU the pool is as large as free memory allows; on CPU it is fixed."""
     if not options.device.startswith("cuda"):
         return moshi_spec(lm.name)
-    free, _total = torch.cuda.mem_get_info(torch.device(options.device))
+    device = torch.device(options.device)
+    if options.weight_dtype == "fp8" and torch.cuda.get_device_capability(device) < (8, 9):
+        name = torch.cuda.get_device_name(device)
+        raise ConfigError(
+            f"weight_dtype = fp8 needs fp8 tensor cores (compute capability 8.9 or later); "
+            f"{options.device} ({name}) has none, where fp8 weights would be slower and larger "
+            "than bf16: use weight_dtype = auto"
+        )
+    free, _total = torch.cuda.mem_get_info(device)
     mimi_bytes = CODEC_DTYPES[options.codec_dtype].itemsize
     fp8 = options.weight_dtype == "fp8"
     weights = weight_bytes(lm, mimi, mimi_bytes=mimi_bytes, fp8_temporal=fp8)

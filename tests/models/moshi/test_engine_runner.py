@@ -462,6 +462,22 @@ def test_fp8_weights_free_most_of_the_lm_and_serve(tmp_path: Path) -> None:
         ModelOptions(weight_dtype="int8")
 
 
+def test_fp8_weights_are_refused_on_a_gpu_without_fp8_tensor_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Below compute capability 8.9 (an A100, say) fp8 weights would run emulated, slower
+    and larger than bf16: the server refuses to start with them, saying why. (No such GPU
+    is here: the device query is what is replaced.)"""
+    from duplex.models.moshi import mimi_preset, moshi_preset
+    from duplex.models.moshi._models import _spec_for
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    options = ModelOptions(device="cuda", weight_dtype="fp8")
+    with pytest.raises(ConfigError, match=r"compute capability 8\.9.*NVIDIA A100"):
+        _spec_for(moshi_preset("moshi-7b"), mimi_preset("mimi"), options)
+
+
 def test_int4_kv_holds_more_sessions_and_serves(loaded: LoadedMoshi, tmp_path: Path) -> None:
     """``kv_cache_dtype = "int4"``: 72 bytes a 128-wide head row (against 128 in fp8), so
     about 1.75 times fp8's slots on a GPU; a tiny engine with an int4 ring still speaks."""
