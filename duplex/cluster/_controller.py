@@ -1,6 +1,7 @@
 """The cluster's control plane on Ray: nodes started, placed, watched, drained, listed.
 
-One ``Controller`` (a named, detached Ray actor) runs per cluster. Every
+One ``Controller`` (a named, detached Ray actor, restarted by Ray if its process dies)
+runs per cluster. Every
 ``poll_s`` it looks at Ray's node table: each alive Ray node that offers the node
 resource (``duplex_node`` on a CPU host, or a GPU) and has no duplex node gets one, a
 ``NodeServer`` actor pinned to it (Ray's ``NodeAffinitySchedulingStrategy``). It asks
@@ -8,6 +9,12 @@ each node for its report, and a node whose actor Ray says is dead (its process, 
 machine, by Ray's own health checks), or whose server exited, is gone: its name is
 never reused, so its sessions' ids can only expire. A drained node takes no new
 session and is stopped once its last session ended (or at its deadline).
+
+Nodes are detached actors too, named ``duplex-node-<name>``: a controller that dies takes
+no node with it (an actor's children otherwise die with it), and its restarted self takes
+every living node back (`Controller._adopt`) before it looks for room. What it forgets:
+gone nodes (an id naming one then names no node: the same ``session_resume_expired``),
+drains in progress (the node serves on, undrained) and the drained hosts' held room.
 
 The ingresses read ``table()``: one Ray call per ingress per refresh, never one per
 request or per frame.
@@ -38,6 +45,8 @@ __all__ = ["CONTROLLER_NAME", "NAMESPACE", "NODE_RESOURCE", "Controller", "NodeR
 
 NAMESPACE = "duplex"
 CONTROLLER_NAME = "duplex-controller"
+NODE_ACTOR_PREFIX = "duplex-node-"
+"""A node actor's Ray name: this and its node name."""
 NODE_RESOURCE = "duplex_node"
 """The custom resource a CPU host offers (1 per duplex node it may run)."""
 
@@ -113,6 +122,7 @@ class Controller:
         """Drained nodes per Ray node: their room there is not refilled until ``undrain``."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._adopt()
         self._thread = threading.Thread(target=self._run, name="duplex-controller", daemon=True)
         self._thread.start()
 
@@ -162,6 +172,27 @@ class Controller:
 
     # -- the loop --------------------------------------------------------------
 
+    def _adopt(self) -> None:
+        """Take back the nodes an earlier life of this controller started (Ray restarted
+        it): each living node actor of the namespace, with its url, server and Ray node;
+        its next report says its state. One that does not answer is left to Ray."""
+        names = [
+            actor["name"]
+            for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor["namespace"] == NAMESPACE and actor["name"].startswith(NODE_ACTOR_PREFIX)
+        ]
+        for actor_name in names:
+            name = actor_name.removeprefix(NODE_ACTOR_PREFIX)
+            try:
+                actor = ray.get_actor(actor_name, namespace=NAMESPACE)
+                calls = [actor.url.remote(), actor.pid.remote(), actor.ray_node.remote()]
+                url, pid, ray_node = ray.get(calls, timeout=10)
+            except (ValueError, RayActorError, RayTaskError, GetTimeoutError) as exc:
+                log.warning("node not taken back", node=name, error=str(exc)[:200])
+                continue
+            self._nodes[name] = _Node(name, ray_node, actor, pid, url)
+            log.info("node taken back", node=name, url=url)
+
     def _run(self) -> None:
         try:
             while not self._stop.wait(self.poll_s):
@@ -208,7 +239,9 @@ class Controller:
         options: dict[str, Any] = {
             "num_cpus": 0,
             "scheduling_strategy": NodeAffinitySchedulingStrategy(ray_node, soft=False),
-            "name": f"duplex-node-{name}",
+            "name": f"{NODE_ACTOR_PREFIX}{name}",
+            "namespace": NAMESPACE,
+            "lifetime": "detached",  # it outlives this controller's process (`_adopt`)
             "max_restarts": 0,
         }
         if self.gpus_per_node:

@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, final
 
+import ray
+
 __all__ = ["NodeServer", "ServerReport", "free_port"]
 
 FRAME_S = 0.08
@@ -105,6 +107,10 @@ class NodeServer:
     def pid(self) -> int:
         """The server's process id (its process group's too)."""
         return self.process.pid
+
+    def ray_node(self) -> str:
+        """The Ray node this actor runs on (a restarted controller takes it back by it)."""
+        return str(ray.get_runtime_context().get_node_id())
 
     def report(self) -> ServerReport:
         """The server's health now (HTTP on this machine, a second at most)."""

@@ -61,7 +61,8 @@ def start_controller(
             lifetime="detached",
             num_cpus=0,
             max_concurrency=8,
-            max_restarts=0,
+            max_restarts=-1,  # a controller whose process dies is started again: it
+            # takes its nodes back (`Controller._adopt`); `down` kills it for good
         )
         .remote(
             list(serve_args),

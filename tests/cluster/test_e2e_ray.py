@@ -395,3 +395,41 @@ async def test_an_added_node_takes_new_sessions(ray3: Ray3) -> None:
         assert health["sessions"]["capacity"] == PER_NODE * len(serving)
         for c in opened:
             await close_session(c)
+
+
+async def test_a_controller_that_dies_is_restarted_and_takes_its_nodes_back(ray3: Ray3) -> None:
+    """The controller's process killed (Ray restarts it): its nodes, detached actors, never
+    stop; a session open through the ingress streams on, and the new controller lists every
+    serving node again and places new sessions on them."""
+    async with AsyncExitStack() as stack:
+        _, url = await stack.enter_async_context(ingress_of(ray3))
+        c = await stack.enter_async_context(client_of(url))
+        created = await open_session(c)
+        serving = {r.report.name for r in ray3.rows() if r.report.state is NodeState.SERVING}
+        assert node_id(created) in serving
+        ray.kill(ray3.controller, no_restart=False)  # its process ends; Ray starts it again
+
+        def rows_again() -> list[NodeRow] | None:
+            try:
+                return ray3.rows()
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return None  # restarting
+
+        await echo(c, tone(4))  # frames never pass the controller
+        rows = await trio.to_thread.run_sync(
+            lambda: wait_until(
+                "the nodes taken back",
+                lambda: (
+                    (rows := rows_again())
+                    and serving
+                    <= {r.report.name for r in rows if r.report.state is NodeState.SERVING}
+                    and rows
+                ),
+            )
+        )
+        assert all(r.reason == "" for r in rows if r.report.name in serving)
+        await echo(c, tone(3, amplitude=0.3))
+        c2 = await stack.enter_async_context(client_of(url))
+        assert node_id(await open_session(c2)) in {r.report.name for r in ray3.rows()}
+        await close_session(c2)
+        await close_session(c)
