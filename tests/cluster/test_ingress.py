@@ -7,7 +7,10 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import httpx
+import openai
+import pytest
 import trio
+from openai import AsyncOpenAI
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect
 
@@ -131,6 +134,18 @@ async def test_http_bodies_stream_through_both_ways() -> None:
             assert answer.status_code == 200 and "content-length" not in answer.headers
             parts = [part async for part in answer.aiter_raw()]
         assert len(parts) >= 2 and sum(map(len, parts)) % 2 == 0  # a sentence at a time
+
+        # OpenAI's client, unchanged, through the ingress: streamed audio, and a refusal
+        sdk = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        async with sdk.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="alloy", input="One. Two.", response_format="pcm"
+        ) as spoken:
+            pcm = b"".join([part async for part in spoken.iter_bytes()])
+        assert len(pcm) > 1000 and len(pcm) % 2 == 0
+        with pytest.raises(openai.BadRequestError) as refused:
+            await sdk.audio.speech.create(model="tts-1", voice="nobody", input="x")  # type: ignore[arg-type]
+        assert refused.value.body["param"] == "voice"  # type: ignore[index]
+        await sdk.close()
 
         async def upload() -> AsyncIterator[bytes]:
             for _ in range(64):  # 4 MiB, twice the speech route's limit
