@@ -21,7 +21,14 @@ from typing import final
 import torch
 from torch import nn
 
-__all__ = ["E4M3", "Fp8Linear", "fp8_linear", "quantize_rows", "scaled_product"]
+__all__ = [
+    "E4M3",
+    "Fp8Linear",
+    "fp8_linear",
+    "probe_tensor_cores",
+    "quantize_rows",
+    "scaled_product",
+]
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)
@@ -83,6 +90,24 @@ def scaled_product(
     return torch._scaled_mm(
         x8, weight.t(), scale_a=x_scale, scale_b=scale[None, :], out_dtype=out_dtype
     )
+
+
+def probe_tensor_cores(device: torch.device) -> str | None:
+    """Run one small `scaled_product` on ``device`` against the emulation, before a model
+    depends on it (and before graphs capture it): ``None`` when it agrees, else what went
+    wrong (a torch or cuBLAS build without row-wise scaling for this card, say)."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(32, 64, generator=generator).to(device)
+    x = torch.randn(16, 64, generator=generator).to(device)
+    values, scale = quantize_rows(weight)
+    x_values, x_scale = quantize_rows(x)
+    try:
+        got = scaled_product(x_values, x_scale[:, None], values, scale, torch.bfloat16)
+    except RuntimeError as exc:
+        return f"torch._scaled_mm failed: {exc}"
+    want = (x_values.float() * x_scale[:, None]) @ (values.float() * scale[:, None]).t()
+    error = float((got.float() - want).abs().max() / want.abs().max())
+    return None if error < 0.02 else f"torch._scaled_mm is off by {error:.2g} of its range"
 
 
 @final

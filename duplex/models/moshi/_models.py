@@ -37,6 +37,7 @@ from ._checkpoint import (
 )
 from ._config import MOSHI_PRESETS, MoshiConfig, moshi_preset
 from ._engine_runner import MoshiEngineRunner
+from ._fp8 import probe_tensor_cores
 from ._kv import INT4, KVDtype
 from ._mimi_config import MimiConfig
 from ._mimi_weights import cast_mimi, expected_mimi_tensors
@@ -157,13 +158,8 @@ def _spec_for(lm: MoshiConfig, mimi: MimiConfig, options: ModelOptions) -> Model
     if not options.device.startswith("cuda"):
         return moshi_spec(lm.name)
     device = torch.device(options.device)
-    if options.weight_dtype == "fp8" and torch.cuda.get_device_capability(device) < (8, 9):
-        name = torch.cuda.get_device_name(device)
-        raise ConfigError(
-            f"weight_dtype = fp8 needs fp8 tensor cores (compute capability 8.9 or later); "
-            f"{options.device} ({name}) has none, where fp8 weights would be slower and larger "
-            "than bf16: use weight_dtype = auto"
-        )
+    if options.weight_dtype == "fp8":
+        _check_fp8(device, options.device)
     free, _total = torch.cuda.mem_get_info(device)
     mimi_bytes = CODEC_DTYPES[options.codec_dtype].itemsize
     fp8 = options.weight_dtype == "fp8"
@@ -172,6 +168,21 @@ def _spec_for(lm: MoshiConfig, mimi: MimiConfig, options: ModelOptions) -> Model
     per_slot = per_slot_bytes(lm, mimi, kv_bytes=kv_bytes, mimi_bytes=mimi_bytes)
     slots = memory_slots(free, weights, per_slot)
     return moshi_spec(lm.name, slots)
+
+
+def _check_fp8(device: torch.device, named: str) -> None:
+    """Raises ConfigError: fp8 weights would run emulated here (no fp8 tensor cores: slower
+    and larger than bf16), or this torch's ``_scaled_mm`` does not compute on this card."""
+    name = torch.cuda.get_device_name(device)
+    if torch.cuda.get_device_capability(device) < (8, 9):
+        raise ConfigError(
+            f"weight_dtype = fp8 needs fp8 tensor cores (compute capability 8.9 or later); "
+            f"{named} ({name}) has none, where fp8 weights would be slower and larger "
+            "than bf16: use weight_dtype = auto"
+        )
+    problem = probe_tensor_cores(device)
+    if problem is not None:
+        raise ConfigError(f"weight_dtype = fp8 on {named} ({name}): {problem}; use auto")
 
 
 def _check_device(device: str) -> None:

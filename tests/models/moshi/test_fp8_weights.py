@@ -21,6 +21,7 @@ from duplex.models.moshi._fp8 import (
     E4M3_MAX,
     Fp8Linear,
     fp8_linear,
+    probe_tensor_cores,
     quantize_rows,
     scaled_product,
 )
@@ -89,6 +90,7 @@ def test_the_tensor_core_call_computes_the_emulated_product() -> None:
     except (RuntimeError, NotImplementedError) as exc:  # a torch without it on the CPU
         pytest.skip(f"torch._scaled_mm does not run on this CPU build: {exc}")
     assert got.dtype == torch.bfloat16 and got.shape == (7, 48)
+    assert probe_tensor_cores(torch.device("cpu")) is None  # the start-up probe, here
     want = fp8_linear(x, values, scale)  # float32: the emulated path
     torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=2e-2)
 
@@ -140,6 +142,7 @@ def test_the_temporal_transformer_in_fp8_drops_its_originals_and_stays_near_floa
 def test_the_tensor_core_product_matches_the_emulation_on_cuda() -> None:
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("no fp8 tensor cores")
+    assert probe_tensor_cores(torch.device("cuda")) is None  # what the server checks at start
     generator = torch.Generator().manual_seed(2)
     weight = torch.randn(256, 128, generator=generator).cuda()
     layer = Fp8Linear(weight)
