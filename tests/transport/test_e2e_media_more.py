@@ -23,11 +23,10 @@ import av
 import httpx
 import numpy as np
 import pytest
-import trio
 from PIL import Image
 
 from ..helpers import served
-from .test_e2e_media import metric, refused, wait_metric
+from .test_e2e_media import full_then_left, refused
 
 CONFIG = """
 [server]
@@ -78,34 +77,17 @@ async def test_audio_generation_through_a_worker(tmp_path: Path) -> None:
             "invalid_value",
         )
 
-        # a full queue: one running, one queued, the next refused 429; then it recovers.
-        # The longest request the tiny model takes runs about 2.5 s on this CPU: the
-        # baselines are read before it starts, one figure just before the clients leave
+        # a full queue: one running, one queued, the next refused 429; then it recovers
         long = {**ask, "num_inference_steps": 500}
-        cancelled = await metric(http, url, "duplex_requests_cancelled_total", "audio")
-        stopped = await metric(http, url, "duplex_request_batches_stopped_total", "audio")
-        batches = await metric(http, url, "duplex_request_batches_total", "audio")
-        async with trio.open_nursery() as nursery:
-            clients = [httpx.AsyncClient(timeout=300, headers=AUTH) for _ in range(2)]
 
-            async def hold(client: httpx.AsyncClient) -> None:
-                await client.post(url + AUDIO, json=long)
+        async def hold_audio(client: httpx.AsyncClient) -> object:
+            return await client.post(url + AUDIO, json=long)
 
-            nursery.start_soon(hold, clients[0])
-            await wait_metric(http, url, "duplex_request_batches_total", "audio", batches + 1)
-            nursery.start_soon(hold, clients[1])
-            await wait_metric(http, url, "duplex_requests_queued", "audio", 1)
-            full = await http.post(url + AUDIO, json=ask)
-            await refused(full, 429, None, "rate_limited")
-            assert int(full.headers["retry-after"]) >= 1
-            ran = await metric(http, url, "duplex_request_batches_total", "audio")
-            nursery.cancel_scope.cancel()  # both clients disconnect
-        for client in clients:
-            await client.aclose()
-        if ran == batches + 1:  # the first still ran, the second still waited: withdrawn
-            await wait_metric(http, url, "duplex_requests_cancelled_total", "audio", cancelled + 1)
-        # else the first had finished (a loaded machine) and the second ran: both stop
-        await wait_metric(http, url, "duplex_request_batches_stopped_total", "audio", stopped + 1)
+        full = await full_then_left(
+            http, url, "audio", hold_audio, lambda: http.post(url + AUDIO, json=ask)
+        )
+        await refused(full, 429, None, "rate_limited")
+        assert int(full.headers["retry-after"]) >= 1
         recovered = await http.post(url + AUDIO, json=ask)
         assert recovered.content == first.content
 
@@ -168,28 +150,13 @@ async def test_sync_video_answers_its_mp4_refuses_a_full_queue_and_stops_when_le
         with av.open(io.BytesIO(first.content)) as container:
             assert sum(1 for _ in container.decode(video=0)) == 8  # two chunks of 4
         long = {**form, "num_inference_steps": "500", "seconds": "0.5"}
-        cancelled = await metric(http, url, "duplex_requests_cancelled_total", "video")
-        stopped = await metric(http, url, "duplex_request_batches_stopped_total", "video")
-        batches = await metric(http, url, "duplex_request_batches_total", "video")
-        async with trio.open_nursery() as nursery:
-            clients = [httpx.AsyncClient(timeout=300, headers=AUTH) for _ in range(2)]
 
-            async def hold(client: httpx.AsyncClient) -> None:
-                await client.post(url + SYNC, data=long)
+        async def hold_video(client: httpx.AsyncClient) -> object:
+            return await client.post(url + SYNC, data=long)
 
-            nursery.start_soon(hold, clients[0])
-            await wait_metric(http, url, "duplex_request_batches_total", "video", batches + 1)
-            nursery.start_soon(hold, clients[1])
-            await wait_metric(http, url, "duplex_requests_queued", "video", 1)
-            full = await http.post(url + SYNC, data=form)
-            await refused(full, 429, None, "rate_limited")
-            ran = await metric(http, url, "duplex_request_batches_total", "video")
-            nursery.cancel_scope.cancel()  # both clients leave: their work stops
-        for client in clients:
-            await client.aclose()
-        if ran == batches + 1:  # the first still ran, the second waited: it is withdrawn
-            await wait_metric(http, url, "duplex_requests_cancelled_total", "video", cancelled + 1)
-        # (else the first had finished on a loaded machine and the second ran: it stops)
-        await wait_metric(http, url, "duplex_request_batches_stopped_total", "video", stopped + 1)
+        full = await full_then_left(
+            http, url, "video", hold_video, lambda: http.post(url + SYNC, data=form)
+        )
+        await refused(full, 429, None, "rate_limited")  # both clients then left: work stopped
         again = await http.post(url + SYNC, data=form)
         assert again.content == first.content
