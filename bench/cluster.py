@@ -40,7 +40,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import httpx
@@ -111,6 +113,19 @@ async def _round(
             sum(r["received"] for r in admitted) / max(sum(r["expected"] for r in admitted), 1), 3
         ),
     }
+
+
+@asynccontextmanager
+async def _ingress_of(handle: Any, nodes: int) -> AsyncIterator[tuple[Ingress, str]]:
+    """An ingress copy in this process once it sees ``nodes`` serving; its session URL."""
+    ingress = Ingress(RayTable(handle), refresh_s=0.1)
+    async with trio.open_nursery() as nursery:
+        base = await nursery.start(serve_ingress, ingress, "127.0.0.1", 0)
+        while sum(n.state is NodeState.SERVING for n in ingress.placement.nodes()) < nodes:
+            await trio.sleep(0.1)
+        yield ingress, base.replace("http", "ws", 1) + "/v1/duplex"
+        nursery.cancel_scope.cancel()
+    await ingress.aclose()
 
 
 def _window(results: list[dict[str, Any]], lo: dict[int, float], hi: dict[int, float]) -> dict:
@@ -281,23 +296,12 @@ def main() -> None:
                 continue
 
             async def measure(k: int = k) -> dict:
-                ingress = Ingress(RayTable(handle), refresh_s=0.1)
-                async with trio.open_nursery() as nursery:
-                    base = await nursery.start(serve_ingress, ingress, "127.0.0.1", 0)
-                    while sum(n.state is NodeState.SERVING for n in ingress.placement.nodes()) < k:
-                        await trio.sleep(0.1)
+                async with _ingress_of(handle, k) as (ingress, url):
 
                     async def placed() -> dict[str, int]:
                         return dict(ingress.placement.statistics().placed)
 
-                    result = await _round(
-                        placed,
-                        base.replace("http", "ws", 1) + "/v1/duplex",
-                        k * args.per_node,
-                        args,
-                    )
-                    nursery.cancel_scope.cancel()
-                await ingress.aclose()
+                    result = await _round(placed, url, k * args.per_node, args)
                 return {"nodes": k, **result}
 
             rounds.append(trio.run(measure))
@@ -305,19 +309,9 @@ def main() -> None:
         if args.kill:
 
             async def measure_kill(k: int = len(hosts)) -> dict:
-                ingress = Ingress(RayTable(handle), refresh_s=0.1)
-                async with trio.open_nursery() as nursery:
-                    base = await nursery.start(serve_ingress, ingress, "127.0.0.1", 0)
-                    while sum(n.state is NodeState.SERVING for n in ingress.placement.nodes()) < k:
-                        await trio.sleep(0.1)
-                    result = await _kill_round(
-                        base.replace("http", "ws", 1) + "/v1/duplex",
-                        k * args.per_node,
-                        lambda: cluster.remove_node(hosts[0], allow_graceful=False),
-                        args,
-                    )
-                    nursery.cancel_scope.cancel()
-                await ingress.aclose()
+                async with _ingress_of(handle, k) as (_, url):
+                    kill = partial(cluster.remove_node, hosts[0], allow_graceful=False)
+                    result = await _kill_round(url, k * args.per_node, kill, args)
                 return {"nodes": k, **result}
 
             killed = trio.run(measure_kill)
