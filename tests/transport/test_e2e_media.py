@@ -57,13 +57,18 @@ async def metric(http: httpx.AsyncClient, url: str, name: str, runner: str) -> f
     return parse_metrics(reply.text).sum(name, runner=runner)
 
 
+async def polled(value: Callable[[], Awaitable[float]], done: Callable[[float], bool]) -> float:
+    """``value()`` every 0.1 s until ``done`` says so (120 s at most); its last value."""
+    with trio.fail_after(120):
+        while not done(last := await value()):
+            await trio.sleep(0.1)
+    return last
+
+
 async def wait_metric(
     http: httpx.AsyncClient, url: str, name: str, runner: str, at_least: float
 ) -> float:
-    with trio.fail_after(120):
-        while (value := await metric(http, url, name, runner)) < at_least:
-            await trio.sleep(0.1)
-    return value
+    return await polled(lambda: metric(http, url, name, runner), lambda v: v >= at_least)
 
 
 async def full_then_left(
@@ -103,23 +108,9 @@ async def full_then_left(
             scopes[index].cancel()
             await clients[index].aclose()
     # the queued request cannot have finished (it needs seconds and its client left at once)
-    await wait_until(lambda: ended_early(), before + 1)
-    await wait_metric_below(http, url, "duplex_requests_queued", runner, 1)
+    await polled(ended_early, lambda v: v >= before + 1)
+    await polled(lambda: metric(http, url, "duplex_requests_queued", runner), lambda v: v < 1)
     return answer
-
-
-async def wait_until(value: Callable[[], Awaitable[float]], at_least: float) -> None:
-    with trio.fail_after(120):
-        while await value() < at_least:
-            await trio.sleep(0.1)
-
-
-async def wait_metric_below(
-    http: httpx.AsyncClient, url: str, name: str, runner: str, below: float
-) -> None:
-    with trio.fail_after(120):
-        while await metric(http, url, name, runner) >= below:
-            await trio.sleep(0.1)
 
 
 def png(item: dict[str, Any]) -> np.ndarray:

@@ -23,6 +23,7 @@ from torch import nn
 
 __all__ = [
     "E4M3",
+    "FP8_CAPABILITY",
     "Fp8Linear",
     "fp8_linear",
     "probe_tensor_cores",
@@ -44,10 +45,14 @@ def quantize_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (wide / scale[:, None]).to(E4M3), scale
 
 
+FP8_CAPABILITY = (8, 9)
+"""The first CUDA compute capability with fp8 tensor cores (Ada, Hopper and on)."""
+
+
 @functools.cache
 def _has_fp8_tensor_cores(device: torch.device) -> bool:
-    """Compute capability 8.9 or later (Ada, Hopper and on): asked once a device."""
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    """Asked once a device (every projection asks)."""
+    return torch.cuda.get_device_capability(device) >= FP8_CAPABILITY
 
 
 def _tensor_cores(x: torch.Tensor, weight: torch.Tensor) -> bool:

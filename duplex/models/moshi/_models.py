@@ -37,7 +37,7 @@ from ._checkpoint import (
 )
 from ._config import MOSHI_PRESETS, MoshiConfig, moshi_preset
 from ._engine_runner import MoshiEngineRunner
-from ._fp8 import probe_tensor_cores
+from ._fp8 import FP8_CAPABILITY, probe_tensor_cores
 from ._kv import INT4, KVDtype
 from ._mimi_config import MimiConfig
 from ._mimi_weights import cast_mimi, expected_mimi_tensors
@@ -174,7 +174,7 @@ def _check_fp8(device: torch.device, named: str) -> None:
     """Raises ConfigError: fp8 weights would run emulated here (no fp8 tensor cores: slower
     and larger than bf16), or this torch's ``_scaled_mm`` does not compute on this card."""
     name = torch.cuda.get_device_name(device)
-    if torch.cuda.get_device_capability(device) < (8, 9):
+    if torch.cuda.get_device_capability(device) < FP8_CAPABILITY:
         raise ConfigError(
             f"weight_dtype = fp8 needs fp8 tensor cores (compute capability 8.9 or later); "
             f"{named} ({name}) has none, where fp8 weights would be slower and larger "
