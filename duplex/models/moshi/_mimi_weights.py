@@ -26,7 +26,20 @@ from duplex.exceptions import ConfigError
 from ._mimi import MimiModel
 from ._mimi_config import MimiConfig
 
-__all__ = ["cast_mimi", "expected_mimi_tensors", "load_mimi", "random_mimi", "save_random_mimi"]
+__all__ = [
+    "cast_mimi",
+    "expected_mimi_tensors",
+    "is_codebook",
+    "load_mimi",
+    "random_mimi",
+    "save_random_mimi",
+]
+
+
+def is_codebook(name: str) -> bool:
+    """A codebook statistic: kept float32 in any Mimi dtype (the quantizer measures
+    distances between near centroids)."""
+    return "._codebook." in name
 
 
 def expected_mimi_tensors(config: MimiConfig) -> dict[str, tuple[int, ...]]:
@@ -80,7 +93,7 @@ def load_mimi(
         raise ConfigError(f"{path} does not hold Mimi {config.name!r}: " + "; ".join(problems))
     state: dict[str, torch.Tensor] = {}
     for name in expected:
-        keep = torch.float32 if "._codebook." in name else dtype
+        keep = torch.float32 if is_codebook(name) else dtype
         state[name] = tensors[name].to(device=device, dtype=keep)
     with torch.device("meta"):
         model = MimiModel(config)
@@ -90,8 +103,8 @@ def load_mimi(
 
 def cast_mimi(model: MimiModel, dtype: torch.dtype) -> MimiModel:
     """``model`` in ``dtype`` (in place), but for its codebook statistics, which stay float32
-    as `load_mimi` keeps them: the quantizer measures distances between near centroids."""
-    kept = {n: b for n, b in model.named_buffers() if "._codebook." in n}
+    as `load_mimi` keeps them (`is_codebook`)."""
+    kept = {n: b for n, b in model.named_buffers() if is_codebook(n)}
     model.to(dtype)
     for name, buffer in kept.items():
         owner, leaf = name.rsplit(".", 1)

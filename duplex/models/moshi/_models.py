@@ -40,7 +40,7 @@ from ._engine_runner import MoshiEngineRunner
 from ._fp8 import FP8_CAPABILITY, probe_tensor_cores
 from ._kv import INT4, KVDtype
 from ._mimi_config import MimiConfig
-from ._mimi_weights import cast_mimi, expected_mimi_tensors
+from ._mimi_weights import cast_mimi, expected_mimi_tensors, is_codebook
 from ._weights import expected_tensors
 
 __all__ = [
@@ -106,7 +106,7 @@ def weight_bytes(
         for name, shape in expected_tensors(lm).items()
     )
     mimi_bytes_total = sum(
-        math.prod(shape) * (4 if "._codebook." in name else mimi_bytes)
+        math.prod(shape) * (4 if is_codebook(name) else mimi_bytes)
         for name, shape in expected_mimi_tensors(mimi).items()
     )
     return lm_total + mimi_bytes_total
