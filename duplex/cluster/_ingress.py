@@ -33,7 +33,7 @@ from websockets.trio.client import ClientConnection, connect
 from duplex.logs import get_logger
 from duplex.metrics import Family, MetricsRegistry, Sample, render
 from duplex.refusals import Refusal
-from duplex.transport import hypercorn_config, refusal_response, serve_http
+from duplex.transport import has_body, hypercorn_config, refusal_response, serve_http
 
 from ._placement import (
     Expired,
@@ -322,8 +322,7 @@ class Ingress:
         headers = _passed(request.headers)
         url = decision.url + path + (f"?{request.url.query}" if request.url.query else "")
         # a request without a body goes on without one (not as an empty chunked body)
-        has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
-        upload = _Upload(request) if has_body else None
+        upload = _Upload(request) if has_body(request.scope) else None
         upstream = self._http.build_request(request.method, url, headers=headers, content=upload)
         try:
             reply = await self._http.send(upstream, stream=True)

@@ -21,7 +21,7 @@ from ._app import (
 )
 from ._connection import ShutDown
 from ._http import serve_http
-from ._limits import raise_fd_limit, throttle_accept_errors
+from ._limits import has_body, raise_fd_limit, throttle_accept_errors
 from ._sockets import EventSocket, Received, SocketGone
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "SocketGone",
     "build_app",
     "digest",
+    "has_body",
     "hypercorn_config",
     "raise_fd_limit",
     "refusal_response",

@@ -36,6 +36,7 @@ __all__ = [
     "BodyDeadline",
     "HeldConnections",
     "deny",
+    "has_body",
     "raise_fd_limit",
     "throttle_accept_errors",
 ]
@@ -91,7 +92,8 @@ async def deny(scope: dict[str, Any], receive: Any, send: Any, denied: Refusal) 
         await send({"type": "websocket.close", "code": denied.close_code})
 
 
-def _has_body(scope: dict[str, Any]) -> bool:
+def has_body(scope: dict[str, Any]) -> bool:
+    """An HTTP request with a body to read (chunked, or a non-zero ``Content-Length``)."""
     for name, value in scope.get("headers", ()):
         lowered = name.lower()
         if lowered == b"transfer-encoding":
@@ -131,7 +133,7 @@ class HeldConnections:
                 self.on_busy()
             await deny(scope, receive, send, SERVER_BUSY)
             return
-        body = scope["type"] == "http" and _has_body(scope)
+        body = scope["type"] == "http" and has_body(scope)
         arrived = not body
         self.cap.begin(held, body=body)
 
