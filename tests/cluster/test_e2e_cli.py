@@ -18,7 +18,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from websockets.sync.client import connect
 from duplex.cluster import LOOPBACK_ENV, node_of_object
 
 from ..helpers import free_port, process_tree
+from .test_e2e_ray import wait_until
 
 DUPLEX = Path(sys.executable).with_name("duplex")
 
@@ -93,15 +93,6 @@ def nodes(env: dict[str, str], address: str) -> dict[str, str]:
     return {row[0]: row[1] for row in rows}
 
 
-def wait_for(what: str, check: object, timeout_s: float = 90.0) -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := check():  # type: ignore[operator]
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_the_runbook_runs_a_one_host_cluster(operator_env: tuple[dict[str, str], int]) -> None:
     env, port = operator_env
     address = f"127.0.0.1:{port}"
@@ -129,7 +120,7 @@ def test_the_runbook_runs_a_one_host_cluster(operator_env: tuple[dict[str, str],
                 return {}
             return {n["node"]: n["state"] for n in listed}
 
-        wait_for("two serving nodes", lambda: list(states().values()) == ["serving"] * 2)
+        wait_until("two serving nodes", lambda: list(states().values()) == ["serving"] * 2, 90)
         names = sorted(states())
         assert nodes(env, address) == dict.fromkeys(names, "serving")  # the CLI's listing
         assert httpx.get(base + "/v1/models", timeout=10).json()["data"][0]["id"] == "loopback"
@@ -144,7 +135,7 @@ def test_the_runbook_runs_a_one_host_cluster(operator_env: tuple[dict[str, str],
         drained = cluster(env, "drain", names[0], "--loopback", "--address", address)
         assert drained.returncode == 0 and f"{names[0]} drains" in drained.stdout
         # no session on it: it stops at once; the other serves on
-        wait_for("the drained node gone", lambda: states().get(names[0], "gone") == "gone")
+        wait_until("the drained node gone", lambda: states().get(names[0], "gone") == "gone", 90)
         assert states()[names[1]] == "serving"
     finally:
         ingress.send_signal(signal.SIGINT)
