@@ -121,6 +121,7 @@ def ring_attention_int4(
     split_rows: int = SPLIT_ROWS,
     block_rows: int = BLOCK_ROWS,
     num_warps: int = 4,
+    dot: bool | None = None,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as
@@ -131,7 +132,12 @@ def ring_attention_int4(
     scale), and makes each nibble's level a float by placing it in a float's mantissa (no
     int-to-float conversion, a quarter-rate instruction). The first kernel, which converted
     and scaled every value as it unpacked it, read a third slower at best (commit
-    ``d019c80``; docs/benchmarks.md, "KV in 4 bits on a GPU")."""
+    ``d019c80``; docs/benchmarks.md, "KV in 4 bits on a GPU").
+
+    ``dot`` puts both products on tensor cores (`_ring_attention_int4_dot`); None means on
+    CUDA where the shapes allow it (a half row and a tile of at least 16). Off CUDA the
+    dot form runs in float32 with the nibbles unpacked by Triton operations, as Triton's
+    interpreter has neither 16-bit ``tl.dot`` nor inline assembly."""
     batch, heads, head_dim = q.shape
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
@@ -147,7 +153,13 @@ def ring_attention_int4(
     out = torch.empty_like(q)
     if slots is None:
         slots = torch.arange(batch, device=q.device)
-    _ring_attention_int4_grouped[(batch, heads, splits)](
+    if dot is None:
+        dot = q.is_cuda and head_dim // 2 >= 16 and block_rows >= 16
+    kernel = _ring_attention_int4_dot if dot else _ring_attention_int4_grouped
+    extra = {}
+    if dot:  # the interpreter (host tensors) has neither 16-bit dots nor inline assembly
+        extra = {"ASM": q.is_cuda, "DOT_DTYPE": tl.float16 if q.is_cuda else tl.float32}
+    kernel[(batch, heads, splits)](
         q,
         k_packed,
         k_scales,
@@ -177,6 +189,7 @@ def ring_attention_int4(
         HALF=head_dim // 2,
         GROUP=group,
         num_warps=num_warps,
+        **extra,
     )
     merge_splits(partial, out)
     return out
@@ -284,5 +297,154 @@ if _triton.available():
         part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (2 * HALF + 2)
         tl.store(part + 2 * j, acc_even)
         tl.store(part + 2 * j + 1, acc_odd)
+        tl.store(part + 2 * HALF, best)
+        tl.store(part + 2 * HALF + 1, total)
+
+    _UNPACK_ASM = tl.constexpr("""{
+    .reg .b32 z, a, b, t, bias, sixteenth, shift;
+    mov.b32 z, 0;
+    mov.b32 bias, 0x64086408;
+    mov.b32 sixteenth, 0x2C002C00;
+    mov.b32 shift, 0xD480D480;
+    prmt.b32 a, $4, z, 0x4140;
+    prmt.b32 b, $4, z, 0x4342;
+    and.b32 t, a, 0x000F000F;
+    or.b32 t, t, 0x64006400;
+    sub.f16x2 $0, t, bias;
+    and.b32 t, b, 0x000F000F;
+    or.b32 t, t, 0x64006400;
+    sub.f16x2 $1, t, bias;
+    and.b32 t, a, 0x00F000F0;
+    or.b32 t, t, 0x64006400;
+    fma.rn.f16x2 $2, t, sixteenth, shift;
+    and.b32 t, b, 0x00F000F0;
+    or.b32 t, t, 0x64006400;
+    fma.rn.f16x2 $3, t, sixteenth, shift;
+    }""")
+    """Four packed bytes -> the four low nibbles' levels and the four high ones', float16.
+
+    Two bytes spread into the halves of a word (``prmt``); a nibble masked into the
+    mantissa of 1024 is ``1024 + n`` exactly, less 1032 its level ``n - 8``; a high
+    nibble lands as ``1024 + 16 n``, so it is scaled by 1/16 and 72 taken off in one
+    fused multiply-add, exact in float16. Ten instructions for eight values, each on
+    two values at once."""
+
+    @triton.jit
+    def _levels(packed, ASM: tl.constexpr, DTYPE: tl.constexpr):
+        """Each byte's low and high nibble levels (``n - 8``), as ``DTYPE``."""
+        if ASM:
+            low, high = tl.inline_asm_elementwise(
+                _UNPACK_ASM,
+                "=r,=r,=r,=r,r",
+                [packed],
+                dtype=(tl.float16, tl.float16),
+                is_pure=True,
+                pack=4,
+            )
+        else:
+            low = _low_level(packed).to(DTYPE)
+            high = _high_level(packed).to(DTYPE)
+        return low, high
+
+    @triton.jit
+    def _ring_attention_int4_dot(
+        q_ptr,
+        kp_ptr,
+        ks_ptr,
+        vp_ptr,
+        vs_ptr,
+        len_ptr,
+        slot_ptr,
+        part_ptr,
+        stride_qb,
+        stride_qh,
+        stride_kps,
+        stride_kph,
+        stride_kpr,
+        stride_kss,
+        stride_ksh,
+        stride_ksr,
+        stride_vps,
+        stride_vph,
+        stride_vpr,
+        stride_vss,
+        stride_vsh,
+        stride_vsr,
+        scale,
+        splits,
+        SPLIT_ROWS: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr,
+        HALF: tl.constexpr,
+        GROUP: tl.constexpr,
+        ASM: tl.constexpr,
+        DOT_DTYPE: tl.constexpr,
+    ):
+        """The grouped kernel's arithmetic on tensor cores. The dot's 16 rows are the
+        row's groups: row ``g`` of the query operand holds the query's values in group
+        ``g`` and zeros elsewhere, so one product gives each key row's per-group sums,
+        which its scales then weigh; for the values, row ``g`` of the weights operand is
+        each key row's softmax weight times its group-``g`` scale, and only group ``g``'s
+        columns of that output row are kept (at the end: the sums are linear)."""
+        GROUPS: tl.constexpr = 2 * HALF // GROUP
+        BYTES: tl.constexpr = GROUP // 2
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        length = tl.load(len_ptr + b).to(tl.int32)
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        start = s * SPLIT_ROWS
+        end = tl.minimum(start + SPLIT_ROWS, length)
+        j = tl.arange(0, HALF)  # byte j holds values 2j (low nibble) and 2j + 1 (high)
+        m = tl.arange(0, 16)  # the dot's rows: row g < GROUPS stands for group g
+        own = m[:, None] == (j // BYTES)[None, :]  # [16, HALF]: byte j's group is row m
+        grouped = m < GROUPS
+        q_base = q_ptr + b * stride_qb + h * stride_qh
+        q_even = tl.load(q_base + 2 * j).to(tl.float32) * scale
+        q_odd = tl.load(q_base + 2 * j + 1).to(tl.float32) * scale
+        q_low = tl.where(own, q_even[None, :], 0.0).to(DOT_DTYPE)
+        q_high = tl.where(own, q_odd[None, :], 0.0).to(DOT_DTYPE)
+        kp_base = kp_ptr + slot * stride_kps + h * stride_kph
+        ks_base = ks_ptr + slot * stride_kss + h * stride_ksh
+        vp_base = vp_ptr + slot * stride_vps + h * stride_vph
+        vs_base = vs_ptr + slot * stride_vss + h * stride_vsh
+        best = tl.full([], float("-inf"), tl.float32)
+        total = tl.full([], 0.0, tl.float32)
+        acc_low = tl.zeros([16, HALF], dtype=tl.float32)
+        acc_high = tl.zeros([16, HALF], dtype=tl.float32)
+        for row in range(start, end, BLOCK_ROWS):
+            rows = row + tl.arange(0, BLOCK_ROWS)
+            filled = rows < end
+            kp = tl.load(
+                kp_base + rows[:, None] * stride_kpr + j[None, :], mask=filled[:, None], other=0
+            )
+            k_low, k_high = _levels(kp, ASM, DOT_DTYPE)
+            sums = tl.dot(q_low, tl.trans(k_low), input_precision="ieee")
+            sums = tl.dot(q_high, tl.trans(k_high), sums, input_precision="ieee")  # [16, rows]
+            ks = tl.load(
+                ks_base + rows[None, :] * stride_ksr + m[:, None],
+                mask=grouped[:, None] & filled[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            scores = tl.where(filled, tl.sum(sums * ks, axis=0), float("-inf"))
+            new_best = tl.maximum(best, tl.max(scores, axis=0))
+            rescale = tl.exp(best - new_best)
+            weights = tl.exp(scores - new_best)
+            vp = tl.load(
+                vp_base + rows[:, None] * stride_vpr + j[None, :], mask=filled[:, None], other=0
+            )
+            v_low, v_high = _levels(vp, ASM, DOT_DTYPE)
+            vs = tl.load(
+                vs_base + rows[None, :] * stride_vsr + m[:, None],
+                mask=grouped[:, None] & filled[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            mix = (vs * weights[None, :]).to(DOT_DTYPE)  # [16, rows]
+            acc_low = tl.dot(mix, v_low, acc_low * rescale, input_precision="ieee")
+            acc_high = tl.dot(mix, v_high, acc_high * rescale, input_precision="ieee")
+            total = total * rescale + tl.sum(weights, axis=0)
+            best = new_best
+        part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (2 * HALF + 2)
+        tl.store(part + 2 * j, tl.sum(tl.where(own, acc_low, 0.0), axis=0))
+        tl.store(part + 2 * j + 1, tl.sum(tl.where(own, acc_high, 0.0), axis=0))
         tl.store(part + 2 * HALF, best)
         tl.store(part + 2 * HALF + 1, total)
