@@ -76,7 +76,7 @@ def measure(
     tilings: list[tuple[int, int, int, bool]],
     reps: int,
     generator: torch.Generator,
-    int4_tilings: list[tuple[int, int, int, bool]],
+    int4_tilings: list[str],
 ) -> dict[str, Any]:
     """One case: SDPA and every tiling of the kernel on the same rings."""
     device = generator.device
@@ -124,20 +124,28 @@ def measure_int4(
     lengths: torch.Tensor,
     fills: list[int],
     reps: int,
-    tilings: list[tuple[int, int, int, bool]],
+    tilings: list[str],
 ) -> dict[str, Any]:
     """The int4 ring of the same keys and values: time and bandwidth of its kernel, for
-    each tiling (split rows / block rows / warps, and whether on tensor cores)."""
+    each tiling (``split/block/warps[/dot][/sN]``: split rows, block rows, warps, whether
+    on tensor cores, software-pipeline stages)."""
     keys4, values4 = quantize_int4(keys), quantize_int4(values)
     want = ring_attention_int4_reference(q, keys4, values4, lengths).float()
     filled_bytes = sum(fills) * HEADS * int4_row_bytes(HEAD_DIM) * 2
     row: dict[str, Any] = {"int4_filled_gb": round(filled_bytes / 1e9, 3)}
-    for split_rows, block_rows, warps, dot in tilings:
-        tiling = {"split_rows": split_rows, "block_rows": block_rows, "num_warps": warps}
-        tiling["dot"] = dot
+    for name in tilings:
+        split_rows, block_rows, warps, *flags = name.split("/")
+        tiling: dict[str, Any] = {
+            "split_rows": int(split_rows),
+            "block_rows": int(block_rows),
+            "num_warps": int(warps),
+            "dot": "dot" in flags,
+        }
+        for flag in flags:
+            if flag.startswith("s"):
+                tiling["num_stages"] = int(flag[1:])
         got = ring_attention_int4(q, keys4, values4, lengths, **tiling).float()
         micros = timed(lambda t=tiling: ring_attention_int4(q, keys4, values4, lengths, **t), reps)
-        name = f"{split_rows}/{block_rows}/{warps}" + ("/dot" if dot else "")
         row[f"int4_{name}_us"] = round(micros, 1)
         row[f"int4_{name}_gbps"] = round(filled_bytes / micros / 1e3, 1)
         row[f"int4_{name}_max_err"] = round(float((got - want).abs().max()), 5)
@@ -156,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--int4-sweep",
         default="512/64/4,256/32/4/dot,256/64/4/dot,512/64/4/dot,512/128/8/dot,512/64/8/dot",
-        help="split_rows/block_rows/num_warps[/dot] tilings of the int4 kernel (on the bf16 "
-        "cases' rings; dot: tensor cores)",
+        help="split_rows/block_rows/num_warps[/dot][/sN] tilings of the int4 kernel (on the "
+        "bf16 cases' rings; dot: tensor cores, sN: N pipeline stages)",
     )
     parser.add_argument("--out", type=Path, default=Path("out/kernels"))
     args = parser.parse_args(argv)
@@ -167,10 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         fields = text.split("/")
         numbers = [int(x) for x in fields[:3]]
         tilings.append((*numbers, fields[3:] == ["dot"]))
-    int4_tilings = []
-    for text in args.int4_sweep.split(","):
-        fields = text.split("/")
-        int4_tilings.append((int(fields[0]), int(fields[1]), int(fields[2]), fields[3:] == ["dot"]))
+    int4_tilings = args.int4_sweep.split(",")
     generator = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for dtype, batch, fill in itertools.product(

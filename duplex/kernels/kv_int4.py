@@ -121,6 +121,7 @@ def ring_attention_int4(
     split_rows: int = SPLIT_ROWS,
     block_rows: int = BLOCK_ROWS,
     num_warps: int = 4,
+    num_stages: int = 3,
     dot: bool | None = None,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
@@ -189,6 +190,7 @@ def ring_attention_int4(
         HALF=head_dim // 2,
         GROUP=group,
         num_warps=num_warps,
+        num_stages=num_stages,
         **extra,
     )
     merge_splits(partial, out)
