@@ -35,6 +35,7 @@ if _triton.available():
 __all__ = [
     "BLOCK_ROWS",
     "GROUP",
+    "NUM_WARPS",
     "SPLIT_ROWS",
     "ZERO_BYTE",
     "dequantize_int4",
@@ -49,10 +50,13 @@ GROUP = 32
 ZERO_BYTE = 0x88
 """Two zeros (level 0 is stored as 8 in each nibble): a cleared ring's bytes."""
 SPLIT_ROWS = 512
-"""Rows a program walks (a split, merged after); with `BLOCK_ROWS` the fastest of seven
-tilings on one H100 (docs/benchmarks.md, "KV in 4 bits on a GPU")."""
-BLOCK_ROWS = 64
+"""Rows a program walks (a split, merged after); with `BLOCK_ROWS` and `NUM_WARPS` the
+fastest tiling of the tensor-core form on one H100 (docs/benchmarks.md, "KV in 4 bits on a
+GPU")."""
+BLOCK_ROWS = 32
 """Rows per tile of the online softmax."""
+NUM_WARPS = 2
+"""Warps a program: two, so more programs share an SM and hide each other's loads."""
 _LEVELS = 7.0
 
 
@@ -120,7 +124,7 @@ def ring_attention_int4(
     group: int = GROUP,
     split_rows: int = SPLIT_ROWS,
     block_rows: int = BLOCK_ROWS,
-    num_warps: int = 4,
+    num_warps: int = NUM_WARPS,
     num_stages: int = 3,
     dot: bool | None = None,
 ) -> torch.Tensor:
