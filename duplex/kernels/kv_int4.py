@@ -13,10 +13,18 @@ CUDA). `ring_attention_int4` is `ring_attention` (``ring_attention.py``) for
 such rings: one program per (row, head, split) walks its split's filled rows,
 loads the packed bytes and the scales, unpacks the two nibbles in registers and
 keeps the even and odd halves of the weighted sum apart, so nothing is widened
-in memory; the splits are merged by the same kernel as the other dtypes. It uses
-no tensor cores (an elementwise dot: the bytes, not the arithmetic, bound a
-decode step). ``ring_attention_int4_reference`` dequantizes the filled rows and
-calls `ring_attention_reference`.
+in memory; the splits are merged by the same kernel as the other dtypes. On a
+GPU both products run on tensor cores (`_ring_attention_int4_dot`, its nibbles
+unpacked by inline PTX); the elementwise form (`_ring_attention_int4_grouped`)
+serves head rows too narrow for a tensor-core tile. Either way the unpacking,
+not the bytes, bounds the kernel so far (docs/benchmarks.md, "KV in 4 bits on a
+GPU"). ``ring_attention_int4_reference`` dequantizes the filled rows and calls
+`ring_attention_reference`.
+
+Why PTX by hand: Triton makes each 4-bit value a float with its own instructions
+(a mask, a shift, a conversion); the PTX unpacks two values an instruction, as
+the int4 matrix kernels of the GPU libraries do, and no library exposes that for
+a ring laid out as this one is.
 """
 
 from __future__ import annotations
