@@ -14,9 +14,9 @@ such rings: one program per (row, head, split) walks its split's filled rows,
 loads the packed bytes and the scales, unpacks the two nibbles in registers and
 keeps the even and odd halves of the weighted sum apart, so nothing is widened
 in memory; the splits are merged by the same kernel as the other dtypes. On a
-GPU both products run on tensor cores (`_ring_attention_int4_dot`, its nibbles
-unpacked by inline PTX); the elementwise form (`_ring_attention_int4_grouped`)
-serves head rows too narrow for a tensor-core tile. Either way the unpacking,
+GPU both products run on tensor cores (`_ring_attention_int4` with ``DOT``, its
+nibbles unpacked by inline PTX); its elementwise form serves head rows too narrow
+for a tensor-core tile. Either way the unpacking,
 not the bytes, bounds the kernel so far (docs/benchmarks.md, "KV in 4 bits on a
 GPU"). ``ring_attention_int4_reference`` dequantizes the filled rows and calls
 `ring_attention_reference`.
@@ -147,7 +147,7 @@ def ring_attention_int4(
     and scaled every value as it unpacked it, read a third slower at best (commit
     ``d019c80``; docs/benchmarks.md, "KV in 4 bits on a GPU").
 
-    ``dot`` puts both products on tensor cores (`_ring_attention_int4_dot`); None means on
+    ``dot`` puts both products on tensor cores (the kernel's ``DOT`` form); None means on
     CUDA where the shapes allow it (a half row and a tile of at least 16). Off CUDA the
     dot form runs in float32 with the nibbles unpacked by Triton operations, as Triton's
     interpreter has neither 16-bit ``tl.dot`` nor inline assembly."""
@@ -168,11 +168,7 @@ def ring_attention_int4(
         slots = torch.arange(batch, device=q.device)
     if dot is None:
         dot = q.is_cuda and head_dim // 2 >= 16 and block_rows >= 16
-    kernel = _ring_attention_int4_dot if dot else _ring_attention_int4_grouped
-    extra = {}
-    if dot:  # the interpreter (host tensors) has neither 16-bit dots nor inline assembly
-        extra = {"ASM": q.is_cuda, "DOT_DTYPE": tl.float16 if q.is_cuda else tl.float32}
-    kernel[(batch, heads, splits)](
+    _ring_attention_int4[(batch, heads, splits)](
         q,
         k_packed,
         k_scales,
@@ -203,7 +199,10 @@ def ring_attention_int4(
         GROUP=group,
         num_warps=num_warps,
         num_stages=num_stages,
-        **extra,
+        DOT=dot,
+        # the interpreter (host tensors) has neither 16-bit dots nor inline assembly
+        ASM=q.is_cuda,
+        DOT_DTYPE=tl.float16 if q.is_cuda else tl.float32,
     )
     merge_splits(partial, out)
     return out
@@ -223,96 +222,6 @@ if _triton.available():
         """The high nibbles' levels, as `_low_level`."""
         bits = (packed.to(tl.int32) >> 4) | 0x4B000000
         return bits.to(tl.float32, bitcast=True) - 8388616.0
-
-    @triton.jit
-    def _ring_attention_int4_grouped(
-        q_ptr,
-        kp_ptr,
-        ks_ptr,
-        vp_ptr,
-        vs_ptr,
-        len_ptr,
-        slot_ptr,
-        part_ptr,
-        stride_qb,
-        stride_qh,
-        stride_kps,
-        stride_kph,
-        stride_kpr,
-        stride_kss,
-        stride_ksh,
-        stride_ksr,
-        stride_vps,
-        stride_vph,
-        stride_vpr,
-        stride_vss,
-        stride_vsh,
-        stride_vsr,
-        scale,
-        splits,
-        SPLIT_ROWS: tl.constexpr,
-        BLOCK_ROWS: tl.constexpr,
-        HALF: tl.constexpr,
-        GROUP: tl.constexpr,
-    ):
-        GROUPS: tl.constexpr = 2 * HALF // GROUP
-        BYTES: tl.constexpr = GROUP // 2  # bytes of a group: its GROUP values, two a byte
-        b = tl.program_id(0)
-        h = tl.program_id(1)
-        s = tl.program_id(2)
-        length = tl.load(len_ptr + b).to(tl.int32)
-        slot = tl.load(slot_ptr + b).to(tl.int64)
-        start = s * SPLIT_ROWS
-        end = tl.minimum(start + SPLIT_ROWS, length)
-        j = tl.arange(0, HALF)  # byte j holds values 2j (low nibble) and 2j + 1 (high)
-        g = tl.arange(0, GROUPS)
-        q_base = q_ptr + b * stride_qb + h * stride_qh
-        q_even = tl.load(q_base + 2 * j).to(tl.float32) * scale
-        q_odd = tl.load(q_base + 2 * j + 1).to(tl.float32) * scale
-        kp_base = kp_ptr + slot * stride_kps + h * stride_kph
-        ks_base = ks_ptr + slot * stride_kss + h * stride_ksh
-        vp_base = vp_ptr + slot * stride_vps + h * stride_vph
-        vs_base = vs_ptr + slot * stride_vss + h * stride_vsh
-        best = tl.full([], float("-inf"), tl.float32)
-        total = tl.full([], 0.0, tl.float32)
-        acc_even = tl.zeros([HALF], dtype=tl.float32)
-        acc_odd = tl.zeros([HALF], dtype=tl.float32)
-        for row in range(start, end, BLOCK_ROWS):
-            rows = row + tl.arange(0, BLOCK_ROWS)
-            filled = rows < end
-            kp = tl.load(
-                kp_base + rows[:, None] * stride_kpr + j[None, :], mask=filled[:, None], other=0
-            )
-            ks = tl.load(
-                ks_base + rows[:, None] * stride_ksr + g[None, :], mask=filled[:, None], other=0.0
-            ).to(tl.float32)
-            dots = _low_level(kp) * q_even[None, :] + _high_level(kp) * q_odd[None, :]
-            per_group = tl.sum(tl.reshape(dots, [BLOCK_ROWS, GROUPS, BYTES]), axis=2)
-            raw = tl.sum(per_group * ks, axis=1)
-            scores = tl.where(filled, raw, float("-inf"))
-            new_best = tl.maximum(best, tl.max(scores, axis=0))
-            rescale = tl.exp(best - new_best)
-            weights = tl.exp(scores - new_best)
-            vp = tl.load(
-                vp_base + rows[:, None] * stride_vpr + j[None, :], mask=filled[:, None], other=0
-            )
-            vs = tl.load(
-                vs_base + rows[:, None] * stride_vsr + g[None, :], mask=filled[:, None], other=0.0
-            ).to(tl.float32)
-            by_group = weights[:, None] * vs  # [rows, groups]: a value's weight, its group's
-            w = tl.reshape(
-                tl.broadcast_to(by_group[:, :, None], [BLOCK_ROWS, GROUPS, BYTES]),
-                [BLOCK_ROWS, HALF],
-            )
-            acc_even = acc_even * rescale + tl.sum(w * _low_level(vp), 0)
-            acc_odd = acc_odd * rescale + tl.sum(w * _high_level(vp), 0)
-            total = total * rescale + tl.sum(weights, axis=0)
-            best = new_best
-        part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (2 * HALF + 2)
-        tl.store(part + 2 * j, acc_even)
-        tl.store(part + 2 * j + 1, acc_odd)
-        tl.store(part + 2 * HALF, best)
-        tl.store(part + 2 * HALF + 1, total)
 
     _UNPACK_ASM = tl.constexpr("""{
     .reg .b32 z, a, b, t, bias, sixteenth, shift;
@@ -361,7 +270,7 @@ if _triton.available():
         return low, high
 
     @triton.jit
-    def _ring_attention_int4_dot(
+    def _ring_attention_int4(
         q_ptr,
         kp_ptr,
         ks_ptr,
@@ -390,17 +299,21 @@ if _triton.available():
         BLOCK_ROWS: tl.constexpr,
         HALF: tl.constexpr,
         GROUP: tl.constexpr,
+        DOT: tl.constexpr,
         ASM: tl.constexpr,
         DOT_DTYPE: tl.constexpr,
     ):
-        """The grouped kernel's arithmetic on tensor cores. The dot's 16 rows are the
-        row's groups: row ``g`` of the query operand holds the query's values in group
-        ``g`` and zeros elsewhere, so one product gives each key row's per-group sums,
-        which its scales then weigh; for the values, row ``g`` of the weights operand is
-        each key row's softmax weight times its group-``g`` scale, and only group ``g``'s
-        columns of that output row are kept (at the end: the sums are linear)."""
+        """One split of one (row, head). Elementwise (``DOT`` off): each row's scales are
+        loaded once, the key's dot summed within a group and then scaled, the value
+        weights a row's weight times its group's scale. On tensor cores (``DOT``): the
+        dot's 16 rows are the row's groups: row ``g`` of the query operand holds the
+        query's values in group ``g`` and zeros elsewhere, so one product gives each key
+        row's per-group sums, which its scales then weigh; for the values, row ``g`` of the
+        weights operand is each key row's softmax weight times its group-``g`` scale, and
+        only group ``g``'s columns of that output row are kept (at the end: the sums are
+        linear)."""
         GROUPS: tl.constexpr = 2 * HALF // GROUP
-        BYTES: tl.constexpr = GROUP // 2
+        BYTES: tl.constexpr = GROUP // 2  # bytes of a group: its GROUP values, two a byte
         b = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.program_id(2)
@@ -409,56 +322,89 @@ if _triton.available():
         start = s * SPLIT_ROWS
         end = tl.minimum(start + SPLIT_ROWS, length)
         j = tl.arange(0, HALF)  # byte j holds values 2j (low nibble) and 2j + 1 (high)
-        m = tl.arange(0, 16)  # the dot's rows: row g < GROUPS stands for group g
-        own = m[:, None] == (j // BYTES)[None, :]  # [16, HALF]: byte j's group is row m
-        grouped = m < GROUPS
         q_base = q_ptr + b * stride_qb + h * stride_qh
         q_even = tl.load(q_base + 2 * j).to(tl.float32) * scale
         q_odd = tl.load(q_base + 2 * j + 1).to(tl.float32) * scale
-        q_low = tl.where(own, q_even[None, :], 0.0).to(DOT_DTYPE)
-        q_high = tl.where(own, q_odd[None, :], 0.0).to(DOT_DTYPE)
         kp_base = kp_ptr + slot * stride_kps + h * stride_kph
         ks_base = ks_ptr + slot * stride_kss + h * stride_ksh
         vp_base = vp_ptr + slot * stride_vps + h * stride_vph
         vs_base = vs_ptr + slot * stride_vss + h * stride_vsh
         best = tl.full([], float("-inf"), tl.float32)
         total = tl.full([], 0.0, tl.float32)
-        acc_low = tl.zeros([16, HALF], dtype=tl.float32)
-        acc_high = tl.zeros([16, HALF], dtype=tl.float32)
+        if DOT:
+            g = tl.arange(0, 16)  # the dot's rows: row g < GROUPS stands for group g
+            own = g[:, None] == (j // BYTES)[None, :]  # [16, HALF]: byte j's group is row g
+            grouped = g < GROUPS
+            q_low = tl.where(own, q_even[None, :], 0.0).to(DOT_DTYPE)
+            q_high = tl.where(own, q_odd[None, :], 0.0).to(DOT_DTYPE)
+            acc_even = tl.zeros([16, HALF], dtype=tl.float32)
+            acc_odd = tl.zeros([16, HALF], dtype=tl.float32)
+        else:
+            g = tl.arange(0, GROUPS)
+            acc_even = tl.zeros([HALF], dtype=tl.float32)
+            acc_odd = tl.zeros([HALF], dtype=tl.float32)
         for row in range(start, end, BLOCK_ROWS):
             rows = row + tl.arange(0, BLOCK_ROWS)
             filled = rows < end
             kp = tl.load(
                 kp_base + rows[:, None] * stride_kpr + j[None, :], mask=filled[:, None], other=0
             )
-            k_low, k_high = _levels(kp, ASM, DOT_DTYPE)
-            sums = tl.dot(q_low, tl.trans(k_low), input_precision="ieee")
-            sums = tl.dot(q_high, tl.trans(k_high), sums, input_precision="ieee")  # [16, rows]
-            ks = tl.load(
-                ks_base + rows[None, :] * stride_ksr + m[:, None],
-                mask=grouped[:, None] & filled[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            scores = tl.where(filled, tl.sum(sums * ks, axis=0), float("-inf"))
+            if DOT:
+                k_low, k_high = _levels(kp, ASM, DOT_DTYPE)
+                sums = tl.dot(q_low, tl.trans(k_low), input_precision="ieee")
+                sums = tl.dot(q_high, tl.trans(k_high), sums, input_precision="ieee")
+                ks = tl.load(
+                    ks_base + rows[None, :] * stride_ksr + g[:, None],
+                    mask=grouped[:, None] & filled[None, :],
+                    other=0.0,
+                ).to(tl.float32)  # [16, rows]
+                raw = tl.sum(sums * ks, axis=0)
+            else:
+                ks = tl.load(
+                    ks_base + rows[:, None] * stride_ksr + g[None, :],
+                    mask=filled[:, None],
+                    other=0.0,
+                ).to(tl.float32)  # [rows, groups]
+                dots = _low_level(kp) * q_even[None, :] + _high_level(kp) * q_odd[None, :]
+                per_group = tl.sum(tl.reshape(dots, [BLOCK_ROWS, GROUPS, BYTES]), axis=2)
+                raw = tl.sum(per_group * ks, axis=1)
+            scores = tl.where(filled, raw, float("-inf"))
             new_best = tl.maximum(best, tl.max(scores, axis=0))
             rescale = tl.exp(best - new_best)
             weights = tl.exp(scores - new_best)
             vp = tl.load(
                 vp_base + rows[:, None] * stride_vpr + j[None, :], mask=filled[:, None], other=0
             )
-            v_low, v_high = _levels(vp, ASM, DOT_DTYPE)
-            vs = tl.load(
-                vs_base + rows[None, :] * stride_vsr + m[:, None],
-                mask=grouped[:, None] & filled[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            mix = (vs * weights[None, :]).to(DOT_DTYPE)  # [16, rows]
-            acc_low = tl.dot(mix, v_low, acc_low * rescale, input_precision="ieee")
-            acc_high = tl.dot(mix, v_high, acc_high * rescale, input_precision="ieee")
+            if DOT:
+                v_low, v_high = _levels(vp, ASM, DOT_DTYPE)
+                vs = tl.load(
+                    vs_base + rows[None, :] * stride_vsr + g[:, None],
+                    mask=grouped[:, None] & filled[None, :],
+                    other=0.0,
+                ).to(tl.float32)
+                mix = (vs * weights[None, :]).to(DOT_DTYPE)  # [16, rows]
+                acc_even = tl.dot(mix, v_low, acc_even * rescale, input_precision="ieee")
+                acc_odd = tl.dot(mix, v_high, acc_odd * rescale, input_precision="ieee")
+            else:
+                vs = tl.load(
+                    vs_base + rows[:, None] * stride_vsr + g[None, :],
+                    mask=filled[:, None],
+                    other=0.0,
+                ).to(tl.float32)
+                by_group = weights[:, None] * vs  # [rows, groups]: a value's weight, its group's
+                w = tl.reshape(
+                    tl.broadcast_to(by_group[:, :, None], [BLOCK_ROWS, GROUPS, BYTES]),
+                    [BLOCK_ROWS, HALF],
+                )
+                acc_even = acc_even * rescale + tl.sum(w * _low_level(vp), 0)
+                acc_odd = acc_odd * rescale + tl.sum(w * _high_level(vp), 0)
             total = total * rescale + tl.sum(weights, axis=0)
             best = new_best
+        if DOT:  # row g of each accumulator holds group g's columns
+            acc_even = tl.sum(tl.where(own, acc_even, 0.0), axis=0)
+            acc_odd = tl.sum(tl.where(own, acc_odd, 0.0), axis=0)
         part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (2 * HALF + 2)
-        tl.store(part + 2 * j, tl.sum(tl.where(own, acc_low, 0.0), axis=0))
-        tl.store(part + 2 * j + 1, tl.sum(tl.where(own, acc_high, 0.0), axis=0))
+        tl.store(part + 2 * j, acc_even)
+        tl.store(part + 2 * j + 1, acc_odd)
         tl.store(part + 2 * HALF, best)
         tl.store(part + 2 * HALF + 1, total)
