@@ -166,8 +166,11 @@ def ring_attention_int4(
     out = torch.empty_like(q)
     if slots is None:
         slots = torch.arange(batch, device=q.device)
+    fits_dot = head_dim // 2 >= 16 and block_rows >= 16 and head_dim // group <= 16
     if dot is None:
-        dot = q.is_cuda and head_dim // 2 >= 16 and block_rows >= 16
+        dot = q.is_cuda and fits_dot
+    elif dot and not fits_dot:  # a tile of 16 rows; a row's groups are the dot's 16 rows
+        raise ValueError("dot needs head_dim >= 32, block_rows >= 16, at most 16 groups a row")
     _ring_attention_int4[(batch, heads, splits)](
         q,
         k_packed,

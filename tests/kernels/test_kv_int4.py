@@ -47,6 +47,24 @@ def test_a_head_dim_the_groups_do_not_divide_is_refused() -> None:
         quantize_int4(torch.zeros(2, 40))
 
 
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+def test_the_tensor_core_form_refuses_shapes_its_tile_cannot_hold() -> None:
+    """A head of 16 (8 bytes a row) is narrower than a tensor-core tile; the elementwise
+    form still reads it."""
+    generator = torch.Generator().manual_seed(5)
+    keys = quantize_int4(torch.randn(2, 1, 8, 16, generator=generator), group=16)
+    values = quantize_int4(torch.randn(2, 1, 8, 16, generator=generator), group=16)
+    q, lengths = torch.randn(2, 1, 16, generator=generator), torch.tensor([8, 3])
+    keys = (keys[0].to(DEVICE), keys[1].to(DEVICE))
+    values = (values[0].to(DEVICE), values[1].to(DEVICE))
+    q, lengths = q.to(DEVICE), lengths.to(DEVICE)
+    with pytest.raises(ValueError, match="dot needs"):
+        ring_attention_int4(q, keys, values, lengths, group=16, dot=True)
+    got = ring_attention_int4(q, keys, values, lengths, group=16, block_rows=16)
+    want = ring_attention_int4_reference(q, keys, values, lengths, group=16)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-4, rtol=2e-4)
+
+
 def _int4_pool(generator: torch.Generator, slots: int, heads: int, context: int, dim: int):
     keys = torch.randn(2, slots, heads, context, dim, generator=generator) * 3
     values = torch.randn(2, slots, heads, context, dim, generator=generator)
