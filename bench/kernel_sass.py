@@ -126,13 +126,15 @@ def forms() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
         out.append((f"{label} ring", kernel, pointers, constants, 4, 3))
     int4_pointers = {**base, "kp_ptr": "*u8", "ks_ptr": "*fp16", "vp_ptr": "*u8", "vs_ptr": "*fp16"}
     int4 = {"SPLIT_ROWS": kv_int4.SPLIT_ROWS, "HALF": HEAD_DIM // 2, "GROUP": GROUP, "ASM": True}
-    int4["DOT_DTYPE"] = tl.float16
+    int4.update(DOT_DTYPE=tl.float16, WORD_BITS=0)
     kernel = kv_int4._ring_attention_int4
     elementwise = {**int4, "DOT": False, "BLOCK_ROWS": 64}
     out.append(("int4 elementwise", kernel, int4_pointers, elementwise, 4, 3))
     for block, warps in ((kv_int4.BLOCK_ROWS, kv_int4.NUM_WARPS), (64, 4)):
         dot = {**int4, "DOT": True, "BLOCK_ROWS": block}
         out.append(("int4 tensor cores", kernel, int4_pointers, dot, warps, 3))
+        words = {**dot, "WORD_BITS": 64}  # a row's four float16 scales
+        out.append(("int4 tensor cores, scale words", kernel, int4_pointers, words, warps, 3))
     return out
 
 

@@ -127,8 +127,8 @@ def measure_int4(
     tilings: list[str],
 ) -> dict[str, Any]:
     """The int4 ring of the same keys and values: time and bandwidth of its kernel, for
-    each tiling (``split/block/warps[/dot][/sN]``: split rows, block rows, warps, whether
-    on tensor cores, software-pipeline stages)."""
+    each tiling (``split/block/warps[/dot][/w][/sN]``: split rows, block rows, warps, whether
+    on tensor cores, whether a row's scales load as one word, software-pipeline stages)."""
     keys4, values4 = quantize_int4(keys), quantize_int4(values)
     want = ring_attention_int4_reference(q, keys4, values4, lengths).float()
     filled_bytes = sum(fills) * HEADS * int4_row_bytes(HEAD_DIM) * 2
@@ -140,6 +140,7 @@ def measure_int4(
             "block_rows": int(block_rows),
             "num_warps": int(warps),
             "dot": "dot" in flags,
+            "scale_words": "w" in flags,
         }
         for flag in flags:
             if flag.startswith("s"):
@@ -164,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--int4-sweep",
         default="512/64/4,256/32/4/dot,256/64/4/dot,512/64/4/dot,512/128/8/dot,512/64/8/dot",
-        help="split_rows/block_rows/num_warps[/dot][/sN] tilings of the int4 kernel (on the "
-        "bf16 cases' rings; dot: tensor cores, sN: N pipeline stages)",
+        help="split_rows/block_rows/num_warps[/dot][/w][/sN] tilings of the int4 kernel (on the "
+        "bf16 cases' rings; dot: tensor cores, w: scales as one word a row, sN: N stages)",
     )
     parser.add_argument("--out", type=Path, default=Path("out/kernels"))
     args = parser.parse_args(argv)

@@ -122,6 +122,19 @@ def ring_attention_int4_reference(
     return ring_attention_reference(q, k, v, lengths, None, rows)
 
 
+def _scale_word_bits(*scales: torch.Tensor) -> int:
+    """The width of one row's float16 scales where it is a word (16, 32 or 64 bits) and
+    every row of ``scales`` starts on a multiple of it; else 0 (loaded one by one)."""
+    groups = scales[0].shape[-1]
+    bits = 16 * groups
+    if bits not in (16, 32, 64) or any(s.stride(-2) != groups for s in scales):
+        return 0
+    for s in scales:
+        if s.data_ptr() % (bits // 8) or any(st % groups for st in s.stride()[:-2]):
+            return 0
+    return bits
+
+
 def ring_attention_int4(
     q: torch.Tensor,
     keys: tuple[torch.Tensor, torch.Tensor],
@@ -135,6 +148,7 @@ def ring_attention_int4(
     num_warps: int = NUM_WARPS,
     num_stages: int = 3,
     dot: bool | None = None,
+    scale_words: bool = False,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as
@@ -150,7 +164,10 @@ def ring_attention_int4(
     ``dot`` puts both products on tensor cores (the kernel's ``DOT`` form); None means on
     CUDA where the shapes allow it (a half row and a tile of at least 16). Off CUDA the
     dot form runs in float32 with the nibbles unpacked by Triton operations, as Triton's
-    interpreter has neither 16-bit ``tl.dot`` nor inline assembly."""
+    interpreter has neither 16-bit ``tl.dot`` nor inline assembly. ``scale_words`` has the
+    tensor-core form load each row's scales as one word (`_group_scales`): about a fifth of
+    its instructions fewer, counted by ``bench/kernel_sass.py``; off by default until timed
+    on a GPU."""
     batch, heads, head_dim = q.shape
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
@@ -206,6 +223,7 @@ def ring_attention_int4(
         # the interpreter (host tensors) has neither 16-bit dots nor inline assembly
         ASM=q.is_cuda,
         DOT_DTYPE=tl.float16 if q.is_cuda else tl.float32,
+        WORD_BITS=_scale_word_bits(k_scales, v_scales) if dot and scale_words else 0,
     )
     merge_splits(partial, out)
     return out
@@ -273,6 +291,34 @@ if _triton.available():
         return low, high
 
     @triton.jit
+    def _group_scales(
+        base, rows, filled, g, grouped, stride, GROUPS: tl.constexpr, WORD_BITS: tl.constexpr
+    ):
+        """``[16, rows]`` float32: row ``g < GROUPS`` holds each key row's group-``g`` scale,
+        the rows below zeros. With ``WORD_BITS`` (a row's scales' width: 16, 32 or 64; 0:
+        off) each row's scales are loaded as one word and cut apart in registers, which
+        lands them in the layout of the dot's output (no conversion through shared memory,
+        no load a scale)."""
+        if WORD_BITS == 0:
+            scales = tl.load(
+                base + rows[None, :] * stride + g[:, None],
+                mask=grouped[:, None] & filled[None, :],
+                other=0.0,
+            )
+        else:
+            if WORD_BITS == 64:
+                words = base.to(tl.pointer_type(tl.int64))
+            elif WORD_BITS == 32:
+                words = base.to(tl.pointer_type(tl.int32))
+            else:
+                words = base.to(tl.pointer_type(tl.int16))
+            word = tl.load(words + rows, mask=filled, other=0).to(tl.int64)
+            shift = (16 * tl.minimum(g, GROUPS - 1)).to(tl.int64)  # never past the word
+            field = (word[None, :] >> shift[:, None]) & 0xFFFF
+            scales = tl.where(grouped[:, None], field, 0).to(tl.int16).to(tl.float16, bitcast=True)
+        return scales.to(tl.float32)
+
+    @triton.jit
     def _ring_attention_int4(
         q_ptr,
         kp_ptr,
@@ -305,6 +351,7 @@ if _triton.available():
         DOT: tl.constexpr,
         ASM: tl.constexpr,
         DOT_DTYPE: tl.constexpr,
+        WORD_BITS: tl.constexpr,
     ):
         """One split of one (row, head). Elementwise (``DOT`` off): each row's scales are
         loaded once, the key's dot summed within a group and then scaled, the value
@@ -356,11 +403,7 @@ if _triton.available():
                 k_low, k_high = _levels(kp, ASM, DOT_DTYPE)
                 sums = tl.dot(q_low, tl.trans(k_low), input_precision="ieee")
                 sums = tl.dot(q_high, tl.trans(k_high), sums, input_precision="ieee")
-                ks = tl.load(
-                    ks_base + rows[None, :] * stride_ksr + g[:, None],
-                    mask=grouped[:, None] & filled[None, :],
-                    other=0.0,
-                ).to(tl.float32)  # [16, rows]
+                ks = _group_scales(ks_base, rows, filled, g, grouped, stride_ksr, GROUPS, WORD_BITS)
                 raw = tl.sum(sums * ks, axis=0)
             else:
                 ks = tl.load(
@@ -380,11 +423,7 @@ if _triton.available():
             )
             if DOT:
                 v_low, v_high = _levels(vp, ASM, DOT_DTYPE)
-                vs = tl.load(
-                    vs_base + rows[None, :] * stride_vsr + g[:, None],
-                    mask=grouped[:, None] & filled[None, :],
-                    other=0.0,
-                ).to(tl.float32)
+                vs = _group_scales(vs_base, rows, filled, g, grouped, stride_vsr, GROUPS, WORD_BITS)
                 mix = (vs * weights[None, :]).to(DOT_DTYPE)  # [16, rows]
                 acc_even = tl.dot(mix, v_low, acc_even * rescale, input_precision="ieee")
                 acc_odd = tl.dot(mix, v_high, acc_odd * rescale, input_precision="ieee")

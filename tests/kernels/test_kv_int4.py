@@ -10,6 +10,7 @@ from duplex.kernels import ring_attention_reference, triton_available
 from duplex.kernels.kv_int4 import (
     GROUP,
     SPLIT_ROWS,
+    _scale_word_bits,
     dequantize_int4,
     int4_row_bytes,
     quantize_int4,
@@ -77,9 +78,16 @@ def _tolerance(dot: bool) -> float:
     return 2e-3 if dot and DEVICE.type == "cuda" else 2e-4
 
 
+FORMS = [
+    pytest.param({"dot": False}, id="elementwise"),
+    pytest.param({"dot": True}, id="tensor-cores"),
+    pytest.param({"dot": True, "scale_words": True}, id="tensor-cores-scale-words"),
+]
+
+
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
-@pytest.mark.parametrize("dot", [False, True], ids=["elementwise", "tensor-cores"])
-def test_kernel_equals_reference_on_filled_rows_of_a_strided_pool(dot: bool) -> None:
+@pytest.mark.parametrize("form", FORMS)
+def test_kernel_equals_reference_on_filled_rows_of_a_strided_pool(form: dict) -> None:
     """Lengths on and around split edges, one layer of a pool, garbage past each fill
     (NaN scales: a row past the fill is never loaded)."""
     generator = torch.Generator().manual_seed(11)
@@ -92,16 +100,16 @@ def test_kernel_equals_reference_on_filled_rows_of_a_strided_pool(dot: bool) -> 
     q = torch.randn(6, 2, 64, generator=generator)
     keys = (kp[1].to(DEVICE), ks[1].to(DEVICE))  # strided views of one layer
     values = (vp[1].to(DEVICE), vs[1].to(DEVICE))
-    got = ring_attention_int4(q.to(DEVICE), keys, values, lengths.to(DEVICE), dot=dot)
+    got = ring_attention_int4(q.to(DEVICE), keys, values, lengths.to(DEVICE), **form)
     want = ring_attention_int4_reference(q.to(DEVICE), keys, values, lengths.to(DEVICE))
     assert bool(torch.isfinite(got).all())
-    tolerance = _tolerance(dot)
+    tolerance = _tolerance(form["dot"])
     torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
-@pytest.mark.parametrize("dot", [False, True], ids=["elementwise", "tensor-cores"])
-def test_kernel_reads_the_slot_each_row_names(dot: bool) -> None:
+@pytest.mark.parametrize("form", FORMS)
+def test_kernel_reads_the_slot_each_row_names(form: dict) -> None:
     generator = torch.Generator().manual_seed(12)
     (kp, ks), (vp, vs), _, _ = _int4_pool(generator, 5, 2, 96, 32)
     slots = torch.tensor([4, 0, 4, 2])
@@ -110,9 +118,9 @@ def test_kernel_reads_the_slot_each_row_names(dot: bool) -> None:
     keys = (kp[0].to(DEVICE), ks[0].to(DEVICE))
     values = (vp[0].to(DEVICE), vs[0].to(DEVICE))
     q, lengths, slots = q.to(DEVICE), lengths.to(DEVICE), slots.to(DEVICE)
-    got = ring_attention_int4(q, keys, values, lengths, slots, dot=dot, block_rows=32)
+    got = ring_attention_int4(q, keys, values, lengths, slots, block_rows=32, **form)
     want = ring_attention_int4_reference(q, keys, values, lengths, slots)
-    tolerance = _tolerance(dot)
+    tolerance = _tolerance(form["dot"])
     torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
 
 
@@ -133,3 +141,17 @@ def test_int4_attention_stays_near_the_float_rings() -> None:
     )
     relative_fp8 = float((fp8 - exact).norm() / exact.norm())
     assert relative_fp8 < relative < 0.25
+
+
+def test_scales_load_as_words_only_where_every_row_starts_on_one() -> None:
+    """A row of four float16 scales is one 64-bit word, of two 32 bits, of one 16; a view
+    whose rows do not start on a multiple of it (or a row with eight scales) loads the
+    scales one by one."""
+    pool = torch.zeros(2, 3, 4, 10, 4, dtype=torch.float16)  # layers, slots, heads, rows, groups
+    assert _scale_word_bits(pool[1], pool[0]) == 64
+    assert _scale_word_bits(pool[1, :, :, :, :2].contiguous()) == 32
+    assert _scale_word_bits(pool[1, :, :, :, :1].contiguous()) == 16
+    assert _scale_word_bits(pool[1, :, :, :, 1:3]) == 0  # rows 4 apart, 2 wide
+    assert _scale_word_bits(torch.zeros(3, 4, 10, 8, dtype=torch.float16)) == 0
+    flat = torch.zeros(1 + 3 * 4 * 10 * 4, dtype=torch.float16)
+    assert _scale_word_bits(flat[1:].view(3, 4, 10, 4)) == 0  # starts 2 bytes in
