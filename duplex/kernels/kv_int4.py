@@ -16,10 +16,10 @@ keeps the even and odd halves of the weighted sum apart, so nothing is widened
 in memory; the splits are merged by the same kernel as the other dtypes. On a
 GPU both products run on tensor cores (`_ring_attention_int4` with ``DOT``, its
 nibbles unpacked by inline PTX); its elementwise form serves head rows too narrow
-for a tensor-core tile. Either way the unpacking,
-not the bytes, bounds the kernel so far (docs/benchmarks.md, "KV in 4 bits on a
-GPU"). ``ring_attention_int4_reference`` dequantizes the filled rows and calls
-`ring_attention_reference`.
+for a tensor-core tile. Either form is bound by the instructions a key row costs,
+not by its bytes (docs/benchmarks.md, "Where the kernel's time goes"; counted by
+``bench/kernel_sass.py``). ``ring_attention_int4_reference`` dequantizes the
+filled rows and calls `ring_attention_reference`.
 
 Why PTX by hand: Triton makes each 4-bit value a float with its own instructions
 (a mask, a shift, a conversion); the PTX unpacks two values an instruction, as
