@@ -143,6 +143,22 @@ def test_int4_attention_stays_near_the_float_rings() -> None:
     assert relative_fp8 < relative < 0.25
 
 
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+def test_a_7b_head_row_reads_its_four_scales_as_one_word() -> None:
+    """A 128-value head row has four scales: one 64-bit word (the 32- and 16-bit words are
+    the other tests' 64- and 32-value heads)."""
+    (kp, ks), (vp, vs), _, _ = _int4_pool(torch.Generator().manual_seed(17), 3, 1, 100, 128)
+    assert _scale_word_bits(ks[1], vs[1]) == 64
+    keys = (kp[1].to(DEVICE), ks[1].to(DEVICE))
+    values = (vp[1].to(DEVICE), vs[1].to(DEVICE))
+    q = torch.randn(3, 1, 128, generator=torch.Generator().manual_seed(18)).to(DEVICE)
+    lengths = torch.tensor([100, 31, 64], device=DEVICE)
+    got = ring_attention_int4(q, keys, values, lengths, dot=True, scale_words=True, block_rows=32)
+    want = ring_attention_int4_reference(q, keys, values, lengths)
+    tolerance = _tolerance(True)
+    torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
+
+
 def test_scales_load_as_words_only_where_every_row_starts_on_one() -> None:
     """A row of four float16 scales is one 64-bit word, of two 32 bits, of one 16; a view
     whose rows do not start on a multiple of it (or a row with eight scales) loads the
