@@ -64,7 +64,8 @@ GPU")."""
 BLOCK_ROWS = 32
 """Rows per tile of the online softmax."""
 NUM_WARPS = 2
-"""Warps a program: two, so more programs share an SM and hide each other's loads."""
+"""Warps a program (with `BLOCK_ROWS`, the measured best: the cost is per element, so
+tilings move it little; docs/benchmarks.md, "Where the kernel's time goes")."""
 _LEVELS = 7.0
 
 
