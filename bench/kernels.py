@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--int4-sweep",
-        default="512/64/4,256/32/4/dot,256/64/4/dot,512/64/4/dot,512/128/8/dot,512/64/8/dot",
+        default="512/64/4,512/32/2/dot,512/32/2/dot/w,512/64/4/dot/w,1024/32/2/dot/w",
         help="split_rows/block_rows/num_warps[/dot][/w][/sN] tilings of the int4 kernel (on the "
         "bf16 cases' rings; dot: tensor cores, w: scales as one word a row, sN: N stages)",
     )
