@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument(
         "--sweep",
-        default="128/64/4,256/64/4,256/32/4,256/64/8,512/64/4,512/128/8",
+        default="256/64/4/dot,256/64/2/dot,512/64/2/dot,256/32/4/dot,256/32/2/dot",
         help="split_rows/block_rows/num_warps[/dot] tilings to time (dot: tensor cores)",
     )
     parser.add_argument(
