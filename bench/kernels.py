@@ -69,11 +69,30 @@ def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: tor
     return F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask)[:, :, 0]
 
 
+def tiling(name: str) -> dict[str, Any]:
+    """A tiling's kernel arguments from its name, ``split/block/warps[/dot][/w][/sN]``: split
+    rows, block rows, warps, on tensor cores, a row's int4 scales as one word, N
+    software-pipeline stages (the last two for the int4 kernel only)."""
+    split_rows, block_rows, warps, *flags = name.split("/")
+    out: dict[str, Any] = {
+        "split_rows": int(split_rows),
+        "block_rows": int(block_rows),
+        "num_warps": int(warps),
+        "dot": "dot" in flags,
+    }
+    if "w" in flags:
+        out["scale_words"] = True
+    for flag in flags:
+        if flag.startswith("s"):
+            out["num_stages"] = int(flag[1:])
+    return out
+
+
 def measure(
     dtype: torch.dtype,
     batch: int,
     fill: str,
-    tilings: list[tuple[int, int, int, bool]],
+    tilings: list[str],
     reps: int,
     generator: torch.Generator,
     int4_tilings: list[str],
@@ -99,16 +118,10 @@ def measure(
         "filled_gb": round(filled_bytes / 1e9, 3),
         "sdpa_us": round(timed(lambda: sdpa(q, keys, values, lengths), reps), 1),
     }
-    for split_rows, block_rows, warps, dot in tilings:
-        tiling = {
-            "split_rows": split_rows,
-            "block_rows": block_rows,
-            "num_warps": warps,
-            "dot": bool(dot),
-        }
-        got = ring_attention(q, keys, values, lengths, **tiling).float()
-        micros = timed(lambda t=tiling: ring_attention(q, keys, values, lengths, **t), reps)
-        name = f"{split_rows}/{block_rows}/{warps}{'/dot' if dot else ''}"
+    for name in tilings:
+        kwargs = tiling(name)
+        got = ring_attention(q, keys, values, lengths, **kwargs).float()
+        micros = timed(lambda t=kwargs: ring_attention(q, keys, values, lengths, **t), reps)
         row[f"kernel_{name}_us"] = round(micros, 1)
         row[f"kernel_{name}_gbps"] = round(filled_bytes / micros / 1e3, 1)
         row[f"kernel_{name}_max_err"] = round(float((got - want).abs().max()), 5)
@@ -127,26 +140,15 @@ def measure_int4(
     tilings: list[str],
 ) -> dict[str, Any]:
     """The int4 ring of the same keys and values: time and bandwidth of its kernel, for
-    each tiling (``split/block/warps[/dot][/w][/sN]``: split rows, block rows, warps, whether
-    on tensor cores, whether a row's scales load as one word, software-pipeline stages)."""
+    each tiling (named as `tiling` reads them)."""
     keys4, values4 = quantize_int4(keys), quantize_int4(values)
     want = ring_attention_int4_reference(q, keys4, values4, lengths).float()
     filled_bytes = sum(fills) * HEADS * int4_row_bytes(HEAD_DIM) * 2
     row: dict[str, Any] = {"int4_filled_gb": round(filled_bytes / 1e9, 3)}
     for name in tilings:
-        split_rows, block_rows, warps, *flags = name.split("/")
-        tiling: dict[str, Any] = {
-            "split_rows": int(split_rows),
-            "block_rows": int(block_rows),
-            "num_warps": int(warps),
-            "dot": "dot" in flags,
-            "scale_words": "w" in flags,
-        }
-        for flag in flags:
-            if flag.startswith("s"):
-                tiling["num_stages"] = int(flag[1:])
-        got = ring_attention_int4(q, keys4, values4, lengths, **tiling).float()
-        micros = timed(lambda t=tiling: ring_attention_int4(q, keys4, values4, lengths, **t), reps)
+        kwargs = tiling(name)
+        got = ring_attention_int4(q, keys4, values4, lengths, **kwargs).float()
+        micros = timed(lambda t=kwargs: ring_attention_int4(q, keys4, values4, lengths, **t), reps)
         row[f"int4_{name}_us"] = round(micros, 1)
         row[f"int4_{name}_gbps"] = round(filled_bytes / micros / 1e3, 1)
         row[f"int4_{name}_max_err"] = round(float((got - want).abs().max()), 5)
@@ -171,12 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("out/kernels"))
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
-    tilings = []
-    for text in args.sweep.split(","):
-        fields = text.split("/")
-        numbers = [int(x) for x in fields[:3]]
-        tilings.append((*numbers, fields[3:] == ["dot"]))
-    int4_tilings = args.int4_sweep.split(",")
+    tilings, int4_tilings = args.sweep.split(","), args.int4_sweep.split(",")
     generator = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for dtype, batch, fill in itertools.product(
