@@ -63,7 +63,7 @@ def test_the_tensor_core_form_refuses_shapes_its_tile_cannot_hold() -> None:
         ring_attention_int4(q, keys, values, lengths, group=16, dot=True)
     got = ring_attention_int4(q, keys, values, lengths, group=16, block_rows=16)
     want = ring_attention_int4_reference(q, keys, values, lengths, group=16)
-    torch.testing.assert_close(got.float(), want.float(), atol=2e-4, rtol=2e-4)
+    _assert_near(got, want, dot=False)
 
 
 def _int4_pool(generator: torch.Generator, slots: int, heads: int, context: int, dim: int):
@@ -72,10 +72,11 @@ def _int4_pool(generator: torch.Generator, slots: int, heads: int, context: int,
     return quantize_int4(keys), quantize_int4(values), keys, values
 
 
-def _tolerance(dot: bool) -> float:
+def _assert_near(got: torch.Tensor, want: torch.Tensor, dot: bool) -> None:
     """On a GPU the dot form's operands are float16 (a softmax weight times a scale rounds
-    to 11 bits); elsewhere, and in the elementwise form, the sums are float32's."""
-    return 2e-3 if dot and DEVICE.type == "cuda" else 2e-4
+    to 11 bits): 2e-3; elsewhere, and in the elementwise form, float32's sums: 2e-4."""
+    tolerance = 2e-3 if dot and DEVICE.type == "cuda" else 2e-4
+    torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
 
 
 FORMS = [
@@ -103,8 +104,7 @@ def test_kernel_equals_reference_on_filled_rows_of_a_strided_pool(form: dict) ->
     got = ring_attention_int4(q.to(DEVICE), keys, values, lengths.to(DEVICE), **form)
     want = ring_attention_int4_reference(q.to(DEVICE), keys, values, lengths.to(DEVICE))
     assert bool(torch.isfinite(got).all())
-    tolerance = _tolerance(form["dot"])
-    torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
+    _assert_near(got, want, form["dot"])
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
@@ -120,8 +120,7 @@ def test_kernel_reads_the_slot_each_row_names(form: dict) -> None:
     q, lengths, slots = q.to(DEVICE), lengths.to(DEVICE), slots.to(DEVICE)
     got = ring_attention_int4(q, keys, values, lengths, slots, block_rows=32, **form)
     want = ring_attention_int4_reference(q, keys, values, lengths, slots)
-    tolerance = _tolerance(form["dot"])
-    torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
+    _assert_near(got, want, form["dot"])
 
 
 def test_int4_attention_stays_near_the_float_rings() -> None:
@@ -155,8 +154,7 @@ def test_a_7b_head_row_reads_its_four_scales_as_one_word() -> None:
     lengths = torch.tensor([100, 31, 64], device=DEVICE)
     got = ring_attention_int4(q, keys, values, lengths, dot=True, scale_words=True, block_rows=32)
     want = ring_attention_int4_reference(q, keys, values, lengths)
-    tolerance = _tolerance(True)
-    torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
+    _assert_near(got, want, True)
 
 
 def test_scales_load_as_words_only_where_every_row_starts_on_one() -> None:
