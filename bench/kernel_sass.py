@@ -113,7 +113,8 @@ def count(name: str, kernel: Any, pointers: dict[str, str], constants: dict[str,
 def forms() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
     base = {"q_ptr": "*bf16", "len_ptr": "*i64", "slot_ptr": "*i64", "part_ptr": "*fp32"}
     out = []
-    for dtype, label, block in (("*bf16", "bf16", 32), ("*fp8e4nv", "fp8", 64)):
+    for dtype, label, size in (("*bf16", "bf16", 2), ("*fp8e4nv", "fp8", 1)):
+        block = ring_attention.BLOCK_ROWS[size]
         pointers = {**base, "k_ptr": dtype, "v_ptr": dtype}
         constants = {
             "SPLIT_ROWS": ring_attention.SPLIT_ROWS,
@@ -123,20 +124,18 @@ def forms() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
             "DOT_DTYPE": tl.float16 if label == "fp8" else tl.bfloat16,
         }
         kernel = ring_attention._ring_attention_split
-        out.append((f"{label} ring", kernel, pointers, constants, 4, 3))
-        if label == "fp8":  # two warps: not among the tilings timed on a GPU yet
-            out.append((f"{label} ring", kernel, pointers, constants, 2, 3))
+        out.append((f"{label} ring", kernel, pointers, constants, ring_attention.NUM_WARPS, 3))
     int4_pointers = {**base, "kp_ptr": "*u8", "ks_ptr": "*fp16", "vp_ptr": "*u8", "vs_ptr": "*fp16"}
     int4 = {"SPLIT_ROWS": kv_int4.SPLIT_ROWS, "HALF": HEAD_DIM // 2, "GROUP": GROUP, "ASM": True}
     int4.update(DOT_DTYPE=tl.float16, WORD_BITS=0)
     kernel = kv_int4._ring_attention_int4
     elementwise = {**int4, "DOT": False, "BLOCK_ROWS": 64}
     out.append(("int4 elementwise", kernel, int4_pointers, elementwise, 4, 3))
-    for block, warps in ((kv_int4.BLOCK_ROWS, kv_int4.NUM_WARPS), (64, 4)):
+    for block, warps in ((kv_int4.BLOCK_ROWS, kv_int4.NUM_WARPS), (32, 2)):
         dot = {**int4, "DOT": True, "BLOCK_ROWS": block}
-        out.append(("int4 tensor cores", kernel, int4_pointers, dot, warps, 3))
-        words = {**dot, "WORD_BITS": 64}  # a row's four float16 scales
-        out.append(("int4 tensor cores, scale words", kernel, int4_pointers, words, warps, 3))
+        out.append(("int4 tensor cores, scale by scale", kernel, int4_pointers, dot, warps, 3))
+        words = {**dot, "WORD_BITS": 64}  # a row's four float16 scales: the default
+        out.append(("int4 tensor cores", kernel, int4_pointers, words, warps, 3))
     return out
 
 

@@ -70,9 +70,9 @@ def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: tor
 
 
 def tiling(name: str) -> dict[str, Any]:
-    """A tiling's kernel arguments from its name, ``split/block/warps[/dot][/w][/sN]``: split
-    rows, block rows, warps, on tensor cores, a row's int4 scales as one word, N
-    software-pipeline stages (the last two for the int4 kernel only)."""
+    """A tiling's kernel arguments from its name, ``split/block/warps[/dot][/sN]``: split
+    rows, block rows, warps, on tensor cores, N software-pipeline stages (the int4 kernel
+    only)."""
     split_rows, block_rows, warps, *flags = name.split("/")
     out: dict[str, Any] = {
         "split_rows": int(split_rows),
@@ -80,8 +80,6 @@ def tiling(name: str) -> dict[str, Any]:
         "num_warps": int(warps),
         "dot": "dot" in flags,
     }
-    if "w" in flags:
-        out["scale_words"] = True
     for flag in flags:
         if flag.startswith("s"):
             out["num_stages"] = int(flag[1:])
@@ -161,14 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument(
         "--sweep",
-        default="256/64/4/dot,256/64/2/dot,512/64/2/dot,256/32/4/dot,256/32/2/dot",
+        default="512/64/2/dot,256/64/4/dot,1024/64/2/dot,512/128/4/dot,512/32/2/dot",
         help="split_rows/block_rows/num_warps[/dot] tilings to time (dot: tensor cores)",
     )
     parser.add_argument(
         "--int4-sweep",
-        default="512/64/4,512/32/2/dot,512/32/2/dot/w,512/64/4/dot/w,1024/32/2/dot/w",
-        help="split_rows/block_rows/num_warps[/dot][/w][/sN] tilings of the int4 kernel (on the "
-        "bf16 cases' rings; dot: tensor cores, w: scales as one word a row, sN: N stages)",
+        default="512/64/4,512/32/2/dot,512/64/4/dot,1024/64/4/dot,512/128/4/dot",
+        help="split_rows/block_rows/num_warps[/dot][/sN] tilings of the int4 kernel (on the "
+        "bf16 cases' rings; dot: tensor cores, sN: N stages)",
     )
     parser.add_argument("--out", type=Path, default=Path("out/kernels"))
     args = parser.parse_args(argv)

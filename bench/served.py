@@ -63,6 +63,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -325,7 +326,10 @@ async def _one_count(
         first += share
     if args.client_nice:  # the load generators yield the host's cores to the server
         commands = [["nice", "-n", str(args.client_nice), *c] for c in commands]
-    loaders = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True) for c in commands]
+    # Each loader writes its JSON to a file, not a pipe: a pipe nobody reads while they run
+    # fills at 64 KiB (about 30 sessions' delays) and the loader blocks on it forever.
+    outputs = [tempfile.TemporaryFile(mode="w+") for _ in commands]
+    loaders = [subprocess.Popen(c, stdout=o) for c, o in zip(commands, outputs, strict=True)]
     gpu_peak: list[int] | None = None
     while any(p.poll() is None for p in loaders):
         memory = _gpu_memory_mib()
@@ -337,9 +341,10 @@ async def _one_count(
             )
         await trio.sleep(0.5)
     results: list[dict[str, Any]] = []
-    for loader in loaders:
-        out, _ = loader.communicate()
-        results += json.loads(out)
+    for output in outputs:
+        with output:
+            output.seek(0)
+            results += json.loads(output.read())
     wall = time.monotonic() - wall_before
     cpu = (_tree_cpu_s(server_pid) - cpu_before) / wall if server_pid and cpu_before else None
     after = await _metrics(http)

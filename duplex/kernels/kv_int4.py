@@ -59,13 +59,14 @@ ZERO_BYTE = 0x88
 """Two zeros (level 0 is stored as 8 in each nibble): a cleared ring's bytes."""
 SPLIT_ROWS = 512
 """Rows a program walks (a split, merged after); with `BLOCK_ROWS` and `NUM_WARPS` the
-fastest tiling of the tensor-core form on one H100 (docs/benchmarks.md, "KV in 4 bits on a
-GPU")."""
-BLOCK_ROWS = 32
+fastest tiling of the tensor-core form timed on an H200 (docs/benchmarks.md, "KV in 4 bits
+on a GPU")."""
+BLOCK_ROWS = 64
 """Rows per tile of the online softmax."""
-NUM_WARPS = 2
-"""Warps a program (with `BLOCK_ROWS`, the measured best: the cost is per element, so
-tilings move it little; docs/benchmarks.md, "Where the kernel's time goes")."""
+NUM_WARPS = 4
+"""Warps a program (with `BLOCK_ROWS`, the measured best once a row's scales load as one
+word: 0.93x the time of 32 rows on 2 warps; docs/benchmarks.md, "Where the kernel's time
+goes")."""
 _LEVELS = 7.0
 
 
@@ -149,7 +150,6 @@ def ring_attention_int4(
     num_warps: int = NUM_WARPS,
     num_stages: int = 3,
     dot: bool | None = None,
-    scale_words: bool = False,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as
@@ -165,10 +165,10 @@ def ring_attention_int4(
     ``dot`` puts both products on tensor cores (the kernel's ``DOT`` form); None means on
     CUDA where the shapes allow it (a half row and a tile of at least 16). Off CUDA the
     dot form runs in float32 with the nibbles unpacked by Triton operations, as Triton's
-    interpreter has neither 16-bit ``tl.dot`` nor inline assembly. ``scale_words`` has the
-    tensor-core form load each row's scales as one word (`_group_scales`): about a fifth of
-    its instructions fewer, counted by ``bench/kernel_sass.py``; off by default until timed
-    on a GPU."""
+    interpreter has neither 16-bit ``tl.dot`` nor inline assembly. The tensor-core form loads
+    each row's scales as one word where the layout allows (`_scale_word_bits`; else one by
+    one): a quarter of its instructions fewer, and 0.77x the time at the same tiling on an
+    H200 (docs/benchmarks.md, "Where the kernel's time goes")."""
     batch, heads, head_dim = q.shape
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
@@ -224,7 +224,7 @@ def ring_attention_int4(
         # the interpreter (host tensors) has neither 16-bit dots nor inline assembly
         ASM=q.is_cuda,
         DOT_DTYPE=tl.float16 if q.is_cuda else tl.float32,
-        WORD_BITS=_scale_word_bits(k_scales, v_scales) if dot and scale_words else 0,
+        WORD_BITS=_scale_word_bits(k_scales, v_scales) if dot else 0,
     )
     merge_splits(partial, out)
     return out

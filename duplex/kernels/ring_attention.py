@@ -32,12 +32,13 @@ if _triton.available():
 
 __all__ = ["SPLIT_ROWS", "ring_attention", "ring_attention_reference"]
 
-SPLIT_ROWS = 256
-"""Ring rows per program: 12 splits of a 3000-row ring (enough programs at B = 1)."""
-BLOCK_ROWS = {1: 64, 2: 32, 4: 32}
-"""Rows per tile of the online softmax, by ring element size (tuned on an H200:
-docs/benchmarks.md, "Ring decode attention kernel")."""
-NUM_WARPS = 4
+SPLIT_ROWS = 512
+"""Ring rows per program: 6 splits of a 3000-row ring (192 programs at B = 1 for 132 SMs)."""
+BLOCK_ROWS = {1: 64, 2: 64, 4: 32}
+"""Rows per tile of the online softmax, by ring element size. With `SPLIT_ROWS` and
+`NUM_WARPS` the fastest tiling timed on an H200 for fp8 and bf16 rings at 128 sessions
+(docs/benchmarks.md, "Ring decode attention kernel": 0.84x the time of 256/64/4 for fp8)."""
+NUM_WARPS = 2
 _DOT_DTYPES = {torch.float32: "float32", torch.float8_e4m3fn: "float16"}
 """Tensor-core operand type per ring dtype (else bf16). fp8 widens to fp16 in one
 instruction per pair; the query and the softmax weights are rounded to it."""

@@ -82,8 +82,25 @@ def _assert_near(got: torch.Tensor, want: torch.Tensor, dot: bool) -> None:
 FORMS = [
     pytest.param({"dot": False}, id="elementwise"),
     pytest.param({"dot": True}, id="tensor-cores"),
-    pytest.param({"dot": True, "scale_words": True}, id="tensor-cores-scale-words"),
+    pytest.param({"dot": True, "unaligned_scales": True}, id="tensor-cores-scale-by-scale"),
 ]
+
+
+def _placed(scales: torch.Tensor, form: dict) -> torch.Tensor:
+    """The scales on the device; for the ``unaligned_scales`` form a copy whose rows are a
+    scale wider apart than they are long, which no row's scales as a word fit (the kernel
+    loads them one by one)."""
+    if not form.get("unaligned_scales"):
+        return scales.to(DEVICE)
+    padded = torch.empty(*scales.shape[:-1], scales.shape[-1] + 1, dtype=scales.dtype)
+    moved = padded.to(DEVICE)[..., :-1]
+    moved.copy_(scales)
+    assert _scale_word_bits(moved) == 0
+    return moved
+
+
+def _kernel_args(form: dict) -> dict:
+    return {k: v for k, v in form.items() if k != "unaligned_scales"}
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
@@ -99,9 +116,9 @@ def test_kernel_equals_reference_on_filled_rows_of_a_strided_pool(form: dict) ->
         ks[:, slot, :, length:] = float("nan")
         vs[:, slot, :, length:] = float("inf")
     q = torch.randn(6, 2, 64, generator=generator)
-    keys = (kp[1].to(DEVICE), ks[1].to(DEVICE))  # strided views of one layer
-    values = (vp[1].to(DEVICE), vs[1].to(DEVICE))
-    got = ring_attention_int4(q.to(DEVICE), keys, values, lengths.to(DEVICE), **form)
+    keys = (kp[1].to(DEVICE), _placed(ks[1], form))  # strided views of one layer
+    values = (vp[1].to(DEVICE), _placed(vs[1], form))
+    got = ring_attention_int4(q.to(DEVICE), keys, values, lengths.to(DEVICE), **_kernel_args(form))
     want = ring_attention_int4_reference(q.to(DEVICE), keys, values, lengths.to(DEVICE))
     assert bool(torch.isfinite(got).all())
     _assert_near(got, want, form["dot"])
@@ -115,10 +132,10 @@ def test_kernel_reads_the_slot_each_row_names(form: dict) -> None:
     slots = torch.tensor([4, 0, 4, 2])
     lengths = torch.tensor([96, 3, 50, 17])
     q = torch.randn(4, 2, 32, generator=generator)
-    keys = (kp[0].to(DEVICE), ks[0].to(DEVICE))
-    values = (vp[0].to(DEVICE), vs[0].to(DEVICE))
+    keys = (kp[0].to(DEVICE), _placed(ks[0], form))
+    values = (vp[0].to(DEVICE), _placed(vs[0], form))
     q, lengths, slots = q.to(DEVICE), lengths.to(DEVICE), slots.to(DEVICE)
-    got = ring_attention_int4(q, keys, values, lengths, slots, block_rows=32, **form)
+    got = ring_attention_int4(q, keys, values, lengths, slots, block_rows=32, **_kernel_args(form))
     want = ring_attention_int4_reference(q, keys, values, lengths, slots)
     _assert_near(got, want, form["dot"])
 
@@ -152,7 +169,7 @@ def test_a_7b_head_row_reads_its_four_scales_as_one_word() -> None:
     values = (vp[1].to(DEVICE), vs[1].to(DEVICE))
     q = torch.randn(3, 1, 128, generator=torch.Generator().manual_seed(18)).to(DEVICE)
     lengths = torch.tensor([100, 31, 64], device=DEVICE)
-    got = ring_attention_int4(q, keys, values, lengths, dot=True, scale_words=True, block_rows=32)
+    got = ring_attention_int4(q, keys, values, lengths, dot=True, block_rows=32)
     want = ring_attention_int4_reference(q, keys, values, lengths)
     _assert_near(got, want, True)
 
