@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import re
@@ -328,21 +329,21 @@ async def _one_count(
         commands = [["nice", "-n", str(args.client_nice), *c] for c in commands]
     # Each loader writes its JSON to a file, not a pipe: a pipe nobody reads while they run
     # fills at 64 KiB (about 30 sessions' delays) and the loader blocks on it forever.
-    outputs = [tempfile.TemporaryFile(mode="w+") for _ in commands]
-    loaders = [subprocess.Popen(c, stdout=o) for c, o in zip(commands, outputs, strict=True)]
-    gpu_peak: list[int] | None = None
-    while any(p.poll() is None for p in loaders):
-        memory = _gpu_memory_mib()
-        if memory is not None:
-            gpu_peak = (
-                memory
-                if gpu_peak is None
-                else [max(a, b) for a, b in zip(gpu_peak, memory, strict=True)]
-            )
-        await trio.sleep(0.5)
     results: list[dict[str, Any]] = []
-    for output in outputs:
-        with output:
+    gpu_peak: list[int] | None = None
+    with contextlib.ExitStack() as files:
+        outputs = [files.enter_context(tempfile.TemporaryFile(mode="w+")) for _ in commands]
+        loaders = [subprocess.Popen(c, stdout=o) for c, o in zip(commands, outputs, strict=True)]
+        while any(p.poll() is None for p in loaders):
+            memory = _gpu_memory_mib()
+            if memory is not None:
+                gpu_peak = (
+                    memory
+                    if gpu_peak is None
+                    else [max(a, b) for a, b in zip(gpu_peak, memory, strict=True)]
+                )
+            await trio.sleep(0.5)
+        for output in outputs:
             output.seek(0)
             results += json.loads(output.read())
     wall = time.monotonic() - wall_before
