@@ -127,7 +127,7 @@ def forms() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
         out.append((f"{label} ring", kernel, pointers, constants, ring_attention.NUM_WARPS, 3))
     int4_pointers = {**base, "kp_ptr": "*u8", "ks_ptr": "*fp16", "vp_ptr": "*u8", "vs_ptr": "*fp16"}
     int4 = {"SPLIT_ROWS": kv_int4.SPLIT_ROWS, "HALF": HEAD_DIM // 2, "GROUP": GROUP, "ASM": True}
-    int4.update(DOT_DTYPE=tl.float16, WORD_BITS=0)
+    int4.update(DOT_DTYPE=tl.float16, WORD_BITS=0, V_PAIRS=False)
     kernel = kv_int4._ring_attention_int4
     elementwise = {**int4, "DOT": False, "BLOCK_ROWS": 64}
     out.append(("int4 elementwise", kernel, int4_pointers, elementwise, 4, 3))
@@ -136,6 +136,8 @@ def forms() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
         out.append(("int4 tensor cores, scale by scale", kernel, int4_pointers, dot, warps, 3))
         words = {**dot, "WORD_BITS": 64}  # a row's four float16 scales: the default
         out.append(("int4 tensor cores", kernel, int4_pointers, words, warps, 3))
+        pairs = {**words, "V_PAIRS": True}
+        out.append(("int4 tensor cores, value words", kernel, int4_pointers, pairs, warps, 3))
     return out
 
 

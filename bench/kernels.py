@@ -70,9 +70,9 @@ def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: tor
 
 
 def tiling(name: str) -> dict[str, Any]:
-    """A tiling's kernel arguments from its name, ``split/block/warps[/dot][/sN]``: split
-    rows, block rows, warps, on tensor cores, N software-pipeline stages (the int4 kernel
-    only)."""
+    """A tiling's kernel arguments from its name, ``split/block/warps[/dot][/v][/sN]``:
+    split rows, block rows, warps, on tensor cores, the int4 values read as 16-bit words,
+    N software-pipeline stages (the last two for the int4 kernel only)."""
     split_rows, block_rows, warps, *flags = name.split("/")
     out: dict[str, Any] = {
         "split_rows": int(split_rows),
@@ -80,6 +80,8 @@ def tiling(name: str) -> dict[str, Any]:
         "num_warps": int(warps),
         "dot": "dot" in flags,
     }
+    if "v" in flags:
+        out["value_words"] = True
     for flag in flags:
         if flag.startswith("s"):
             out["num_stages"] = int(flag[1:])
@@ -164,9 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--int4-sweep",
-        default="512/64/4,512/32/2/dot,512/64/4/dot,1024/64/4/dot,512/128/4/dot",
-        help="split_rows/block_rows/num_warps[/dot][/sN] tilings of the int4 kernel (on the "
-        "bf16 cases' rings; dot: tensor cores, sN: N stages)",
+        default="512/64/4/dot,512/64/4/dot/v,512/32/2/dot/v,1024/64/4/dot/v,512/128/4/dot/v",
+        help="split_rows/block_rows/num_warps[/dot][/v][/sN] tilings of the int4 kernel (on "
+        "the bf16 cases' rings; dot: tensor cores, v: values read as 16-bit words, sN: N "
+        "stages)",
     )
     parser.add_argument("--out", type=Path, default=Path("out/kernels"))
     args = parser.parse_args(argv)

@@ -124,6 +124,14 @@ def ring_attention_int4_reference(
     return ring_attention_reference(q, k, v, lengths, None, rows)
 
 
+def _value_words_fit(packed: torch.Tensor, head_dim: int, group: int) -> bool:
+    """Whether the tensor-core form can read the packed values as 16-bit words of four
+    values: every row starts on an even byte, a word never spans two groups, and a row's
+    words are at least the 16 columns a product needs."""
+    aligned = packed.data_ptr() % 2 == 0 and all(st % 2 == 0 for st in packed.stride()[:-1])
+    return aligned and group % 4 == 0 and head_dim // 4 >= 16
+
+
 def _scale_word_bits(*scales: torch.Tensor) -> int:
     """The width of one row's float16 scales where it is a word (16, 32 or 64 bits) and
     every row of ``scales`` starts on a multiple of it; else 0 (loaded one by one)."""
@@ -150,6 +158,7 @@ def ring_attention_int4(
     num_warps: int = NUM_WARPS,
     num_stages: int = 3,
     dot: bool | None = None,
+    value_words: bool = False,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as
@@ -168,7 +177,10 @@ def ring_attention_int4(
     interpreter has neither 16-bit ``tl.dot`` nor inline assembly. The tensor-core form loads
     each row's scales as one word where the layout allows (`_scale_word_bits`; else one by
     one): a quarter of its instructions fewer, and 0.77x the time at the same tiling on an
-    H200 (docs/benchmarks.md, "Where the kernel's time goes")."""
+    H200 (docs/benchmarks.md, "Where the kernel's time goes"). ``value_words`` has it read
+    the values as 16-bit words of four (`_value_words_fit`), one product per position in
+    the word: a fifth of its instructions fewer by ``bench/kernel_sass.py``; off by default
+    until timed on a GPU."""
     batch, heads, head_dim = q.shape
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
@@ -225,6 +237,7 @@ def ring_attention_int4(
         ASM=q.is_cuda,
         DOT_DTYPE=tl.float16 if q.is_cuda else tl.float32,
         WORD_BITS=_scale_word_bits(k_scales, v_scales) if dot else 0,
+        V_PAIRS=dot and value_words and _value_words_fit(v_packed, head_dim, group),
     )
     merge_splits(partial, out)
     return out
@@ -273,6 +286,47 @@ if _triton.available():
     each time). The integer steps give the very words of the first form of this PTX
     (mask, then OR 0x64006400; timed on an H100), checked by emulating both on 200,000
     random words."""
+
+    _UNPACK_PAIR_ASM = tl.constexpr("""{
+    .reg .b32 c, a, b, t, bias, sixteenth, shift;
+    mov.b32 c, 0x64646464;
+    mov.b32 bias, 0x64086408;
+    mov.b32 sixteenth, 0x2C002C00;
+    mov.b32 shift, 0xD480D480;
+    prmt.b32 a, $4, c, 0x5240;
+    prmt.b32 b, $4, c, 0x7341;
+    and.b32 t, a, 0xFF0FFF0F;
+    sub.f16x2 $0, t, bias;
+    and.b32 t, a, 0xFFF0FFF0;
+    fma.rn.f16x2 $1, t, sixteenth, shift;
+    and.b32 t, b, 0xFF0FFF0F;
+    sub.f16x2 $2, t, bias;
+    and.b32 t, b, 0xFFF0FFF0;
+    fma.rn.f16x2 $3, t, sixteenth, shift;
+    }""")
+    """Two 16-bit words (each two packed bytes: four values) -> the levels of each word's
+    value 0, 1, 2 and 3 (its first byte's low and high nibble, then its second's), float16,
+    as `_UNPACK_ASM` does for bytes."""
+
+    @triton.jit
+    def _pair_levels(pairs, ASM: tl.constexpr, DTYPE: tl.constexpr):
+        """Each 16-bit word's four levels (values ``4m`` to ``4m + 3`` of word ``m``)."""
+        if ASM:
+            v0, v1, v2, v3 = tl.inline_asm_elementwise(
+                _UNPACK_PAIR_ASM,
+                "=r,=r,=r,=r,r",
+                [pairs],
+                dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+                is_pure=True,
+                pack=2,
+            )
+        else:
+            word = pairs.to(tl.int32) & 0xFFFF
+            v0 = ((word & 15) - 8).to(DTYPE)
+            v1 = (((word >> 4) & 15) - 8).to(DTYPE)
+            v2 = (((word >> 8) & 15) - 8).to(DTYPE)
+            v3 = (((word >> 12) & 15) - 8).to(DTYPE)
+        return v0, v1, v2, v3
 
     @triton.jit
     def _levels(packed, ASM: tl.constexpr, DTYPE: tl.constexpr):
@@ -353,6 +407,7 @@ if _triton.available():
         ASM: tl.constexpr,
         DOT_DTYPE: tl.constexpr,
         WORD_BITS: tl.constexpr,
+        V_PAIRS: tl.constexpr,
     ):
         """One split of one (row, head). Elementwise (``DOT`` off): each row's scales are
         loaded once, the key's dot summed within a group and then scaled, the value
@@ -362,7 +417,10 @@ if _triton.available():
         row's per-group sums, which its scales then weigh; for the values, row ``g`` of the
         weights operand is each key row's softmax weight times its group-``g`` scale, and
         only group ``g``'s columns of that output row are kept (at the end: the sums are
-        linear)."""
+        linear). With ``V_PAIRS`` the values are read as 16-bit words of four values, whose
+        tile Triton moves into the product's operand layout a word at a time (not a byte at
+        a time, as the product needs consecutive rows of one column), and value ``c`` of
+        every word is its own product (four accumulators, one for each ``c``)."""
         GROUPS: tl.constexpr = 2 * HALF // GROUP
         BYTES: tl.constexpr = GROUP // 2  # bytes of a group: its GROUP values, two a byte
         b = tl.program_id(0)
@@ -388,8 +446,17 @@ if _triton.available():
             grouped = g < GROUPS
             q_low = tl.where(own, q_even[None, :], 0.0).to(DOT_DTYPE)
             q_high = tl.where(own, q_odd[None, :], 0.0).to(DOT_DTYPE)
-            acc_even = tl.zeros([16, HALF], dtype=tl.float32)
-            acc_odd = tl.zeros([16, HALF], dtype=tl.float32)
+            if V_PAIRS:
+                m = tl.arange(0, HALF // 2)
+                own4 = g[:, None] == (m // (GROUP // 4))[None, :]
+                acc_even = tl.zeros([16, HALF // 2], dtype=tl.float32)
+                acc_odd = tl.zeros([16, HALF // 2], dtype=tl.float32)
+                acc_2 = tl.zeros([16, HALF // 2], dtype=tl.float32)
+                acc_3 = tl.zeros([16, HALF // 2], dtype=tl.float32)
+                vw_base = vp_base.to(tl.pointer_type(tl.int16))
+            else:
+                acc_even = tl.zeros([16, HALF], dtype=tl.float32)
+                acc_odd = tl.zeros([16, HALF], dtype=tl.float32)
         else:
             g = tl.arange(0, GROUPS)
             acc_even = tl.zeros([HALF], dtype=tl.float32)
@@ -419,16 +486,32 @@ if _triton.available():
             new_best = tl.maximum(best, tl.max(scores, axis=0))
             rescale = tl.exp(best - new_best)
             weights = tl.exp(scores - new_best)
-            vp = tl.load(
-                vp_base + rows[:, None] * stride_vpr + j[None, :], mask=filled[:, None], other=0
-            )
-            if DOT:
+            if DOT and V_PAIRS:
+                vw = tl.load(
+                    vw_base + rows[:, None] * (stride_vpr // 2) + m[None, :],
+                    mask=filled[:, None],
+                    other=0,
+                )
+                v0, v1, v2, v3 = _pair_levels(vw, ASM, DOT_DTYPE)
+                vs = _group_scales(vs_base, rows, filled, g, grouped, stride_vsr, GROUPS, WORD_BITS)
+                mix = (vs * weights[None, :]).to(DOT_DTYPE)  # [16, rows]
+                acc_even = tl.dot(mix, v0, acc_even * rescale, input_precision="ieee")
+                acc_odd = tl.dot(mix, v1, acc_odd * rescale, input_precision="ieee")
+                acc_2 = tl.dot(mix, v2, acc_2 * rescale, input_precision="ieee")
+                acc_3 = tl.dot(mix, v3, acc_3 * rescale, input_precision="ieee")
+            elif DOT:
+                vp = tl.load(
+                    vp_base + rows[:, None] * stride_vpr + j[None, :], mask=filled[:, None], other=0
+                )
                 v_low, v_high = _levels(vp, ASM, DOT_DTYPE)
                 vs = _group_scales(vs_base, rows, filled, g, grouped, stride_vsr, GROUPS, WORD_BITS)
                 mix = (vs * weights[None, :]).to(DOT_DTYPE)  # [16, rows]
                 acc_even = tl.dot(mix, v_low, acc_even * rescale, input_precision="ieee")
                 acc_odd = tl.dot(mix, v_high, acc_odd * rescale, input_precision="ieee")
             else:
+                vp = tl.load(
+                    vp_base + rows[:, None] * stride_vpr + j[None, :], mask=filled[:, None], other=0
+                )
                 vs = tl.load(
                     vs_base + rows[:, None] * stride_vsr + g[None, :],
                     mask=filled[:, None],
@@ -443,11 +526,17 @@ if _triton.available():
                 acc_odd = acc_odd * rescale + tl.sum(w * _high_level(vp), 0)
             total = total * rescale + tl.sum(weights, axis=0)
             best = new_best
-        if DOT:  # row g of each accumulator holds group g's columns
-            acc_even = tl.sum(tl.where(own, acc_even, 0.0), axis=0)
-            acc_odd = tl.sum(tl.where(own, acc_odd, 0.0), axis=0)
         part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (2 * HALF + 2)
-        tl.store(part + 2 * j, acc_even)
-        tl.store(part + 2 * j + 1, acc_odd)
+        if DOT and V_PAIRS:  # accumulator c holds values 4m + c; row g keeps group g's
+            tl.store(part + 4 * m, tl.sum(tl.where(own4, acc_even, 0.0), axis=0))
+            tl.store(part + 4 * m + 1, tl.sum(tl.where(own4, acc_odd, 0.0), axis=0))
+            tl.store(part + 4 * m + 2, tl.sum(tl.where(own4, acc_2, 0.0), axis=0))
+            tl.store(part + 4 * m + 3, tl.sum(tl.where(own4, acc_3, 0.0), axis=0))
+        else:
+            if DOT:  # row g of each accumulator holds group g's columns
+                acc_even = tl.sum(tl.where(own, acc_even, 0.0), axis=0)
+                acc_odd = tl.sum(tl.where(own, acc_odd, 0.0), axis=0)
+            tl.store(part + 2 * j, acc_even)
+            tl.store(part + 2 * j + 1, acc_odd)
         tl.store(part + 2 * HALF, best)
         tl.store(part + 2 * HALF + 1, total)

@@ -11,6 +11,7 @@ from duplex.kernels.kv_int4 import (
     GROUP,
     SPLIT_ROWS,
     _scale_word_bits,
+    _value_words_fit,
     dequantize_int4,
     int4_row_bytes,
     quantize_int4,
@@ -83,6 +84,7 @@ FORMS = [
     pytest.param({"dot": False}, id="elementwise"),
     pytest.param({"dot": True}, id="tensor-cores"),
     pytest.param({"dot": True, "unaligned_scales": True}, id="tensor-cores-scale-by-scale"),
+    pytest.param({"dot": True, "value_words": True}, id="tensor-cores-value-words"),
 ]
 
 
@@ -118,6 +120,7 @@ def test_kernel_equals_reference_on_filled_rows_of_a_strided_pool(form: dict) ->
     q = torch.randn(6, 2, 64, generator=generator)
     keys = (kp[1].to(DEVICE), _placed(ks[1], form))  # strided views of one layer
     values = (vp[1].to(DEVICE), _placed(vs[1], form))
+    assert _value_words_fit(values[0], 64, 32)  # the value-words form reads them as words
     got = ring_attention_int4(q.to(DEVICE), keys, values, lengths.to(DEVICE), **_kernel_args(form))
     want = ring_attention_int4_reference(q.to(DEVICE), keys, values, lengths.to(DEVICE))
     assert bool(torch.isfinite(got).all())
@@ -162,16 +165,32 @@ def test_int4_attention_stays_near_the_float_rings() -> None:
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 def test_a_7b_head_row_reads_its_four_scales_as_one_word() -> None:
     """A 128-value head row has four scales: one 64-bit word (the 32- and 16-bit words are
-    the other tests' 64- and 32-value heads)."""
+    the other tests' 64- and 32-value heads); its values read as bytes and as words."""
     (kp, ks), (vp, vs), _, _ = _int4_pool(torch.Generator().manual_seed(17), 3, 1, 100, 128)
     assert _scale_word_bits(ks[1], vs[1]) == 64
     keys = (kp[1].to(DEVICE), ks[1].to(DEVICE))
     values = (vp[1].to(DEVICE), vs[1].to(DEVICE))
     q = torch.randn(3, 1, 128, generator=torch.Generator().manual_seed(18)).to(DEVICE)
     lengths = torch.tensor([100, 31, 64], device=DEVICE)
-    got = ring_attention_int4(q, keys, values, lengths, dot=True, block_rows=32)
     want = ring_attention_int4_reference(q, keys, values, lengths)
-    _assert_near(got, want, True)
+    for value_words in (False, True):
+        got = ring_attention_int4(
+            q, keys, values, lengths, dot=True, block_rows=32, value_words=value_words
+        )
+        _assert_near(got, want, True)
+
+
+def test_values_read_as_words_only_where_every_row_starts_on_an_even_byte() -> None:
+    """A word holds four values: the rows must start on even bytes, a group hold whole
+    words, and a row at least 16 words (a product's columns)."""
+    pool = torch.zeros(2, 3, 4, 10, 64, dtype=torch.uint8)  # layers, slots, heads, rows, bytes
+    assert _value_words_fit(pool[1], 128, 32)
+    assert not _value_words_fit(pool[1], 128, 2)  # a word would span two groups
+    assert not _value_words_fit(pool[1, ..., :16], 32, 32)  # 8 words a row
+    flat = torch.zeros(1 + pool[1].numel(), dtype=torch.uint8)
+    assert not _value_words_fit(flat[1:].view(3, 4, 10, 64), 128, 32)  # starts on an odd byte
+    odd = torch.zeros(3, 4, 10, 65, dtype=torch.uint8)[..., :64]
+    assert not _value_words_fit(odd, 128, 32)  # rows 65 bytes apart
 
 
 def test_scales_load_as_words_only_where_every_row_starts_on_one() -> None:
