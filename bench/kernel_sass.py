@@ -122,9 +122,16 @@ def forms() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
             "HEAD_DIM": HEAD_DIM,
             "DOT": True,
             "DOT_DTYPE": tl.float16 if label == "fp8" else tl.bfloat16,
+            "V_WORDS": False,
+            "ASM": True,
         }
         kernel = ring_attention._ring_attention_split
         out.append((f"{label} ring", kernel, pointers, constants, ring_attention.NUM_WARPS, 3))
+        if label == "fp8":
+            words = {**constants, "V_WORDS": True}
+            out.append(
+                ("fp8 ring, value words", kernel, pointers, words, ring_attention.NUM_WARPS, 3)
+            )
     int4_pointers = {**base, "kp_ptr": "*u8", "ks_ptr": "*fp16", "vp_ptr": "*u8", "vs_ptr": "*fp16"}
     int4 = {"SPLIT_ROWS": kv_int4.SPLIT_ROWS, "HALF": HEAD_DIM // 2, "GROUP": GROUP, "ASM": True}
     int4.update(DOT_DTYPE=tl.float16, WORD_BITS=0, V_PAIRS=False)

@@ -71,8 +71,8 @@ def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: tor
 
 def tiling(name: str) -> dict[str, Any]:
     """A tiling's kernel arguments from its name, ``split/block/warps[/dot][/v][/sN]``:
-    split rows, block rows, warps, on tensor cores, the int4 values read as 16-bit words,
-    N software-pipeline stages (the last two for the int4 kernel only)."""
+    split rows, block rows, warps, on tensor cores, the values of an int4 or fp8 ring read
+    as 16-bit words, N software-pipeline stages (the int4 kernel only)."""
     split_rows, block_rows, warps, *flags = name.split("/")
     out: dict[str, Any] = {
         "split_rows": int(split_rows),
@@ -161,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument(
         "--sweep",
-        default="512/64/2/dot,256/64/4/dot,1024/64/2/dot,512/128/4/dot,512/32/2/dot",
-        help="split_rows/block_rows/num_warps[/dot] tilings to time (dot: tensor cores)",
+        default="512/64/2/dot,512/64/2/dot/v,512/64/4/dot/v,1024/64/2/dot/v,512/32/2/dot/v",
+        help="split_rows/block_rows/num_warps[/dot][/v] tilings to time (dot: tensor cores, "
+        "v: an fp8 ring's values read as 16-bit words; a bf16 ring reads them as before)",
     )
     parser.add_argument(
         "--int4-sweep",

@@ -80,6 +80,17 @@ def ring_attention_reference(
     return torch.einsum("bhl,bhld->bhd", probs, v).to(q.dtype)
 
 
+def _value_words_fit(values: torch.Tensor) -> bool:
+    """Whether an fp8 ring's values can be read as 16-bit words of two: every row starts on
+    an even byte and holds at least the 16 words a product needs."""
+    return (
+        values.dtype == torch.float8_e4m3fn
+        and values.shape[-1] >= 32
+        and values.data_ptr() % 2 == 0
+        and all(st % 2 == 0 for st in values.stride()[:-1])
+    )
+
+
 def ring_attention(
     q: torch.Tensor,
     keys: torch.Tensor,
@@ -91,6 +102,7 @@ def ring_attention(
     block_rows: int | None = None,
     num_warps: int = NUM_WARPS,
     dot: bool | None = None,
+    value_words: bool = False,
 ) -> torch.Tensor:
     """`ring_attention_reference` as a Triton kernel (CUDA; interpreted for host tensors).
 
@@ -100,7 +112,11 @@ def ring_attention(
     be a multiple of ``block_rows``. ``dot`` puts the scores and the weighted sum
     on tensor cores (16 copies of the query); None means on CUDA with
     ``head_dim >= 16``, where it is faster (Triton's interpreter mishandles
-    16-bit ``tl.dot``, so host runs use the elementwise form unless asked).
+    16-bit ``tl.dot``, so host runs use the elementwise form unless asked, and a float32
+    product when asked). ``value_words`` has the tensor-core form read an fp8 ring's values
+    as 16-bit words of two (`_value_words_fit`), one product per byte of the word: a third
+    of its instructions fewer by ``bench/kernel_sass.py``; off by default until timed on a
+    GPU.
     """
     batch, heads, head_dim = q.shape
     context = keys.shape[2]
@@ -116,6 +132,7 @@ def ring_attention(
     out = torch.empty_like(q)
     if slots is None:
         slots = torch.arange(batch, device=q.device)
+    dot = (q.is_cuda and head_dim >= 16) if dot is None else dot  # tensor cores need 16
     _ring_attention_split[(batch, heads, splits)](
         q,
         keys,
@@ -136,9 +153,10 @@ def ring_attention(
         SPLIT_ROWS=split_rows,
         BLOCK_ROWS=block_rows,
         HEAD_DIM=head_dim,
-        # tensor cores need inner dimensions of at least 16
-        DOT=(q.is_cuda and head_dim >= 16) if dot is None else dot,
-        DOT_DTYPE=getattr(tl, _DOT_DTYPES.get(keys.dtype, "bfloat16")),
+        DOT=dot,
+        DOT_DTYPE=getattr(tl, _DOT_DTYPES.get(keys.dtype, "bfloat16") if q.is_cuda else "float32"),
+        V_WORDS=dot and value_words and _value_words_fit(values),
+        ASM=q.is_cuda,
         num_warps=num_warps,
     )
     merge_splits(partial, out)
@@ -162,6 +180,32 @@ def merge_splits(partial: torch.Tensor, out: torch.Tensor) -> None:
 
 
 if _triton.available():
+    _FP8_WORDS_ASM = tl.constexpr("""{
+    .reg .b32 p;
+    .reg .b16 even, odd;
+    prmt.b32 p, $2, 0, 0x3120;
+    mov.b32 {even, odd}, p;
+    cvt.rn.f16x2.e4m3x2 $0, even;
+    cvt.rn.f16x2.e4m3x2 $1, odd;
+    }""")
+
+    @triton.jit
+    def _fp8_word_values(words, ASM: tl.constexpr, DTYPE: tl.constexpr):
+        """Each 16-bit word's two e4m3 values (its low byte, its high byte) as ``DTYPE``."""
+        if ASM:
+            even, odd = tl.inline_asm_elementwise(
+                _FP8_WORDS_ASM,
+                "=r,=r,r",
+                [words],
+                dtype=(tl.float16, tl.float16),
+                is_pure=True,
+                pack=2,
+            )
+        else:
+            word = words.to(tl.int32) & 0xFFFF
+            even = (word & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DTYPE)
+            odd = (word >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DTYPE)
+        return even, odd
 
     @triton.jit
     def _ring_attention_split(
@@ -186,6 +230,8 @@ if _triton.available():
         HEAD_DIM: tl.constexpr,
         DOT: tl.constexpr,
         DOT_DTYPE: tl.constexpr,
+        V_WORDS: tl.constexpr,
+        ASM: tl.constexpr,
     ):
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -201,6 +247,11 @@ if _triton.available():
         best = tl.full([], float("-inf"), tl.float32)
         total = tl.full([], 0.0, tl.float32)
         acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+        if V_WORDS:
+            m = tl.arange(0, HEAD_DIM // 2)
+            acc_even = tl.zeros([HEAD_DIM // 2], dtype=tl.float32)
+            acc_odd = tl.zeros([HEAD_DIM // 2], dtype=tl.float32)
+            vw_base = v_base.to(tl.pointer_type(tl.int16))
         # tensor cores want 16 query rows: 16 copies of q, every product row is the same
         q_rows = tl.broadcast_to(q[None, :], (16, HEAD_DIM)).to(DOT_DTYPE)
         for row in range(start, end, BLOCK_ROWS):
@@ -220,21 +271,39 @@ if _triton.available():
             new_best = tl.maximum(best, tl.max(scores, axis=0))
             rescale = tl.exp(best - new_best)
             weights = tl.exp(scores - new_best)
-            v = tl.load(
-                v_base + rows[:, None] * stride_vr + d[None, :],
-                mask=filled[:, None],
-                other=0.0,
-            )
-            if DOT:
+            if V_WORDS:  # the product wants rows in pairs: a word of two values a row
+                vw = tl.load(
+                    vw_base + rows[:, None] * (stride_vr // 2) + m[None, :],
+                    mask=filled[:, None],
+                    other=0,
+                )
+                v_even, v_odd = _fp8_word_values(vw, ASM, DOT_DTYPE)
                 weight_rows = tl.broadcast_to(weights[None, :], (16, BLOCK_ROWS)).to(DOT_DTYPE)
-                mixed = tl.dot(weight_rows, v.to(DOT_DTYPE), input_precision="ieee")
-                acc = acc * rescale + tl.max(mixed, axis=0)
+                mixed = tl.dot(weight_rows, v_even, input_precision="ieee")
+                acc_even = acc_even * rescale + tl.max(mixed, axis=0)
+                mixed = tl.dot(weight_rows, v_odd, input_precision="ieee")
+                acc_odd = acc_odd * rescale + tl.max(mixed, axis=0)
             else:
-                acc = acc * rescale + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
+                v = tl.load(
+                    v_base + rows[:, None] * stride_vr + d[None, :],
+                    mask=filled[:, None],
+                    other=0.0,
+                )
+                if DOT:
+                    weight_rows = tl.broadcast_to(weights[None, :], (16, BLOCK_ROWS))
+                    weight_rows = weight_rows.to(DOT_DTYPE)
+                    mixed = tl.dot(weight_rows, v.to(DOT_DTYPE), input_precision="ieee")
+                    acc = acc * rescale + tl.max(mixed, axis=0)
+                else:
+                    acc = acc * rescale + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
             total = total * rescale + tl.sum(weights, axis=0)
             best = new_best
         part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (HEAD_DIM + 2)
-        tl.store(part + d, acc)
+        if V_WORDS:
+            tl.store(part + 2 * m, acc_even)
+            tl.store(part + 2 * m + 1, acc_odd)
+        else:
+            tl.store(part + d, acc)
         tl.store(part + HEAD_DIM, best)
         tl.store(part + HEAD_DIM + 1, total)
 

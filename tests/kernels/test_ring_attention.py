@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from duplex.kernels import ring_attention, ring_attention_reference, triton_available
-from duplex.kernels.ring_attention import SPLIT_ROWS
+from duplex.kernels.ring_attention import SPLIT_ROWS, _value_words_fit
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 
@@ -105,3 +105,29 @@ def test_tensor_core_form_equals_reference() -> None:
     got = ring_attention(q, keys, values, lengths, dot=True)
     want = ring_attention_reference(q, keys, values, lengths)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("value_words", [False, True], ids=["value-bytes", "value-words"])
+def test_tensor_core_form_on_an_fp8_ring(value_words: bool) -> None:
+    """The fp8 ring's values read a byte at a time or as 16-bit words of two (each word's
+    bytes their own product): the same sums, in float32 on the host, float16 on CUDA."""
+    generator = torch.Generator().manual_seed(11)
+    keys, values = _rings(generator, 2, 4, 2, 150, 32)
+    keys, values = keys.to(torch.float8_e4m3fn), values.to(torch.float8_e4m3fn)
+    keys, values = keys[1].to(DEVICE), values[1].to(DEVICE)  # strided views of one layer
+    assert _value_words_fit(values)
+    lengths = torch.tensor([150, 1, 77, 64], device=DEVICE)
+    q = torch.randn(4, 2, 32, generator=generator).to(DEVICE)
+    got = ring_attention(q, keys, values, lengths, dot=True, value_words=value_words)
+    want = ring_attention_reference(q, keys, values, lengths)
+    tolerance = TOLERANCE[torch.bfloat16 if DEVICE.type == "cuda" else torch.float32]
+    torch.testing.assert_close(got.float(), want, atol=tolerance, rtol=tolerance)
+
+
+def test_values_read_as_words_only_from_fp8_rows_on_even_bytes() -> None:
+    pool = torch.zeros(2, 3, 4, 10, 32).to(torch.float8_e4m3fn)
+    assert _value_words_fit(pool[1])
+    assert not _value_words_fit(pool[1].to(torch.bfloat16))  # 16-bit rows need no words
+    assert not _value_words_fit(pool[1, ..., :16])  # 8 words: under a product's 16 columns
+    odd = torch.zeros(3, 4, 10, 33).to(torch.float8_e4m3fn)[..., :32]
+    assert not _value_words_fit(odd)  # rows 33 bytes apart
