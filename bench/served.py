@@ -334,7 +334,14 @@ async def _one_count(
     with contextlib.ExitStack() as files:
         outputs = [files.enter_context(tempfile.TemporaryFile(mode="w+")) for _ in commands]
         loaders = [subprocess.Popen(c, stdout=o) for c, o in zip(commands, outputs, strict=True)]
+        # a session ends within its frames plus 60 s to be admitted and 10 s to close
+        deadline = time.monotonic() + args.warmup + args.seconds + 120
         while any(p.poll() is None for p in loaders):
+            if time.monotonic() > deadline:
+                stuck = sum(p.poll() is None for p in loaders)
+                for loader in loaders:
+                    loader.kill()
+                raise SystemExit(f"N={n}: {stuck} of {len(loaders)} load generators never ended")
             memory = _gpu_memory_mib()
             if memory is not None:
                 gpu_peak = (
