@@ -29,7 +29,8 @@ loopback and Moshi with random weights do).
 Also per N: server CPU (user + system seconds of the server process and every
 process under it, over the measure window, per wall second), the GPU's used
 memory (``nvidia-smi``), and from ``/metrics`` the engine's step-time p99, late
-ticks, underruns and dropped outputs over the window. With ``--engine-bench``
+ticks, underruns, warm-up steps (those that captured a CUDA graph) and dropped outputs over
+the window. With ``--engine-bench``
 (one H200), ``bench/duplex_engine.py --phases ours-fp8-staggered`` runs first,
 at the same batch sizes, and each N's served step p99 is given as a ratio to it.
 
@@ -261,6 +262,7 @@ async def _metrics(http: str) -> dict[str, Any]:
         "duplex_engine_underruns_total",
         "duplex_engine_outputs_dropped_total",
         "duplex_engine_ticks_total",
+        "duplex_engine_warmup_steps_total",
         "duplex_engine_slack_units_total",
         "duplex_engine_slack_deferred_total",
         "duplex_engine_slack_overran_total",
@@ -383,6 +385,10 @@ async def _one_count(
         - before.get("duplex_engine_late_ticks_total", 0),
         "underruns": after.get("duplex_engine_underruns_total", 0)
         - before.get("duplex_engine_underruns_total", 0),
+        # steps that captured a CUDA graph (or were an engine's first), which the step
+        # figures leave out and the ticks' lateness does not
+        "warmup_steps": after.get("duplex_engine_warmup_steps_total", 0)
+        - before.get("duplex_engine_warmup_steps_total", 0),
         "outputs_dropped": after.get("duplex_engine_outputs_dropped_total", 0)
         - before.get("duplex_engine_outputs_dropped_total", 0),
         **{
