@@ -114,8 +114,9 @@ def ring_attention(
     ``head_dim >= 16``, where it is faster (Triton's interpreter mishandles
     16-bit ``tl.dot``, so host runs use the elementwise form unless asked, and a float32
     product when asked). ``value_words`` has the tensor-core form read an fp8 ring's values
-    as 16-bit words of two (`_value_words_fit`), one product per byte of the word: a third
-    of its instructions fewer by ``bench/kernel_sass.py``; off by default until timed on a
+    as 16-bit words of two (`_value_words_fit`), one product per byte of the word, and keep
+    the products' 16 identical rows to the end instead of reducing them every tile: 0.61x
+    the instructions a key row by ``bench/kernel_sass.py``; off by default until timed on a
     GPU.
     """
     batch, heads, head_dim = q.shape
@@ -249,8 +250,9 @@ if _triton.available():
         acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
         if V_WORDS:
             m = tl.arange(0, HEAD_DIM // 2)
-            acc_even = tl.zeros([HEAD_DIM // 2], dtype=tl.float32)
-            acc_odd = tl.zeros([HEAD_DIM // 2], dtype=tl.float32)
+            acc_even = tl.zeros([16, HEAD_DIM // 2], dtype=tl.float32)
+            acc_odd = tl.zeros([16, HEAD_DIM // 2], dtype=tl.float32)
+            total16 = tl.zeros([16], dtype=tl.float32)
             vw_base = v_base.to(tl.pointer_type(tl.int16))
         # tensor cores want 16 query rows: 16 copies of q, every product row is the same
         q_rows = tl.broadcast_to(q[None, :], (16, HEAD_DIM)).to(DOT_DTYPE)
@@ -262,28 +264,32 @@ if _triton.available():
                 mask=filled[:, None],
                 other=0.0,
             )
-            if DOT:
+            if V_WORDS:  # the 16 identical rows kept to the end: no reduction a tile
                 dots = tl.dot(q_rows, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee")
-                raw = tl.max(dots, axis=0)
-            else:
-                raw = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
-            scores = tl.where(filled, raw, float("-inf"))
-            new_best = tl.maximum(best, tl.max(scores, axis=0))
-            rescale = tl.exp(best - new_best)
-            weights = tl.exp(scores - new_best)
-            if V_WORDS:  # the product wants rows in pairs: a word of two values a row
+                dots = tl.where(filled[None, :], dots, float("-inf"))
+                new_best = tl.maximum(best, tl.max(tl.max(dots, axis=1), axis=0))
+                rescale = tl.exp(best - new_best)
+                weights = tl.exp(dots - new_best)
                 vw = tl.load(
                     vw_base + rows[:, None] * (stride_vr // 2) + m[None, :],
                     mask=filled[:, None],
                     other=0,
                 )
                 v_even, v_odd = _fp8_word_values(vw, ASM, DOT_DTYPE)
-                weight_rows = tl.broadcast_to(weights[None, :], (16, BLOCK_ROWS)).to(DOT_DTYPE)
-                mixed = tl.dot(weight_rows, v_even, input_precision="ieee")
-                acc_even = acc_even * rescale + tl.max(mixed, axis=0)
-                mixed = tl.dot(weight_rows, v_odd, input_precision="ieee")
-                acc_odd = acc_odd * rescale + tl.max(mixed, axis=0)
+                weight_rows = weights.to(DOT_DTYPE)
+                acc_even = tl.dot(weight_rows, v_even, acc_even * rescale, input_precision="ieee")
+                acc_odd = tl.dot(weight_rows, v_odd, acc_odd * rescale, input_precision="ieee")
+                total16 = total16 * rescale + tl.sum(weights, axis=1)
             else:
+                if DOT:
+                    dots = tl.dot(q_rows, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee")
+                    raw = tl.max(dots, axis=0)
+                else:
+                    raw = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
+                scores = tl.where(filled, raw, float("-inf"))
+                new_best = tl.maximum(best, tl.max(scores, axis=0))
+                rescale = tl.exp(best - new_best)
+                weights = tl.exp(scores - new_best)
                 v = tl.load(
                     v_base + rows[:, None] * stride_vr + d[None, :],
                     mask=filled[:, None],
@@ -296,12 +302,14 @@ if _triton.available():
                     acc = acc * rescale + tl.max(mixed, axis=0)
                 else:
                     acc = acc * rescale + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
-            total = total * rescale + tl.sum(weights, axis=0)
+                total = total * rescale + tl.sum(weights, axis=0)
             best = new_best
         part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (HEAD_DIM + 2)
-        if V_WORDS:
-            tl.store(part + 2 * m, acc_even)
-            tl.store(part + 2 * m + 1, acc_odd)
+        if V_WORDS:  # every row of the accumulators is the same: the first one's
+            first = tl.arange(0, 16)[:, None] == 0
+            tl.store(part + 2 * m, tl.sum(tl.where(first, acc_even, 0.0), axis=0))
+            tl.store(part + 2 * m + 1, tl.sum(tl.where(first, acc_odd, 0.0), axis=0))
+            total = tl.sum(tl.where(tl.arange(0, 16) == 0, total16, 0.0), axis=0)
         else:
             tl.store(part + d, acc)
         tl.store(part + HEAD_DIM, best)
