@@ -14,7 +14,9 @@ by one by CUPTI, so the graphed frame is what is measured.
         --batches 1,64 --out out/engine_profile
 
 Outputs ``<out>.json``: per B and mode, frame wall time, summed kernel time,
-kernels per frame, and the family and top-name tables (ms per frame).
+kernels per frame, and the family and top-name tables (ms per frame); under ``codec``
+the same tables for Mimi's encode and decode alone (what of the frame is the codec's).
+``--kv``, ``--weight-dtype`` and ``--codec-dtype`` are `duplex serve`'s choices.
 """
 
 from __future__ import annotations
@@ -77,6 +79,34 @@ def kernel_events(profiler: Any) -> list[tuple[str, float]]:
     return out
 
 
+def tables(events: list[tuple[str, float]], frames: int) -> dict[str, Any]:
+    """Kernel time per frame by family and the top kernels by name."""
+    by_family: dict[str, float] = defaultdict(float)
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for name, micros in events:
+        by_family[family(name)] += micros
+        entry = by_name[name]
+        entry[0] += micros
+        entry[1] += 1
+    top = sorted(by_name.items(), key=lambda item: -item[1][0])[:40]
+    return {
+        "kernel_ms_per_frame": round(sum(by_family.values()) / 1e3 / frames, 3),
+        "kernels_per_frame": round(len(events) / frames, 1),
+        "families_ms_per_frame": {
+            k: round(v / 1e3 / frames, 3) for k, v in sorted(by_family.items(), key=lambda i: -i[1])
+        },
+        "top_kernels": [
+            {
+                "name": name[:160],
+                "family": family(name),
+                "ms_per_frame": round(micros / 1e3 / frames, 4),
+                "calls_per_frame": round(count / frames, 1),
+            }
+            for name, (micros, count) in top
+        ],
+    }
+
+
 def profile_batch(
     ours: Any, engine: OurEngine, batch: int, mode: str, frames: int, device: torch.device
 ) -> dict[str, Any]:
@@ -100,35 +130,18 @@ def profile_batch(
                 engine.frame(slots, pcm[3 + index])
             sync(device)
         wall_ms = (time.perf_counter() - started) * 1e3 / frames
-    events = kernel_events(profiler)
-    by_family: dict[str, float] = defaultdict(float)
-    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for name, micros in events:
-        by_family[family(name)] += micros
-        entry = by_name[name]
-        entry[0] += micros
-        entry[1] += 1
-    total_ms = sum(by_family.values()) / 1e3 / frames
-    top = sorted(by_name.items(), key=lambda item: -item[1][0])[:40]
+    with torch.no_grad(), torch.profiler.profile(activities=activities) as codec_profiler:
+        for index in range(frames):  # the codec alone: Mimi's share of the frame above
+            codes = engine.streams.encode(slots, pcm[3 + index])
+            engine.streams.decode(slots, codes, check_values=False)
+        sync(device)
     return {
         "mode": mode,
         "batch": batch,
         "frames": frames,
         "wall_ms_per_frame_profiled": round(wall_ms, 3),
-        "kernel_ms_per_frame": round(total_ms, 3),
-        "kernels_per_frame": round(len(events) / frames, 1),
-        "families_ms_per_frame": {
-            k: round(v / 1e3 / frames, 3) for k, v in sorted(by_family.items(), key=lambda i: -i[1])
-        },
-        "top_kernels": [
-            {
-                "name": name[:160],
-                "family": family(name),
-                "ms_per_frame": round(micros / 1e3 / frames, 4),
-                "calls_per_frame": round(count / frames, 1),
-            }
-            for name, (micros, count) in top
-        ],
+        **tables(kernel_events(profiler), frames),
+        "codec": tables(kernel_events(codec_profiler), frames),
     }
 
 
@@ -138,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="moshi-7b", choices=sorted(PRESET_MIMI))
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--modes", default="staggered,full")
-    parser.add_argument("--kv", default="bf16", choices=("bf16", "fp8"))
+    parser.add_argument("--kv", default="bf16", choices=("bf16", "fp8", "int4"))
+    parser.add_argument("--weight-dtype", default="auto", choices=("auto", "fp8"))
+    parser.add_argument("--codec-dtype", default="float32", choices=("float32", "bf16"))
     parser.add_argument("--frames", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("out/engine_profile"))
     args = parser.parse_args(argv)
@@ -153,12 +168,18 @@ def main(argv: list[str] | None = None) -> int:
     mimi_config = ours.mimi_preset(PRESET_MIMI[args.preset])
     lm = build_lm_on_device(ours, config, device, lm_dtype(device), WEIGHT_SEED)
     mimi = ours.random_mimi(mimi_config, WEIGHT_SEED).to(device)
-    kv_dtype = torch.float8_e4m3fn if args.kv == "fp8" else None
+    if args.weight_dtype == "fp8":  # as the server's factory does, after loading
+        lm.temporal_to_fp8()
+    if args.codec_dtype == "bf16":
+        ours.cast_mimi(mimi, torch.bfloat16)
+    kv_dtype = ours.KV_DTYPES["auto" if args.kv == "bf16" else args.kv]
     data: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": machine_info(device),
         "source": source_info(),
         "kv": args.kv,
+        "weight_dtype": args.weight_dtype,
+        "codec_dtype": args.codec_dtype,
         "results": [],
     }
     graphs = device.type == "cuda"
@@ -173,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as error:  # keep the other rows
                 result = {"mode": mode, "batch": batch, "error": f"{type(error).__name__}: {error}"}
             data["results"].append(result)
-            log(json.dumps({k: v for k, v in result.items() if k != "top_kernels"}))
+            log(json.dumps({k: v for k, v in result.items() if k not in ("top_kernels", "codec")}))
+            if "codec" in result:
+                log("  codec: " + json.dumps(result["codec"]["families_ms_per_frame"]))
             out.write_text(json.dumps(data, indent=2, default=str) + "\n")
             free_memory(device)
     log(f"wrote {out}")
