@@ -286,7 +286,8 @@ if _triton.available():
     instruction (a mask and an OR of two would make ptxas load one of them a register
     each time). The integer steps give the very words of the first form of this PTX
     (mask, then OR 0x64006400; timed on an H100), checked by emulating both on 200,000
-    random words."""
+    random words; `tests/kernels/test_ptx_unpack.py` runs every PTX block here against
+    the integer form the CPU path uses."""
 
     _UNPACK_PAIR_ASM = tl.constexpr("""{
     .reg .b32 c, a, b, t, bias, sixteenth, shift;
