@@ -403,6 +403,7 @@ class OurEngine:
         max_slots: int,
         kv_dtype: torch.dtype | str | None = None,
         cuda_graphs: bool = False,
+        ring_kernel: bool = False,
     ) -> None:
         self.ours = ours
         self.device = lm.text_linear.weight.device
@@ -411,7 +412,11 @@ class OurEngine:
             lm, max_slots=max_slots, kv_dtype=kv_dtype, cuda_graphs=cuda_graphs
         )
         self.streams = ours.MimiStreams(
-            mimi, max_slots=max_slots, num_codebooks=self.config.user_q, cuda_graphs=cuda_graphs
+            mimi,
+            max_slots=max_slots,
+            num_codebooks=self.config.user_q,
+            cuda_graphs=cuda_graphs,
+            ring_kernel=ring_kernel,
         )
 
     def start(self, slot: int, frame: int, sampling: Any) -> None:
@@ -619,7 +624,10 @@ def run_ours(
     if max_slots < 1:
         record["error"] = "no slot fits in memory"
         return
-    engine = OurEngine(ours, lm, mimi, max_slots, kv_dtype=kv_dtype, cuda_graphs=graphs)
+    engine = OurEngine(
+        ours, lm, mimi, max_slots, kv_dtype=kv_dtype, cuda_graphs=graphs,
+        ring_kernel=args.mimi_ring_kernel,
+    )  # fmt: skip
     record["pool_allocated_gib"] = (
         gib(torch.cuda.memory_allocated(device)) if device.type == "cuda" else None
     )
@@ -1074,6 +1082,12 @@ def main(argv: list[str] | None = None) -> int:
         help="ours phases: Mimi's dtype (`duplex serve --codec-dtype`)",
     )
     parser.add_argument(
+        "--mimi-ring-kernel",
+        action="store_true",
+        help="ours phases: Mimi's transformers read their KV rings in place with the ring "
+        "kernel (`MimiStreams(ring_kernel=True)`; not yet a serve option)",
+    )
+    parser.add_argument(
         "--reference-per-process",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -1112,6 +1126,7 @@ def main(argv: list[str] | None = None) -> int:
             "lm_dtype": str(lm_dtype(device)),
             "weight_dtype": args.weight_dtype,
             "mimi_dtype": "torch.bfloat16" if args.codec_dtype == "bf16" else "torch.float32",
+            "mimi_ring_kernel": args.mimi_ring_kernel,
             "sampling": {"text": [0.7, 25], "audio": [0.8, 250]},
             "frame_ms": FRAME_MS,
         },

@@ -112,10 +112,11 @@ def count(name: str, kernel: Any, pointers: dict[str, str], constants: dict[str,
 
 def forms() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
     base = {"q_ptr": "*bf16", "len_ptr": "*i64", "slot_ptr": "*i64", "part_ptr": "*fp32"}
+    ring_base = {**base, "skip_ptr": "*i64"}
     out = []
     for dtype, label, size in (("*bf16", "bf16", 2), ("*fp8e4nv", "fp8", 1)):
         block = ring_attention.BLOCK_ROWS[size]
-        pointers = {**base, "k_ptr": dtype, "v_ptr": dtype}
+        pointers = {**ring_base, "k_ptr": dtype, "v_ptr": dtype}
         constants = {
             "SPLIT_ROWS": ring_attention.SPLIT_ROWS,
             "BLOCK_ROWS": block,
@@ -124,6 +125,7 @@ def forms() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
             "DOT_DTYPE": tl.float16 if label == "fp8" else tl.bfloat16,
             "V_WORDS": False,
             "ASM": True,
+            "SKIP": False,
         }
         kernel = ring_attention._ring_attention_split
         out.append((f"{label} ring", kernel, pointers, constants, ring_attention.NUM_WARPS, 3))

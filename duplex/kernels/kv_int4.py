@@ -197,6 +197,7 @@ def ring_attention_int4(
     out = torch.empty_like(q)
     if slots is None:
         slots = torch.arange(batch, device=q.device)
+    lengths, slots = lengths.contiguous(), slots.contiguous()  # read by row index
     fits_dot = head_dim // 2 >= 16 and block_rows >= 16 and head_dim // group <= 16
     if dot is None:
         dot = q.is_cuda and fits_dot

@@ -103,6 +103,7 @@ def ring_attention(
     num_warps: int = NUM_WARPS,
     dot: bool | None = None,
     value_words: bool = False,
+    skip: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`ring_attention_reference` as a Triton kernel (CUDA; interpreted for host tensors).
 
@@ -118,6 +119,10 @@ def ring_attention(
     the products' 16 identical rows to the end instead of reducing them every tile: 0.61x
     the instructions a key row by ``bench/kernel_sass.py``; off by default until timed on a
     GPU.
+    ``skip``: ``[B]`` one ring row each query leaves out besides those past its length (-1:
+    none), for streams that write several rows a call (Mimi: a key written for a later query
+    of the same call is not the earlier query's). It must not be the only row a split of its
+    query holds (a 250-row ring is one split).
     """
     batch, heads, head_dim = q.shape
     context = keys.shape[2]
@@ -133,6 +138,9 @@ def ring_attention(
     out = torch.empty_like(q)
     if slots is None:
         slots = torch.arange(batch, device=q.device)
+    # the kernel reads these by row index: a strided view (a column of [B, T]) is copied
+    lengths, slots = lengths.contiguous(), slots.contiguous()
+    skip = None if skip is None else skip.contiguous()
     dot = (q.is_cuda and head_dim >= 16) if dot is None else dot  # tensor cores need 16
     _ring_attention_split[(batch, heads, splits)](
         q,
@@ -140,6 +148,7 @@ def ring_attention(
         values,
         lengths,
         slots,
+        lengths if skip is None else skip,  # not read without SKIP
         partial,
         q.stride(0),
         q.stride(1),
@@ -158,6 +167,7 @@ def ring_attention(
         DOT_DTYPE=getattr(tl, _DOT_DTYPES.get(keys.dtype, "bfloat16") if q.is_cuda else "float32"),
         V_WORDS=dot and value_words and _value_words_fit(values),
         ASM=q.is_cuda,
+        SKIP=skip is not None,
         num_warps=num_warps,
     )
     merge_splits(partial, out)
@@ -215,6 +225,7 @@ if _triton.available():
         v_ptr,
         len_ptr,
         slot_ptr,
+        skip_ptr,
         part_ptr,
         stride_qb,
         stride_qh,
@@ -233,6 +244,7 @@ if _triton.available():
         DOT_DTYPE: tl.constexpr,
         V_WORDS: tl.constexpr,
         ASM: tl.constexpr,
+        SKIP: tl.constexpr,
     ):
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -241,6 +253,9 @@ if _triton.available():
         slot = tl.load(slot_ptr + b).to(tl.int64)
         start = s * SPLIT_ROWS
         end = tl.minimum(start + SPLIT_ROWS, length)
+        skipped = -1
+        if SKIP:
+            skipped = tl.load(skip_ptr + b).to(tl.int32)
         d = tl.arange(0, HEAD_DIM)
         q = tl.load(q_ptr + b * stride_qb + h * stride_qh + d).to(tl.float32) * scale
         k_base = k_ptr + slot * stride_ks + h * stride_kh
@@ -259,6 +274,8 @@ if _triton.available():
         for row in range(start, end, BLOCK_ROWS):
             rows = row + tl.arange(0, BLOCK_ROWS)
             filled = rows < end
+            if SKIP:
+                filled = filled & (rows != skipped)
             k = tl.load(
                 k_base + rows[:, None] * stride_kr + d[None, :],
                 mask=filled[:, None],

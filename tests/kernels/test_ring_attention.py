@@ -131,3 +131,26 @@ def test_values_read_as_words_only_from_fp8_rows_on_even_bytes() -> None:
     assert not _value_words_fit(pool[1, ..., :16])  # 8 words: under a product's 16 columns
     odd = torch.zeros(3, 4, 10, 33).to(torch.float8_e4m3fn)[..., :32]
     assert not _value_words_fit(odd)  # rows 33 bytes apart
+
+
+def test_a_skipped_row_is_left_out_of_its_query_only() -> None:
+    """``skip`` leaves one row out of one query (as if past its length), none out of a -1."""
+    generator = torch.Generator().manual_seed(12)
+    keys, values = _rings(generator, 1, 3, 2, 40, 16)
+    keys, values = keys[0].to(DEVICE), values[0].to(DEVICE)
+    keys[1, :, 7] = float("nan")  # the skipped row is never read
+    values[1, :, 7] = float("inf")
+    q = torch.randn(3, 2, 16, generator=generator).to(DEVICE)
+    lengths = torch.tensor([40, 40, 25], device=DEVICE)
+    skip = torch.tensor([-1, 7, 24], device=DEVICE)
+    got = ring_attention(q, keys, values, lengths, skip=skip)
+    clean = keys.clone(), values.clone()
+    clean[0][1, :, 7] = 0.0
+    clean[1][1, :, 7] = 0.0
+    want = ring_attention_reference(q, *clean, torch.tensor([40, 40, 24], device=DEVICE))
+    kept = [r for r in range(40) if r != 7]  # row 1 without its row 7
+    want[1] = ring_attention_reference(
+        q[1:2], clean[0][1:2, :, kept], clean[1][1:2, :, kept], torch.tensor([39], device=DEVICE)
+    )[0]
+    assert bool(torch.isfinite(got).all())
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from duplex.kernels import ring_attention
+
 from ._layers import Attention, apply_rope
 from ._mimi_config import MimiConfig
 from ._quantizer import SplitResidualVectorQuantizer
@@ -53,12 +55,17 @@ class KVRingView:
         keys, values: ``[layers, slots, heads, context, head_dim]`` rings (written in place).
         slots: ``[B]`` slot of each batch row.
         offsets: ``[B]`` latent steps each row has already streamed (its next position).
+        kernel: attend with the ring kernel (below).
     """
 
     keys: torch.Tensor
     values: torch.Tensor
     slots: torch.Tensor
     offsets: torch.Tensor
+    kernel: bool = False
+    """Attend with `ring_attention` reading the rings in place (CUDA, or Triton's
+    interpreter), instead of gathering each row's ring, zeroing what it has not written and
+    calling SDPA: the same keys for every query, with no copy of the rings."""
 
 
 @final
@@ -131,6 +138,8 @@ class MimiTransformer(nn.Module):
         step_ids = torch.arange(steps, device=x.device)
         positions = offsets[:, None] + step_ids[None, :]  # [B, T]
         rows = positions % context
+        if ring.kernel:
+            return self._step_in_place(x, ring, positions, rows)
         # Absolute position held by each ring row after this write (reference RingKVCache).
         last = offsets + steps - 1
         ring_ids = torch.arange(context, device=x.device)
@@ -152,6 +161,39 @@ class MimiTransformer(nn.Module):
             values = values.masked_fill(unwritten, 0.0)
             out = F.scaled_dot_product_attention(q, keys, values, mask)
             x = self._finish(layer, x, out)
+        return x
+
+    def _step_in_place(
+        self, x: torch.Tensor, ring: KVRingView, positions: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """`step` with the ring kernel: each query reads its slot's ring in place.
+
+        Query ``t`` at position ``p`` sees what the mask of `step` lets it see: before the
+        ring wraps, rows ``0..p`` (its length); after, every row but the one a later query
+        of this call just wrote (``skip``), whose key replaced the oldest of the window the
+        call shares (the reference's chunked window).
+        """
+        steps, context = x.shape[1], self.config.context
+        slot_rows = ring.slots[:, None]
+        lengths = torch.clamp(positions + 1, max=context)  # [B, T]
+        later = torch.arange(steps, device=x.device)[None, :] < steps - 1
+        skip = torch.where(later, (positions + 1) % context, -1)
+        for index, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, positions)
+            ring.keys[index, slot_rows, :, rows] = k.transpose(1, 2).to(ring.keys.dtype)
+            ring.values[index, slot_rows, :, rows] = v.transpose(1, 2).to(ring.values.dtype)
+            outs = [
+                ring_attention(
+                    q[:, :, t],
+                    ring.keys[index],
+                    ring.values[index],
+                    lengths[:, t],
+                    ring.slots,
+                    skip=skip[:, t],
+                )
+                for t in range(steps)
+            ]
+            x = self._finish(layer, x, torch.stack(outs, dim=2).to(x.dtype))
         return x
 
     def _qkv(

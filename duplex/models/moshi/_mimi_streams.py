@@ -61,8 +61,10 @@ class _Direction:
         device: torch.device,
         dtype: torch.dtype,
         kv_dtype: torch.dtype,
+        ring_kernel: bool,
     ) -> None:
         config = model.config
+        self.ring_kernel = ring_kernel
         rows = max_slots + 1
         self.scratch = max_slots
         self.shapes = [layer.state_shape for layer in layers]
@@ -103,7 +105,8 @@ class _Direction:
             for chunk, shape in zip(rows.split(self.sizes, dim=1), self.shapes, strict=True)
         ]
         state = ConvState(buffers, frames == 0)
-        out = run(state, KVRingView(self.keys, self.values, slots, frames * self.latent_steps))
+        offsets = frames * self.latent_steps
+        out = run(state, KVRingView(self.keys, self.values, slots, offsets, self.ring_kernel))
         packed = torch.cat([b.reshape(batch, -1) for b in state.buffers], dim=1)
         self.convs.index_copy_(0, slots, packed)
         self.frames.index_copy_(0, slots, frames + 1)
@@ -148,7 +151,10 @@ class MimiStreams:
         num_codebooks: int | None = None,
         kv_dtype: torch.dtype | None = None,
         cuda_graphs: bool | None = None,
+        ring_kernel: bool = False,
     ) -> None:
+        """``ring_kernel``: the transformers attend with the ring kernel, reading the rings
+        in place (`KVRingView.kernel`); off by default until timed on a GPU."""
         if max_slots < 1:
             raise ValueError("max_slots must be at least 1")
         weight = next(model.parameters())
@@ -161,7 +167,14 @@ class MimiStreams:
         self._max_slots = max_slots
         self._device = weight.device
         self._dtype = weight.dtype
-        args = (model, max_slots, weight.device, weight.dtype, kv_dtype or weight.dtype)
+        args = (
+            model,
+            max_slots,
+            weight.device,
+            weight.dtype,
+            kv_dtype or weight.dtype,
+            ring_kernel,
+        )
         self._encode = _Direction(model.encoder_convs, *args)
         self._decode = _Direction(model.decoder_convs, *args)
         self._use_graphs = on_cuda if cuda_graphs is None else cuda_graphs

@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from duplex.exceptions import ConfigError
+from duplex.kernels import triton_available
 from duplex.models.moshi import (
     MimiModel,
     MimiStreams,
@@ -237,7 +238,19 @@ def test_streaming_equals_the_whole_signal_pass_while_the_window_is_open(
     torch.testing.assert_close(decoded, tiny.decode(codes.T[None])[0], rtol=0, atol=1e-5)
 
 
-def test_transformer_streaming_equals_the_streaming_window_mask(tiny: MimiModel) -> None:
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        False,
+        pytest.param(True, marks=pytest.mark.skipif(not triton_available(), reason="no triton")),
+    ],
+    ids=["gathered", "ring-kernel"],
+)
+def test_transformer_streaming_equals_the_streaming_window_mask(
+    tiny: MimiModel, kernel: bool
+) -> None:
+    """The ring's streaming, gathered (SDPA) or read in place by the ring kernel (Triton's
+    interpreter here), is the chunked window of the whole-sequence pass, wrapping included."""
     transformer = tiny.encoder_transformer.transformer
     steps = 3 * TINY.context + 4  # wraps the ring three times
     x = torch.randn(2, steps, TINY.dimension, generator=torch.Generator().manual_seed(4))
@@ -247,8 +260,9 @@ def test_transformer_streaming_equals_the_streaming_window_mask(tiny: MimiModel)
     chunks = []
     for start in range(0, steps, 2):
         offsets = torch.tensor([start, start])
-        view = KVRingView(keys, values, torch.tensor([2, 0]), offsets)
-        chunks.append(transformer.step(x[:, start : start + 2], view))
+        view = KVRingView(keys, values, torch.tensor([2, 0]), offsets, kernel)
+        with torch.no_grad():
+            chunks.append(transformer.step(x[:, start : start + 2], view))
     streamed = torch.cat(chunks, dim=1)
     with torch.no_grad():
         windowed = transformer(x, chunk=2)
@@ -261,14 +275,22 @@ def test_transformer_streaming_equals_the_streaming_window_mask(tiny: MimiModel)
 # --- slots ---------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "ring_kernel",
+    [
+        False,
+        pytest.param(True, marks=pytest.mark.skipif(not triton_available(), reason="no triton")),
+    ],
+    ids=["gathered", "ring-kernel"],
+)
 def test_slots_join_and_reset_at_any_frame_without_changing_anyones_output(
-    tiny: MimiModel,
+    tiny: MimiModel, ring_kernel: bool
 ) -> None:
     # (slot, first tick, frames): D reuses A's slot, whose rings still hold A's keys.
     sessions = {"A": (0, 0, 6), "B": (1, 1, 10), "C": (2, 3, 4), "D": (0, 7, 5)}
     pcm = {name: signal(s[2], seed=ord(name)) for name, s in sessions.items()}
     codes = {name: random_codes(s[2], seed=ord(name)) for name, s in sessions.items()}
-    streams = MimiStreams(tiny, max_slots=3)
+    streams = MimiStreams(tiny, max_slots=3, ring_kernel=ring_kernel)
     got: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {n: ([], []) for n in sessions}
     for tick in range(12):
         live = []

@@ -206,12 +206,16 @@ def test_cuda_graph_option(tiny: MimiModel) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("ring_kernel", [False, True], ids=["gathered", "ring-kernel"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16"])
-def test_graphed_frames_equal_eager_frames_on_cuda(tiny: MimiModel, dtype: torch.dtype) -> None:
-    """In either codec dtype (``codec_dtype``), the captured graphs replay the eager frame."""
+def test_graphed_frames_equal_eager_frames_on_cuda(
+    tiny: MimiModel, dtype: torch.dtype, ring_kernel: bool
+) -> None:
+    """In either codec dtype (``codec_dtype``), and with the transformers' attention
+    gathered or read in place (``ring_kernel``), the captured graphs replay the eager frame."""
     model = cast_mimi(copy.deepcopy(tiny).cuda(), dtype)
-    eager = MimiStreams(model, max_slots=4, cuda_graphs=False)
-    graphed = MimiStreams(model, max_slots=4, cuda_graphs=True)
+    eager = MimiStreams(model, max_slots=4, cuda_graphs=False, ring_kernel=ring_kernel)
+    graphed = MimiStreams(model, max_slots=4, cuda_graphs=True, ring_kernel=ring_kernel)
     pcm, codes = signal(8, seed=2).cuda(), random_codes(8, seed=2).cuda()
     for n in range(8):
         slots = [s for s in range(4) if s <= n][::-1]
