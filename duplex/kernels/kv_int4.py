@@ -341,24 +341,23 @@ if _triton.available():
     and.b32 $2, a, 0xFFF0FFF0;
     and.b32 $3, b, 0xFFF0FFF0;
     }""")
-
     """`_UNPACK_ASM` without its subtract and multiply-add: four instructions fewer for
     eight values. A low nibble is left ``1024 + n`` and a high one ``1024 + 16 n``; the
     kernel takes the offsets off the products' sums (exact in float16; the sums are
     float32)."""
 
     @triton.jit
+    def _unpacked(packed, TEXT: tl.constexpr):
+        """Four packed bytes a call of the PTX ``TEXT`` -> the low and the high nibbles."""
+        return tl.inline_asm_elementwise(
+            TEXT, "=r,=r,=r,=r,r", [packed], dtype=(tl.float16, tl.float16), is_pure=True, pack=4
+        )
+
+    @triton.jit
     def _raw_levels(packed, ASM: tl.constexpr, DTYPE: tl.constexpr):
         """Each byte's nibbles ``n`` as ``1024 + n`` (low) and ``1024 + 16 n`` (high)."""
         if ASM:
-            low, high = tl.inline_asm_elementwise(
-                _UNPACK_RAW_ASM,
-                "=r,=r,=r,=r,r",
-                [packed],
-                dtype=(tl.float16, tl.float16),
-                is_pure=True,
-                pack=4,
-            )
+            low, high = _unpacked(packed, _UNPACK_RAW_ASM)
         else:
             low = ((packed.to(tl.int32) & 15) + 1024).to(DTYPE)
             high = ((packed.to(tl.int32) >> 4) * 16 + 1024).to(DTYPE)
@@ -368,14 +367,7 @@ if _triton.available():
     def _levels(packed, ASM: tl.constexpr, DTYPE: tl.constexpr):
         """Each byte's low and high nibble levels (``n - 8``), as ``DTYPE``."""
         if ASM:
-            low, high = tl.inline_asm_elementwise(
-                _UNPACK_ASM,
-                "=r,=r,=r,=r,r",
-                [packed],
-                dtype=(tl.float16, tl.float16),
-                is_pure=True,
-                pack=4,
-            )
+            low, high = _unpacked(packed, _UNPACK_ASM)
         else:
             low = _low_level(packed).to(DTYPE)
             high = _high_level(packed).to(DTYPE)

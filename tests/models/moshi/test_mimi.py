@@ -47,6 +47,11 @@ from duplex.models.moshi._mimi import KVRingView
 TINY = mimi_preset("tiny")
 FRAME = TINY.frame_size
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "mimi_tiny"
+ATTENTION = [
+    False,
+    pytest.param(True, marks=pytest.mark.skipif(not triton_available(), reason="no triton")),
+]
+"""The transformers' streaming attention: gathered for SDPA, or the ring kernel in place."""
 PCM_ATOL = 1e-5
 """Streamed PCM vs the reference (absolute; measured 3e-7 on a peak of ~0.97)."""
 
@@ -238,14 +243,7 @@ def test_streaming_equals_the_whole_signal_pass_while_the_window_is_open(
     torch.testing.assert_close(decoded, tiny.decode(codes.T[None])[0], rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "kernel",
-    [
-        False,
-        pytest.param(True, marks=pytest.mark.skipif(not triton_available(), reason="no triton")),
-    ],
-    ids=["gathered", "ring-kernel"],
-)
+@pytest.mark.parametrize("kernel", ATTENTION, ids=["gathered", "ring-kernel"])
 def test_transformer_streaming_equals_the_streaming_window_mask(
     tiny: MimiModel, kernel: bool
 ) -> None:
@@ -275,14 +273,7 @@ def test_transformer_streaming_equals_the_streaming_window_mask(
 # --- slots ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "ring_kernel",
-    [
-        False,
-        pytest.param(True, marks=pytest.mark.skipif(not triton_available(), reason="no triton")),
-    ],
-    ids=["gathered", "ring-kernel"],
-)
+@pytest.mark.parametrize("ring_kernel", ATTENTION, ids=["gathered", "ring-kernel"])
 def test_slots_join_and_reset_at_any_frame_without_changing_anyones_output(
     tiny: MimiModel, ring_kernel: bool
 ) -> None:
