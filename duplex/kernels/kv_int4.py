@@ -503,17 +503,16 @@ if _triton.available():
             kp = tl.load(
                 kp_base + rows[:, None] * stride_kpr + j[None, :], mask=filled[:, None], other=0
             )
-            if DOT and V_PAIRS:
-                k_low, k_high = _raw_levels(kp, ASM, DOT_DTYPE)
-                sums = tl.dot(q_low, tl.trans(k_low), input_precision="ieee")
-                sums = tl.dot(q_high16, tl.trans(k_high), sums, input_precision="ieee")
-                sums = sums - k_bias[:, None]
-                ks = _group_scales(ks_base, rows, filled, g, grouped, stride_ksr, GROUPS, WORD_BITS)
-                raw = tl.sum(sums * ks, axis=0)
-            elif DOT:
-                k_low, k_high = _levels(kp, ASM, DOT_DTYPE)
-                sums = tl.dot(q_low, tl.trans(k_low), input_precision="ieee")
-                sums = tl.dot(q_high, tl.trans(k_high), sums, input_precision="ieee")
+            if DOT:
+                if V_PAIRS:
+                    k_low, k_high = _raw_levels(kp, ASM, DOT_DTYPE)
+                    sums = tl.dot(q_low, tl.trans(k_low), input_precision="ieee")
+                    sums = tl.dot(q_high16, tl.trans(k_high), sums, input_precision="ieee")
+                    sums = sums - k_bias[:, None]
+                else:
+                    k_low, k_high = _levels(kp, ASM, DOT_DTYPE)
+                    sums = tl.dot(q_low, tl.trans(k_low), input_precision="ieee")
+                    sums = tl.dot(q_high, tl.trans(k_high), sums, input_precision="ieee")
                 ks = _group_scales(ks_base, rows, filled, g, grouped, stride_ksr, GROUPS, WORD_BITS)
                 raw = tl.sum(sums * ks, axis=0)
             else:
