@@ -20,6 +20,7 @@ streaming path reproduces exactly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import final
 
@@ -130,71 +131,75 @@ class MimiTransformer(nn.Module):
         """Stream ``[B, T, dimension]`` for the ring's rows: write ``T`` keys, then attend.
 
         Rows of a slot's ring that it has not written since its reset are masked
-        out by position (and zeroed before use), so a reset never clears the ring.
+        out by position (and zeroed before use, or never read by the ring kernel), so a
+        reset never clears the ring.
         """
         steps = x.shape[1]
-        context = self.config.context
-        offsets = ring.offsets
-        step_ids = torch.arange(steps, device=x.device)
-        positions = offsets[:, None] + step_ids[None, :]  # [B, T]
-        rows = positions % context
-        if ring.kernel:
-            return self._step_in_place(x, ring, positions, rows)
+        positions = ring.offsets[:, None] + torch.arange(steps, device=x.device)[None, :]
+        rows = positions % self.config.context  # [B, T]
+        attend = self._in_place(ring, positions) if ring.kernel else self._gathered(ring, positions)
+        slot_rows = ring.slots[:, None]
+        for index, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, positions)
+            ring.keys[index, slot_rows, :, rows] = k.transpose(1, 2).to(ring.keys.dtype)
+            ring.values[index, slot_rows, :, rows] = v.transpose(1, 2).to(ring.values.dtype)
+            x = self._finish(layer, x, attend(index, q))
+        return x
+
+    def _gathered(
+        self, ring: KVRingView, positions: torch.Tensor
+    ) -> Callable[[int, torch.Tensor], torch.Tensor]:
+        """Layer ``index``'s attention of ``q`` ``[B, H, T, D]``: each row's ring gathered,
+        its unwritten rows zeroed, and SDPA under the chunked window's mask."""
+        steps, context = positions.shape[1], self.config.context
         # Absolute position held by each ring row after this write (reference RingKVCache).
-        last = offsets + steps - 1
-        ring_ids = torch.arange(context, device=x.device)
+        last = ring.offsets + steps - 1
+        ring_ids = torch.arange(context, device=positions.device)
         delta = ring_ids[None, :] - (last % context)[:, None]
         held = torch.where(delta <= 0, last[:, None] + delta, last[:, None] + delta - context)
         valid = held >= 0  # [B, C]
         gap = positions[:, :, None] - held[:, None, :]  # [B, T, C]
         mask = (valid[:, None, :] & (gap >= 0) & (gap < context))[:, None]
         unwritten = ~valid[:, None, :, None]
-        slot_rows = ring.slots[:, None]
-        for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, positions)
-            ring.keys[index, slot_rows, :, rows] = k.transpose(1, 2).to(ring.keys.dtype)
-            ring.values[index, slot_rows, :, rows] = v.transpose(1, 2).to(ring.values.dtype)
+
+        def attend(index: int, q: torch.Tensor) -> torch.Tensor:
             keys = ring.keys[index, ring.slots].to(q.dtype)  # [B, H, C, D]
             values = ring.values[index, ring.slots].to(q.dtype)
             # A Python scalar fill: no host tensor, so no copy for CUDA graph capture to refuse.
             keys = keys.masked_fill(unwritten, 0.0)
             values = values.masked_fill(unwritten, 0.0)
-            out = F.scaled_dot_product_attention(q, keys, values, mask)
-            x = self._finish(layer, x, out)
-        return x
+            return F.scaled_dot_product_attention(q, keys, values, mask)
 
-    def _step_in_place(
-        self, x: torch.Tensor, ring: KVRingView, positions: torch.Tensor, rows: torch.Tensor
-    ) -> torch.Tensor:
-        """`step` with the ring kernel: each query reads its slot's ring in place.
+        return attend
 
-        Query ``t`` at position ``p`` sees what the mask of `step` lets it see: before the
+    def _in_place(
+        self, ring: KVRingView, positions: torch.Tensor
+    ) -> Callable[[int, torch.Tensor], torch.Tensor]:
+        """Layer ``index``'s attention of ``q`` with the ring kernel, each query reading its
+        slot's ring in place.
+
+        Query ``t`` at position ``p`` sees what `_gathered`'s mask lets it see: before the
         ring wraps, rows ``0..p`` (its length); after, every row but the one a later query
         of this call just wrote (``skip``), whose key replaced the oldest of the window the
-        call shares (the reference's chunked window).
+        call shares (the reference's chunked window). One row a query: at most two steps a
+        call (Mimi streams two a frame).
         """
-        steps, context = x.shape[1], self.config.context
-        slot_rows = ring.slots[:, None]
+        steps, context = positions.shape[1], self.config.context
+        if steps > 2:
+            raise ValueError(f"the ring kernel streams at most 2 steps a call, got {steps}")
         lengths = torch.clamp(positions + 1, max=context)  # [B, T]
-        later = torch.arange(steps, device=x.device)[None, :] < steps - 1
+        later = torch.arange(steps, device=positions.device)[None, :] < steps - 1
         skip = torch.where(later, (positions + 1) % context, -1)
-        for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, positions)
-            ring.keys[index, slot_rows, :, rows] = k.transpose(1, 2).to(ring.keys.dtype)
-            ring.values[index, slot_rows, :, rows] = v.transpose(1, 2).to(ring.values.dtype)
+
+        def attend(index: int, q: torch.Tensor) -> torch.Tensor:
+            keys, values = ring.keys[index], ring.values[index]
             outs = [
-                ring_attention(
-                    q[:, :, t],
-                    ring.keys[index],
-                    ring.values[index],
-                    lengths[:, t],
-                    ring.slots,
-                    skip=skip[:, t],
-                )
+                ring_attention(q[:, :, t], keys, values, lengths[:, t], ring.slots, skip=skip[:, t])
                 for t in range(steps)
             ]
-            x = self._finish(layer, x, torch.stack(outs, dim=2).to(x.dtype))
-        return x
+            return torch.stack(outs, dim=2)
+
+        return attend
 
     def _qkv(
         self, layer: _TransformerLayer, x: torch.Tensor, positions: torch.Tensor

@@ -270,6 +270,23 @@ def test_transformer_streaming_equals_the_streaming_window_mask(
     assert not torch.allclose(plain[:, TINY.context :], windowed[:, TINY.context :])
 
 
+def test_the_ring_kernel_streams_two_steps_a_call_and_refuses_three(tiny: MimiModel) -> None:
+    """One row a query is left out: three steps a call would need two (the gathered path
+    takes any count); two, what Mimi streams a frame, run."""
+    transformer = tiny.encoder_transformer.transformer
+    ring = (TINY.transformer_layers, 1, TINY.transformer_heads, TINY.context, TINY.head_dim)
+    keys, values = torch.zeros(ring), torch.zeros(ring)
+    x = torch.randn(1, 3, TINY.dimension, generator=torch.Generator().manual_seed(6))
+    slots, start = torch.tensor([0]), torch.tensor([0])
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="at most 2 steps"):
+            transformer.step(x, KVRingView(keys, values, slots, start, kernel=True))
+        assert transformer.step(x, KVRingView(keys, values, slots, start)).shape == x.shape
+        if triton_available():
+            view = KVRingView(keys, values, slots, start, kernel=True)
+            assert transformer.step(x[:, :2], view).shape == (1, 2, TINY.dimension)
+
+
 # --- slots ---------------------------------------------------------------------------------
 
 
