@@ -370,6 +370,19 @@ def lm_dtype(device: torch.device) -> torch.dtype:
 # --------------------------------------------------------------------------- our engine
 
 
+def as_served(
+    ours: types.SimpleNamespace, lm: Any, mimi: Any, weight_dtype: str, codec_dtype: str
+) -> None:
+    """``--weight-dtype`` and ``--codec-dtype`` applied to built models, as the server's
+    factory applies them after loading."""
+    if weight_dtype == "fp8":
+        lm.temporal_to_fp8()
+        if lm.text_linear.weight.is_cuda:
+            torch.cuda.empty_cache()  # the bf16 copies
+    if codec_dtype == "bf16":
+        ours.cast_mimi(mimi, torch.bfloat16)
+
+
 def build_lm_on_device(
     ours: types.SimpleNamespace, config: Any, device: torch.device, dtype: torch.dtype, seed: int
 ) -> Any:
@@ -1164,12 +1177,7 @@ def main(argv: list[str] | None = None) -> int:
             models["build_s"] = round(time.monotonic() - t0, 2)
             models["lm_params"] = sum(p.numel() for p in models["lm"].parameters())
             models["mimi_params"] = sum(p.numel() for p in models["mimi"].parameters())
-            if args.weight_dtype == "fp8":  # as the server's factory does, after loading
-                models["lm"].temporal_to_fp8()
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-            if args.codec_dtype == "bf16":
-                ours.cast_mimi(models["mimi"], torch.bfloat16)
+            as_served(ours, models["lm"], models["mimi"], args.weight_dtype, args.codec_dtype)
             log(
                 f"  built in {models['build_s']} s: {models['lm_params']:,} + "
                 f"{models['mimi_params']:,} params"

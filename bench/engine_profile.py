@@ -34,6 +34,7 @@ from duplex_engine import (
     PRESET_MIMI,
     WEIGHT_SEED,
     OurEngine,
+    as_served,
     build_lm_on_device,
     free_memory,
     import_ours,
@@ -169,10 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     mimi_config = ours.mimi_preset(PRESET_MIMI[args.preset])
     lm = build_lm_on_device(ours, config, device, lm_dtype(device), WEIGHT_SEED)
     mimi = ours.random_mimi(mimi_config, WEIGHT_SEED).to(device)
-    if args.weight_dtype == "fp8":  # as the server's factory does, after loading
-        lm.temporal_to_fp8()
-    if args.codec_dtype == "bf16":
-        ours.cast_mimi(mimi, torch.bfloat16)
+    as_served(ours, lm, mimi, args.weight_dtype, args.codec_dtype)
     kv_dtype = ours.KV_DTYPES["auto" if args.kv == "bf16" else args.kv]
     data: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
