@@ -381,20 +381,18 @@ async def _one_count(
         "step_p99_ms_window": _bucket_pct_ms(before[STEPS], after[STEPS]),
         # the server process's own event loop (a sleeper's lateness, 10 ms at a time)
         "server_loop_lag_p99_ms": _bucket_pct_ms(before[LAG], after[LAG]),
-        "late_ticks": after.get("duplex_engine_late_ticks_total", 0)
-        - before.get("duplex_engine_late_ticks_total", 0),
-        "underruns": after.get("duplex_engine_underruns_total", 0)
-        - before.get("duplex_engine_underruns_total", 0),
-        # steps that captured a CUDA graph (or were an engine's first), which the step
-        # figures leave out and the ticks' lateness does not
-        "warmup_steps": after.get("duplex_engine_warmup_steps_total", 0)
-        - before.get("duplex_engine_warmup_steps_total", 0),
-        "outputs_dropped": after.get("duplex_engine_outputs_dropped_total", 0)
-        - before.get("duplex_engine_outputs_dropped_total", 0),
+        # warmup_steps: steps that captured a CUDA graph (or were an engine's first), which
+        # the step figures leave out and the ticks' lateness does not
         **{
-            f"slack_{kind}": after.get(f"duplex_engine_slack_{kind}_total", 0)
-            - before.get(f"duplex_engine_slack_{kind}_total", 0)
-            for kind in ("units", "deferred", "overran", "beside")
+            name: after.get(f"duplex_engine_{name}_total", 0)
+            - before.get(f"duplex_engine_{name}_total", 0)
+            for name in (
+                "late_ticks",
+                "underruns",
+                "warmup_steps",
+                "outputs_dropped",
+                *(f"slack_{kind}" for kind in ("units", "deferred", "overran", "beside")),
+            )
         },
     }
     print(json.dumps(row), file=sys.stderr)
