@@ -34,7 +34,7 @@ import math
 import torch
 
 from . import _triton
-from .ring_attention import merge_splits, ring_attention_reference
+from .ring_attention import merge_splits, ring_attention_reference, rows_on_even_bytes
 
 if _triton.available():
     import triton
@@ -128,8 +128,7 @@ def _value_words_fit(packed: torch.Tensor, head_dim: int, group: int) -> bool:
     """Whether the tensor-core form can read the packed values as 16-bit words of four
     values: every row starts on an even byte, a word never spans two groups, and a row's
     words are at least the 16 columns a product needs."""
-    aligned = packed.data_ptr() % 2 == 0 and all(st % 2 == 0 for st in packed.stride()[:-1])
-    return aligned and group % 4 == 0 and head_dim // 4 >= 16
+    return rows_on_even_bytes(packed) and group % 4 == 0 and head_dim // 4 >= 16
 
 
 def _scale_word_bits(*scales: torch.Tensor) -> int:

@@ -80,14 +80,18 @@ def ring_attention_reference(
     return torch.einsum("bhl,bhld->bhd", probs, v).to(q.dtype)
 
 
+def rows_on_even_bytes(rows: torch.Tensor) -> bool:
+    """Whether every row of a byte tensor starts on an even byte (16-bit words can be read)."""
+    return rows.data_ptr() % 2 == 0 and all(st % 2 == 0 for st in rows.stride()[:-1])
+
+
 def _value_words_fit(values: torch.Tensor) -> bool:
     """Whether an fp8 ring's values can be read as 16-bit words of two: every row starts on
     an even byte and holds at least the 16 words a product needs."""
     return (
         values.dtype == torch.float8_e4m3fn
         and values.shape[-1] >= 32
-        and values.data_ptr() % 2 == 0
-        and all(st % 2 == 0 for st in values.stride()[:-1])
+        and rows_on_even_bytes(values)
     )
 
 
