@@ -30,9 +30,10 @@ Also per N: server CPU (user + system seconds of the server process and every
 process under it, over the measure window, per wall second), the GPU's used
 memory (``nvidia-smi``), and from ``/metrics`` the engine's step-time p99, late
 ticks, underruns, warm-up steps (those that captured a CUDA graph) and dropped outputs over
-the window. With ``--engine-bench``
-(one H200), ``bench/duplex_engine.py --phases ours-fp8-staggered`` runs first,
-at the same batch sizes, and each N's served step p99 is given as a ratio to it.
+the window. With ``--engine-bench`` (one GPU), ``bench/duplex_engine.py`` runs
+first, at the same batch sizes and the server's precisions (the staggered phase of its
+``--kv-cache-dtype``, its ``--weight-dtype`` and ``--codec-dtype``), and each N's served
+step p99 is given as a ratio to it.
 
 With ``--sleep-wake``, before the counts the idle engine is put to sleep and woken
 (``POST /v1/omni/sleep``, ``/v1/omni/wakeup``): the report's ``sleep_wake`` has both answers
@@ -400,24 +401,40 @@ async def _one_count(
     return row
 
 
+def _serve_flag(serve_args: list[str], flag: str) -> str | None:
+    """The value a ``duplex serve`` flag is given in ``serve_args`` (``--f V`` or ``--f=V``)."""
+    for index, item in enumerate(serve_args):
+        if item == flag and index + 1 < len(serve_args):
+            return serve_args[index + 1]
+        if item.startswith(flag + "="):
+            return item.split("=", 1)[1]
+    return None
+
+
+def engine_bench_command(counts: list[int], serve_args: list[str], out: Path) -> list[str]:
+    """``bench/duplex_engine.py`` at the served choices: the staggered phase of the
+    server's ``--kv-cache-dtype`` (fp8 when it names none, as before), its
+    ``--weight-dtype`` and ``--codec-dtype``."""
+    kv = _serve_flag(serve_args, "--kv-cache-dtype") or "fp8"
+    phase = "ours" if kv in ("auto", "bf16") else f"ours-{kv}-staggered"
+    command = [
+        sys.executable, str(ROOT / "bench" / "duplex_engine.py"), "--phases", phase,
+        "--batches", ",".join(map(str, counts)), "--out", str(out),
+    ]  # fmt: skip
+    for flag in ("--weight-dtype", "--codec-dtype"):
+        value = _serve_flag(serve_args, flag)
+        if value is not None:
+            command += [flag, value]
+    return command
+
+
 def _engine_bench(args: argparse.Namespace) -> dict[int, float]:
-    """``bench/duplex_engine.py``'s ``ours-fp8-staggered`` step p99 (ms) per batch size."""
+    """The engine alone (`engine_bench_command`): step p99 (ms) per batch size."""
     out = Path(args.engine_out)
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "duplex_engine.py"),
-            "--phases",
-            "ours-fp8-staggered",
-            "--batches",
-            ",".join(map(str, args.counts)),
-            "--out",
-            str(out),
-        ],
-        check=True,
-    )
+    command = engine_bench_command(args.counts, args.serve_args, out)
+    subprocess.run(command, check=True)
     report = json.loads(out.with_suffix(".json").read_text())
-    per_batch = report["phases"]["ours-fp8-staggered"].get("per_batch", {})
+    per_batch = report["phases"][command[command.index("--phases") + 1]].get("per_batch", {})
     return {int(b): float(row["p99_ms"]) for b, row in per_batch.items() if "p99_ms" in row}
 
 

@@ -8,6 +8,7 @@ a shard, and check what every client is told.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -288,6 +289,25 @@ async def test_an_engine_process_stopped_past_the_stall_timeout_is_killed_and_re
         await echo(speaking, tone(3, amplitude=0.4), timeout=30)
         assert sample(await metrics_over_http(server), "duplex_engine_stall_kills_total") == 1
         assert engine_pids() == [new_pid]
+
+
+def test_the_served_bench_times_the_engine_at_the_servers_precisions() -> None:
+    """``--engine-bench`` runs the engine alone as the server is told to run it."""
+    spec = importlib.util.spec_from_file_location("served_bench", ROOT / "bench" / "served.py")
+    assert spec is not None and spec.loader is not None
+    served = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(served)
+    args = ["--model", "moshi-7b", "--kv-cache-dtype", "int4", "--weight-dtype=fp8"]
+    command = served.engine_bench_command([128, 256], [*args, "--codec-dtype", "bf16"], Path("o"))
+    assert command[command.index("--phases") + 1] == "ours-int4-staggered"
+    assert command[command.index("--batches") + 1] == "128,256"
+    assert command[command.index("--weight-dtype") + 1] == "fp8"
+    assert command[command.index("--codec-dtype") + 1] == "bf16"
+    plain = served.engine_bench_command([64], ["--model", "moshi-7b"], Path("o"))
+    assert plain[plain.index("--phases") + 1] == "ours-fp8-staggered"  # as before
+    assert "--weight-dtype" not in plain and "--codec-dtype" not in plain
+    bf16 = served.engine_bench_command([64], ["--kv-cache-dtype", "bf16"], Path("o"))
+    assert bf16[bf16.index("--phases") + 1] == "ours"
 
 
 def test_the_served_bench_runs_the_topology_end_to_end(tmp_path: Path) -> None:
