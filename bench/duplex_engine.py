@@ -416,7 +416,6 @@ class OurEngine:
         max_slots: int,
         kv_dtype: torch.dtype | str | None = None,
         cuda_graphs: bool = False,
-        ring_kernel: bool = False,
     ) -> None:
         self.ours = ours
         self.device = lm.text_linear.weight.device
@@ -429,7 +428,6 @@ class OurEngine:
             max_slots=max_slots,
             num_codebooks=self.config.user_q,
             cuda_graphs=cuda_graphs,
-            ring_kernel=ring_kernel,
         )
 
     def start(self, slot: int, frame: int, sampling: Any) -> None:
@@ -637,10 +635,7 @@ def run_ours(
     if max_slots < 1:
         record["error"] = "no slot fits in memory"
         return
-    engine = OurEngine(
-        ours, lm, mimi, max_slots, kv_dtype=kv_dtype, cuda_graphs=graphs,
-        ring_kernel=args.mimi_ring_kernel,
-    )  # fmt: skip
+    engine = OurEngine(ours, lm, mimi, max_slots, kv_dtype=kv_dtype, cuda_graphs=graphs)
     record["pool_allocated_gib"] = (
         gib(torch.cuda.memory_allocated(device)) if device.type == "cuda" else None
     )
@@ -1031,6 +1026,12 @@ def machine_info(device: torch.device) -> dict[str, Any]:
     return info
 
 
+def _from_root(script: str) -> str:
+    """``script`` relative to the repository root where it lies inside it."""
+    path = Path(script).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else script
+
+
 def source_info() -> dict[str, Any]:
     head = ROOT / ".git" / "HEAD"
     try:
@@ -1095,12 +1096,6 @@ def main(argv: list[str] | None = None) -> int:
         help="ours phases: Mimi's dtype (`duplex serve --codec-dtype`)",
     )
     parser.add_argument(
-        "--mimi-ring-kernel",
-        action="store_true",
-        help="ours phases: Mimi's transformers read their KV rings in place with the ring "
-        "kernel (`MimiStreams(ring_kernel=True)`; not yet a serve option)",
-    )
-    parser.add_argument(
         "--reference-per-process",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -1122,7 +1117,9 @@ def main(argv: list[str] | None = None) -> int:
     deadline = started + args.budget_s
 
     data: dict[str, Any] = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        # the script as run from the repository root (a parent, e.g. bench/served.py, names it
+        # by absolute path): result files carry no machine path
+        "command": " ".join([Path(sys.executable).name, _from_root(sys.argv[0]), *sys.argv[1:]]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine_info(device),
         "source": source_info(),
@@ -1139,7 +1136,7 @@ def main(argv: list[str] | None = None) -> int:
             "lm_dtype": str(lm_dtype(device)),
             "weight_dtype": args.weight_dtype,
             "mimi_dtype": "torch.bfloat16" if args.codec_dtype == "bf16" else "torch.float32",
-            "mimi_ring_kernel": args.mimi_ring_kernel,
+            "mimi_ring_kernel": device.type == "cuda",  # `MimiStreams`' default
             "sampling": {"text": [0.7, 25], "audio": [0.8, 250]},
             "frame_ms": FRAME_MS,
         },

@@ -155,7 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv", default="bf16", choices=("bf16", "fp8", "int4"))
     parser.add_argument("--weight-dtype", default="auto", choices=("auto", "fp8"))
     parser.add_argument("--codec-dtype", default="float32", choices=("float32", "bf16"))
-    parser.add_argument("--mimi-ring-kernel", action="store_true")
     parser.add_argument("--frames", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("out/engine_profile"))
     args = parser.parse_args(argv)
@@ -179,14 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         "kv": args.kv,
         "weight_dtype": args.weight_dtype,
         "codec_dtype": args.codec_dtype,
-        "mimi_ring_kernel": args.mimi_ring_kernel,
+        "mimi_ring_kernel": device.type == "cuda",  # `MimiStreams`' default
         "results": [],
     }
     graphs = device.type == "cuda"
-    engine = OurEngine(
-        ours, lm, mimi, max(batches), kv_dtype=kv_dtype, cuda_graphs=graphs,
-        ring_kernel=args.mimi_ring_kernel,
-    )  # fmt: skip
+    engine = OurEngine(ours, lm, mimi, max(batches), kv_dtype=kv_dtype, cuda_graphs=graphs)
     out = args.out.with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     for mode in modes:

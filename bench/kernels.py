@@ -70,9 +70,10 @@ def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: tor
 
 
 def tiling(name: str) -> dict[str, Any]:
-    """A tiling's kernel arguments from its name, ``split/block/warps[/dot][/v][/sN]``:
-    split rows, block rows, warps, on tensor cores, the values of an int4 or fp8 ring read
-    as 16-bit words, N software-pipeline stages (the int4 kernel only)."""
+    """A tiling's kernel arguments from its name, ``split/block/warps[/dot][/sN]``: split
+    rows, block rows, warps, on tensor cores, N software-pipeline stages (the int4 kernel
+    only). (Result files before the value words became the kernels' only form name a ``/v``
+    flag: those words, timed against bytes.)"""
     split_rows, block_rows, warps, *flags = name.split("/")
     out: dict[str, Any] = {
         "split_rows": int(split_rows),
@@ -80,8 +81,6 @@ def tiling(name: str) -> dict[str, Any]:
         "num_warps": int(warps),
         "dot": "dot" in flags,
     }
-    if "v" in flags:
-        out["value_words"] = True
     for flag in flags:
         if flag.startswith("s"):
             out["num_stages"] = int(flag[1:])
@@ -161,16 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument(
         "--sweep",
-        default="512/64/2/dot,512/64/2/dot/v,512/64/4/dot/v,1024/64/2/dot/v,512/32/2/dot/v",
-        help="split_rows/block_rows/num_warps[/dot][/v] tilings to time (dot: tensor cores, "
-        "v: an fp8 ring's values read as 16-bit words; a bf16 ring reads them as before)",
+        default="512/64/2/dot,512/64/4/dot,1024/64/2/dot,512/32/2/dot",
+        help="split_rows/block_rows/num_warps[/dot] tilings to time (dot: tensor cores)",
     )
     parser.add_argument(
         "--int4-sweep",
-        default="512/64/4/dot,512/64/4/dot/v,512/32/2/dot/v,1024/64/4/dot/v,512/128/4/dot/v",
-        help="split_rows/block_rows/num_warps[/dot][/v][/sN] tilings of the int4 kernel (on "
-        "the bf16 cases' rings; dot: tensor cores, v: values read as 16-bit words, sN: N "
-        "stages)",
+        default="512/64/4/dot,512/32/2/dot,1024/64/4/dot,512/128/4/dot",
+        help="split_rows/block_rows/num_warps[/dot][/sN] tilings of the int4 kernel (on "
+        "the bf16 cases' rings; dot: tensor cores, sN: N stages)",
     )
     parser.add_argument("--out", type=Path, default=Path("out/kernels"))
     args = parser.parse_args(argv)

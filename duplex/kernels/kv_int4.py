@@ -157,7 +157,6 @@ def ring_attention_int4(
     num_warps: int = NUM_WARPS,
     num_stages: int = 3,
     dot: bool | None = None,
-    value_words: bool = False,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as
@@ -176,11 +175,11 @@ def ring_attention_int4(
     interpreter has neither 16-bit ``tl.dot`` nor inline assembly. The tensor-core form loads
     each row's scales as one word where the layout allows (`_scale_word_bits`; else one by
     one): a quarter of its instructions fewer, and 0.77x the time at the same tiling on an
-    H200 (docs/benchmarks.md, "Where the kernel's time goes"). ``value_words`` has it read
-    the values as 16-bit words of four (`_value_words_fit`), one product per position in
-    the word, and take the keys' level offsets off the sums instead of each value: 0.72x
-    its instructions a key row by ``bench/kernel_sass.py``; off by default until timed on
-    a GPU."""
+    H200 (docs/benchmarks.md, "Where the kernel's time goes"). It reads the values as 16-bit
+    words of four where the layout allows (`_value_words_fit`; else byte by byte), one
+    product per position in the word, and takes the keys' level offsets off the sums
+    instead of each value: 0.72x its instructions a key row by ``bench/kernel_sass.py``,
+    0.95x the time on an H100 at B=128 (docs/benchmarks.md, "Values as words")."""
     batch, heads, head_dim = q.shape
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
@@ -238,7 +237,7 @@ def ring_attention_int4(
         ASM=q.is_cuda,
         DOT_DTYPE=tl.float16 if q.is_cuda else tl.float32,
         WORD_BITS=_scale_word_bits(k_scales, v_scales) if dot else 0,
-        V_PAIRS=dot and value_words and _value_words_fit(v_packed, head_dim, group),
+        V_PAIRS=dot and _value_words_fit(v_packed, head_dim, group),
     )
     merge_splits(partial, out)
     return out

@@ -106,7 +106,6 @@ def ring_attention(
     block_rows: int | None = None,
     num_warps: int = NUM_WARPS,
     dot: bool | None = None,
-    value_words: bool = False,
     skip: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`ring_attention_reference` as a Triton kernel (CUDA; interpreted for host tensors).
@@ -118,11 +117,12 @@ def ring_attention(
     on tensor cores (16 copies of the query); None means on CUDA with
     ``head_dim >= 16``, where it is faster (Triton's interpreter mishandles
     16-bit ``tl.dot``, so host runs use the elementwise form unless asked, and a float32
-    product when asked). ``value_words`` has the tensor-core form read an fp8 ring's values
-    as 16-bit words of two (`_value_words_fit`), one product per byte of the word, and keep
-    the products' 16 identical rows to the end instead of reducing them every tile: 0.61x
-    the instructions a key row by ``bench/kernel_sass.py``; off by default until timed on a
-    GPU.
+    product when asked). The tensor-core form reads an fp8 ring's values as 16-bit words of
+    two where the layout allows (`_value_words_fit`; else byte by byte), one product per
+    byte of the word, and keeps the products' 16 identical rows to the end instead of
+    reducing them every tile: 0.61x the instructions a key row by ``bench/kernel_sass.py``;
+    on an H100 at B=128 0.94x the time with staggered fills, the same at full context,
+    where the read is near the card's bandwidth (docs/benchmarks.md, "Values as words").
     ``skip``: ``[B]`` one ring row each query leaves out besides those past its length (-1:
     none), for streams that write several rows a call (Mimi: a key written for a later query
     of the same call is not the earlier query's). It must not be the only row a split of its
@@ -169,7 +169,7 @@ def ring_attention(
         HEAD_DIM=head_dim,
         DOT=dot,
         DOT_DTYPE=getattr(tl, _DOT_DTYPES.get(keys.dtype, "bfloat16") if q.is_cuda else "float32"),
-        V_WORDS=dot and value_words and _value_words_fit(values),
+        V_WORDS=dot and _value_words_fit(values),
         ASM=q.is_cuda,
         SKIP=skip is not None,
         num_warps=num_warps,

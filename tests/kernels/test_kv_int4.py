@@ -84,7 +84,7 @@ FORMS = [
     pytest.param({"dot": False}, id="elementwise"),
     pytest.param({"dot": True}, id="tensor-cores"),
     pytest.param({"dot": True, "unaligned_scales": True}, id="tensor-cores-scale-by-scale"),
-    pytest.param({"dot": True, "value_words": True}, id="tensor-cores-value-words"),
+    pytest.param({"dot": True, "unaligned_values": True}, id="tensor-cores-value-bytes"),
 ]
 
 
@@ -101,8 +101,21 @@ def _placed(scales: torch.Tensor, form: dict) -> torch.Tensor:
     return moved
 
 
+def _placed_values(packed: torch.Tensor, form: dict) -> torch.Tensor:
+    """The packed values on the device; for the ``unaligned_values`` form a copy whose rows
+    are a byte wider apart than they are long (odd), which no 16-bit word fits (the kernel
+    reads them byte by byte)."""
+    if not form.get("unaligned_values"):
+        return packed.to(DEVICE)
+    padded = torch.empty(*packed.shape[:-1], packed.shape[-1] + 1, dtype=packed.dtype)
+    moved = padded.to(DEVICE)[..., :-1]
+    moved.copy_(packed)
+    assert not _value_words_fit(moved, 2 * packed.shape[-1], 32)
+    return moved
+
+
 def _kernel_args(form: dict) -> dict:
-    return {k: v for k, v in form.items() if k != "unaligned_scales"}
+    return {k: v for k, v in form.items() if k not in ("unaligned_scales", "unaligned_values")}
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
@@ -119,8 +132,7 @@ def test_kernel_equals_reference_on_filled_rows_of_a_strided_pool(form: dict) ->
         vs[:, slot, :, length:] = float("inf")
     q = torch.randn(6, 2, 64, generator=generator)
     keys = (kp[1].to(DEVICE), _placed(ks[1], form))  # strided views of one layer
-    values = (vp[1].to(DEVICE), _placed(vs[1], form))
-    assert _value_words_fit(values[0], 64, 32)  # the value-words form reads them as words
+    values = (_placed_values(vp[1], form), _placed(vs[1], form))
     got = ring_attention_int4(q.to(DEVICE), keys, values, lengths.to(DEVICE), **_kernel_args(form))
     want = ring_attention_int4_reference(q.to(DEVICE), keys, values, lengths.to(DEVICE))
     assert bool(torch.isfinite(got).all())
@@ -136,7 +148,7 @@ def test_kernel_reads_the_slot_each_row_names(form: dict) -> None:
     lengths = torch.tensor([96, 3, 50, 17])
     q = torch.randn(4, 2, 32, generator=generator)
     keys = (kp[0].to(DEVICE), _placed(ks[0], form))
-    values = (vp[0].to(DEVICE), _placed(vs[0], form))
+    values = (_placed_values(vp[0], form), _placed(vs[0], form))
     q, lengths, slots = q.to(DEVICE), lengths.to(DEVICE), slots.to(DEVICE)
     got = ring_attention_int4(q, keys, values, lengths, slots, block_rows=32, **_kernel_args(form))
     want = ring_attention_int4_reference(q, keys, values, lengths, slots)
@@ -165,7 +177,8 @@ def test_int4_attention_stays_near_the_float_rings() -> None:
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 def test_a_7b_head_row_reads_its_four_scales_as_one_word() -> None:
     """A 128-value head row has four scales: one 64-bit word (the 32- and 16-bit words are
-    the other tests' 64- and 32-value heads); its values read as bytes and as words."""
+    the other tests' 64- and 32-value heads); its values read as words, and as bytes where
+    its rows start on odd bytes."""
     (kp, ks), (vp, vs), _, _ = _int4_pool(torch.Generator().manual_seed(17), 3, 1, 100, 128)
     assert _scale_word_bits(ks[1], vs[1]) == 64
     keys = (kp[1].to(DEVICE), ks[1].to(DEVICE))
@@ -173,10 +186,10 @@ def test_a_7b_head_row_reads_its_four_scales_as_one_word() -> None:
     q = torch.randn(3, 1, 128, generator=torch.Generator().manual_seed(18)).to(DEVICE)
     lengths = torch.tensor([100, 31, 64], device=DEVICE)
     want = ring_attention_int4_reference(q, keys, values, lengths)
-    for value_words in (False, True):
-        got = ring_attention_int4(
-            q, keys, values, lengths, dot=True, block_rows=32, value_words=value_words
-        )
+    assert _value_words_fit(values[0], 128, 32)
+    for form in ({}, {"unaligned_values": True}):
+        placed = (_placed_values(vp[1], form), values[1])
+        got = ring_attention_int4(q, keys, placed, lengths, dot=True, block_rows=32)
         _assert_near(got, want, True)
 
 

@@ -78,6 +78,7 @@ from .._interface import (
     FrameOutput,
     ModelSpec,
     SamplingRequest,
+    SlotInput,
     SlotPrompt,
     StepOutput,
     StepPlan,
@@ -227,6 +228,33 @@ class MoshiEngineRunner:
         with torch.cuda.stream(self._stream):
             self._lm.prepare_graphs()
             self._mimi.prepare([self._config.agent_q])
+
+    def warm_up(self) -> None:
+        """Step slot 0 on silence until it has decoded twice, then leave it as it was.
+
+        The server calls it after `prepare_graphs`, before ``/health`` says ``ok``: what
+        runs outside the captured graphs (the host copies, the output's level and text,
+        the decode's row index) loads its kernels on first use, so the first served step
+        took long enough that a fresh server's first sessions missed ticks (the first of
+        three rounds of 128, on an H100: 73 missed, none after; docs/benchmarks.md). The
+        steps it takes are flagged warm-up; the next one is not.
+        """
+        slot, frame = 0, self._spec.frame_samples
+        ticks = self._config.max_delay + 2  # decoding starts after max_delay frames
+        for tick in range(ticks):
+            first = tick == 0
+            silence = SlotInput(slot, np.zeros(frame, np.float32), position=tick * frame)
+            plan = StepPlan(
+                tick=tick,
+                frame_samples=frame,
+                new_slots=(slot,) if first else (),
+                continuing_slots=() if first else (slot,),
+                released_slots=(),
+                inputs=(silence,),
+            )
+            self.execute(plan)
+        self._generation[slot] = -1  # as never used: its first session is generation 0
+        self.reset_slot(slot)
 
     @property
     def top_k_limits(self) -> tuple[int, int]:

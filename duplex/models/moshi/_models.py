@@ -258,6 +258,7 @@ def _factory(load: Callable[[torch.dtype], LoadedMoshi], options: ModelOptions) 
         )
         if cuda:  # before the engine is handed over, so /health says starting meanwhile
             runner.prepare_graphs()
+            runner.warm_up()
         return runner
 
     return build

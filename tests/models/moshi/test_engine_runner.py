@@ -104,6 +104,32 @@ def assert_same(got: Trace, want: Trace, name: str) -> None:
     )
 
 
+def test_a_warmed_up_runner_serves_its_first_session_as_a_fresh_one(loaded: LoadedMoshi) -> None:
+    """`warm_up` (the server's, before ``/health`` says ok) steps slot 0 and leaves nothing:
+    the first session on slot 0 is the one a fresh runner gives, and its first step is
+    not a warm-up step (the fresh runner's is)."""
+    warmed = MoshiEngineRunner(loaded, moshi_spec("tiny"), seed=SEED)
+    warmed.warm_up()
+    assert warmed.generation(0) == -1
+    frames = signal("w", 6)
+    traces, warmups = [], []
+    for runner in (warmed, MoshiEngineRunner(loaded, moshi_spec("tiny"), seed=SEED)):
+        eng = Engine(runner, timer=FakeTimer())
+        handle = eng.acquire_slot("w")
+        assert handle is not None and handle.slot == 0
+        trace: Trace = []
+        for frame in frames:
+            eng.push_input(handle, frame)
+            out = eng.step(0.0)[handle]
+            trace.append((out.frame.pcm, out.frame.text))
+        traces.append(trace)
+        warmups.append(eng.statistics().warmup_steps)
+        assert runner.generation(0) == 0
+    assert_same(traces[0], traces[1], "warmed up")
+    assert "".join(t for _, t in traces[0])  # it said something: the traces are not empty
+    assert warmups == [0, 1]
+
+
 def test_sessions_joining_and_leaving_match_their_solo_runs(loaded: LoadedMoshi) -> None:
     # name: (first tick, frames); D takes A's slot after A leaves (its second generation)
     sessions = {"A": (0, 6), "B": (1, 12), "C": (3, 5), "D": (8, 6)}
