@@ -101,6 +101,7 @@ os.environ.setdefault("NO_TORCH_COMPILE", "1")  # before moshi is imported: its 
 
 import numpy as np
 import torch
+from _source import source_info
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAME_MS = 80.0
@@ -1030,17 +1031,6 @@ def _from_root(script: str) -> str:
     """``script`` relative to the repository root where it lies inside it."""
     path = Path(script).resolve()
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else script
-
-
-def source_info() -> dict[str, Any]:
-    head = ROOT / ".git" / "HEAD"
-    try:
-        ref = head.read_text().strip()
-        if ref.startswith("ref: "):
-            ref = (ROOT / ".git" / ref[5:]).read_text().strip()
-        return {"commit": ref}
-    except OSError:
-        return {"commit": None}
 
 
 def guarded(name: str, data: dict, results: Results, body: Callable[[dict], None]) -> None:

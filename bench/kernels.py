@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _source import source_info
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -183,7 +184,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     out = args.out.with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    document = {"command": " ".join(["python3", *sys.argv]), "device": torch.cuda.get_device_name()}
+    document = {
+        "command": " ".join(["python3", *sys.argv]),
+        "device": torch.cuda.get_device_name(),
+        "source": source_info(),
+    }
     out.write_text(json.dumps({**document, "rows": rows}, indent=2) + "\n")
     return 0
 

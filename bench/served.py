@@ -74,6 +74,7 @@ from typing import Any
 import httpx
 import numpy as np
 import trio
+from _source import source_info
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect
 
@@ -517,7 +518,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     """Every N in turn; on SIGTERM (``timeout``) the rows so far are the report. The server
     runs in its own session (so a Ctrl-C reaches it once, from here): it is stopped on the
     way out whatever ends the run, or an orphan would keep the GPU and this stdout."""
-    report: dict[str, Any] = {"serve_args": args.serve_args, "rows": []}
+    report: dict[str, Any] = {"serve_args": args.serve_args, "source": source_info(), "rows": []}
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 

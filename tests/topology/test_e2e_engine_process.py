@@ -291,8 +291,11 @@ async def test_an_engine_process_stopped_past_the_stall_timeout_is_killed_and_re
         assert engine_pids() == [new_pid]
 
 
-def test_the_served_bench_times_the_engine_at_the_servers_precisions() -> None:
+def test_the_served_bench_times_the_engine_at_the_servers_precisions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """``--engine-bench`` runs the engine alone as the server is told to run it."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # as when run: its siblings import
     spec = importlib.util.spec_from_file_location("served_bench", ROOT / "bench" / "served.py")
     assert spec is not None and spec.loader is not None
     served = importlib.util.module_from_spec(spec)
