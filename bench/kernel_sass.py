@@ -19,7 +19,9 @@ import collections
 import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile, never interpret
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,33 +73,75 @@ def _compile(kernel: Any, pointers: dict[str, str], constants: dict[str, Any], w
     return triton.compile(source, target=TARGET, options={"num_warps": warps, "num_stages": stages})
 
 
-def main_loop(sass: str) -> list[str]:
-    """The opcodes of the longest loop: a label and the last backward branch to it."""
-    lines = [line.split("\t", 1)[-1].strip() for line in sass.splitlines()]
-    labels = {line[:-1]: i for i, line in enumerate(lines) if re.fullmatch(r"\.?L\w+:", line)}
+def _loop_span(lines: list[str]) -> tuple[int, int]:
+    """The longest loop's first and last line: a label and the last backward branch to it."""
+    text = [line.split("\t", 1)[-1].strip() for line in lines]
+    labels = {line[:-1]: i for i, line in enumerate(text) if re.fullmatch(r"\.?L\w+:", line)}
     best: tuple[int, int] = (0, 0)
-    for i, line in enumerate(lines):
+    for i, line in enumerate(text):
         match = re.search(r"\bBRA\s+(\.?L\w+)", line)
         if match and match.group(1) in labels and labels[match.group(1)] < i:
             start = labels[match.group(1)]
             if i - start > best[1] - best[0]:
                 best = (start, i)
-    body = lines[best[0] + 1 : best[1] + 1]
+    return best[0] + 1, best[1] + 1
+
+
+def main_loop(sass: str) -> list[str]:
+    """The opcodes of the longest loop."""
+    lines = sass.splitlines()
+    start, end = _loop_span(lines)
     ops = []
-    for line in body:
-        line = re.sub(r"^@!?U?P\w+\s+", "", line)
+    for line in lines[start:end]:
+        line = re.sub(r"^@!?U?P\w+\s+", "", line.split("\t", 1)[-1].strip())
         if line and not line.endswith(":"):
             ops.append(line.split()[0].rstrip(";"))
     return ops
 
 
+def stall_cycles(sass: str) -> tuple[int, int]:
+    """The stall counts ptxas wrote into the control codes (``wait:read:write:yield:stall``,
+    hex) of the longest loop's instructions, and of the whole kernel's: the cycles an
+    instruction holds its warp before the next issues, fixed latencies only (a wait on a
+    load or a shared-memory read is not in them)."""
+    lines = sass.splitlines()
+    start, end = _loop_span(lines)
+
+    def stalls(chunk: list[str]) -> int:
+        codes = [line.split("\t", 1)[0].strip() for line in chunk if "\t" in line]
+        return sum(int(code.rsplit(":", 1)[-1], 16) for code in codes if code.count(":") == 4)
+
+    return stalls(lines[start:end]), stalls(lines)
+
+
+def registers(ptx: str) -> tuple[int, int]:
+    """Registers a thread and spilled bytes (stores + loads), by ``ptxas -v`` on the PTX."""
+    ptxas = get_ptxas(TARGET.arch).path
+    with tempfile.TemporaryDirectory() as folder:
+        source = Path(folder) / "kernel.ptx"
+        source.write_text(ptx)
+        report = subprocess.run(
+            [ptxas, "-v", f"--gpu-name=sm_{TARGET.arch}a", str(source), "-o", str(source) + ".o"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    text = report.stdout + report.stderr
+    used = re.search(r"Used (\d+) registers", text)
+    spilled = sum(int(n) for n in re.findall(r"(\d+) bytes spill", text))
+    return (int(used.group(1)) if used else -1), spilled
+
+
 def count(name: str, kernel: Any, pointers: dict[str, str], constants: dict[str, Any],
           warps: int, stages: int) -> dict[str, Any]:  # fmt: skip
     compiled = _compile(kernel, pointers, constants, warps, stages)
-    ops = main_loop(compiled.asm["sass"])
+    sass = compiled.asm["sass"]
+    ops = main_loop(sass)
     threads = 32 * warps
     rows = constants["BLOCK_ROWS"]
     classes = collections.Counter(op.split(".")[0] for op in ops)
+    loop_stalls, kernel_stalls = stall_cycles(sass)
+    regs, spilled = registers(compiled.asm["ptx"])
     row = {
         "kernel": name,
         "warps": warps,
@@ -104,6 +149,11 @@ def count(name: str, kernel: Any, pointers: dict[str, str], constants: dict[str,
         "block_rows": rows,
         "loop_instructions": len(ops),
         "per_key_row": round(len(ops) * threads / rows, 1),
+        "loop_stall_cycles": loop_stalls,
+        "stall_cycles_per_key_row": round(loop_stalls * warps / rows, 1),
+        "kernel_stall_cycles": kernel_stalls,
+        "registers": regs,
+        "spilled_bytes": spilled,
         "shared_bytes": compiled.metadata.shared,
         "classes": dict(classes.most_common()),
     }
@@ -147,6 +197,11 @@ def forms() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
         out.append(("int4 tensor cores", kernel, int4_pointers, words, warps, 3))
         pairs = {**words, "V_PAIRS": True}
         out.append(("int4 tensor cores, value words", kernel, int4_pointers, pairs, warps, 3))
+    pairs = {**int4, "DOT": True, "BLOCK_ROWS": kv_int4.BLOCK_ROWS, "WORD_BITS": 64}
+    pairs["V_PAIRS"] = True
+    for stages in (4, 5):  # more tiles loading ahead: registers and shared memory they take
+        label = f"int4 tensor cores, value words, {stages} stages"
+        out.append((label, kernel, int4_pointers, pairs, kv_int4.NUM_WARPS, stages))
     return out
 
 
@@ -155,12 +210,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("out/kernel-sass"))
     args = parser.parse_args(argv)
     rows = [count(*form) for form in forms()]
-    print("| kernel | rows a tile / warps | loop instructions | a key row | shared bytes |")
-    print("| --- | --- | ---: | ---: | ---: |")
+    print(
+        "| kernel | rows a tile / warps | loop instructions | a key row | stall cycles a key "
+        "row | registers | shared bytes |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(
             f"| {r['kernel']} | {r['block_rows']} / {r['warps']} | {r['loop_instructions']} "
-            f"| {r['per_key_row']} | {r['shared_bytes']} |"
+            f"| {r['per_key_row']} | {r['stall_cycles_per_key_row']} | {r['registers']} "
+            f"| {r['shared_bytes']} |"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     document = {
