@@ -1126,7 +1126,8 @@ def main(argv: list[str] | None = None) -> int:
             "lm_dtype": str(lm_dtype(device)),
             "weight_dtype": args.weight_dtype,
             "mimi_dtype": "torch.bfloat16" if args.codec_dtype == "bf16" else "torch.float32",
-            "mimi_ring_kernel": device.type == "cuda",  # `MimiStreams`' default
+            # `MimiStreams`' default: the ring kernel on CUDA for 16-bit rings
+            "mimi_ring_kernel": device.type == "cuda" and args.codec_dtype == "bf16",
             "sampling": {"text": [0.7, 25], "audio": [0.8, 250]},
             "frame_ms": FRAME_MS,
         },

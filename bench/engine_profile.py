@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         "kv": args.kv,
         "weight_dtype": args.weight_dtype,
         "codec_dtype": args.codec_dtype,
-        "mimi_ring_kernel": device.type == "cuda",  # `MimiStreams`' default
+        # `MimiStreams`' default: the ring kernel on CUDA for 16-bit rings
+        "mimi_ring_kernel": device.type == "cuda" and args.codec_dtype == "bf16",
         "results": [],
     }
     graphs = device.type == "cuda"

@@ -155,10 +155,12 @@ class MimiStreams:
         ring_kernel: bool | None = None,
     ) -> None:
         """``ring_kernel``: the transformers attend with the ring kernel, reading the rings
-        in place (`KVRingView.kernel`); None means on CUDA with Triton, where it took Mimi's
-        encode + decode at B=128 from 9.7 to 6.6 ms on an H100 (docs/benchmarks.md, "Mimi
-        reads its rings in place"). Off CUDA the rings are gathered for SDPA (Triton's
-        interpreter would be far slower)."""
+        in place (`KVRingView.kernel`); None means on CUDA with Triton for 16-bit rings,
+        where it took Mimi's encode + decode at B=128 in bf16 from 9.7 to 6.6 ms on an H100
+        (docs/benchmarks.md, "Values as words, and Mimi's rings read in place"). float32
+        rings stay gathered until timed (the kernel's float32 products run without tensor
+        cores), and off CUDA the rings are gathered for SDPA (Triton's interpreter would be
+        far slower)."""
         if max_slots < 1:
             raise ValueError("max_slots must be at least 1")
         weight = next(model.parameters())
@@ -172,7 +174,8 @@ class MimiStreams:
         self._device = weight.device
         self._dtype = weight.dtype
         if ring_kernel is None:
-            ring_kernel = on_cuda and triton_available()
+            ring_bytes = (kv_dtype or weight.dtype).itemsize
+            ring_kernel = on_cuda and triton_available() and ring_bytes == 2
         args = (
             model,
             max_slots,
