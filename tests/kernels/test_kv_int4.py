@@ -88,15 +88,21 @@ FORMS = [
 ]
 
 
+def _rows_one_wider(rows: torch.Tensor) -> torch.Tensor:
+    """A device copy of ``rows`` whose rows lie one element wider apart than they are long."""
+    padded = torch.empty(*rows.shape[:-1], rows.shape[-1] + 1, dtype=rows.dtype)
+    moved = padded.to(DEVICE)[..., :-1]
+    moved.copy_(rows)
+    return moved
+
+
 def _placed(scales: torch.Tensor, form: dict) -> torch.Tensor:
     """The scales on the device; for the ``unaligned_scales`` form a copy whose rows are a
     scale wider apart than they are long, which no row's scales as a word fit (the kernel
     loads them one by one)."""
     if not form.get("unaligned_scales"):
         return scales.to(DEVICE)
-    padded = torch.empty(*scales.shape[:-1], scales.shape[-1] + 1, dtype=scales.dtype)
-    moved = padded.to(DEVICE)[..., :-1]
-    moved.copy_(scales)
+    moved = _rows_one_wider(scales)
     assert _scale_word_bits(moved) == 0
     return moved
 
@@ -107,9 +113,7 @@ def _placed_values(packed: torch.Tensor, form: dict) -> torch.Tensor:
     reads them byte by byte)."""
     if not form.get("unaligned_values"):
         return packed.to(DEVICE)
-    padded = torch.empty(*packed.shape[:-1], packed.shape[-1] + 1, dtype=packed.dtype)
-    moved = padded.to(DEVICE)[..., :-1]
-    moved.copy_(packed)
+    moved = _rows_one_wider(packed)
     assert not _value_words_fit(moved, 2 * packed.shape[-1], 32)
     return moved
 
