@@ -637,6 +637,7 @@ def run_ours(
         record["error"] = "no slot fits in memory"
         return
     engine = OurEngine(ours, lm, mimi, max_slots, kv_dtype=kv_dtype, cuda_graphs=graphs)
+    record["mimi_ring_kernel"] = engine.streams.ring_kernel
     record["pool_allocated_gib"] = (
         gib(torch.cuda.memory_allocated(device)) if device.type == "cuda" else None
     )
@@ -1126,8 +1127,6 @@ def main(argv: list[str] | None = None) -> int:
             "lm_dtype": str(lm_dtype(device)),
             "weight_dtype": args.weight_dtype,
             "mimi_dtype": "torch.bfloat16" if args.codec_dtype == "bf16" else "torch.float32",
-            # `MimiStreams`' default: the ring kernel on CUDA for 16-bit rings
-            "mimi_ring_kernel": device.type == "cuda" and args.codec_dtype == "bf16",
             "sampling": {"text": [0.7, 25], "audio": [0.8, 250]},
             "frame_ms": FRAME_MS,
         },

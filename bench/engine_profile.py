@@ -178,12 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         "kv": args.kv,
         "weight_dtype": args.weight_dtype,
         "codec_dtype": args.codec_dtype,
-        # `MimiStreams`' default: the ring kernel on CUDA for 16-bit rings
-        "mimi_ring_kernel": device.type == "cuda" and args.codec_dtype == "bf16",
         "results": [],
     }
     graphs = device.type == "cuda"
     engine = OurEngine(ours, lm, mimi, max(batches), kv_dtype=kv_dtype, cuda_graphs=graphs)
+    data["mimi_ring_kernel"] = engine.streams.ring_kernel
     out = args.out.with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     for mode in modes:

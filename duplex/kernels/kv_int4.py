@@ -179,7 +179,8 @@ def ring_attention_int4(
     words of four where the layout allows (`_value_words_fit`; else byte by byte), one
     product per position in the word, and takes the keys' level offsets off the sums
     instead of each value: 0.72x its instructions a key row by ``bench/kernel_sass.py``,
-    0.95x the time on an H100 at B=128 (docs/benchmarks.md, "Values as words")."""
+    0.95x the time on an H100 at B=128 (docs/benchmarks.md, "Values as words, and Mimi's
+    rings read in place")."""
     batch, heads, head_dim = q.shape
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]

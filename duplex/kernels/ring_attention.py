@@ -122,7 +122,8 @@ def ring_attention(
     byte of the word, and keeps the products' 16 identical rows to the end instead of
     reducing them every tile: 0.61x the instructions a key row by ``bench/kernel_sass.py``;
     on an H100 at B=128 0.94x the time with staggered fills, the same at full context,
-    where the read is near the card's bandwidth (docs/benchmarks.md, "Values as words").
+    where the read is near the card's bandwidth (docs/benchmarks.md, "Values as words, and
+    Mimi's rings read in place").
     ``skip``: ``[B]`` one ring row each query leaves out besides those past its length (-1:
     none), for streams that write several rows a call (Mimi: a key written for a later query
     of the same call is not the earlier query's). It must not be the only row a split of its

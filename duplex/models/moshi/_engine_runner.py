@@ -236,8 +236,8 @@ class MoshiEngineRunner:
         runs outside the captured graphs (the host copies, the output's level and text,
         the decode's row index) loads its kernels on first use, so the first served step
         took long enough that a fresh server's first sessions missed ticks (the first of
-        three rounds of 128, on an H100: 73 missed, none after; docs/benchmarks.md). The
-        steps it takes are flagged warm-up; the next one is not.
+        three rounds of 128, on an H100: 73 missed, none after; docs/benchmarks.md). Its
+        first step is the runner's one flagged warm-up; a session's first step is not.
         """
         slot, frame = 0, self._spec.frame_samples
         ticks = self._config.max_delay + 2  # decoding starts after max_delay frames

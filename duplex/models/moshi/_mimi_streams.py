@@ -212,6 +212,11 @@ class MimiStreams:
         return self._config.frame_size
 
     @property
+    def ring_kernel(self) -> bool:
+        """Whether the transformers read their rings in place with the ring kernel."""
+        return self._encode.ring_kernel
+
+    @property
     def use_graphs(self) -> bool:
         """Whether frames replay captured CUDA graphs."""
         return self._use_graphs

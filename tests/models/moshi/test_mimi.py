@@ -287,6 +287,14 @@ def test_the_ring_kernel_streams_two_steps_a_call_and_refuses_three(tiny: MimiMo
             assert transformer.step(x[:, :2], view).shape == (1, 2, TINY.dimension)
 
 
+def test_the_rings_are_gathered_off_cuda_unless_the_kernel_is_asked_for(tiny: MimiModel) -> None:
+    """The ring kernel is the default on CUDA for 16-bit rings only; here, on the host,
+    the rings are gathered unless a caller asks for the kernel."""
+    assert not MimiStreams(tiny, max_slots=1).ring_kernel
+    assert not MimiStreams(tiny, max_slots=1, kv_dtype=torch.bfloat16).ring_kernel
+    assert MimiStreams(tiny, max_slots=1, ring_kernel=True).ring_kernel
+
+
 # --- slots ---------------------------------------------------------------------------------
 
 
