@@ -412,12 +412,18 @@ def _serve_flag(serve_args: list[str], flag: str) -> str | None:
     return None
 
 
-def engine_bench_command(counts: list[int], serve_args: list[str], out: Path) -> list[str]:
-    """``bench/duplex_engine.py`` at the served choices: the staggered phase of the
-    server's ``--kv-cache-dtype`` (fp8 when it names none, as before), its
+def engine_bench_command(
+    counts: list[int], serve_args: list[str], out: Path, context: str = "staggered"
+) -> list[str]:
+    """``bench/duplex_engine.py`` at the served choices: the phase of the server's
+    ``--kv-cache-dtype`` (fp8 when it names none, as before) at ``context`` (staggered
+    fills, or every ring full: what sessions served past the ring's length read), its
     ``--weight-dtype`` and ``--codec-dtype``."""
     kv = _serve_flag(serve_args, "--kv-cache-dtype") or "fp8"
-    phase = "ours" if kv in ("auto", "bf16") else f"ours-{kv}-staggered"
+    if kv in ("auto", "bf16"):
+        phase = "ours" if context == "staggered" else "ours-full"
+    else:
+        phase = f"ours-{kv}-staggered" if context == "staggered" else f"ours-{kv}"
     command = [
         sys.executable, str(ROOT / "bench" / "duplex_engine.py"), "--phases", phase,
         "--batches", ",".join(map(str, counts)), "--out", str(out),
@@ -432,7 +438,7 @@ def engine_bench_command(counts: list[int], serve_args: list[str], out: Path) ->
 def _engine_bench(args: argparse.Namespace) -> dict[int, float]:
     """The engine alone (`engine_bench_command`): step p99 (ms) per batch size."""
     out = Path(args.engine_out)
-    command = engine_bench_command(args.counts, args.serve_args, out)
+    command = engine_bench_command(args.counts, args.serve_args, out, args.engine_context)
     subprocess.run(command, check=True)
     report = json.loads(out.with_suffix(".json").read_text())
     per_batch = report["phases"][command[command.index("--phases") + 1]].get("per_batch", {})
@@ -518,7 +524,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     """Every N in turn; on SIGTERM (``timeout``) the rows so far are the report. The server
     runs in its own session (so a Ctrl-C reaches it once, from here): it is stopped on the
     way out whatever ends the run, or an orphan would keep the GPU and this stdout."""
-    report: dict[str, Any] = {"serve_args": args.serve_args, "source": source_info(), "rows": []}
+    report: dict[str, Any] = {
+        "serve_args": args.serve_args,
+        "warmup_s": args.warmup,
+        "seconds": args.seconds,
+        "engine_context": args.engine_context if args.engine_bench else None,
+        "source": source_info(),
+        "rows": [],
+    }
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 
@@ -601,6 +614,13 @@ def main() -> int:
     parser.add_argument("--start-timeout-s", type=float, default=900.0)
     parser.add_argument("--engine-bench", action="store_true")
     parser.add_argument("--engine-out", default="out/served_engine")
+    parser.add_argument(
+        "--engine-context",
+        choices=("staggered", "full"),
+        default="staggered",
+        help="--engine-bench's sessions: at staggered fills, or every ring full (for a run "
+        "whose --warmup outlasts the model's context: Moshi's 3000 frames are 240 s)",
+    )
     parser.add_argument("--out", help="also write the JSON report here")
     parser.add_argument("--beside-images", type=int, default=0, metavar="K")
     parser.add_argument("--image-size", default="512x512")

@@ -311,6 +311,11 @@ def test_the_served_bench_times_the_engine_at_the_servers_precisions(
     assert "--weight-dtype" not in plain and "--codec-dtype" not in plain
     bf16 = served.engine_bench_command([64], ["--kv-cache-dtype", "bf16"], Path("o"))
     assert bf16[bf16.index("--phases") + 1] == "ours"
+    # a run served past the ring's length compares with every ring full
+    full = served.engine_bench_command([256], args, Path("o"), "full")
+    assert full[full.index("--phases") + 1] == "ours-int4"
+    bf16_full = served.engine_bench_command([64], ["--kv-cache-dtype", "bf16"], Path("o"), "full")
+    assert bf16_full[bf16_full.index("--phases") + 1] == "ours-full"
 
 
 def test_the_served_bench_runs_the_topology_end_to_end(tmp_path: Path) -> None:
