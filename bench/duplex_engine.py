@@ -87,6 +87,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -261,6 +262,41 @@ def gib(value: float) -> float:
 
 def is_oom(error: BaseException) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+EMBEDDING_TABLE = re.compile(
+    r"(^|\.)(text_emb|emb|depformer_emb|depformer_text_emb)(\.\d+)?\.weight$"
+)
+"""The LM's embedding tables: a step reads one row of each a token, not the table."""
+
+
+def lm_step_bytes(lm: Any, fills: Sequence[int], kv_bytes: float) -> int:
+    """Bytes one LM step reads at the least: every weight (fp8 ones and their scales as
+    stored) but the embedding tables, and each row's filled temporal KV (keys and values,
+    every layer, at ``kv_bytes`` a value). The depth transformer's few KV rows are left out."""
+    tensors = [*lm.named_parameters(), *lm.named_buffers()]
+    weights = sum(
+        t.numel() * t.element_size() for name, t in tensors if not EMBEDDING_TABLE.search(name)
+    )
+    config = lm.config
+    kv = 2 * config.num_layers * config.dim * kv_bytes * sum(fills)
+    return int(weights + kv)
+
+
+def bytes_floor(
+    lm: Any, fills: Sequence[int], kv_bytes: float, entry: dict, read_gbps: float | None
+) -> dict[str, Any]:
+    """The LM step's bytes (`lm_step_bytes`), and with ``read_gbps`` its floor (those bytes at
+    the card's measured read bandwidth) and the measured LM step over it."""
+    nbytes = lm_step_bytes(lm, fills, kv_bytes)
+    out: dict[str, Any] = {"lm_step_gb": round(nbytes / 1e9, 2)}
+    if read_gbps:
+        floor = nbytes / read_gbps / 1e6
+        out["lm_floor_ms"] = round(floor, 2)
+        lm_step = entry.get("split_median_ms", {}).get("lm_step")
+        if lm_step:
+            out["lm_over_floor"] = round(lm_step / floor, 2)
+    return out
 
 
 def log_batch(entry: dict[str, Any]) -> None:
@@ -609,8 +645,10 @@ def run_ours(
     results: Results,
     record: dict,
     deadline: float,
+    hbm_read_gbps: float | None = None,
 ) -> None:
-    """Time our engine for each B, as `OUR_PHASES` says for ``phase``."""
+    """Time our engine for each B, as `OUR_PHASES` says for ``phase``; with the card's
+    measured read bandwidth, each B's LM step against its bytes floor."""
     config = lm.config
     mode, kv_name, _ = OUR_PHASES[phase]
     kv_dtype = ours.KV_DTYPES[kv_name]
@@ -688,6 +726,7 @@ def run_ours(
                 fills = [min(s + 1, context) for s in starts]
                 entry["kv_rows_read_max"] = max(fills)
                 entry["kv_rows_mean_fill"] = round(float(np.mean(fills)), 1)
+                entry.update(bytes_floor(lm, fills, kv_bytes, entry, hbm_read_gbps))
                 assert last_out is not None and text is not None and audio is not None
                 entry["pcm_finite"] = bool(torch.isfinite(last_out).all())
                 entry["codes_in_range"] = bool(
@@ -1025,6 +1064,10 @@ def machine_info(device: torch.device) -> dict[str, Any]:
                 "capability": f"{props.major}.{props.minor}",
             }
         )
+        from kernels import hbm_bandwidth  # a sibling: the same measurement as its run's
+
+        info["hbm"] = hbm_bandwidth(reps=10)
+        free_memory(device)
     return info
 
 
@@ -1181,7 +1224,8 @@ def main(argv: list[str] | None = None) -> int:
     def measure(phase: str) -> None:
         def body(record: dict) -> None:
             lm, mimi = ensure_models(record)
-            run_ours(args, ours, device, lm, mimi, phase, results, record, deadline)
+            read = data["machine"].get("hbm", {}).get("read_gbps")
+            run_ours(args, ours, device, lm, mimi, phase, results, record, deadline, read)
 
         guarded(phase, data, results, body)
 

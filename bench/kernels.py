@@ -14,7 +14,10 @@ For each case it times (CUDA events, median of ``--reps`` calls after warm-up):
   ``ring_attention_int4`` at each tiling of ``--int4-sweep``, checked against the reference on
   the dequantized bf16 rows it stands for (``int4_max_err``: the kernel's own error).
 
-Effective bandwidth is the bytes of *filled* keys and values divided by the time.
+Effective bandwidth is the bytes of *filled* keys and values divided by the time. The
+card's own bandwidth is measured in the same run (``hbm``): a read-only reduction
+(``torch.sum`` over 4 GiB, far past the L2) and a device-to-device copy (its read and its
+write counted); the bytes floor of a step is its bytes at ``hbm.read_gbps``.
 
     PYTHONPATH=$PWD python3 bench/kernels.py --out out/kernels
 """
@@ -60,6 +63,20 @@ def timed(fn: Any, reps: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
     return sorted(times)[len(times) // 2]
+
+
+def hbm_bandwidth(reps: int, gib: int = 4) -> dict[str, float]:
+    """GB/s the card reads (a sum: what attention and the weight reads do) and copies."""
+    x = torch.empty(gib << 29, dtype=torch.bfloat16, device="cuda").fill_(1.0)
+    y = torch.empty_like(x)
+    nbytes = x.numel() * x.element_size()
+    read = timed(lambda: torch.sum(x, dtype=torch.float32), reps)
+    copy = timed(lambda: y.copy_(x), reps)
+    return {
+        "bytes": nbytes,
+        "read_gbps": round(nbytes / read / 1e3, 1),
+        "copy_gbps": round(2 * nbytes / copy / 1e3, 1),
+    }
 
 
 def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor):
@@ -175,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     tilings, int4_tilings = args.sweep.split(","), args.int4_sweep.split(",")
     generator = torch.Generator(device="cuda").manual_seed(0)
+    hbm = hbm_bandwidth(args.reps)
+    torch.cuda.empty_cache()  # its 8 GiB
+    print(json.dumps({"hbm": hbm}), flush=True)
     rows = []
     for dtype, batch, fill in itertools.product(
         (torch.bfloat16, torch.float8_e4m3fn), batches, ("staggered", "full")
@@ -188,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python3", *sys.argv]),
         "device": torch.cuda.get_device_name(),
         "source": source_info(),
+        "hbm": hbm,
     }
     out.write_text(json.dumps({**document, "rows": rows}, indent=2) + "\n")
     return 0
