@@ -49,7 +49,7 @@ UNALIGNED = {"stride_ksr", "stride_vsr", "splits"}
 
 
 def _compile(kernel: Any, pointers: dict[str, str], constants: dict[str, Any], warps: int,
-             stages: int) -> Any:  # fmt: skip
+             stages: int, max_registers: int | None = None) -> Any:  # fmt: skip
     names = kernel.arg_names
     signature, attrs = {}, {}
     for i, name in enumerate(names):
@@ -70,7 +70,10 @@ def _compile(kernel: Any, pointers: dict[str, str], constants: dict[str, Any], w
         constexprs={(names.index(k),): v for k, v in constants.items()},
         attrs=attrs,
     )
-    return triton.compile(source, target=TARGET, options={"num_warps": warps, "num_stages": stages})
+    options = {"num_warps": warps, "num_stages": stages}
+    if max_registers:
+        options["maxnreg"] = max_registers
+    return triton.compile(source, target=TARGET, options=options)
 
 
 def _loop_span(lines: list[str]) -> tuple[int, int]:
@@ -133,8 +136,8 @@ def registers(ptx: str) -> tuple[int, int]:
 
 
 def count(name: str, kernel: Any, pointers: dict[str, str], constants: dict[str, Any],
-          warps: int, stages: int) -> dict[str, Any]:  # fmt: skip
-    compiled = _compile(kernel, pointers, constants, warps, stages)
+          warps: int, stages: int, max_registers: int | None = None) -> dict[str, Any]:  # fmt: skip
+    compiled = _compile(kernel, pointers, constants, warps, stages, max_registers)
     sass = compiled.asm["sass"]
     ops = main_loop(sass)
     threads = 32 * warps
@@ -152,6 +155,7 @@ def count(name: str, kernel: Any, pointers: dict[str, str], constants: dict[str,
         "loop_stall_cycles": loop_stalls,
         "stall_cycles_per_key_row": round(loop_stalls * warps / rows, 1),
         "kernel_stall_cycles": kernel_stalls,
+        "max_registers": max_registers,
         "registers": regs,
         "spilled_bytes": spilled,
         "shared_bytes": compiled.metadata.shared,
@@ -160,7 +164,8 @@ def count(name: str, kernel: Any, pointers: dict[str, str], constants: dict[str,
     return row
 
 
-def forms() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
+def forms() -> list[tuple[Any, ...]]:
+    """(label, kernel, pointer types, constants, warps, stages[, register cap]) of each form."""
     base = {"q_ptr": "*bf16", "len_ptr": "*i64", "slot_ptr": "*i64", "part_ptr": "*fp32"}
     ring_base = {**base, "skip_ptr": "*i64"}
     out = []
@@ -202,6 +207,10 @@ def forms() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
     for stages in (4, 5):  # more tiles loading ahead: registers and shared memory they take
         label = f"int4 tensor cores, value words, {stages} stages"
         out.append((label, kernel, int4_pointers, pairs, kv_int4.NUM_WARPS, stages))
+    # at 96 registers a thread (111 uncapped) an SM holds 5 programs of 4 warps, not 4
+    for stages in (3, 4, 5):
+        label = f"int4 tensor cores, value words, {stages} stages, 96 registers"
+        out.append((label, kernel, int4_pointers, pairs, kv_int4.NUM_WARPS, stages, 96))
     return out
 
 

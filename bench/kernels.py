@@ -88,10 +88,11 @@ def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: tor
 
 
 def tiling(name: str) -> dict[str, Any]:
-    """A tiling's kernel arguments from its name, ``split/block/warps[/dot][/sN]``: split
-    rows, block rows, warps, on tensor cores, N software-pipeline stages (the int4 kernel
-    only). (Result files before the value words became the kernels' only form name a ``/v``
-    flag: those words, timed against bytes.)"""
+    """A tiling's kernel arguments from its name, ``split/block/warps[/dot][/sN][/rN]``:
+    split rows, block rows, warps, on tensor cores, N software-pipeline stages, at most N
+    registers a thread (the last two for the int4 kernel only). (Result files before the
+    value words became the kernels' only form name a ``/v`` flag: those words, timed against
+    bytes.)"""
     split_rows, block_rows, warps, *flags = name.split("/")
     out: dict[str, Any] = {
         "split_rows": int(split_rows),
@@ -102,6 +103,8 @@ def tiling(name: str) -> dict[str, Any]:
     for flag in flags:
         if flag.startswith("s"):
             out["num_stages"] = int(flag[1:])
+        elif flag.startswith("r"):
+            out["max_registers"] = int(flag[1:])
     return out
 
 
@@ -184,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--int4-sweep",
         default="512/64/4/dot,512/32/2/dot,1024/64/4/dot,512/128/4/dot",
-        help="split_rows/block_rows/num_warps[/dot][/sN] tilings of the int4 kernel (on "
-        "the bf16 cases' rings; dot: tensor cores, sN: N stages)",
+        help="split_rows/block_rows/num_warps[/dot][/sN][/rN] tilings of the int4 kernel (on "
+        "the bf16 cases' rings; dot: tensor cores, sN: N stages, rN: at most N registers)",
     )
     parser.add_argument("--out", type=Path, default=Path("out/kernels"))
     args = parser.parse_args(argv)

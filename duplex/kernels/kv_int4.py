@@ -157,6 +157,7 @@ def ring_attention_int4(
     num_warps: int = NUM_WARPS,
     num_stages: int = 3,
     dot: bool | None = None,
+    max_registers: int | None = None,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as
@@ -180,7 +181,11 @@ def ring_attention_int4(
     product per position in the word, and takes the keys' level offsets off the sums
     instead of each value: 0.72x its instructions a key row by ``bench/kernel_sass.py``,
     0.95x the time on an H100 at B=128 (docs/benchmarks.md, "Values as words, and Mimi's
-    rings read in place")."""
+    rings read in place").
+
+    ``max_registers`` caps a thread's registers (ptxas's ``maxnreg``): fewer a thread, more
+    programs an SM, and so more tiles loading at once (`bench/kernel_sass.py` counts what a
+    cap costs in instructions and spills)."""
     batch, heads, head_dim = q.shape
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
@@ -239,6 +244,7 @@ def ring_attention_int4(
         DOT_DTYPE=tl.float16 if q.is_cuda else tl.float32,
         WORD_BITS=_scale_word_bits(k_scales, v_scales) if dot else 0,
         V_PAIRS=dot and _value_words_fit(v_packed, head_dim, group),
+        **({"maxnreg": max_registers} if max_registers and q.is_cuda else {}),
     )
     merge_splits(partial, out)
     return out

@@ -222,3 +222,24 @@ def test_scales_load_as_words_only_where_every_row_starts_on_one() -> None:
     assert _scale_word_bits(torch.zeros(3, 4, 10, 8, dtype=torch.float16)) == 0
     flat = torch.zeros(1 + 3 * 4 * 10 * 4, dtype=torch.float16)
     assert _scale_word_bits(flat[1:].view(3, 4, 10, 4)) == 0  # starts 2 bytes in
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a register cap is ptxas's (CUDA)")
+@pytest.mark.parametrize("stages", [3, 5])
+def test_a_register_cap_and_more_stages_change_no_result(stages: int) -> None:
+    """The tensor-core form compiled at 96 registers a thread (more programs an SM) and 3 or
+    5 stages reads what the uncapped one reads."""
+    generator = torch.Generator().manual_seed(14)
+    context = 2 * SPLIT_ROWS + 9
+    (kp, ks), (vp, vs), _, _ = _int4_pool(generator, 3, 2, context, 128)
+    lengths = torch.tensor([context, SPLIT_ROWS + 3, 40], device=DEVICE)
+    q = torch.randn(3, 2, 128, generator=generator).to(DEVICE, torch.bfloat16)
+    keys = (kp[0].to(DEVICE), ks[0].to(DEVICE))
+    values = (vp[0].to(DEVICE), vs[0].to(DEVICE))
+    plain = ring_attention_int4(q, keys, values, lengths, dot=True)
+    capped = ring_attention_int4(
+        q, keys, values, lengths, dot=True, max_registers=96, num_stages=stages
+    )
+    torch.testing.assert_close(capped, plain, atol=1e-3, rtol=1e-3)
+    want = ring_attention_int4_reference(q, keys, values, lengths)
+    _assert_near(capped, want, dot=True)
