@@ -365,10 +365,11 @@ class EngineConfig:
         "`fp8` (float8 e4m3: half the bytes, about twice the GPU slots; the Triton attention "
         "kernel reads it at one byte an element) or `int4` (4-bit values with a float16 scale "
         "a group of 32: 0.28 of bf16's bytes, about 1.75 times fp8's slots; read in place by "
-        "its own kernel, on tensor cores on a GPU, which on an H100 still reads a full ring "
-        "about 1.2 times slower than fp8's: it buys slots, not speed). Their accuracy and "
-        "speed are measured in docs/benchmarks.md "
-        '("KV storage precision", "KV in 4 bits", "KV in 4 bits on a GPU")',
+        "its own kernel, on tensor cores on a GPU, which reads 128 full rings of the 7B in "
+        "0.91 of fp8's time on an H100 and 1.07 of it on an H200: slots at about fp8's "
+        "speed). Their accuracy and speed are measured in docs/benchmarks.md "
+        '("KV storage precision", "KV in 4 bits", "Values as words, and Mimi\'s rings read '
+        'in place")',
         flag="--kv-cache-dtype",
     )
     weight_dtype: Literal["auto", "fp8"] = setting(
