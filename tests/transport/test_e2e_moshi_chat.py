@@ -119,12 +119,14 @@ async def test_a_full_server_holds_a_waiter_until_a_slot_frees_and_refuses_past_
     async with running_server(**LOOPBACK, **overrides) as server:
         async with chat(server) as first:
             await first.until(0)
+            # its first event at once: the 0.5 s timeout is the waiter's to outlast, not its
+            await first.send_pcm(tone_f32(1, 440.0))
             async with chat(server) as second:
                 await second.send_pcm(tone_f32(2, 300.0))  # as moshi.client: it streams at once
                 async with chat(server) as third:  # the queue holds one: 1013 at once
                     assert await _closed_with(third) == (1013, "resource_exhausted")
                     assert third.kinds == [5] and "waiting" in third.errors[0]
-                for frame in range(12):  # first talks for about a second, past the timeout
+                for frame in range(1, 12):  # first talks for about a second, past the timeout
                     await first.send_pcm(tone_f32(1, 440.0, start=frame))
                     await first.recv()
                 await first.ws.aclose()  # the slot frees: second gets its handshake
