@@ -98,6 +98,18 @@ async def test_capacity_full_closes_1013_then_recovers() -> None:
             await third.until(0)
 
 
+async def _until_waiting(server: Server, count: int) -> None:
+    """Until the server's wait queue holds ``count`` sockets: a socket opened after this one
+    is seen after it (a worker relays opens concurrently, so a later open could pass it)."""
+    async with httpx.AsyncClient() as http:
+        with trio.fail_after(10):
+            while (
+                f"\nduplex_chat_queue_waiting {count}\n"
+                not in (await http.get(server.http + "/metrics")).text
+            ):
+                await trio.sleep(0.02)
+
+
 async def _closed_with(c: ChatClient) -> tuple[int, str]:
     with pytest.raises(ConnectionClosed) as closed:
         while True:
@@ -114,21 +126,25 @@ async def test_a_full_server_holds_a_waiter_until_a_slot_frees_and_refuses_past_
         "server.connection_workers": workers,  # 1: the socket lives in a worker process
         "server.max_sessions": 1,
         "server.chat_wait_queue": 1,
-        "server.first_event_timeout_s": 0.5,  # a waiter owes no event: it is not closed
+        # a waiter owes no event: it is not closed (2 s: the admitted client's first event
+        # must arrive within it, a round trip through the worker on a loaded machine)
+        "server.first_event_timeout_s": 2.0,
     }
     async with running_server(**LOOPBACK, **overrides) as server:
         async with chat(server) as first:
             await first.until(0)
-            # its first event at once: the 0.5 s timeout is the waiter's to outlast, not its
-            await first.send_pcm(tone_f32(1, 440.0))
+            await first.send_pcm(tone_f32(1, 440.0))  # its first event, at once
             async with chat(server) as second:
                 await second.send_pcm(tone_f32(2, 300.0))  # as moshi.client: it streams at once
+                await _until_waiting(server, 1)
+                queued = trio.current_time()
                 async with chat(server) as third:  # the queue holds one: 1013 at once
                     assert await _closed_with(third) == (1013, "resource_exhausted")
                     assert third.kinds == [5] and "waiting" in third.errors[0]
-                for frame in range(1, 12):  # first talks for about a second, past the timeout
+                for frame in range(1, 36):  # first talks for about 3 s, past the timeout
                     await first.send_pcm(tone_f32(1, 440.0, start=frame))
                     await first.recv()
+                assert trio.current_time() - queued > 2.0  # the waiter outlasted the timeout
                 await first.ws.aclose()  # the slot frees: second gets its handshake
                 await second.until(0)
                 assert second.kinds == [0]  # nothing before it: no stray kind for the web UI
@@ -148,6 +164,7 @@ async def test_a_waiter_that_leaves_frees_its_place_in_the_queue() -> None:
     async with running_server(**LOOPBACK, **overrides) as server, chat(server) as first:
         await first.until(0)
         async with chat(server) as second:
+            await _until_waiting(server, 1)
             async with chat(server) as third:
                 assert await _closed_with(third) == (1013, "resource_exhausted")
             await second.ws.aclose()
