@@ -67,6 +67,11 @@ NUM_WARPS = 4
 """Warps a program (with `BLOCK_ROWS`, the measured best once a row's scales load as one
 word: 0.93x the time of 32 rows on 2 warps; docs/benchmarks.md, "Where the kernel's time
 goes")."""
+MAX_REGISTERS = 96
+"""A thread's registers at most (ptxas's ``maxnreg``; 111 uncapped): 5 programs an SM instead
+of 4, no spills; 0.95x the staggered read and 0.99x the full one at B=128 on an H200
+(docs/benchmarks.md, "One H200: 256 sessions served, the bytes floor measured, more int4
+tiles in flight"). More pipeline stages were slower there (1.15-1.18x at 4 and 5)."""
 _LEVELS = 7.0
 
 
@@ -157,7 +162,7 @@ def ring_attention_int4(
     num_warps: int = NUM_WARPS,
     num_stages: int = 3,
     dot: bool | None = None,
-    max_registers: int | None = None,
+    max_registers: int | None = MAX_REGISTERS,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as

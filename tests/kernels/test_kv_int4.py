@@ -233,7 +233,7 @@ def test_a_register_cap_and_more_stages_change_no_result(stages: int) -> None:
     context = 2 * SPLIT_ROWS + 9
     (kp, ks), (vp, vs), _, _ = _int4_pool(generator, 3, 2, context, 128)
     lengths = torch.tensor([context, SPLIT_ROWS + 3, 40], device=DEVICE)
-    q = torch.randn(3, 2, 128, generator=generator).to(DEVICE, torch.bfloat16)
+    q = torch.randn(3, 2, 128, generator=generator).to(DEVICE)
     keys = (kp[0].to(DEVICE), ks[0].to(DEVICE))
     values = (vp[0].to(DEVICE), vs[0].to(DEVICE))
     plain = ring_attention_int4(q, keys, values, lengths, dot=True)
