@@ -98,16 +98,18 @@ async def test_capacity_full_closes_1013_then_recovers() -> None:
             await third.until(0)
 
 
+async def _until_metric(server: Server, sample: str) -> None:
+    """Until ``/metrics`` has the line ``sample`` (a metric and its value)."""
+    async with httpx.AsyncClient() as http:
+        with trio.fail_after(10):
+            while f"\n{sample}\n" not in (await http.get(server.http + "/metrics")).text:
+                await trio.sleep(0.02)
+
+
 async def _until_waiting(server: Server, count: int) -> None:
     """Until the server's wait queue holds ``count`` sockets: a socket opened after this one
     is seen after it (a worker relays opens concurrently, so a later open could pass it)."""
-    async with httpx.AsyncClient() as http:
-        with trio.fail_after(10):
-            while (
-                f"\nduplex_chat_queue_waiting {count}\n"
-                not in (await http.get(server.http + "/metrics")).text
-            ):
-                await trio.sleep(0.02)
+    await _until_metric(server, f"duplex_chat_queue_waiting {count}")
 
 
 async def _closed_with(c: ChatClient) -> tuple[int, str]:
@@ -168,13 +170,7 @@ async def test_a_waiter_that_leaves_frees_its_place_in_the_queue() -> None:
             async with chat(server) as third:
                 assert await _closed_with(third) == (1013, "resource_exhausted")
             await second.ws.aclose()
-        async with httpx.AsyncClient() as http:  # gone from the queue: the place is free
-            with trio.fail_after(10):
-                while (
-                    "duplex_chat_queue_left_total 1\n"
-                    not in (await http.get(server.http + "/metrics")).text
-                ):
-                    await trio.sleep(0.05)
+        await _until_metric(server, "duplex_chat_queue_left_total 1")  # gone: the place is free
         async with chat(server) as fourth:
             await fourth.send_pcm(tone_f32(1, 300.0))
             await first.ws.aclose()
