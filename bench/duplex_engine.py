@@ -278,8 +278,8 @@ def lm_step_bytes(lm: Any, fills: Sequence[int], kv_bytes: float) -> int:
     weights = sum(
         t.numel() * t.element_size() for name, t in tensors if not EMBEDDING_TABLE.search(name)
     )
-    config = lm.config
-    kv = 2 * config.num_layers * config.dim * kv_bytes * sum(fills)
+    config = lm.config  # a row's share of a full slot's ring
+    kv = config.kv_bytes_per_slot(kv_bytes) * sum(fills) / config.context
     return int(weights + kv)
 
 
@@ -1064,10 +1064,6 @@ def machine_info(device: torch.device) -> dict[str, Any]:
                 "capability": f"{props.major}.{props.minor}",
             }
         )
-        from kernels import hbm_bandwidth  # a sibling: the same measurement as its run's
-
-        info["hbm"] = hbm_bandwidth(reps=10)
-        free_memory(device)
     return info
 
 
@@ -1175,6 +1171,13 @@ def main(argv: list[str] | None = None) -> int:
         },
         "phases": {},
     }
+    if device.type == "cuda" and any(p in OUR_PHASES for p in phases):
+        # the card's read bandwidth, for our phases' bytes floors (a reference-only child
+        # run, one per B, needs none)
+        from kernels import hbm_bandwidth  # a sibling: the same measurement as its run's
+
+        data["machine"]["hbm"] = hbm_bandwidth(reps=10)
+        free_memory(device)
     results = Results(args.out, data)
     results.save()
     ours = import_ours()
