@@ -234,10 +234,12 @@ class MoshiEngineRunner:
 
         The server calls it after `prepare_graphs`, before ``/health`` says ``ok``: what
         runs outside the captured graphs (the host copies, the output's level and text,
-        the decode's row index) loads its kernels on first use, so the first served step
-        took long enough that a fresh server's first sessions missed ticks (the first of
-        three rounds of 128, on an H100: 73 missed, none after; docs/benchmarks.md). Its
-        first step is the runner's one flagged warm-up; a session's first step is not.
+        the decode's row index) loads its kernels on first use, and the first served step
+        had been a fresh server's first session's (one warm-up step in the first round on
+        an H100). With it the first round on an H200 had no warm-up step and no late tick;
+        its clients still saw missed ticks, whose cause is past the engine (docs/benchmarks.md,
+        "One H200: 256 sessions served"). Its first step is the runner's one flagged
+        warm-up; a session's first step is not.
         """
         slot, frame = 0, self._spec.frame_samples
         ticks = self._config.max_delay + 2  # decoding starts after max_delay frames
