@@ -72,6 +72,10 @@ MAX_REGISTERS = 96
 of 4, no spills; 0.95x the staggered read and 0.99x the full one at B=128 on an H200
 (docs/benchmarks.md, "One H200: 256 sessions served, the bytes floor measured, more int4
 tiles in flight"). More pipeline stages were slower there (1.15-1.18x at 4 and 5)."""
+LAZY_MARGIN = 2.75
+"""With ``lazy``: how far past the running max a tile's best score may go before the
+accumulators are rescaled to it (weights stay under e**2.75, about 16: a value times its
+scale times 16 is far inside float16)."""
 _LEVELS = 7.0
 
 
@@ -163,6 +167,7 @@ def ring_attention_int4(
     num_stages: int = 3,
     dot: bool | None = None,
     max_registers: int | None = MAX_REGISTERS,
+    lazy: bool = False,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as
@@ -190,7 +195,11 @@ def ring_attention_int4(
 
     ``max_registers`` caps a thread's registers (ptxas's ``maxnreg``): fewer a thread, more
     programs an SM, and so more tiles loading at once (`bench/kernel_sass.py` counts what a
-    cap costs in instructions and spills)."""
+    cap costs in instructions and spills).
+
+    ``lazy`` rescales the accumulators only when a tile's best score passes the running max
+    by more than `LAZY_MARGIN` (most tiles of a long ring do not): the rescale multiplies the
+    tensor-core form's padded accumulators, 16 rows where one output row is kept."""
     batch, heads, head_dim = q.shape
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
@@ -249,6 +258,8 @@ def ring_attention_int4(
         DOT_DTYPE=tl.float16 if q.is_cuda else tl.float32,
         WORD_BITS=_scale_word_bits(k_scales, v_scales) if dot else 0,
         V_PAIRS=dot and _value_words_fit(v_packed, head_dim, group),
+        LAZY=lazy,
+        MARGIN=LAZY_MARGIN,
         **({"maxnreg": max_registers} if max_registers and q.is_cuda else {}),
     )
     merge_splits(partial, out)
@@ -446,6 +457,8 @@ if _triton.available():
         DOT_DTYPE: tl.constexpr,
         WORD_BITS: tl.constexpr,
         V_PAIRS: tl.constexpr,
+        LAZY: tl.constexpr,
+        MARGIN: tl.constexpr,
     ):
         """One split of one (row, head). Elementwise (``DOT`` off): each row's scales are
         loaded once, the key's dot summed within a group and then scaled, the value
@@ -535,8 +548,22 @@ if _triton.available():
                 per_group = tl.sum(tl.reshape(dots, [BLOCK_ROWS, GROUPS, BYTES]), axis=2)
                 raw = tl.sum(per_group * ks, axis=1)
             scores = tl.where(filled, raw, float("-inf"))
-            new_best = tl.maximum(best, tl.max(scores, axis=0))
-            rescale = tl.exp(best - new_best)
+            if LAZY:  # the running max moves only when a tile passes it by MARGIN
+                tile_best = tl.max(scores, axis=0)
+                if tile_best > best + MARGIN:
+                    rescale = tl.exp(best - tile_best)
+                    acc_even = acc_even * rescale
+                    acc_odd = acc_odd * rescale
+                    if DOT and V_PAIRS:
+                        acc_2 = acc_2 * rescale
+                        acc_3 = acc_3 * rescale
+                    total = total * rescale
+                    best = tile_best
+                new_best = best
+                rescale = 1.0
+            else:
+                new_best = tl.maximum(best, tl.max(scores, axis=0))
+                rescale = tl.exp(best - new_best)
             weights = tl.exp(scores - new_best)
             if DOT and V_PAIRS:
                 vw = tl.load(
