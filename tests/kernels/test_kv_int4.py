@@ -17,6 +17,7 @@ from duplex.kernels.kv_int4 import (
     quantize_int4,
     ring_attention_int4,
     ring_attention_int4_reference,
+    write_int4_rows,
 )
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -270,3 +271,46 @@ def test_a_lazy_rescale_follows_a_max_that_climbs_tile_after_tile(dot: bool) -> 
     want = ring_attention_int4_reference(q, k4, v4, lengths)
     got = ring_attention_int4(q, k4, v4, lengths, dot=dot, lazy=True)
     _assert_near(got, want, dot=dot)
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+def test_the_write_kernel_stores_what_the_quantizer_and_an_indexed_store_give() -> None:
+    """Bit for bit: packed bytes and scales, a group of zeros (scale 0), values on a
+    rounding tie (level 2.5 and -1.5: to even), a row past the clamp's reach, and a row the
+    batch marks inactive, whose slot keeps what it held."""
+    generator = torch.Generator().manual_seed(16)
+    slots_n, heads, context, dim = 5, 3, 7, 128
+    k = torch.randn(4, heads, dim, generator=generator) * 3
+    v = torch.randn(4, heads, dim, generator=generator).to(torch.bfloat16)
+    k[0, 0, :32] = 0.0  # a group of zeros
+    k[1, 1, :32] = 0.0
+    k[1, 1, 0], k[1, 1, 1], k[1, 1, 2] = 7.0, 2.5, -1.5  # scale 1: ties round to even
+    slots = torch.tensor([3, 0, 4, 1])
+    rows = torch.tensor([6, 0, 2, 2])
+    active = torch.tensor([True, True, True, False])
+
+    def pool() -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        noise = torch.Generator().manual_seed(17)
+        packed = torch.randint(0, 256, (2, slots_n, heads, context, dim // 2), generator=noise)
+        scales = torch.randn(2, slots_n, heads, context, dim // GROUP, generator=noise)
+        packed, scales = packed.to(torch.uint8), scales.to(torch.float16)
+        return (packed[1], scales[1]), (packed[0].clone(), scales[0].clone())
+
+    want_k, want_v = pool()
+    for (store, scales), new in ((want_k, k), (want_v, v)):
+        packed, scale = quantize_int4(new)
+        keep = active[:, None, None]
+        store[slots, :, rows] = torch.where(keep, packed, store[slots, :, rows])
+        scales[slots, :, rows] = torch.where(keep, scale, scales[slots, :, rows])
+    got_k, got_v = (tuple(t.to(DEVICE) for t in ring) for ring in pool())
+    write_int4_rows(
+        (got_k, got_v),
+        (k.to(DEVICE), v.to(DEVICE)),
+        slots.to(DEVICE),
+        rows.to(DEVICE),
+        active.to(DEVICE),
+    )
+    for got, want in zip((*got_k, *got_v), (*want_k, *want_v), strict=True):
+        assert torch.equal(got.cpu(), want), (got.cpu() != want).nonzero()[:5]
+    assert int(want_k[0][0, 1, 0, 0]) == 15 | (10 << 4)  # 7 and 2.5 -> levels 7, 2 (+8)
+    assert int(want_k[0][0, 1, 0, 1]) & 15 == 6  # -1.5 -> -2 (+8)
