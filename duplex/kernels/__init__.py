@@ -5,6 +5,12 @@ loads only each slot's filled rows, in the ring's stored dtype.
 
 `rms_norm`: RMSNorm over the last axis in one kernel (float32 math).
 
+`fp8_rows.quantize_rows_e4m3`: rows to float8 e4m3 with a float32 scale a row (an fp8
+projection's activations), in one kernel.
+
+`kv_int4`: KV rows in 4 bits, the ring attention that reads them in place, and the kernel that
+quantizes and stores a frame's rows.
+
 `rope`: interleaved rotary embedding of q and k in one launch (float32 math).
 
 `sample`: a stream's whole per-row sampling (counter-based noise, temperature,

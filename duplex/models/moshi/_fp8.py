@@ -5,7 +5,8 @@ about 6.6 GB of device memory for KV slots and halve the weight bytes a step rea
 output row keeps its own scale (its largest magnitude maps to e4m3's 448), so a block of
 rows is itself a quantized matrix with its scales.
 
-Activations are quantized per token at each call (a dynamic scale a row, as the weights'),
+Activations are quantized per token at each call (a dynamic scale a row, as the weights'; on
+CUDA one Triton launch, `duplex.kernels.fp8_rows`),
 and on a CUDA device with fp8 tensor cores the product is one ``torch._scaled_mm`` with
 row-wise scales (its operands: the activations row-major, the weight column-major, both
 sides multiples of 16). Anywhere else (the CPU, other shapes) the same arithmetic is
@@ -21,6 +22,9 @@ from typing import final
 import torch
 from torch import nn
 
+from duplex.kernels import triton_available
+from duplex.kernels.fp8_rows import quantize_rows_e4m3, quantize_rows_e4m3_reference
+
 __all__ = [
     "E4M3",
     "FP8_CAPABILITY",
@@ -32,17 +36,14 @@ __all__ = [
 ]
 
 E4M3 = torch.float8_e4m3fn
-E4M3_MAX = float(torch.finfo(E4M3).max)
-"""448: the largest e4m3 value; each row's largest magnitude is scaled onto it."""
 _EPS = 1e-12
 """An all-zero row's scale floor (its values stay 0)."""
 
 
 def quantize_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``[N, K]`` -> its e4m3 values ``[N, K]`` and float32 scales ``[N]`` (value * scale)."""
-    wide = matrix.float()
-    scale = wide.abs().amax(dim=-1).clamp(min=_EPS) / E4M3_MAX
-    return (wide / scale[:, None]).to(E4M3), scale
+    values, scale = quantize_rows_e4m3_reference(matrix, _EPS)
+    return values, scale[:, 0]
 
 
 FP8_CAPABILITY = (8, 9)
@@ -73,8 +74,10 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
         scale: ``[N]`` float32 scales.
     """
     flat = x.reshape(-1, x.shape[-1])
-    x_scale = flat.abs().amax(dim=-1, keepdim=True).float().clamp(min=_EPS) / E4M3_MAX
-    x8 = (flat.float() / x_scale).to(E4M3)
+    if x.is_cuda and triton_available() and flat.stride(-1) == 1:
+        x8, x_scale = quantize_rows_e4m3(flat, _EPS)  # one launch, the same values
+    else:
+        x8, x_scale = quantize_rows_e4m3_reference(flat, _EPS)
     if _tensor_cores(x, weight):
         out = scaled_product(x8, x_scale, weight, scale, x.dtype)
     else:

@@ -15,10 +15,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from duplex.kernels.fp8_rows import E4M3_MAX
 from duplex.models.moshi import KVRing, moshi_preset, random_lm
 from duplex.models.moshi._fp8 import (
     E4M3,
-    E4M3_MAX,
     Fp8Linear,
     fp8_linear,
     probe_tensor_cores,
