@@ -216,6 +216,7 @@ def ring_attention_int4(
     dot: bool | None = None,
     max_registers: int | None = MAX_REGISTERS,
     lazy: bool = False,
+    raw_values: bool = False,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as
@@ -247,7 +248,11 @@ def ring_attention_int4(
 
     ``lazy`` rescales the accumulators only when a tile's best score passes the running max
     by more than `LAZY_MARGIN` (most tiles of a long ring do not): the rescale multiplies the
-    tensor-core form's padded accumulators, 16 rows where one output row is kept."""
+    tensor-core form's padded accumulators, 16 rows where one output row is kept.
+
+    ``raw_values`` leaves the value words' nibbles with their float16 offsets, as the keys'
+    (`_pair_raw_levels`: four instructions fewer a word pair), and takes the offsets off at
+    the end: a fifth product, of the weights with ones, sums each group's weights."""
     batch, heads, head_dim = q.shape
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
@@ -308,6 +313,7 @@ def ring_attention_int4(
         V_PAIRS=dot and _value_words_fit(v_packed, head_dim, group),
         LAZY=lazy,
         MARGIN=LAZY_MARGIN,
+        V_RAW=dot and raw_values and _value_words_fit(v_packed, head_dim, group),
         **({"maxnreg": max_registers} if max_registers and q.is_cuda else {}),
     )
     merge_splits(partial, out)
@@ -398,6 +404,41 @@ if _triton.available():
             v1 = (((word >> 4) & 15) - 8).to(DTYPE)
             v2 = (((word >> 8) & 15) - 8).to(DTYPE)
             v3 = (((word >> 12) & 15) - 8).to(DTYPE)
+        return v0, v1, v2, v3
+
+    _UNPACK_PAIR_RAW_ASM = tl.constexpr("""{
+    .reg .b32 c, a, b;
+    mov.b32 c, 0x64646464;
+    prmt.b32 a, $4, c, 0x5240;
+    prmt.b32 b, $4, c, 0x7341;
+    and.b32 $0, a, 0xFF0FFF0F;
+    and.b32 $1, a, 0xFFF0FFF0;
+    and.b32 $2, b, 0xFF0FFF0F;
+    and.b32 $3, b, 0xFFF0FFF0;
+    }""")
+    """`_UNPACK_PAIR_ASM` without its subtracts and multiply-adds (four instructions fewer a
+    call): values 0 and 2 of a word left ``1024 + n``, 1 and 3 ``1024 + 16 n``; the kernel
+    takes the offsets off the sums (``V_RAW``)."""
+
+    @triton.jit
+    def _pair_raw_levels(pairs, ASM: tl.constexpr, DTYPE: tl.constexpr):
+        """Each 16-bit word's four nibbles ``n`` as ``1024 + n`` (values 0 and 2) and
+        ``1024 + 16 n`` (values 1 and 3)."""
+        if ASM:
+            v0, v1, v2, v3 = tl.inline_asm_elementwise(
+                _UNPACK_PAIR_RAW_ASM,
+                "=r,=r,=r,=r,r",
+                [pairs],
+                dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+                is_pure=True,
+                pack=2,
+            )
+        else:
+            word = pairs.to(tl.int32) & 0xFFFF
+            v0 = ((word & 15) + 1024).to(DTYPE)
+            v1 = (((word >> 4) & 15) * 16 + 1024).to(DTYPE)
+            v2 = (((word >> 8) & 15) + 1024).to(DTYPE)
+            v3 = ((word >> 12) * 16 + 1024).to(DTYPE)
         return v0, v1, v2, v3
 
     _UNPACK_RAW_ASM = tl.constexpr("""{
@@ -507,6 +548,7 @@ if _triton.available():
         V_PAIRS: tl.constexpr,
         LAZY: tl.constexpr,
         MARGIN: tl.constexpr,
+        V_RAW: tl.constexpr,
     ):
         """One split of one (row, head). Elementwise (``DOT`` off): each row's scales are
         loaded once, the key's dot summed within a group and then scaled, the value
@@ -554,6 +596,9 @@ if _triton.available():
                 acc_odd = tl.zeros([16, HALF // 2], dtype=tl.float32)
                 acc_2 = tl.zeros([16, HALF // 2], dtype=tl.float32)
                 acc_3 = tl.zeros([16, HALF // 2], dtype=tl.float32)
+                if V_RAW:  # each group's summed weights (every column the same)
+                    acc_w = tl.zeros([16, HALF // 2], dtype=tl.float32)
+                    ones = tl.full([BLOCK_ROWS, HALF // 2], 1.0, DOT_DTYPE)
                 vw_base = vp_base.to(tl.pointer_type(tl.int16))
                 # keys unpacked as 1024 + n and 1024 + 16 n (`_raw_levels`): the query's
                 # high half a sixteenth (exact), each group's offset taken off its sums
@@ -605,6 +650,8 @@ if _triton.available():
                     if DOT and V_PAIRS:
                         acc_2 = acc_2 * rescale
                         acc_3 = acc_3 * rescale
+                        if V_RAW:
+                            acc_w = acc_w * rescale
                     total = total * rescale
                     best = tile_best
                 new_best = best
@@ -619,9 +666,14 @@ if _triton.available():
                     mask=filled[:, None],
                     other=0,
                 )
-                v0, v1, v2, v3 = _pair_levels(vw, ASM, DOT_DTYPE)
+                if V_RAW:
+                    v0, v1, v2, v3 = _pair_raw_levels(vw, ASM, DOT_DTYPE)
+                else:
+                    v0, v1, v2, v3 = _pair_levels(vw, ASM, DOT_DTYPE)
                 vs = _group_scales(vs_base, rows, filled, g, grouped, stride_vsr, GROUPS, WORD_BITS)
                 mix = (vs * weights[None, :]).to(DOT_DTYPE)  # [16, rows]
+                if V_RAW:
+                    acc_w = tl.dot(mix, ones, acc_w * rescale, input_precision="ieee")
                 acc_even = tl.dot(mix, v0, acc_even * rescale, input_precision="ieee")
                 acc_odd = tl.dot(mix, v1, acc_odd * rescale, input_precision="ieee")
                 acc_2 = tl.dot(mix, v2, acc_2 * rescale, input_precision="ieee")
@@ -654,6 +706,13 @@ if _triton.available():
             total = total * rescale + tl.sum(weights, axis=0)
             best = new_best
         part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (2 * HALF + 2)
+        if (
+            DOT and V_PAIRS and V_RAW
+        ):  # levels n - 8: 1024 + n less 1032, (1024 + 16 n) / 16 less 72
+            acc_even = acc_even - 1032.0 * acc_w
+            acc_odd = acc_odd / 16 - 72.0 * acc_w
+            acc_2 = acc_2 - 1032.0 * acc_w
+            acc_3 = acc_3 / 16 - 72.0 * acc_w
         if DOT and V_PAIRS:  # accumulator c holds values 4m + c; row g keeps group g's
             tl.store(part + 4 * m, tl.sum(tl.where(own4, acc_even, 0.0), axis=0))
             tl.store(part + 4 * m + 1, tl.sum(tl.where(own4, acc_odd, 0.0), axis=0))

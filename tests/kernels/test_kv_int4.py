@@ -87,6 +87,8 @@ FORMS = [
     pytest.param({"dot": True, "unaligned_scales": True}, id="tensor-cores-scale-by-scale"),
     pytest.param({"dot": True, "unaligned_values": True}, id="tensor-cores-value-bytes"),
     pytest.param({"dot": True, "lazy": True}, id="tensor-cores-lazy"),
+    pytest.param({"dot": True, "raw_values": True}, id="tensor-cores-raw-values"),
+    pytest.param({"dot": True, "raw_values": True, "lazy": True}, id="tensor-cores-raw-lazy"),
     pytest.param({"dot": False, "lazy": True}, id="elementwise-lazy"),
 ]
 

@@ -135,16 +135,20 @@ def test_byte_unpack_gives_each_nibbles_level_in_order(raw: bool) -> None:
         np.testing.assert_array_equal(got_high.astype(np.int64), want_high)
 
 
-def test_word_unpack_gives_each_words_four_levels() -> None:
+@pytest.mark.parametrize("raw", [False, True], ids=["levels", "raw-levels"])
+def test_word_unpack_gives_each_words_four_levels(raw: bool) -> None:
     """Two 16-bit words (pack 2): output ``$c`` holds value ``c`` of word 0 (low half) and
-    of word 1 (high half), value ``c`` being nibble ``c`` of the word, low first."""
-    source = _module("kv_int4")._UNPACK_PAIR_ASM.value
+    of word 1 (high half), value ``c`` being nibble ``c`` of the word, low first; as levels
+    ``n - 8``, or raw as ``1024 + n`` (``c`` even) and ``1024 + 16 n`` (odd)."""
+    kv_int4 = _module("kv_int4")
+    source = (kv_int4._UNPACK_PAIR_RAW_ASM if raw else kv_int4._UNPACK_PAIR_ASM).value
     words = _random_words(2)
     regs = run_ptx(source, {4: words})
     for c in range(4):
         first, second = _halves(regs[f"${c}"])
         for got, word in ((first, words & 0xFFFF), (second, words >> 16)):
-            want = ((word >> (4 * c)) & 15).astype(np.int64) - 8
+            nibble = ((word >> (4 * c)) & 15).astype(np.int64)
+            want = (1024 + nibble * (16 if c % 2 else 1)) if raw else nibble - 8
             np.testing.assert_array_equal(got.astype(np.int64), want)
 
 
