@@ -191,7 +191,9 @@ def forms() -> list[tuple[Any, ...]]:
             )
     int4_pointers = {**base, "kp_ptr": "*u8", "ks_ptr": "*fp16", "vp_ptr": "*u8", "vs_ptr": "*fp16"}
     int4 = {"SPLIT_ROWS": kv_int4.SPLIT_ROWS, "HALF": HEAD_DIM // 2, "GROUP": GROUP, "ASM": True}
-    int4.update(DOT_DTYPE=tl.float16, WORD_BITS=0, V_PAIRS=False, LAZY=False, V_RAW=False)
+    int4.update(
+        DOT_DTYPE=tl.float16, WORD_BITS=0, V_PAIRS=False, LAZY=False, V_RAW=False, K_WORDS=False
+    )
     int4["MARGIN"] = kv_int4.LAZY_MARGIN
     kernel = kv_int4._ring_attention_int4
     elementwise = {**int4, "DOT": False, "BLOCK_ROWS": 64}

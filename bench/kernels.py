@@ -89,11 +89,11 @@ def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: tor
 
 def tiling(name: str) -> dict[str, Any]:
     """A tiling's kernel arguments from its name,
-    ``split/block/warps[/dot][/sN][/rN][/lazy][/vraw]``: split rows, block rows, warps, on
+    ``split/block/warps[/dot][/sN][/rN][/lazy][/vraw][/kw]``: split rows, block rows, warps, on
     tensor cores, N software-pipeline stages, at most N registers a thread, accumulators
-    rescaled lazily, value nibbles left with their offsets (the last four for the int4
-    kernel only). (Result files before the value words became the kernels' only form name a
-    ``/v`` flag: those words, timed against bytes.)"""
+    rescaled lazily, value nibbles left with their offsets, keys read as words (the last
+    five for the int4 kernel only). (Result files before the value words became the kernels'
+    only form name a ``/v`` flag: those words, timed against bytes.)"""
     split_rows, block_rows, warps, *flags = name.split("/")
     out: dict[str, Any] = {
         "split_rows": int(split_rows),
@@ -106,6 +106,8 @@ def tiling(name: str) -> dict[str, Any]:
             out["lazy"] = True
         elif flag == "vraw":
             out["raw_values"] = True
+        elif flag == "kw":
+            out["key_words"] = True
         elif flag.startswith("s"):
             out["num_stages"] = int(flag[1:])
         elif flag.startswith("r"):
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         help="split_rows/block_rows/num_warps[/dot][/sN][/rN][/lazy] tilings of the int4 kernel "
         "(on the bf16 cases' rings; dot: tensor cores, sN: N stages, rN: at most N registers, "
         "lazy: accumulators rescaled only when the max moves past a margin, vraw: value nibbles "
-        "with their offsets)",
+        "with their offsets, kw: keys read as words)",
     )
     parser.add_argument("--out", type=Path, default=Path("out/kernels"))
     args = parser.parse_args(argv)

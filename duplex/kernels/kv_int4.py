@@ -217,6 +217,7 @@ def ring_attention_int4(
     max_registers: int | None = MAX_REGISTERS,
     lazy: bool = False,
     raw_values: bool = False,
+    key_words: bool = False,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as
@@ -252,7 +253,12 @@ def ring_attention_int4(
 
     ``raw_values`` leaves the value words' nibbles with their float16 offsets, as the keys'
     (`_pair_raw_levels`: four instructions fewer a word pair), and takes the offsets off at
-    the end: a fifth product, of the weights with ones, sums each group's weights."""
+    the end: a fifth product, of the weights with ones, sums each group's weights.
+
+    ``key_words`` reads the keys as the values are read, 16-bit words of four (where both
+    rings' rows start on even bytes): four products of a query operand a position in the
+    word, whose tiles load with ``ldmatrix`` (the byte form's operands take a register move
+    each: 0.82x the loop's instructions by `bench/kernel_sass.py`)."""
     batch, heads, head_dim = q.shape
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
@@ -314,6 +320,10 @@ def ring_attention_int4(
         LAZY=lazy,
         MARGIN=LAZY_MARGIN,
         V_RAW=dot and raw_values and _value_words_fit(v_packed, head_dim, group),
+        K_WORDS=dot
+        and key_words
+        and _value_words_fit(v_packed, head_dim, group)
+        and _value_words_fit(k_packed, head_dim, group),
         **({"maxnreg": max_registers} if max_registers and q.is_cuda else {}),
     )
     merge_splits(partial, out)
@@ -549,6 +559,7 @@ if _triton.available():
         LAZY: tl.constexpr,
         MARGIN: tl.constexpr,
         V_RAW: tl.constexpr,
+        K_WORDS: tl.constexpr,
     ):
         """One split of one (row, head). Elementwise (``DOT`` off): each row's scales are
         loaded once, the key's dot summed within a group and then scaled, the value
@@ -606,6 +617,17 @@ if _triton.available():
                 low_sum = tl.sum(q_low.to(tl.float32), axis=1)
                 high_sum = tl.sum(q_high16.to(tl.float32), axis=1) * 16
                 k_bias = 1032.0 * low_sum + 72.0 * high_sum
+                if K_WORDS:  # the query by position in a word: value 4m + c of word m
+                    q_words = q_base + 4 * m
+                    q0 = tl.where(own4, tl.load(q_words).to(tl.float32)[None, :] * scale, 0.0)
+                    q1 = tl.where(own4, tl.load(q_words + 1).to(tl.float32)[None, :] * scale, 0.0)
+                    q2 = tl.where(own4, tl.load(q_words + 2).to(tl.float32)[None, :] * scale, 0.0)
+                    q3 = tl.where(own4, tl.load(q_words + 3).to(tl.float32)[None, :] * scale, 0.0)
+                    q0, q2 = q0.to(DOT_DTYPE), q2.to(DOT_DTYPE)
+                    q1, q3 = (q1 / 16).to(DOT_DTYPE), (q3 / 16).to(DOT_DTYPE)
+                    k_bias = 1032.0 * tl.sum(q0.to(tl.float32) + q2.to(tl.float32), axis=1)
+                    k_bias += 1152.0 * tl.sum(q1.to(tl.float32) + q3.to(tl.float32), axis=1)
+                    kw_base = kp_base.to(tl.pointer_type(tl.int16))
             else:
                 acc_even = tl.zeros([16, HALF], dtype=tl.float32)
                 acc_odd = tl.zeros([16, HALF], dtype=tl.float32)
@@ -616,11 +638,25 @@ if _triton.available():
         for row in range(start, end, BLOCK_ROWS):
             rows = row + tl.arange(0, BLOCK_ROWS)
             filled = rows < end
-            kp = tl.load(
-                kp_base + rows[:, None] * stride_kpr + j[None, :], mask=filled[:, None], other=0
-            )
+            if K_WORDS:
+                kw = tl.load(
+                    kw_base + rows[:, None] * (stride_kpr // 2) + m[None, :],
+                    mask=filled[:, None],
+                    other=0,
+                )
+            else:
+                kp = tl.load(
+                    kp_base + rows[:, None] * stride_kpr + j[None, :], mask=filled[:, None], other=0
+                )
             if DOT:
-                if V_PAIRS:
+                if K_WORDS:
+                    k0, k1, k2, k3 = _pair_raw_levels(kw, ASM, DOT_DTYPE)
+                    sums = tl.dot(q0, tl.trans(k0), input_precision="ieee")
+                    sums = tl.dot(q1, tl.trans(k1), sums, input_precision="ieee")
+                    sums = tl.dot(q2, tl.trans(k2), sums, input_precision="ieee")
+                    sums = tl.dot(q3, tl.trans(k3), sums, input_precision="ieee")
+                    sums = sums - k_bias[:, None]
+                elif V_PAIRS:
                     k_low, k_high = _raw_levels(kp, ASM, DOT_DTYPE)
                     sums = tl.dot(q_low, tl.trans(k_low), input_precision="ieee")
                     sums = tl.dot(q_high16, tl.trans(k_high), sums, input_precision="ieee")

@@ -89,6 +89,10 @@ FORMS = [
     pytest.param({"dot": True, "lazy": True}, id="tensor-cores-lazy"),
     pytest.param({"dot": True, "raw_values": True}, id="tensor-cores-raw-values"),
     pytest.param({"dot": True, "raw_values": True, "lazy": True}, id="tensor-cores-raw-lazy"),
+    pytest.param({"dot": True, "key_words": True}, id="tensor-cores-key-words"),
+    pytest.param(
+        {"dot": True, "key_words": True, "raw_values": True, "lazy": True}, id="tensor-cores-all"
+    ),
     pytest.param({"dot": False, "lazy": True}, id="elementwise-lazy"),
 ]
 
