@@ -5,7 +5,8 @@ warp stall reasons, instruction mix, memory throughput), after warm-up launches 
 them. Run under ncu, which replays the launches it is told to keep:
 
     ncu --set full --import-source yes -k regex:'_ring_attention_(split|int4)' \\
-        -o out/ring python3 bench/kernel_ncu.py --batch 128 --fill full
+        -o out/ring python3 bench/kernel_ncu.py --batch 128 --fill full \\
+        --kernels fp8,int4,int4@512/64/4/dot/lazy
 
 Each kernel's launches: ``--warmup`` first (to skip with ``--launch-skip``), then one. The merge
 kernel that follows each split kernel is named ``_ring_attention_merge`` (leave it out with
@@ -40,9 +41,9 @@ def launch(
     keys: torch.Tensor,
     values: torch.Tensor,
     lengths: torch.Tensor,
-    int4_tiling: str,
 ) -> None:
     """One launch of ``name``'s kernel on these rings (stored in its format once)."""
+    name, _, int4_tiling = name.partition("@")
     stored = _RINGS.get((name, id(keys)))
     if stored is None:
         if name == "int4":
@@ -64,9 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--fill", choices=("full", "staggered"), default="full")
-    parser.add_argument("--kernels", default="fp8,int4", help="which rings, in launch order")
     parser.add_argument(
-        "--int4-tiling", default="", help="split/block/warps[/dot][/sN][/rN]; empty: defaults"
+        "--kernels",
+        default="fp8,int4",
+        help="which rings, in launch order: fp8, int4, or int4@TILING (as bench/kernels.py "
+        "names them: split/block/warps[/dot][/sN][/rN][/lazy][/vraw][/kw])",
     )
     parser.add_argument("--warmup", type=int, default=0)
     args = parser.parse_args(argv)
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         keys = torch.randn(shape, generator=generator, device="cuda", dtype=torch.bfloat16)
         values = torch.randn(shape, generator=generator, device="cuda", dtype=torch.bfloat16)
         for _ in range(args.warmup + 1):
-            launch(name, q, keys, values, lengths, args.int4_tiling)
+            launch(name, q, keys, values, lengths)
         torch.cuda.synchronize()
         print(f"{name}: {args.warmup + 1} launches, B={args.batch} {args.fill}", flush=True)
         del keys, values
