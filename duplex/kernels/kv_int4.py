@@ -417,18 +417,20 @@ if _triton.available():
         return v0, v1, v2, v3
 
     _UNPACK_PAIR_RAW_ASM = tl.constexpr("""{
-    .reg .b32 c, a, b;
-    mov.b32 c, 0x64646464;
-    prmt.b32 a, $4, c, 0x5240;
-    prmt.b32 b, $4, c, 0x7341;
-    and.b32 $0, a, 0xFF0FFF0F;
-    and.b32 $1, a, 0xFFF0FFF0;
-    and.b32 $2, b, 0xFF0FFF0F;
-    and.b32 $3, b, 0xFFF0FFF0;
+    .reg .b32 t, magic;
+    mov.b32 magic, 0x64006400;
+    lop3.b32 $0, $4, 0x000F000F, magic, 0xEA;
+    lop3.b32 $1, $4, 0x00F000F0, magic, 0xEA;
+    shr.b32 t, $4, 8;
+    lop3.b32 $2, t, 0x000F000F, magic, 0xEA;
+    lop3.b32 $3, t, 0x00F000F0, magic, 0xEA;
     }""")
-    """`_UNPACK_PAIR_ASM` without its subtracts and multiply-adds (four instructions fewer a
-    call): values 0 and 2 of a word left ``1024 + n``, 1 and 3 ``1024 + 16 n``; the kernel
-    takes the offsets off the sums (``V_RAW``)."""
+    """Two 16-bit words (pack 2) -> each word's four nibbles ``n`` with their float16
+    offsets, as `_UNPACK_PAIR_ASM` orders them: values 0 and 2 of a word ``1024 + n``, 1 and 3
+    ``1024 + 16 n``. A nibble at bit 0 (or 4) of each half is masked in place and 0x6400
+    ORed above it by one ``lop3`` (``(a & b) | c``, table 0xEA), the second byte's after one
+    shift: five instructions for eight values, where `_UNPACK_PAIR_ASM` takes ten and a
+    ``prmt`` form six. The kernel takes the offsets off the sums (``K_WORDS``, ``V_RAW``)."""
 
     @triton.jit
     def _pair_raw_levels(pairs, ASM: tl.constexpr, DTYPE: tl.constexpr):

@@ -54,6 +54,25 @@ def _prmt(a: np.ndarray, b: np.ndarray, selector: int) -> np.ndarray:
     return out
 
 
+def _lop3(a: np.ndarray, b: np.ndarray, c: np.ndarray, lut: int) -> np.ndarray:
+    """``lop3.b32``: each result bit is bit ``4a + 2b + c`` of the table ``lut`` (so the
+    table of ``f`` is ``f(0xF0, 0xCC, 0xAA)``)."""
+    out = np.zeros_like(a)
+    for index in range(8):
+        if lut >> index & 1:
+            pick = np.full_like(a, 0xFFFFFFFF)
+            for operand, bit in ((a, 4), (b, 2), (c, 1)):
+                pick &= operand if index & bit else ~operand
+            out |= pick
+    return out
+
+
+def test_lop3_table_is_its_function_of_the_three_bytes() -> None:
+    """The model itself: ``(a & b) | c`` is table 0xEA."""
+    a, b, c = (np.array([x], dtype=np.uint32) for x in (0xF0, 0xCC, 0xAA))
+    assert int(_lop3(a, b, c, 0xEA)[0]) == (0xF0 & 0xCC) | 0xAA == 0xEA
+
+
 def _e4m3x2(word16: np.ndarray) -> np.ndarray:
     """``cvt.rn.f16x2.e4m3x2``: the low byte's value to the low half (exact in float16)."""
     low = torch.from_numpy((word16 & 0xFF).astype(np.uint8)).view(torch.float8_e4m3fn)
@@ -88,6 +107,10 @@ def run_ptx(source: str, inputs: dict[int, np.ndarray]) -> dict[str, np.ndarray]
             regs[dest] = _prmt(value(args[0]), value(args[1]), int(args[2], 0))
         elif op == "and.b32":
             regs[dest] = value(args[0]) & value(args[1])
+        elif op == "shr.b32":  # logical: .b32 is untyped
+            regs[dest] = value(args[0]) >> int(args[1], 0)
+        elif op == "lop3.b32":
+            regs[dest] = _lop3(value(args[0]), value(args[1]), value(args[2]), int(args[3], 0))
         elif op == "sub.f16x2":
             (a0, a1), (b0, b1) = _halves(value(args[0])), _halves(value(args[1]))
             regs[dest] = _join(a0 - b0, a1 - b1)  # one rounding, as the instruction's
