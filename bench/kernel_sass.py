@@ -214,6 +214,26 @@ def forms() -> list[tuple[Any, ...]]:
     for stages in (3, 4, 5):
         label = f"int4 tensor cores, value words, {stages} stages, 96 registers"
         out.append((label, kernel, int4_pointers, pairs, kv_int4.NUM_WARPS, stages, 96))
+    raw = {**pairs, "V_RAW": True}
+    out.append(
+        ("int4, value words, raw values, 96 registers", kernel, int4_pointers, raw, 4, 3, 96)
+    )
+    words = {**raw, "K_WORDS": True}
+    out.append(
+        ("int4, key and value words, raw, 96 registers", kernel, int4_pointers, words, 4, 3, 96)
+    )
+    wide = {**words, "BLOCK_ROWS": 128}
+    out.append(
+        (
+            "int4, key and value words, raw, 128 rows, 128 registers",
+            kernel,
+            int4_pointers,
+            wide,
+            4,
+            3,
+            128,
+        )
+    )
     return out
 
 
