@@ -5,7 +5,9 @@ largest magnitude, floored at ``eps``, over 448 is its scale, and the row divide
 cast to e4m3 (round to nearest even). In torch that is about seven launches (an absolute
 value, a max, a widening, a clamp, two divisions, the cast); an fp8 projection quantizes its
 activations at every call, 128 calls a 7B step. `quantize_rows_e4m3` is the same arithmetic
-in one Triton launch, bit for bit: one program holds a row (up to `MAX_DIM` values).
+in one Triton launch, bit for bit: one program holds a row (up to `MAX_DIM` values). Its
+divisions are IEEE ones (``div_rn``), as torch's: Triton's ``/`` on float32 is the
+approximate ``div.full``.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ if _triton.available():
         cols = tl.arange(0, BLOCK)
         inside = cols < dim
         x = tl.load(x_ptr + row * stride_row + cols, mask=inside, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(x), axis=0), eps) / 448.0
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), eps), 448.0)
         tl.store(scale_ptr + row, scale)
-        quantized = _e4m3_nearest_even(x / scale).to(tl.float8e4nv)
+        quantized = _e4m3_nearest_even(tl.math.div_rn(x, scale)).to(tl.float8e4nv)
         tl.store(values_ptr + row * dim + cols, quantized, mask=inside)

@@ -130,7 +130,9 @@ def write_int4_rows(
     Why a kernel: in torch the quantizer and the stores are about twenty launches a ring and
     a layer (an absolute value, a max, a division, a rounding, a clamp, the packing, two
     indexed stores, and the gathers that keep inactive rows), some 1,300 of a 7B step's 5,200
-    kernels; here they are one launch a layer for keys and values together."""
+    kernels; here they are one launch a layer for keys and values together. Its divisions are
+    IEEE ones (``div_rn``), as torch's: Triton's ``/`` on float32 is the approximate
+    ``div.full``."""
     (k_packed, k_scales), (v_packed, v_scales) = rings
     k, v = new
     batch, heads, dim = k.shape
@@ -782,13 +784,13 @@ if _triton.available():
         even = tl.load(src + 2 * j).to(tl.float32)
         odd = tl.load(src + 2 * j + 1).to(tl.float32)
         magnitude = tl.reshape(tl.maximum(tl.abs(even), tl.abs(odd)), [GROUPS, BYTES])
-        scale = (tl.max(magnitude, axis=1) / 7.0).to(tl.float16)  # [GROUPS]
+        scale = tl.math.div_rn(tl.max(magnitude, axis=1), 7.0).to(tl.float16)  # [GROUPS]
         by_byte = tl.reshape(
             tl.broadcast_to(scale.to(tl.float32)[:, None], [GROUPS, BYTES]), [HALF]
         )
         safe = tl.where(by_byte > 0, by_byte, 1.0)
-        low = tl.where(by_byte > 0, _nearest_even(even / safe), 0.0)
-        high = tl.where(by_byte > 0, _nearest_even(odd / safe), 0.0)
+        low = tl.where(by_byte > 0, _nearest_even(tl.math.div_rn(even, safe)), 0.0)
+        high = tl.where(by_byte > 0, _nearest_even(tl.math.div_rn(odd, safe)), 0.0)
         low = tl.minimum(tl.maximum(low, -8.0), 7.0).to(tl.int32) + 8
         high = tl.minimum(tl.maximum(high, -8.0), 7.0).to(tl.int32) + 8
         byte = (low | (high << 4)).to(tl.uint8)
