@@ -129,6 +129,8 @@ OUR_PHASES: dict[str, tuple[str, str, str]] = {
 }
 """Our phases: (session offsets, the server's ``kv_cache_dtype``, label)."""
 PHASES = ("smoke", *OUR_PHASES, "reference")
+INT4_FORM = {"lazy": "LAZY", "vraw": "RAW_VALUES", "kw": "KEY_WORDS"}
+"""``--int4-form``'s names: the `duplex.kernels.kv_int4` defaults each turns on."""
 PRESET_MIMI = {"moshi-7b": "mimi", "tiny": "tiny"}
 
 
@@ -1126,6 +1128,12 @@ def main(argv: list[str] | None = None) -> int:
         help="ours phases: Mimi's dtype (`duplex serve --codec-dtype`)",
     )
     parser.add_argument(
+        "--int4-form",
+        default="",
+        help="ours int4 phases: the int4 ring kernel's switches made its defaults, a comma "
+        "list of lazy, vraw, kw (duplex/kernels/kv_int4.py LAZY, RAW_VALUES, KEY_WORDS)",
+    )
+    parser.add_argument(
         "--reference-per-process",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -1138,6 +1146,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(phases) - set(PHASES))
     if unknown or not args.batches or min(args.batches) < 1 or args.steps < 1:
         parser.error(f"bad --phases {unknown} / --batches / --steps")
+    form = {f.strip() for f in args.int4_form.split(",") if f.strip()}
+    if form - set(INT4_FORM):
+        parser.error(f"bad --int4-form {sorted(form - set(INT4_FORM))}: {', '.join(INT4_FORM)}")
+    if form:
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        kv_int4 = importlib.import_module("duplex.kernels.kv_int4")
+        for flag in form:
+            setattr(kv_int4, INT4_FORM[flag], True)
     device = torch.device(args.device)
     if device.type == "cuda":
         if device.index is None:  # memory / event calls want an indexed device
@@ -1165,6 +1182,7 @@ def main(argv: list[str] | None = None) -> int:
             "cuda_graphs": bool(args.cuda_graphs and device.type == "cuda"),
             "lm_dtype": str(lm_dtype(device)),
             "weight_dtype": args.weight_dtype,
+            "int4_form": sorted(form),
             "mimi_dtype": "torch.bfloat16" if args.codec_dtype == "bf16" else "torch.float32",
             "sampling": {"text": [0.7, 25], "audio": [0.8, 250]},
             "frame_ms": FRAME_MS,

@@ -43,7 +43,10 @@ if _triton.available():
 __all__ = [
     "BLOCK_ROWS",
     "GROUP",
+    "KEY_WORDS",
+    "LAZY",
     "NUM_WARPS",
+    "RAW_VALUES",
     "SPLIT_ROWS",
     "ZERO_BYTE",
     "dequantize_int4",
@@ -73,6 +76,15 @@ MAX_REGISTERS = 96
 of 4, no spills; 0.95x the staggered read and 0.99x the full one at B=128 on an H200
 (docs/benchmarks.md, "One H200: 256 sessions served, the bytes floor measured, more int4
 tiles in flight"). More pipeline stages were slower there (1.15-1.18x at 4 and 5)."""
+LAZY = False
+"""`ring_attention_int4`'s ``lazy`` when not given. The three switches below are counted
+fewer instructions on the CPU (docs/benchmarks.md, "Fewer instructions a key row") but not
+yet timed on a GPU: off until a run shows them faster (`bench/kernels.py` flags ``/lazy``,
+``/vraw``, ``/kw``; `bench/duplex_engine.py --int4-form`)."""
+RAW_VALUES = False
+"""`ring_attention_int4`'s ``raw_values`` when not given."""
+KEY_WORDS = False
+"""`ring_attention_int4`'s ``key_words`` when not given."""
 LAZY_MARGIN = 2.75
 """With ``lazy``: how far past the running max a tile's best score may go before the
 accumulators are rescaled to it (weights stay under e**2.75, about 16: a value times its
@@ -217,9 +229,9 @@ def ring_attention_int4(
     num_stages: int = 3,
     dot: bool | None = None,
     max_registers: int | None = MAX_REGISTERS,
-    lazy: bool = False,
-    raw_values: bool = False,
-    key_words: bool = False,
+    lazy: bool | None = None,
+    raw_values: bool | None = None,
+    key_words: bool | None = None,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as
@@ -262,6 +274,9 @@ def ring_attention_int4(
     word, whose tiles load with ``ldmatrix`` (the byte form's operands take a register move
     each: 0.82x the loop's instructions by `bench/kernel_sass.py`)."""
     batch, heads, head_dim = q.shape
+    lazy = LAZY if lazy is None else lazy
+    raw_values = RAW_VALUES if raw_values is None else raw_values
+    key_words = KEY_WORDS if key_words is None else key_words
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
     if head_dim & (head_dim - 1) or head_dim % group or group % 2:
