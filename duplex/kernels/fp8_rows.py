@@ -54,6 +54,7 @@ def quantize_rows_e4m3(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch
         x.stride(0),
         dim,
         eps,
+        MAX=E4M3_MAX,
         BLOCK=block,
         num_warps=8 if block >= 2048 else 4,
     )
@@ -79,13 +80,13 @@ if _triton.available():
 
     @triton.jit
     def _quantize_rows_e4m3(
-        x_ptr, values_ptr, scale_ptr, stride_row, dim, eps, BLOCK: tl.constexpr
+        x_ptr, values_ptr, scale_ptr, stride_row, dim, eps, MAX: tl.constexpr, BLOCK: tl.constexpr
     ):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         inside = cols < dim
         x = tl.load(x_ptr + row * stride_row + cols, mask=inside, other=0.0).to(tl.float32)
-        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), eps), 448.0)
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), eps), MAX)
         tl.store(scale_ptr + row, scale)
         quantized = _e4m3_nearest_even(tl.math.div_rn(x, scale)).to(tl.float8e4nv)
         tl.store(values_ptr + row * dim + cols, quantized, mask=inside)

@@ -127,17 +127,18 @@ def dequantize_int4(
 
 
 def write_int4_rows(
-    rings: tuple[tuple[torch.Tensor, torch.Tensor], ...],
-    new: tuple[torch.Tensor, ...],
+    rings: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    new: tuple[torch.Tensor, torch.Tensor],
     slots: torch.Tensor,
     rows: torch.Tensor,
     active: torch.Tensor | None = None,
     group: int = GROUP,
 ) -> None:
-    """Quantize each ``new[i]`` (``[B, H, D]``) as `quantize_int4` does and store it at row
-    ``rows[b]`` of slot ``slots[b]`` of ``rings[i]`` (``(packed [slots, H, context, D/2],
-    scales [slots, H, context, D/group])``, one layer's); rows where ``active`` is False
-    are left as they were. Bit for bit what `quantize_int4` and an indexed store give.
+    """Quantize the keys and values ``new`` (each ``[B, H, D]``) as `quantize_int4` does and
+    store each at row ``rows[b]`` of slot ``slots[b]`` of its ring in ``rings`` (``(packed
+    [slots, H, context, D/2], scales [slots, H, context, D/group])``, one layer's); rows
+    where ``active`` is False are left as they were. Bit for bit what `quantize_int4` and an
+    indexed store give.
 
     Why a kernel: in torch the quantizer and the stores are about twenty launches a ring and
     a layer (an absolute value, a max, a division, a rounding, a clamp, the packing, two
@@ -513,6 +514,16 @@ if _triton.available():
         return low, high
 
     @triton.jit
+    def _word_query(q_words, C: tl.constexpr, own4, scale, DTYPE: tl.constexpr):
+        """``[16, words]``: row ``g`` holds the query's value ``4m + C`` (times ``scale``) at
+        each word ``m`` of group ``g``, zeros elsewhere: the operand of position ``C``'s
+        product; a sixteenth of it for the high nibbles (``C`` odd), kept ``1024 + 16 n``."""
+        values = tl.load(q_words + C).to(tl.float32) * scale
+        if C % 2:
+            values = values / 16
+        return tl.where(own4, values[None, :], 0.0).to(DTYPE)
+
+    @triton.jit
     def _group_scales(
         base, rows, filled, g, grouped, stride, GROUPS: tl.constexpr, WORD_BITS: tl.constexpr
     ):
@@ -632,21 +643,20 @@ if _triton.available():
                 vw_base = vp_base.to(tl.pointer_type(tl.int16))
                 # keys unpacked as 1024 + n and 1024 + 16 n (`_raw_levels`): the query's
                 # high half a sixteenth (exact), each group's offset taken off its sums
-                q_high16 = (q_high.to(tl.float32) / 16).to(DOT_DTYPE)
-                low_sum = tl.sum(q_low.to(tl.float32), axis=1)
-                high_sum = tl.sum(q_high16.to(tl.float32), axis=1) * 16
-                k_bias = 1032.0 * low_sum + 72.0 * high_sum
                 if K_WORDS:  # the query by position in a word: value 4m + c of word m
                     q_words = q_base + 4 * m
-                    q0 = tl.where(own4, tl.load(q_words).to(tl.float32)[None, :] * scale, 0.0)
-                    q1 = tl.where(own4, tl.load(q_words + 1).to(tl.float32)[None, :] * scale, 0.0)
-                    q2 = tl.where(own4, tl.load(q_words + 2).to(tl.float32)[None, :] * scale, 0.0)
-                    q3 = tl.where(own4, tl.load(q_words + 3).to(tl.float32)[None, :] * scale, 0.0)
-                    q0, q2 = q0.to(DOT_DTYPE), q2.to(DOT_DTYPE)
-                    q1, q3 = (q1 / 16).to(DOT_DTYPE), (q3 / 16).to(DOT_DTYPE)
+                    q0 = _word_query(q_words, 0, own4, scale, DOT_DTYPE)
+                    q1 = _word_query(q_words, 1, own4, scale, DOT_DTYPE)
+                    q2 = _word_query(q_words, 2, own4, scale, DOT_DTYPE)
+                    q3 = _word_query(q_words, 3, own4, scale, DOT_DTYPE)
                     k_bias = 1032.0 * tl.sum(q0.to(tl.float32) + q2.to(tl.float32), axis=1)
                     k_bias += 1152.0 * tl.sum(q1.to(tl.float32) + q3.to(tl.float32), axis=1)
                     kw_base = kp_base.to(tl.pointer_type(tl.int16))
+                else:
+                    q_high16 = (q_high.to(tl.float32) / 16).to(DOT_DTYPE)
+                    low_sum = tl.sum(q_low.to(tl.float32), axis=1)
+                    high_sum = tl.sum(q_high16.to(tl.float32), axis=1) * 16
+                    k_bias = 1032.0 * low_sum + 72.0 * high_sum
             else:
                 acc_even = tl.zeros([16, HALF], dtype=tl.float32)
                 acc_odd = tl.zeros([16, HALF], dtype=tl.float32)
