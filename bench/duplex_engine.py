@@ -103,6 +103,7 @@ os.environ.setdefault("NO_TORCH_COMPILE", "1")  # before moshi is imported: its 
 import numpy as np
 import torch
 from _source import source_info
+from _tiling import int4_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAME_MS = 80.0
@@ -129,8 +130,6 @@ OUR_PHASES: dict[str, tuple[str, str, str]] = {
 }
 """Our phases: (session offsets, the server's ``kv_cache_dtype``, label)."""
 PHASES = ("smoke", *OUR_PHASES, "reference")
-INT4_FORM = {"lazy": "LAZY", "vraw": "RAW_VALUES", "kw": "KEY_WORDS"}
-"""``--int4-form``'s names: the `duplex.kernels.kv_int4` defaults each turns on."""
 PRESET_MIMI = {"moshi-7b": "mimi", "tiny": "tiny"}
 
 
@@ -1128,10 +1127,11 @@ def main(argv: list[str] | None = None) -> int:
         help="ours phases: Mimi's dtype (`duplex serve --codec-dtype`)",
     )
     parser.add_argument(
-        "--int4-form",
+        "--int4-kernel",
         default="",
-        help="ours int4 phases: the int4 ring kernel's switches made its defaults, a comma "
-        "list of lazy, vraw, kw (duplex/kernels/kv_int4.py LAZY, RAW_VALUES, KEY_WORDS)",
+        help="ours int4 phases: the int4 ring kernel's tiling and switches made its defaults "
+        "for the run, named as bench/kernels.py's --int4-sweep names them "
+        "(split/block/warps[/dot][/sN][/rN][/lazy][/vraw][/kw]); empty: the module's",
     )
     parser.add_argument(
         "--reference-per-process",
@@ -1146,15 +1146,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(phases) - set(PHASES))
     if unknown or not args.batches or min(args.batches) < 1 or args.steps < 1:
         parser.error(f"bad --phases {unknown} / --batches / --steps")
-    form = {f.strip() for f in args.int4_form.split(",") if f.strip()}
-    if form - set(INT4_FORM):
-        parser.error(f"bad --int4-form {sorted(form - set(INT4_FORM))}: {', '.join(INT4_FORM)}")
-    if form:
+    int4_kernel: dict[str, Any] = {}
+    if args.int4_kernel:
+        try:
+            int4_kernel = int4_defaults(args.int4_kernel)
+        except ValueError as error:
+            parser.error(f"--int4-kernel: {error}")
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
         kv_int4 = importlib.import_module("duplex.kernels.kv_int4")
-        for flag in form:
-            setattr(kv_int4, INT4_FORM[flag], True)
+        for constant, value in int4_kernel.items():
+            setattr(kv_int4, constant, value)
     device = torch.device(args.device)
     if device.type == "cuda":
         if device.index is None:  # memory / event calls want an indexed device
@@ -1182,7 +1184,8 @@ def main(argv: list[str] | None = None) -> int:
             "cuda_graphs": bool(args.cuda_graphs and device.type == "cuda"),
             "lm_dtype": str(lm_dtype(device)),
             "weight_dtype": args.weight_dtype,
-            "int4_form": sorted(form),
+            "int4_kernel": args.int4_kernel or None,
+            "int4_defaults": int4_kernel,
             "mimi_dtype": "torch.bfloat16" if args.codec_dtype == "bf16" else "torch.float32",
             "sampling": {"text": [0.7, 25], "audio": [0.8, 250]},
             "frame_ms": FRAME_MS,

@@ -26,7 +26,8 @@ for path in (ROOT, ROOT / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from kernels import CONTEXT, HEAD_DIM, HEADS, tiling  # noqa: E402
+from _tiling import tiling  # noqa: E402
+from kernels import CONTEXT, HEAD_DIM, HEADS  # noqa: E402
 
 from duplex.kernels import ring_attention  # noqa: E402
 from duplex.kernels.kv_int4 import quantize_int4, ring_attention_int4  # noqa: E402

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from _source import source_info
+from _tiling import tiling
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -85,34 +86,6 @@ def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: tor
     ]
     k, v = keys.to(q.dtype), values.to(q.dtype)
     return F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask)[:, :, 0]
-
-
-def tiling(name: str) -> dict[str, Any]:
-    """A tiling's kernel arguments from its name,
-    ``split/block/warps[/dot][/sN][/rN][/lazy][/vraw][/kw]``: split rows, block rows, warps, on
-    tensor cores, N software-pipeline stages, at most N registers a thread, accumulators
-    rescaled lazily, value nibbles left with their offsets, keys read as words (the last
-    five for the int4 kernel only). (Result files before the value words became the kernels'
-    only form name a ``/v`` flag: those words, timed against bytes.)"""
-    split_rows, block_rows, warps, *flags = name.split("/")
-    out: dict[str, Any] = {
-        "split_rows": int(split_rows),
-        "block_rows": int(block_rows),
-        "num_warps": int(warps),
-        "dot": "dot" in flags,
-    }
-    for flag in flags:
-        if flag == "lazy":
-            out["lazy"] = True
-        elif flag == "vraw":
-            out["raw_values"] = True
-        elif flag == "kw":
-            out["key_words"] = True
-        elif flag.startswith("s"):
-            out["num_stages"] = int(flag[1:])
-        elif flag.startswith("r"):
-            out["max_registers"] = int(flag[1:])
-    return out
 
 
 def measure(

@@ -74,8 +74,10 @@ if _triton.available():
         bits = x.to(tl.int32, bitcast=True)
         kept = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000  # ~0xFFFFF
         normal = kept.to(tl.float32, bitcast=True)
-        small = tl.abs((x + 24576.0) - 24576.0)
-        small = tl.where(x < 0, -small, small)  # -0.0 where a negative value rounds to 0
+        small = tl.abs((x + 24576.0) - 24576.0).to(tl.int32, bitcast=True)
+        # x's sign put back on the bits (-0.0 where a negative value rounds to 0): compiled,
+        # Triton's ``-small`` is ``0 - small``, which gives +0.0
+        small = (small | (bits & -2147483648)).to(tl.float32, bitcast=True)
         return tl.where(tl.abs(x) < 0.015625, small, normal)
 
     @triton.jit

@@ -45,6 +45,7 @@ __all__ = [
     "GROUP",
     "KEY_WORDS",
     "LAZY",
+    "NUM_STAGES",
     "NUM_WARPS",
     "RAW_VALUES",
     "SPLIT_ROWS",
@@ -76,11 +77,13 @@ MAX_REGISTERS = 96
 of 4, no spills; 0.95x the staggered read and 0.99x the full one at B=128 on an H200
 (docs/benchmarks.md, "One H200: 256 sessions served, the bytes floor measured, more int4
 tiles in flight"). More pipeline stages were slower there (1.15-1.18x at 4 and 5)."""
+NUM_STAGES = 3
+"""Software-pipeline stages of the tile loop."""
 LAZY = False
 """`ring_attention_int4`'s ``lazy`` when not given. The three switches below are counted
 fewer instructions on the CPU (docs/benchmarks.md, "Fewer instructions a key row") but not
 yet timed on a GPU: off until a run shows them faster (`bench/kernels.py` flags ``/lazy``,
-``/vraw``, ``/kw``; `bench/duplex_engine.py --int4-form`)."""
+``/vraw``, ``/kw``; `bench/duplex_engine.py --int4-kernel`)."""
 RAW_VALUES = False
 """`ring_attention_int4`'s ``raw_values`` when not given."""
 KEY_WORDS = False
@@ -224,12 +227,12 @@ def ring_attention_int4(
     slots: torch.Tensor | None = None,
     *,
     group: int = GROUP,
-    split_rows: int = SPLIT_ROWS,
-    block_rows: int = BLOCK_ROWS,
-    num_warps: int = NUM_WARPS,
-    num_stages: int = 3,
+    split_rows: int | None = None,
+    block_rows: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     dot: bool | None = None,
-    max_registers: int | None = MAX_REGISTERS,
+    max_registers: int | None = None,
     lazy: bool | None = None,
     raw_values: bool | None = None,
     key_words: bool | None = None,
@@ -258,7 +261,9 @@ def ring_attention_int4(
     0.95x the time on an H100 at B=128 (docs/benchmarks.md, "Values as words, and Mimi's
     rings read in place").
 
-    ``max_registers`` caps a thread's registers (ptxas's ``maxnreg``): fewer a thread, more
+    Arguments left None take the module's defaults at each call (`SPLIT_ROWS` ...
+    `KEY_WORDS`: a bench sets them for a whole run). ``max_registers`` 0 is uncapped; it caps
+    a thread's registers (ptxas's ``maxnreg``): fewer a thread, more
     programs an SM, and so more tiles loading at once (`bench/kernel_sass.py` counts what a
     cap costs in instructions and spills).
 
@@ -275,6 +280,11 @@ def ring_attention_int4(
     word, whose tiles load with ``ldmatrix`` (the byte form's operands take a register move
     each: 0.82x the loop's instructions by `bench/kernel_sass.py`)."""
     batch, heads, head_dim = q.shape
+    split_rows = SPLIT_ROWS if split_rows is None else split_rows
+    block_rows = BLOCK_ROWS if block_rows is None else block_rows
+    num_warps = NUM_WARPS if num_warps is None else num_warps
+    num_stages = NUM_STAGES if num_stages is None else num_stages
+    max_registers = MAX_REGISTERS if max_registers is None else max_registers
     lazy = LAZY if lazy is None else lazy
     raw_values = RAW_VALUES if raw_values is None else raw_values
     key_words = KEY_WORDS if key_words is None else key_words

@@ -1,0 +1,65 @@
+"""A ring kernel's tiling by name, shared by the kernel benches and `duplex_engine.py`.
+
+``split/block/warps[/dot][/sN][/rN][/lazy][/vraw][/kw]``: split rows, block rows, warps, on
+tensor cores, N software-pipeline stages, at most N registers a thread (``r0``: uncapped),
+accumulators rescaled lazily, value nibbles left with their offsets, keys read as words (the
+last five for the int4 kernel only). (Result files before the value words became the kernels'
+only form name a ``/v`` flag: those words, timed against bytes.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+INT4_DEFAULTS = {
+    "split_rows": "SPLIT_ROWS",
+    "block_rows": "BLOCK_ROWS",
+    "num_warps": "NUM_WARPS",
+    "num_stages": "NUM_STAGES",
+    "max_registers": "MAX_REGISTERS",
+    "lazy": "LAZY",
+    "raw_values": "RAW_VALUES",
+    "key_words": "KEY_WORDS",
+}
+"""Each int4 kernel argument's module default in `duplex.kernels.kv_int4` (read at each call)."""
+
+
+def tiling(name: str) -> dict[str, Any]:
+    """A tiling's kernel arguments from its name (the module docstring); ValueError if bad."""
+    try:
+        split_rows, block_rows, warps, *flags = name.split("/")
+        out: dict[str, Any] = {
+            "split_rows": int(split_rows),
+            "block_rows": int(block_rows),
+            "num_warps": int(warps),
+            "dot": "dot" in flags,
+        }
+        for flag in flags:
+            if flag == "lazy":
+                out["lazy"] = True
+            elif flag == "vraw":
+                out["raw_values"] = True
+            elif flag == "kw":
+                out["key_words"] = True
+            elif flag.startswith("s"):
+                out["num_stages"] = int(flag[1:])
+            elif flag.startswith("r"):
+                out["max_registers"] = int(flag[1:])
+            elif flag != "dot":
+                raise ValueError(f"unknown flag {flag!r}")
+    except ValueError as error:
+        raise ValueError(
+            f"bad tiling {name!r} ({error}): split/block/warps[/dot][/sN][/rN][/lazy][/vraw][/kw]"
+        ) from None
+    return out
+
+
+def int4_defaults(name: str) -> dict[str, Any]:
+    """`tiling` as `duplex.kernels.kv_int4`'s module defaults, as the kernel benches read a
+    name: a switch the name leaves out is off, stages and registers it leaves out keep the
+    module's values. ``dot`` is not a default (the kernel takes tensor cores where they fit)."""
+    given = tiling(name)
+    out = {"LAZY": False, "RAW_VALUES": False, "KEY_WORDS": False}
+    for arg, value in given.items():
+        if arg in INT4_DEFAULTS:
+            out[INT4_DEFAULTS[arg]] = value
+    return out

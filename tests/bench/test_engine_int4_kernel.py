@@ -1,0 +1,77 @@
+"""`bench/duplex_engine.py --int4-kernel`: the int4 ring kernel's tiling and switches, made
+its module defaults for one run (read at each call), recorded in the run's JSON; a bad name
+is refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from duplex.kernels import kv_int4
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "duplex_engine.py"
+sys.path.insert(0, str(ROOT / "bench"))
+from _tiling import int4_defaults, tiling  # noqa: E402
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--preset", "tiny", "--device", "cpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+
+
+def test_names_parse_to_kernel_arguments_and_bad_ones_are_refused() -> None:
+    assert tiling("1024/128/4/dot/s2/r0/lazy/vraw/kw") == {
+        "split_rows": 1024, "block_rows": 128, "num_warps": 4, "dot": True, "num_stages": 2,
+        "max_registers": 0, "lazy": True, "raw_values": True, "key_words": True,
+    }  # fmt: skip
+    assert int4_defaults("512/64/4/dot/kw") == {
+        "SPLIT_ROWS": 512, "BLOCK_ROWS": 64, "NUM_WARPS": 4,
+        "LAZY": False, "RAW_VALUES": False, "KEY_WORDS": True,
+    }  # fmt: skip
+    for bad in ("512/64", "512/x/4", "512/64/4/dot/fast", "512/64/4/rfew"):
+        with pytest.raises(ValueError, match="bad tiling"):
+            tiling(bad)
+
+
+def test_the_module_defaults_are_read_at_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that sets `kv_int4.SPLIT_ROWS` reaches calls that name no tiling (the engine's)."""
+    q = torch.zeros(1, 1, 64)
+    packed, scales = kv_int4.quantize_int4(torch.zeros(1, 1, 128, 64))
+    ring = (packed, scales)
+    monkeypatch.setattr(kv_int4, "SPLIT_ROWS", 100)  # no multiple of BLOCK_ROWS
+    with pytest.raises(ValueError, match="multiple of block_rows"):
+        kv_int4.ring_attention_int4(q, ring, ring, torch.tensor([1]))
+    monkeypatch.setattr(kv_int4, "SPLIT_ROWS", 128)
+    out = kv_int4.ring_attention_int4(q, ring, ring, torch.tensor([1]))
+    assert out.shape == q.shape and bool(torch.isfinite(out).all())
+
+
+def test_a_bad_kernel_name_is_refused() -> None:
+    done = _run("--int4-kernel", "512/64/4/dot/bogus")
+    assert done.returncode == 2
+    assert "--int4-kernel: bad tiling '512/64/4/dot/bogus'" in done.stderr
+
+
+def test_the_kernel_is_the_runs_default_and_on_record(tmp_path: Path) -> None:
+    out = tmp_path / "engine"
+    done = _run(
+        "--phases", "ours-int4", "--batches", "2", "--steps", "1", "--warmup", "1",
+        "--int4-kernel", "512/128/4/dot/r128/vraw/kw", "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["params"]["int4_kernel"] == "512/128/4/dot/r128/vraw/kw"
+    assert report["params"]["int4_defaults"]["BLOCK_ROWS"] == 128
+    assert report["params"]["int4_defaults"]["RAW_VALUES"] is True
+    assert report["phases"]["ours-int4"]["per_batch"]["2"], report["phases"]
