@@ -62,17 +62,17 @@ GROUP = 32
 """Values per scale: 4 scales a 128-value head row."""
 ZERO_BYTE = 0x88
 """Two zeros (level 0 is stored as 8 in each nibble): a cleared ring's bytes."""
-SPLIT_ROWS = 512
+SPLIT_ROWS = 1024
 """Rows a program walks (a split, merged after); with `BLOCK_ROWS` and `NUM_WARPS` the
 fastest tiling of the tensor-core form timed on an H200 (docs/benchmarks.md, "KV in 4 bits
 on a GPU")."""
-BLOCK_ROWS = 64
+BLOCK_ROWS = 128
 """Rows per tile of the online softmax."""
 NUM_WARPS = 4
 """Warps a program (with `BLOCK_ROWS`, the measured best once a row's scales load as one
 word: 0.93x the time of 32 rows on 2 warps; docs/benchmarks.md, "Where the kernel's time
 goes")."""
-MAX_REGISTERS = 96
+MAX_REGISTERS = 128
 """A thread's registers at most (ptxas's ``maxnreg``; 111 uncapped): 5 programs an SM instead
 of 4, no spills; 0.95x the staggered read and 0.99x the full one at B=128 on an H200
 (docs/benchmarks.md, "One H200: 256 sessions served, the bytes floor measured, more int4
@@ -84,9 +84,9 @@ LAZY = False
 fewer instructions on the CPU (docs/benchmarks.md, "Fewer instructions a key row") but not
 yet timed on a GPU: off until a run shows them faster (`bench/kernels.py` flags ``/lazy``,
 ``/vraw``, ``/kw``; `bench/duplex_engine.py --int4-kernel`)."""
-RAW_VALUES = False
+RAW_VALUES = True
 """`ring_attention_int4`'s ``raw_values`` when not given."""
-KEY_WORDS = False
+KEY_WORDS = True
 """`ring_attention_int4`'s ``key_words`` when not given."""
 LAZY_MARGIN = 2.75
 """With ``lazy``: how far past the running max a tile's best score may go before the

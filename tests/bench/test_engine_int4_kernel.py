@@ -46,14 +46,15 @@ def test_names_parse_to_kernel_arguments_and_bad_ones_are_refused() -> None:
 
 def test_the_module_defaults_are_read_at_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """A run that sets `kv_int4.SPLIT_ROWS` reaches calls that name no tiling (the engine's)."""
-    q = torch.zeros(1, 1, 64)
-    packed, scales = kv_int4.quantize_int4(torch.zeros(1, 1, 128, 64))
-    ring = (packed, scales)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    q = torch.zeros(1, 1, 64, device=device)
+    ring = kv_int4.quantize_int4(torch.zeros(1, 1, 128, 64, device=device))
+    lengths = torch.tensor([1], device=device)
     monkeypatch.setattr(kv_int4, "SPLIT_ROWS", 100)  # no multiple of BLOCK_ROWS
     with pytest.raises(ValueError, match="multiple of block_rows"):
-        kv_int4.ring_attention_int4(q, ring, ring, torch.tensor([1]))
-    monkeypatch.setattr(kv_int4, "SPLIT_ROWS", 128)
-    out = kv_int4.ring_attention_int4(q, ring, ring, torch.tensor([1]))
+        kv_int4.ring_attention_int4(q, ring, ring, lengths)
+    monkeypatch.setattr(kv_int4, "SPLIT_ROWS", kv_int4.BLOCK_ROWS)
+    out = kv_int4.ring_attention_int4(q, ring, ring, lengths)
     assert out.shape == q.shape and bool(torch.isfinite(out).all())
 
 
