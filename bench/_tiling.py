@@ -1,10 +1,12 @@
 """A ring kernel's tiling by name, shared by the kernel benches and `duplex_engine.py`.
 
-``split/block/warps[/dot][/sN][/rN][/lazy][/vraw][/kw]``: split rows, block rows, warps, on
+``split/block/warps[/dot][/sN][/rN][/vraw][/kw]``: split rows, block rows, warps, on
 tensor cores, N software-pipeline stages, at most N registers a thread (``r0``: uncapped),
-accumulators rescaled lazily, value nibbles left with their offsets, keys read as words (the
-last five for the int4 kernel only). (Result files before the value words became the kernels'
-only form name a ``/v`` flag: those words, timed against bytes.)"""
+value nibbles left with their offsets, keys read as words (the last four for the int4 kernel
+only; a switch not named is off). Result files before 2026-12-06 also name ``/lazy``: the
+accumulators rescaled only when the max moved past a margin, timed no faster and deleted.
+Those before the value words became the kernels' only form name ``/v``: those words, timed
+against bytes."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ INT4_DEFAULTS = {
     "num_warps": "NUM_WARPS",
     "num_stages": "NUM_STAGES",
     "max_registers": "MAX_REGISTERS",
-    "lazy": "LAZY",
     "raw_values": "RAW_VALUES",
     "key_words": "KEY_WORDS",
 }
@@ -34,9 +35,7 @@ def tiling(name: str) -> dict[str, Any]:
             "dot": "dot" in flags,
         }
         for flag in flags:
-            if flag == "lazy":
-                out["lazy"] = True
-            elif flag == "vraw":
+            if flag == "vraw":
                 out["raw_values"] = True
             elif flag == "kw":
                 out["key_words"] = True
@@ -48,7 +47,7 @@ def tiling(name: str) -> dict[str, Any]:
                 raise ValueError(f"unknown flag {flag!r}")
     except ValueError as error:
         raise ValueError(
-            f"bad tiling {name!r} ({error}): split/block/warps[/dot][/sN][/rN][/lazy][/vraw][/kw]"
+            f"bad tiling {name!r} ({error}): split/block/warps[/dot][/sN][/rN][/vraw][/kw]"
         ) from None
     return out
 
@@ -58,7 +57,7 @@ def int4_defaults(name: str) -> dict[str, Any]:
     name: a switch the name leaves out is off, stages and registers it leaves out keep the
     module's values. ``dot`` is not a default (the kernel takes tensor cores where they fit)."""
     given = tiling(name)
-    out = {"LAZY": False, "RAW_VALUES": False, "KEY_WORDS": False}
+    out = {"RAW_VALUES": False, "KEY_WORDS": False}
     for arg, value in given.items():
         if arg in INT4_DEFAULTS:
             out[INT4_DEFAULTS[arg]] = value

@@ -44,7 +44,6 @@ __all__ = [
     "BLOCK_ROWS",
     "GROUP",
     "KEY_WORDS",
-    "LAZY",
     "NUM_STAGES",
     "NUM_WARPS",
     "RAW_VALUES",
@@ -79,19 +78,14 @@ of 4, no spills; 0.95x the staggered read and 0.99x the full one at B=128 on an 
 tiles in flight"). More pipeline stages were slower there (1.15-1.18x at 4 and 5)."""
 NUM_STAGES = 3
 """Software-pipeline stages of the tile loop."""
-LAZY = False
-"""`ring_attention_int4`'s ``lazy`` when not given. The three switches below are counted
-fewer instructions on the CPU (docs/benchmarks.md, "Fewer instructions a key row") but not
-yet timed on a GPU: off until a run shows them faster (`bench/kernels.py` flags ``/lazy``,
-``/vraw``, ``/kw``; `bench/duplex_engine.py --int4-kernel`)."""
 RAW_VALUES = True
 """`ring_attention_int4`'s ``raw_values`` when not given."""
 KEY_WORDS = True
-"""`ring_attention_int4`'s ``key_words`` when not given."""
-LAZY_MARGIN = 2.75
-"""With ``lazy``: how far past the running max a tile's best score may go before the
-accumulators are rescaled to it (weights stay under e**2.75, about 16: a value times its
-scale times 16 is far inside float16)."""
+"""`ring_attention_int4`'s ``key_words`` when not given. With `RAW_VALUES`, 128-row tiles
+and 1024-row splits at 128 registers: 0.66x the full read's time of 64-row tiles of 512-row
+splits at 96 registers with neither switch, and 0.77x the engine's frame (B=128 at full
+context on an H100: 45.9 -> 35.5 ms; docs/benchmarks.md, "The int4 read timed: words for
+keys, 128-row tiles")."""
 _LEVELS = 7.0
 
 
@@ -233,7 +227,6 @@ def ring_attention_int4(
     num_stages: int | None = None,
     dot: bool | None = None,
     max_registers: int | None = None,
-    lazy: bool | None = None,
     raw_values: bool | None = None,
     key_words: bool | None = None,
 ) -> torch.Tensor:
@@ -267,10 +260,6 @@ def ring_attention_int4(
     programs an SM, and so more tiles loading at once (`bench/kernel_sass.py` counts what a
     cap costs in instructions and spills).
 
-    ``lazy`` rescales the accumulators only when a tile's best score passes the running max
-    by more than `LAZY_MARGIN` (most tiles of a long ring do not): the rescale multiplies the
-    tensor-core form's padded accumulators, 16 rows where one output row is kept.
-
     ``raw_values`` leaves the value words' nibbles with their float16 offsets, as the keys'
     (`_pair_raw_levels`: four instructions fewer a word pair), and takes the offsets off at
     the end: a fifth product, of the weights with ones, sums each group's weights.
@@ -285,7 +274,6 @@ def ring_attention_int4(
     num_warps = NUM_WARPS if num_warps is None else num_warps
     num_stages = NUM_STAGES if num_stages is None else num_stages
     max_registers = MAX_REGISTERS if max_registers is None else max_registers
-    lazy = LAZY if lazy is None else lazy
     raw_values = RAW_VALUES if raw_values is None else raw_values
     key_words = KEY_WORDS if key_words is None else key_words
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
@@ -345,8 +333,6 @@ def ring_attention_int4(
         DOT_DTYPE=tl.float16 if q.is_cuda else tl.float32,
         WORD_BITS=_scale_word_bits(k_scales, v_scales) if dot else 0,
         V_PAIRS=dot and _value_words_fit(v_packed, head_dim, group),
-        LAZY=lazy,
-        MARGIN=LAZY_MARGIN,
         V_RAW=dot and raw_values and _value_words_fit(v_packed, head_dim, group),
         K_WORDS=dot
         and key_words
@@ -596,8 +582,6 @@ if _triton.available():
         DOT_DTYPE: tl.constexpr,
         WORD_BITS: tl.constexpr,
         V_PAIRS: tl.constexpr,
-        LAZY: tl.constexpr,
-        MARGIN: tl.constexpr,
         V_RAW: tl.constexpr,
         K_WORDS: tl.constexpr,
     ):
@@ -716,24 +700,8 @@ if _triton.available():
                 per_group = tl.sum(tl.reshape(dots, [BLOCK_ROWS, GROUPS, BYTES]), axis=2)
                 raw = tl.sum(per_group * ks, axis=1)
             scores = tl.where(filled, raw, float("-inf"))
-            if LAZY:  # the running max moves only when a tile passes it by MARGIN
-                tile_best = tl.max(scores, axis=0)
-                if tile_best > best + MARGIN:
-                    rescale = tl.exp(best - tile_best)
-                    acc_even = acc_even * rescale
-                    acc_odd = acc_odd * rescale
-                    if DOT and V_PAIRS:
-                        acc_2 = acc_2 * rescale
-                        acc_3 = acc_3 * rescale
-                        if V_RAW:
-                            acc_w = acc_w * rescale
-                    total = total * rescale
-                    best = tile_best
-                new_best = best
-                rescale = 1.0
-            else:
-                new_best = tl.maximum(best, tl.max(scores, axis=0))
-                rescale = tl.exp(best - new_best)
+            new_best = tl.maximum(best, tl.max(scores, axis=0))
+            rescale = tl.exp(best - new_best)
             weights = tl.exp(scores - new_best)
             if DOT and V_PAIRS:
                 vw = tl.load(

@@ -31,15 +31,15 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_names_parse_to_kernel_arguments_and_bad_ones_are_refused() -> None:
-    assert tiling("1024/128/4/dot/s2/r0/lazy/vraw/kw") == {
+    assert tiling("1024/128/4/dot/s2/r0/vraw/kw") == {
         "split_rows": 1024, "block_rows": 128, "num_warps": 4, "dot": True, "num_stages": 2,
-        "max_registers": 0, "lazy": True, "raw_values": True, "key_words": True,
+        "max_registers": 0, "raw_values": True, "key_words": True,
     }  # fmt: skip
     assert int4_defaults("512/64/4/dot/kw") == {
         "SPLIT_ROWS": 512, "BLOCK_ROWS": 64, "NUM_WARPS": 4,
-        "LAZY": False, "RAW_VALUES": False, "KEY_WORDS": True,
+        "RAW_VALUES": False, "KEY_WORDS": True,
     }  # fmt: skip
-    for bad in ("512/64", "512/x/4", "512/64/4/dot/fast", "512/64/4/rfew"):
+    for bad in ("512/64", "512/x/4", "512/64/4/dot/lazy", "512/64/4/rfew"):  # lazy: deleted
         with pytest.raises(ValueError, match="bad tiling"):
             tiling(bad)
 

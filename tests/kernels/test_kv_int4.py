@@ -83,17 +83,14 @@ def _assert_near(got: torch.Tensor, want: torch.Tensor, dot: bool) -> None:
 
 FORMS = [
     pytest.param({"dot": False}, id="elementwise"),
-    pytest.param({"dot": True}, id="tensor-cores"),
+    pytest.param({"dot": True}, id="tensor-cores"),  # the defaults: key words, raw values
+    pytest.param(
+        {"dot": True, "raw_values": False, "key_words": False}, id="tensor-cores-bytes-levels"
+    ),
     pytest.param({"dot": True, "unaligned_scales": True}, id="tensor-cores-scale-by-scale"),
     pytest.param({"dot": True, "unaligned_values": True}, id="tensor-cores-value-bytes"),
-    pytest.param({"dot": True, "lazy": True}, id="tensor-cores-lazy"),
-    pytest.param({"dot": True, "raw_values": True}, id="tensor-cores-raw-values"),
-    pytest.param({"dot": True, "raw_values": True, "lazy": True}, id="tensor-cores-raw-lazy"),
-    pytest.param({"dot": True, "key_words": True}, id="tensor-cores-key-words"),
-    pytest.param(
-        {"dot": True, "key_words": True, "raw_values": True, "lazy": True}, id="tensor-cores-all"
-    ),
-    pytest.param({"dot": False, "lazy": True}, id="elementwise-lazy"),
+    pytest.param({"dot": True, "key_words": False}, id="tensor-cores-raw-values"),
+    pytest.param({"dot": True, "raw_values": False}, id="tensor-cores-key-words"),
 ]
 
 
@@ -252,31 +249,6 @@ def test_a_register_cap_and_more_stages_change_no_result(stages: int) -> None:
     torch.testing.assert_close(capped, plain, atol=1e-3, rtol=1e-3)
     want = ring_attention_int4_reference(q, keys, values, lengths)
     _assert_near(capped, want, dot=True)
-
-
-@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
-@pytest.mark.parametrize("dot", [True, False], ids=["tensor-cores", "elementwise"])
-def test_a_lazy_rescale_follows_a_max_that_climbs_tile_after_tile(dot: bool) -> None:
-    """Keys whose scores climb by about 12 over the ring (so the running max passes the
-    margin in tile after tile) and keys whose max comes first (so it never moves again):
-    the lazily rescaled read equals the reference either way."""
-    generator = torch.Generator().manual_seed(15)
-    context, dim = SPLIT_ROWS + 70, 128
-    q = torch.randn(2, 2, dim, generator=generator)
-    direction = q / q.norm(dim=-1, keepdim=True)
-    ramp = torch.linspace(0, 12, context)  # the score along q: dim**-0.5 * ramp * |q|
-    keys = torch.randn(2, 2, context, dim, generator=generator)
-    keys = (
-        keys + (ramp[:, None] * dim**0.5 / q.norm(dim=-1)[..., None, None]) * direction[:, :, None]
-    )
-    keys[1] = keys[1].flip(1)  # the second slot: the highest score in the first tile
-    values = torch.randn(2, 2, context, dim, generator=generator)
-    k4 = tuple(t.to(DEVICE) for t in quantize_int4(keys))
-    v4 = tuple(t.to(DEVICE) for t in quantize_int4(values))
-    q, lengths = q.to(DEVICE), torch.tensor([context, context - 5], device=DEVICE)
-    want = ring_attention_int4_reference(q, k4, v4, lengths)
-    got = ring_attention_int4(q, k4, v4, lengths, dot=dot, lazy=True)
-    _assert_near(got, want, dot=dot)
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
