@@ -62,20 +62,19 @@ GROUP = 32
 ZERO_BYTE = 0x88
 """Two zeros (level 0 is stored as 8 in each nibble): a cleared ring's bytes."""
 SPLIT_ROWS = 1024
-"""Rows a program walks (a split, merged after); with `BLOCK_ROWS` and `NUM_WARPS` the
-fastest tiling of the tensor-core form timed on an H200 (docs/benchmarks.md, "KV in 4 bits
-on a GPU")."""
+"""Rows a program walks (a split, merged after). With `BLOCK_ROWS`, `NUM_WARPS`,
+`MAX_REGISTERS` and the two switches below, the fastest tiling timed on an H100 at B=128
+(docs/benchmarks.md, "The int4 read timed: words for keys, 128-row tiles"): 1024-row splits
+0.96x the full read's time of 512-row ones, 2048-row ones no faster."""
 BLOCK_ROWS = 128
-"""Rows per tile of the online softmax."""
+"""Rows per tile of the online softmax: a tile's query operands and softmax bookkeeping are
+paid once per 128 rows (681 loop instructions a key row against 790 at 64, by
+``bench/kernel_sass.py``)."""
 NUM_WARPS = 4
-"""Warps a program (with `BLOCK_ROWS`, the measured best once a row's scales load as one
-word: 0.93x the time of 32 rows on 2 warps; docs/benchmarks.md, "Where the kernel's time
-goes")."""
+"""Warps a program (8 warps of 128-row tiles read 1.8-2.1x slower)."""
 MAX_REGISTERS = 128
-"""A thread's registers at most (ptxas's ``maxnreg``; 111 uncapped): 5 programs an SM instead
-of 4, no spills; 0.95x the staggered read and 0.99x the full one at B=128 on an H200
-(docs/benchmarks.md, "One H200: 256 sessions served, the bytes floor measured, more int4
-tiles in flight"). More pipeline stages were slower there (1.15-1.18x at 4 and 5)."""
+"""A thread's registers at most (ptxas's ``maxnreg``; 0 uncapped): 128-row tiles at 168
+registers were 1.03-1.04x slower; uncapped ones are yet to be timed with many repetitions."""
 NUM_STAGES = 3
 """Software-pipeline stages of the tile loop."""
 RAW_VALUES = True
