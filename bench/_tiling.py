@@ -1,10 +1,11 @@
 """A ring kernel's tiling by name, shared by the kernel benches and `duplex_engine.py`.
 
-``split/block/warps[/dot][/sN][/rN][/vraw][/kw]``: split rows, block rows, warps, on
+``split/block/warps[/dot][/sN][/rN][/kw]``: split rows, block rows, warps, on
 tensor cores, N software-pipeline stages, at most N registers a thread (``r0``: uncapped),
-value nibbles left with their offsets, keys read as words (the last four for the int4 kernel
-only; a switch not named is off). Result files before 2026-12-06 also name ``/lazy``: the
-accumulators rescaled only when the max moved past a margin, timed no faster and deleted.
+keys read as words (the last three for the int4 kernel only; a switch not named is off).
+Result files of 2026-12-06 and before also name ``/lazy`` (the accumulators rescaled only when
+the max moved past a margin: no faster) and ``/vraw`` (value nibbles left with their offsets:
+0.98x the time, 2.5-5x the error), both deleted.
 Those before the value words became the kernels' only form name ``/v``: those words, timed
 against bytes."""
 
@@ -18,7 +19,6 @@ INT4_DEFAULTS = {
     "num_warps": "NUM_WARPS",
     "num_stages": "NUM_STAGES",
     "max_registers": "MAX_REGISTERS",
-    "raw_values": "RAW_VALUES",
     "key_words": "KEY_WORDS",
 }
 """Each int4 kernel argument's module default in `duplex.kernels.kv_int4` (read at each call)."""
@@ -35,9 +35,7 @@ def tiling(name: str) -> dict[str, Any]:
             "dot": "dot" in flags,
         }
         for flag in flags:
-            if flag == "vraw":
-                out["raw_values"] = True
-            elif flag == "kw":
+            if flag == "kw":
                 out["key_words"] = True
             elif flag.startswith("s"):
                 out["num_stages"] = int(flag[1:])
@@ -47,7 +45,7 @@ def tiling(name: str) -> dict[str, Any]:
                 raise ValueError(f"unknown flag {flag!r}")
     except ValueError as error:
         raise ValueError(
-            f"bad tiling {name!r} ({error}): split/block/warps[/dot][/sN][/rN][/vraw][/kw]"
+            f"bad tiling {name!r} ({error}): split/block/warps[/dot][/sN][/rN][/kw]"
         ) from None
     return out
 
@@ -57,7 +55,7 @@ def int4_defaults(name: str) -> dict[str, Any]:
     name: a switch the name leaves out is off, stages and registers it leaves out keep the
     module's values. ``dot`` is not a default (the kernel takes tensor cores where they fit)."""
     given = tiling(name)
-    out = {"RAW_VALUES": False, "KEY_WORDS": False}
+    out = {"KEY_WORDS": False}
     for arg, value in given.items():
         if arg in INT4_DEFAULTS:
             out[INT4_DEFAULTS[arg]] = value

@@ -1131,7 +1131,7 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="ours int4 phases: the int4 ring kernel's tiling and switches made its defaults "
         "for the run, named as bench/kernels.py's --int4-sweep names them "
-        "(split/block/warps[/dot][/sN][/rN][/vraw][/kw]); empty: the module's",
+        "(split/block/warps[/dot][/sN][/rN][/kw]); empty: the module's",
     )
     parser.add_argument(
         "--reference-per-process",

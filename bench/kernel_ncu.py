@@ -6,7 +6,7 @@ them. Run under ncu, which replays the launches it is told to keep:
 
     ncu --set full --import-source yes -k regex:'_ring_attention_(split|int4)' \\
         -o out/ring python3 bench/kernel_ncu.py --batch 128 --fill full \\
-        --kernels fp8,int4,int4@1024/128/4/dot/r128/vraw/kw
+        --kernels fp8,int4,int4@512/64/4/dot/r96
 
 Each kernel's launches: ``--warmup`` first (to skip with ``--launch-skip``), then one. The merge
 kernel that follows each split kernel is named ``_ring_attention_merge`` (leave it out with
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         "--kernels",
         default="fp8,int4",
         help="which rings, in launch order: fp8, int4, or int4@TILING (as bench/kernels.py "
-        "names them: split/block/warps[/dot][/sN][/rN][/vraw][/kw])",
+        "names them: split/block/warps[/dot][/sN][/rN][/kw])",
     )
     parser.add_argument("--warmup", type=int, default=0)
     args = parser.parse_args(argv)

@@ -193,7 +193,7 @@ def forms() -> list[tuple[Any, ...]]:
     # the tilings as first counted (512-row splits, 64-row tiles of 4 warps), so the rows of
     # bench/results/kernel-sass-sm90.json stay comparable; the default tiling is the last row
     int4 = {"SPLIT_ROWS": 512, "HALF": HEAD_DIM // 2, "GROUP": GROUP, "ASM": True}
-    int4.update(DOT_DTYPE=tl.float16, WORD_BITS=0, V_PAIRS=False, V_RAW=False, K_WORDS=False)
+    int4.update(DOT_DTYPE=tl.float16, WORD_BITS=0, V_PAIRS=False, K_WORDS=False)
     kernel = kv_int4._ring_attention_int4
     elementwise = {**int4, "DOT": False, "BLOCK_ROWS": 64}
     out.append(("int4 elementwise", kernel, int4_pointers, elementwise, 4, 3))
@@ -213,26 +213,11 @@ def forms() -> list[tuple[Any, ...]]:
     for stages in (3, 4, 5):
         label = f"int4 tensor cores, value words, {stages} stages, 96 registers"
         out.append((label, kernel, int4_pointers, pairs, 4, stages, 96))
-    raw = {**pairs, "V_RAW": True}
-    out.append(
-        ("int4, value words, raw values, 96 registers", kernel, int4_pointers, raw, 4, 3, 96)
-    )
-    words = {**raw, "K_WORDS": True}
-    out.append(
-        ("int4, key and value words, raw, 96 registers", kernel, int4_pointers, words, 4, 3, 96)
-    )
-    wide = {**words, "BLOCK_ROWS": 128}
-    out.append(
-        (
-            "int4, key and value words, raw, 128 rows, 128 registers",
-            kernel,
-            int4_pointers,
-            wide,
-            4,
-            3,
-            128,
-        )
-    )
+    words = {**pairs, "K_WORDS": True}
+    out.append(("int4, key and value words, 96 registers", kernel, int4_pointers, words, 4, 3, 96))
+    wide = {**words, "BLOCK_ROWS": 128, "SPLIT_ROWS": 1024}
+    label = "int4, key and value words, 1024/128 rows, 128 registers (the default)"
+    out.append((label, kernel, int4_pointers, wide, 4, 3, 128))
     return out
 
 

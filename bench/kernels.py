@@ -166,11 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--int4-sweep",
-        default="512/64/4/dot,512/32/2/dot,1024/64/4/dot,512/128/4/dot",
-        help="split_rows/block_rows/num_warps[/dot][/sN][/rN][/vraw][/kw] tilings of the int4 "
+        default="1024/128/4/dot/r128/kw,512/64/4/dot/r96,1024/128/4/dot/r0/kw",
+        help="split_rows/block_rows/num_warps[/dot][/sN][/rN][/kw] tilings of the int4 "
         "kernel (on the bf16 cases' rings; dot: tensor cores, sN: N stages, rN: at most N "
-        "registers (r0: uncapped), vraw: value nibbles with their offsets, kw: keys read as "
-        "words; a switch not named is off)",
+        "registers (r0: uncapped), kw: keys read as words; a switch not named is off)",
     )
     parser.add_argument("--out", type=Path, default=Path("out/kernels"))
     args = parser.parse_args(argv)

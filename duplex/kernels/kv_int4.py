@@ -46,7 +46,6 @@ __all__ = [
     "KEY_WORDS",
     "NUM_STAGES",
     "NUM_WARPS",
-    "RAW_VALUES",
     "SPLIT_ROWS",
     "ZERO_BYTE",
     "dequantize_int4",
@@ -77,14 +76,11 @@ MAX_REGISTERS = 128
 registers were 1.03-1.04x slower; uncapped ones are yet to be timed with many repetitions."""
 NUM_STAGES = 3
 """Software-pipeline stages of the tile loop."""
-RAW_VALUES = True
-"""`ring_attention_int4`'s ``raw_values`` when not given."""
 KEY_WORDS = True
-"""`ring_attention_int4`'s ``key_words`` when not given. With `RAW_VALUES`, 128-row tiles
-and 1024-row splits at 128 registers: 0.66x the full read's time of 64-row tiles of 512-row
-splits at 96 registers with neither switch, and 0.77x the engine's frame (B=128 at full
-context on an H100: 45.9 -> 35.5 ms; docs/benchmarks.md, "The int4 read timed: words for
-keys, 128-row tiles")."""
+"""`ring_attention_int4`'s ``key_words`` when not given. With 128-row tiles and 1024-row
+splits at 128 registers: 0.68x the full read's time of 64-row tiles of 512-row splits at 96
+registers with key bytes (B=128 on an H100; docs/benchmarks.md, "The int4 read timed: words
+for keys, 128-row tiles")."""
 _LEVELS = 7.0
 
 
@@ -226,7 +222,6 @@ def ring_attention_int4(
     num_stages: int | None = None,
     dot: bool | None = None,
     max_registers: int | None = None,
-    raw_values: bool | None = None,
     key_words: bool | None = None,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
@@ -259,9 +254,10 @@ def ring_attention_int4(
     programs an SM, and so more tiles loading at once (`bench/kernel_sass.py` counts what a
     cap costs in instructions and spills).
 
-    ``raw_values`` leaves the value words' nibbles with their float16 offsets, as the keys'
-    (`_pair_raw_levels`: four instructions fewer a word pair), and takes the offsets off at
-    the end: a fifth product, of the weights with ones, sums each group's weights.
+    The values keep their levels (``n - 8``): left raw as the keys are (``1024 + n``, the
+    offsets taken off the weights' sum at the end) the read was 0.98x the time but its error
+    grew 2.5-5x (the offsets' product, about 1,032 times the weights, summed on tensor cores
+    over 1,024 rows), past the tests' bound on an H100; deleted (commit after ``a57f855``).
 
     ``key_words`` reads the keys as the values are read, 16-bit words of four (where both
     rings' rows start on even bytes): four products of a query operand a position in the
@@ -273,7 +269,6 @@ def ring_attention_int4(
     num_warps = NUM_WARPS if num_warps is None else num_warps
     num_stages = NUM_STAGES if num_stages is None else num_stages
     max_registers = MAX_REGISTERS if max_registers is None else max_registers
-    raw_values = RAW_VALUES if raw_values is None else raw_values
     key_words = KEY_WORDS if key_words is None else key_words
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
@@ -332,7 +327,6 @@ def ring_attention_int4(
         DOT_DTYPE=tl.float16 if q.is_cuda else tl.float32,
         WORD_BITS=_scale_word_bits(k_scales, v_scales) if dot else 0,
         V_PAIRS=dot and _value_words_fit(v_packed, head_dim, group),
-        V_RAW=dot and raw_values and _value_words_fit(v_packed, head_dim, group),
         K_WORDS=dot
         and key_words
         and _value_words_fit(v_packed, head_dim, group)
@@ -443,7 +437,7 @@ if _triton.available():
     ``1024 + 16 n``. A nibble at bit 0 (or 4) of each half is masked in place and 0x6400
     ORed above it by one ``lop3`` (``(a & b) | c``, table 0xEA), the second byte's after one
     shift: five instructions for eight values, where `_UNPACK_PAIR_ASM` takes ten and a
-    ``prmt`` form six. The kernel takes the offsets off the sums (``K_WORDS``, ``V_RAW``)."""
+    ``prmt`` form six. The kernel takes the keys' offsets off their sums (``K_WORDS``)."""
 
     @triton.jit
     def _pair_raw_levels(pairs, ASM: tl.constexpr, DTYPE: tl.constexpr):
@@ -581,7 +575,6 @@ if _triton.available():
         DOT_DTYPE: tl.constexpr,
         WORD_BITS: tl.constexpr,
         V_PAIRS: tl.constexpr,
-        V_RAW: tl.constexpr,
         K_WORDS: tl.constexpr,
     ):
         """One split of one (row, head). Elementwise (``DOT`` off): each row's scales are
@@ -630,9 +623,6 @@ if _triton.available():
                 acc_odd = tl.zeros([16, HALF // 2], dtype=tl.float32)
                 acc_2 = tl.zeros([16, HALF // 2], dtype=tl.float32)
                 acc_3 = tl.zeros([16, HALF // 2], dtype=tl.float32)
-                if V_RAW:  # each group's summed weights (every column the same)
-                    acc_w = tl.zeros([16, HALF // 2], dtype=tl.float32)
-                    ones = tl.full([BLOCK_ROWS, HALF // 2], 1.0, DOT_DTYPE)
                 vw_base = vp_base.to(tl.pointer_type(tl.int16))
                 # keys unpacked as 1024 + n and 1024 + 16 n (`_raw_levels`): the query's
                 # high half a sixteenth (exact), each group's offset taken off its sums
@@ -708,14 +698,9 @@ if _triton.available():
                     mask=filled[:, None],
                     other=0,
                 )
-                if V_RAW:
-                    v0, v1, v2, v3 = _pair_raw_levels(vw, ASM, DOT_DTYPE)
-                else:
-                    v0, v1, v2, v3 = _pair_levels(vw, ASM, DOT_DTYPE)
+                v0, v1, v2, v3 = _pair_levels(vw, ASM, DOT_DTYPE)
                 vs = _group_scales(vs_base, rows, filled, g, grouped, stride_vsr, GROUPS, WORD_BITS)
                 mix = (vs * weights[None, :]).to(DOT_DTYPE)  # [16, rows]
-                if V_RAW:
-                    acc_w = tl.dot(mix, ones, acc_w * rescale, input_precision="ieee")
                 acc_even = tl.dot(mix, v0, acc_even * rescale, input_precision="ieee")
                 acc_odd = tl.dot(mix, v1, acc_odd * rescale, input_precision="ieee")
                 acc_2 = tl.dot(mix, v2, acc_2 * rescale, input_precision="ieee")
@@ -748,13 +733,6 @@ if _triton.available():
             total = total * rescale + tl.sum(weights, axis=0)
             best = new_best
         part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (2 * HALF + 2)
-        if (
-            DOT and V_PAIRS and V_RAW
-        ):  # levels n - 8: 1024 + n less 1032, (1024 + 16 n) / 16 less 72
-            acc_even = acc_even - 1032.0 * acc_w
-            acc_odd = acc_odd / 16 - 72.0 * acc_w
-            acc_2 = acc_2 - 1032.0 * acc_w
-            acc_3 = acc_3 / 16 - 72.0 * acc_w
         if DOT and V_PAIRS:  # accumulator c holds values 4m + c; row g keeps group g's
             tl.store(part + 4 * m, tl.sum(tl.where(own4, acc_even, 0.0), axis=0))
             tl.store(part + 4 * m + 1, tl.sum(tl.where(own4, acc_odd, 0.0), axis=0))

@@ -31,15 +31,16 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_names_parse_to_kernel_arguments_and_bad_ones_are_refused() -> None:
-    assert tiling("1024/128/4/dot/s2/r0/vraw/kw") == {
+    assert tiling("1024/128/4/dot/s2/r0/kw") == {
         "split_rows": 1024, "block_rows": 128, "num_warps": 4, "dot": True, "num_stages": 2,
-        "max_registers": 0, "raw_values": True, "key_words": True,
+        "max_registers": 0, "key_words": True,
     }  # fmt: skip
     assert int4_defaults("512/64/4/dot/kw") == {
         "SPLIT_ROWS": 512, "BLOCK_ROWS": 64, "NUM_WARPS": 4,
-        "RAW_VALUES": False, "KEY_WORDS": True,
+        "KEY_WORDS": True,
     }  # fmt: skip
-    for bad in ("512/64", "512/x/4", "512/64/4/dot/lazy", "512/64/4/rfew"):  # lazy: deleted
+    # lazy and vraw: switches deleted after timing
+    for bad in ("512/64", "512/x/4", "512/64/4/dot/lazy", "512/64/4/vraw", "512/64/4/rfew"):
         with pytest.raises(ValueError, match="bad tiling"):
             tiling(bad)
 
@@ -68,11 +69,11 @@ def test_the_kernel_is_the_runs_default_and_on_record(tmp_path: Path) -> None:
     out = tmp_path / "engine"
     done = _run(
         "--phases", "ours-int4", "--batches", "2", "--steps", "1", "--warmup", "1",
-        "--int4-kernel", "512/128/4/dot/r128/vraw/kw", "--out", str(out),
+        "--int4-kernel", "512/128/4/dot/r128", "--out", str(out),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.with_suffix(".json").read_text())
-    assert report["params"]["int4_kernel"] == "512/128/4/dot/r128/vraw/kw"
+    assert report["params"]["int4_kernel"] == "512/128/4/dot/r128"
     assert report["params"]["int4_defaults"]["BLOCK_ROWS"] == 128
-    assert report["params"]["int4_defaults"]["RAW_VALUES"] is True
+    assert report["params"]["int4_defaults"]["KEY_WORDS"] is False
     assert report["phases"]["ours-int4"]["per_batch"]["2"], report["phases"]

@@ -83,14 +83,10 @@ def _assert_near(got: torch.Tensor, want: torch.Tensor, dot: bool) -> None:
 
 FORMS = [
     pytest.param({"dot": False}, id="elementwise"),
-    pytest.param({"dot": True}, id="tensor-cores"),  # the defaults: key words, raw values
-    pytest.param(
-        {"dot": True, "raw_values": False, "key_words": False}, id="tensor-cores-bytes-levels"
-    ),
+    pytest.param({"dot": True}, id="tensor-cores"),  # the default: key words
+    pytest.param({"dot": True, "key_words": False}, id="tensor-cores-key-bytes"),
     pytest.param({"dot": True, "unaligned_scales": True}, id="tensor-cores-scale-by-scale"),
     pytest.param({"dot": True, "unaligned_values": True}, id="tensor-cores-value-bytes"),
-    pytest.param({"dot": True, "key_words": False}, id="tensor-cores-raw-values"),
-    pytest.param({"dot": True, "raw_values": False}, id="tensor-cores-key-words"),
 ]
 
 
