@@ -366,10 +366,9 @@ class EngineConfig:
         "kernel reads it at one byte an element) or `int4` (4-bit values with a float16 scale "
         "a group of 32: 0.28 of bf16's bytes, about 1.75 times fp8's slots; read in place by "
         "its own kernel, on tensor cores on a GPU, which reads 128 full rings of the 7B in "
-        "0.91 of fp8's time on an H100 and 1.29 of it on an H200, where fp8's read is at the "
-        "card's bandwidth: the slots fp8 cannot hold, at a slower read). Their accuracy and "
-        "speed are measured in docs/benchmarks.md "
-        '("KV storage precision", "KV in 4 bits", "One H200: 256 sessions served")',
+        "0.58 of fp8's time on an H100 for 0.56 of its bytes: the same rate). Their accuracy "
+        "and speed are measured in docs/benchmarks.md "
+        '("KV storage precision", "KV in 4 bits", "The int4 read timed")',
         flag="--kv-cache-dtype",
     )
     weight_dtype: Literal["auto", "fp8"] = setting(

@@ -62,12 +62,12 @@ ZERO_BYTE = 0x88
 """Two zeros (level 0 is stored as 8 in each nibble): a cleared ring's bytes."""
 SPLIT_ROWS = 1024
 """Rows a program walks (a split, merged after). With `BLOCK_ROWS`, `NUM_WARPS`,
-`MAX_REGISTERS` and the two switches below, the fastest tiling timed on an H100 at B=128
+`MAX_REGISTERS` and `KEY_WORDS`, the fastest tiling timed on an H100 at B=128
 (docs/benchmarks.md, "The int4 read timed: words for keys, 128-row tiles"): 1024-row splits
 0.96x the full read's time of 512-row ones, 2048-row ones no faster."""
 BLOCK_ROWS = 128
 """Rows per tile of the online softmax: a tile's query operands and softmax bookkeeping are
-paid once per 128 rows (681 loop instructions a key row against 790 at 64, by
+paid once per 128 rows (749 loop instructions a key row against 856 at 64, by
 ``bench/kernel_sass.py``)."""
 NUM_WARPS = 4
 """Warps a program (8 warps of 128-row tiles read 1.8-2.1x slower)."""
@@ -257,7 +257,8 @@ def ring_attention_int4(
     The values keep their levels (``n - 8``): left raw as the keys are (``1024 + n``, the
     offsets taken off the weights' sum at the end) the read was 0.98x the time but its error
     grew 2.5-5x (the offsets' product, about 1,032 times the weights, summed on tensor cores
-    over 1,024 rows), past the tests' bound on an H100; deleted (commit after ``a57f855``).
+    over 1,024 rows), past the tests' bound on an H100; deleted (docs/benchmarks.md, "The
+    int4 read timed: words for keys, 128-row tiles").
 
     ``key_words`` reads the keys as the values are read, 16-bit words of four (where both
     rings' rows start on even bytes): four products of a query operand a position in the

@@ -4,10 +4,12 @@ is refused."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -16,8 +18,20 @@ from duplex.kernels import kv_int4
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "duplex_engine.py"
-sys.path.insert(0, str(ROOT / "bench"))
-from _tiling import int4_defaults, tiling  # noqa: E402
+
+
+def _load_tiling() -> ModuleType:
+    """bench/_tiling.py by its path: bench/ is never put on sys.path here, where its
+    ``kernels.py`` would shadow the ``kernels`` package transformers imports."""
+    spec = importlib.util.spec_from_file_location("bench_tiling", ROOT / "bench" / "_tiling.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_TILING = _load_tiling()
+tiling, int4_defaults = _TILING.tiling, _TILING.int4_defaults
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
