@@ -50,6 +50,13 @@ def tiling(name: str) -> dict[str, Any]:
     return out
 
 
+def int4_arguments(name: str) -> dict[str, Any]:
+    """`tiling` as `ring_attention_int4`'s arguments: a switch the name leaves out is off (the
+    kernel's own default would turn it on), stages and registers it leaves out are the
+    module's."""
+    return {"key_words": False, **tiling(name)}
+
+
 def int4_defaults(name: str) -> dict[str, Any]:
     """`tiling` as `duplex.kernels.kv_int4`'s module defaults, as the kernel benches read a
     name: a switch the name leaves out is off, stages and registers it leaves out keep the

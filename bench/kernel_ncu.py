@@ -26,7 +26,7 @@ for path in (ROOT, ROOT / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from _tiling import tiling  # noqa: E402
+from _tiling import int4_arguments  # noqa: E402
 from kernels import CONTEXT, HEAD_DIM, HEADS  # noqa: E402
 
 from duplex.kernels import ring_attention  # noqa: E402
@@ -56,7 +56,7 @@ def launch(
         _RINGS.clear()
         _RINGS[(name, id(keys))] = stored
     if name == "int4":
-        kwargs = tiling(int4_tiling) if int4_tiling else {}
+        kwargs = int4_arguments(int4_tiling) if int4_tiling else {}
         ring_attention_int4(q, *stored, lengths, **kwargs)
     else:
         ring_attention(q, *stored, lengths)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from _source import source_info
-from _tiling import tiling
+from _tiling import int4_arguments, tiling
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -146,7 +146,7 @@ def measure_int4(
     filled_bytes = sum(fills) * HEADS * int4_row_bytes(HEAD_DIM) * 2
     row: dict[str, Any] = {"int4_filled_gb": round(filled_bytes / 1e9, 3)}
     for name in tilings:
-        kwargs = tiling(name)
+        kwargs = int4_arguments(name)
         got = ring_attention_int4(q, keys4, values4, lengths, **kwargs).float()
         micros = timed(lambda t=kwargs: ring_attention_int4(q, keys4, values4, lengths, **t), reps)
         row[f"int4_{name}_us"] = round(micros, 1)

@@ -44,6 +44,7 @@ __all__ = [
     "BLOCK_ROWS",
     "GROUP",
     "KEY_WORDS",
+    "MAX_REGISTERS",
     "NUM_STAGES",
     "NUM_WARPS",
     "SPLIT_ROWS",

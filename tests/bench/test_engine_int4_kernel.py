@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from duplex.kernels import kv_int4
+from duplex.kernels import kv_int4, triton_available
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "duplex_engine.py"
@@ -49,6 +49,7 @@ def test_names_parse_to_kernel_arguments_and_bad_ones_are_refused() -> None:
         "split_rows": 1024, "block_rows": 128, "num_warps": 4, "dot": True, "num_stages": 2,
         "max_registers": 0, "key_words": True,
     }  # fmt: skip
+    assert _TILING.int4_arguments("512/64/4/dot")["key_words"] is False  # named: off
     assert int4_defaults("512/64/4/dot/kw") == {
         "SPLIT_ROWS": 512, "BLOCK_ROWS": 64, "NUM_WARPS": 4,
         "KEY_WORDS": True,
@@ -59,6 +60,7 @@ def test_names_parse_to_kernel_arguments_and_bad_ones_are_refused() -> None:
             tiling(bad)
 
 
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 def test_the_module_defaults_are_read_at_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """A run that sets `kv_int4.SPLIT_ROWS` reaches calls that name no tiling (the engine's)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -80,6 +82,8 @@ def test_a_bad_kernel_name_is_refused() -> None:
 
 
 def test_the_kernel_is_the_runs_default_and_on_record(tmp_path: Path) -> None:
+    """What the run records (on the CPU the engine reads its int4 rings by the reference, so
+    the kernel's side is `test_the_module_defaults_are_read_at_each_call`'s)."""
     out = tmp_path / "engine"
     done = _run(
         "--phases", "ours-int4", "--batches", "2", "--steps", "1", "--warmup", "1",
