@@ -58,12 +58,8 @@ def int4_arguments(name: str) -> dict[str, Any]:
 
 
 def int4_defaults(name: str) -> dict[str, Any]:
-    """`tiling` as `duplex.kernels.kv_int4`'s module defaults, as the kernel benches read a
-    name: a switch the name leaves out is off, stages and registers it leaves out keep the
-    module's values. ``dot`` is not a default (the kernel takes tensor cores where they fit)."""
-    given = tiling(name)
-    out = {"KEY_WORDS": False}
-    for arg, value in given.items():
-        if arg in INT4_DEFAULTS:
-            out[INT4_DEFAULTS[arg]] = value
-    return out
+    """`int4_arguments` as `duplex.kernels.kv_int4`'s module defaults (the kernel benches'
+    reading of a name, for a whole run). ``dot`` is not a default (the kernel takes tensor
+    cores where they fit)."""
+    arguments = int4_arguments(name)
+    return {INT4_DEFAULTS[arg]: value for arg, value in arguments.items() if arg in INT4_DEFAULTS}

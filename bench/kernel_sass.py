@@ -215,9 +215,13 @@ def forms() -> list[tuple[Any, ...]]:
         out.append((label, kernel, int4_pointers, pairs, 4, stages, 96))
     words = {**pairs, "K_WORDS": True}
     out.append(("int4, key and value words, 96 registers", kernel, int4_pointers, words, 4, 3, 96))
-    wide = {**words, "BLOCK_ROWS": 128, "SPLIT_ROWS": 1024}
-    label = "int4, key and value words, 1024/128 rows, 128 registers (the default)"
-    out.append((label, kernel, int4_pointers, wide, 4, 3, 128))
+    default = {**words, "BLOCK_ROWS": kv_int4.BLOCK_ROWS, "SPLIT_ROWS": kv_int4.SPLIT_ROWS}
+    label = (
+        f"int4, key and value words, {kv_int4.SPLIT_ROWS}/{kv_int4.BLOCK_ROWS} rows, "
+        f"{kv_int4.MAX_REGISTERS} registers (the default)"
+    )
+    tiles = (kv_int4.NUM_WARPS, kv_int4.NUM_STAGES, kv_int4.MAX_REGISTERS)
+    out.append((label, kernel, int4_pointers, default, *tiles))
     return out
 
 
