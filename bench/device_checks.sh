@@ -7,6 +7,7 @@
 #
 #   bash bench/device_checks.sh [extra duplex_engine.py arguments, e.g. --int4-kernel NAME]
 set -uo pipefail
+# (pytest without -q: the project's addopts give -q already, and -qq drops the summary line)
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
 source .whl/setup.sh || exit 1
@@ -19,10 +20,10 @@ memory=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | hea
 batch=128
 [ "$memory" -gt 100000 ] && batch=256
 start=$SECONDS
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels \
+timeout 240 python3 -m pytest -p no:cacheprovider tests/kernels \
     tests/models/moshi/test_fp8_weights.py tests/models/moshi/test_mimi_graph.py \
     tests/models/moshi/test_kv_int4_ring.py tests/models/moshi/test_static_step.py \
-    tests/bench/test_engine_int4_kernel.py 2>&1 | grep -E "FAILED|ERROR|passed|failed" | tail -12
+    tests/bench/test_engine_int4_kernel.py -rfE 2>&1 | grep -E "FAILED|ERROR|passed|failed|skipped" | tail -12
 echo "GPU tests: $((SECONDS - start)) s"
 timeout 150 python3 bench/duplex_engine.py --phases ours-int4 --batches "$batch" --steps 20 \
     --weight-dtype fp8 --codec-dtype bf16 --out "$OUT/engine-int4-full-$batch" "$@" 2>&1 |
