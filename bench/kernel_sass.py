@@ -181,6 +181,7 @@ def forms() -> list[tuple[Any, ...]]:
             "V_WORDS": False,
             "ASM": True,
             "SKIP": False,
+            "SLOTS": True,
         }
         kernel = ring_attention._ring_attention_split
         out.append((f"{label} ring", kernel, pointers, constants, ring_attention.NUM_WARPS, 3))
@@ -193,7 +194,7 @@ def forms() -> list[tuple[Any, ...]]:
     # the tilings as first counted (512-row splits, 64-row tiles of 4 warps), so the rows of
     # bench/results/kernel-sass-sm90.json stay comparable; the default tiling is the last row
     int4 = {"SPLIT_ROWS": 512, "HALF": HEAD_DIM // 2, "GROUP": GROUP, "ASM": True}
-    int4.update(DOT_DTYPE=tl.float16, WORD_BITS=0, V_PAIRS=False, K_WORDS=False)
+    int4.update(DOT_DTYPE=tl.float16, WORD_BITS=0, V_PAIRS=False, K_WORDS=False, SLOTS=True)
     kernel = kv_int4._ring_attention_int4
     elementwise = {**int4, "DOT": False, "BLOCK_ROWS": 64}
     out.append(("int4 elementwise", kernel, int4_pointers, elementwise, 4, 3))

@@ -3,7 +3,10 @@
 `ring_attention`: one-query decode attention over per-slot KV rings that
 loads only each slot's filled rows, in the ring's stored dtype.
 
-`rms_norm`: RMSNorm over the last axis in one kernel (float32 math).
+`rms_norm`: RMSNorm over the last axis in one kernel (float32 math); `rms_norm.add_rms_norm`
+the residual add before it in the same launch.
+
+`silu_gate`: a gated FFN's ``silu(gate) * value`` in one launch, or quantized to e4m3 in it.
 
 `fp8_rows.quantize_rows_e4m3`: rows to float8 e4m3 with a float32 scale a row (an fp8
 projection's activations), in one kernel.

@@ -7,7 +7,8 @@ value, a max, a widening, a clamp, two divisions, the cast); an fp8 projection q
 activations at every call, 128 calls a 7B step. `quantize_rows_e4m3` is the same arithmetic
 in one Triton launch, bit for bit: one program holds a row (up to `MAX_DIM` values). Its
 divisions are IEEE ones (``div_rn``), as torch's: Triton's ``/`` on float32 is the
-approximate ``div.full``.
+approximate ``div.full``; its rounding is done on the bits (`_rounding`). `e4m3_row` is the
+same arithmetic for kernels that quantize a row they compute.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from . import _triton
 if _triton.available():
     import triton
     import triton.language as tl
+
+    from ._rounding import e4m3_nearest_even
 
 __all__ = ["E4M3_MAX", "MAX_DIM", "quantize_rows_e4m3", "quantize_rows_e4m3_reference"]
 
@@ -64,21 +67,12 @@ def quantize_rows_e4m3(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch
 if _triton.available():
 
     @triton.jit
-    def _e4m3_nearest_even(x):
-        """``x`` (``|x| <= 448``) rounded to the nearest e4m3 value, ties to even, as float32:
-        the cast after it is then exact. Normal e4m3 values keep 3 of float32's 23 mantissa
-        bits (the rounding done on the bits, whose carry reaches the exponent); below 2**-6
-        e4m3 steps by 2**-9, which adding 1.5 * 2**14 leaves as float32's last bit. Why not
-        the cast alone: Triton's interpreter rounds a value up into the next binade to half
-        of it (-124.4 to -64), and the CPU tests must see the GPU's values."""
-        bits = x.to(tl.int32, bitcast=True)
-        kept = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000  # ~0xFFFFF
-        normal = kept.to(tl.float32, bitcast=True)
-        small = tl.abs((x + 24576.0) - 24576.0).to(tl.int32, bitcast=True)
-        # x's sign put back on the bits (-0.0 where a negative value rounds to 0): compiled,
-        # Triton's ``-small`` is ``0 - small``, which gives +0.0
-        small = (small | (bits & -2147483648)).to(tl.float32, bitcast=True)
-        return tl.where(tl.abs(x) < 0.015625, small, normal)
+    def e4m3_row(x, eps, MAX: tl.constexpr):
+        """One row's float32 values (masked lanes 0) as e4m3 and its float32 scale: the
+        arithmetic of `quantize_rows_e4m3_reference`, for kernels that quantize what they
+        compute (`silu_gate`)."""
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), eps), MAX)
+        return e4m3_nearest_even(tl.math.div_rn(x, scale)).to(tl.float8e4nv), scale
 
     @triton.jit
     def _quantize_rows_e4m3(
@@ -88,7 +82,6 @@ if _triton.available():
         cols = tl.arange(0, BLOCK)
         inside = cols < dim
         x = tl.load(x_ptr + row * stride_row + cols, mask=inside, other=0.0).to(tl.float32)
-        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), eps), MAX)
+        quantized, scale = e4m3_row(x, eps, MAX)
         tl.store(scale_ptr + row, scale)
-        quantized = _e4m3_nearest_even(tl.math.div_rn(x, scale)).to(tl.float8e4nv)
         tl.store(values_ptr + row * dim + cols, quantized, mask=inside)

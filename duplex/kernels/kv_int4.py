@@ -280,13 +280,14 @@ def ring_attention_int4(
         raise ValueError("ring_attention_int4 needs contiguous rows")
     if split_rows % block_rows:
         raise ValueError("split_rows must be a multiple of block_rows")
-    q = q.contiguous()
+    if q.stride(-1) != 1:
+        q = q.contiguous()
     splits = -(-context // split_rows)
     partial = torch.empty(batch, heads, splits, head_dim + 2, device=q.device, dtype=torch.float32)
-    out = torch.empty_like(q)
-    if slots is None:
-        slots = torch.arange(batch, device=q.device)
-    lengths, slots = lengths.contiguous(), slots.contiguous()  # read by row index
+    out = torch.empty(batch, heads, head_dim, device=q.device, dtype=q.dtype)
+    # read by row index; no slots: row b reads slot b (no index tensor to build)
+    lengths = lengths.contiguous()
+    slots = None if slots is None else slots.contiguous()
     fits_dot = head_dim // 2 >= 16 and block_rows >= 16 and head_dim // group <= 16
     if dot is None:
         dot = q.is_cuda and fits_dot
@@ -299,7 +300,7 @@ def ring_attention_int4(
         v_packed,
         v_scales,
         lengths,
-        slots,
+        lengths if slots is None else slots,  # not read without SLOTS
         partial,
         q.stride(0),
         q.stride(1),
@@ -333,6 +334,7 @@ def ring_attention_int4(
         and key_words
         and _value_words_fit(v_packed, head_dim, group)
         and _value_words_fit(k_packed, head_dim, group),
+        SLOTS=slots is not None,
         **({"maxnreg": max_registers} if max_registers and q.is_cuda else {}),
     )
     merge_splits(partial, out)
@@ -578,6 +580,7 @@ if _triton.available():
         WORD_BITS: tl.constexpr,
         V_PAIRS: tl.constexpr,
         K_WORDS: tl.constexpr,
+        SLOTS: tl.constexpr,
     ):
         """One split of one (row, head). Elementwise (``DOT`` off): each row's scales are
         loaded once, the key's dot summed within a group and then scaled, the value
@@ -599,7 +602,9 @@ if _triton.available():
         h = tl.program_id(1)
         s = tl.program_id(2)
         length = tl.load(len_ptr + b).to(tl.int32)
-        slot = tl.load(slot_ptr + b).to(tl.int64)
+        slot = b.to(tl.int64)
+        if SLOTS:
+            slot = tl.load(slot_ptr + b).to(tl.int64)
         start = s * SPLIT_ROWS
         end = tl.minimum(start + SPLIT_ROWS, length)
         j = tl.arange(0, HALF)  # byte j holds values 2j (low nibble) and 2j + 1 (high)

@@ -133,18 +133,19 @@ def ring_attention(
     context = keys.shape[2]
     if head_dim & (head_dim - 1) or keys.stride(-1) != 1 or values.stride(-1) != 1:
         raise ValueError("ring_attention needs a power-of-two head_dim and contiguous rows")
-    q = q.contiguous()
+    if q.stride(-1) != 1:  # rows of a wider projection are read in place (their strides)
+        q = q.contiguous()
     if block_rows is None:
         block_rows = BLOCK_ROWS[keys.element_size()]
     if split_rows % block_rows:
         raise ValueError("split_rows must be a multiple of block_rows")
     splits = -(-context // split_rows)
     partial = torch.empty(batch, heads, splits, head_dim + 2, device=q.device, dtype=torch.float32)
-    out = torch.empty_like(q)
-    if slots is None:
-        slots = torch.arange(batch, device=q.device)
-    # the kernel reads these by row index: a strided view (a column of [B, T]) is copied
-    lengths, slots = lengths.contiguous(), slots.contiguous()
+    out = torch.empty(batch, heads, head_dim, device=q.device, dtype=q.dtype)
+    # the kernel reads these by row index: a strided view (a column of [B, T]) is copied;
+    # no slots: row b reads slot b (no index tensor to build, one launch fewer)
+    lengths = lengths.contiguous()
+    slots = None if slots is None else slots.contiguous()
     skip = None if skip is None else skip.contiguous()
     dot = (q.is_cuda and head_dim >= 16) if dot is None else dot  # tensor cores need 16
     _ring_attention_split[(batch, heads, splits)](
@@ -152,7 +153,7 @@ def ring_attention(
         keys,
         values,
         lengths,
-        slots,
+        lengths if slots is None else slots,  # not read without SLOTS
         lengths if skip is None else skip,  # not read without SKIP
         partial,
         q.stride(0),
@@ -173,6 +174,7 @@ def ring_attention(
         V_WORDS=dot and _value_words_fit(values),
         ASM=q.is_cuda,
         SKIP=skip is not None,
+        SLOTS=slots is not None,
         num_warps=num_warps,
     )
     merge_splits(partial, out)
@@ -250,12 +252,15 @@ if _triton.available():
         V_WORDS: tl.constexpr,
         ASM: tl.constexpr,
         SKIP: tl.constexpr,
+        SLOTS: tl.constexpr,
     ):
         b = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.program_id(2)
         length = tl.load(len_ptr + b).to(tl.int32)
-        slot = tl.load(slot_ptr + b).to(tl.int64)
+        slot = b.to(tl.int64)
+        if SLOTS:
+            slot = tl.load(slot_ptr + b).to(tl.int64)
         start = s * SPLIT_ROWS
         end = tl.minimum(start + SPLIT_ROWS, length)
         skipped = -1

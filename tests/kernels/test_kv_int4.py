@@ -161,6 +161,22 @@ def test_kernel_reads_the_slot_each_row_names(form: dict) -> None:
     _assert_near(got, want, form["dot"])
 
 
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+def test_kernel_reads_queries_in_place_from_a_projection() -> None:
+    """q strided as a projection's third (no copy made), no slots (row b reads slot b)."""
+    generator = torch.Generator().manual_seed(13)
+    (kp, ks), (vp, vs), _, _ = _int4_pool(generator, 3, 2, 64, 32)
+    q = torch.randn(3, 3, 2, 32, generator=generator).to(DEVICE).unbind(1)[2]
+    assert not q.is_contiguous()
+    keys, values = (kp[0].to(DEVICE), ks[0].to(DEVICE)), (vp[0].to(DEVICE), vs[0].to(DEVICE))
+    lengths = torch.tensor([64, 5, 33], device=DEVICE)
+    got = ring_attention_int4(q, keys, values, lengths, block_rows=32)
+    copied = ring_attention_int4(q.contiguous(), keys, values, lengths, block_rows=32)
+    assert torch.equal(got, copied)
+    want = ring_attention_int4_reference(q, keys, values, lengths)
+    _assert_near(got, want, dot=DEVICE.type == "cuda")
+
+
 def test_int4_attention_stays_near_the_float_rings() -> None:
     """What 4 bits cost one attention read on random rows with sharp scores (keys x3): about
     a sixth of the output's norm, against about a fiftieth for fp8 (the model-level figures

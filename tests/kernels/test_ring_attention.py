@@ -69,6 +69,23 @@ def test_kernel_reads_the_slot_each_row_names() -> None:
     torch.testing.assert_close(alone, got[1:2], atol=1e-6, rtol=1e-6)
 
 
+def test_kernel_reads_queries_in_place_from_a_projection() -> None:
+    """q as the engine has it (one third of a ``[B, 3, H, D]`` projection, rows strided) reads
+    the same as a contiguous copy: no copy is made for it."""
+    generator = torch.Generator().manual_seed(9)
+    keys, values = _rings(generator, 1, 3, 2, 40, 16)
+    keys, values = keys[0].to(DEVICE), values[0].to(DEVICE)
+    projected = torch.randn(3, 3, 2, 16, generator=generator).to(DEVICE)
+    q = projected.unbind(1)[0]
+    assert not q.is_contiguous()
+    lengths = torch.tensor([40, 7, 21], device=DEVICE)
+    got = ring_attention(q, keys, values, lengths)
+    assert got.is_contiguous() and got.shape == q.shape
+    assert torch.equal(got, ring_attention(q.contiguous(), keys, values, lengths))
+    want = ring_attention_reference(q, keys, values, lengths)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
 def test_kernel_rejects_layouts_it_cannot_read() -> None:
     keys = torch.zeros(2, 1, 8, 6)  # head_dim 6: not a power of two
     with pytest.raises(ValueError, match="power-of-two"):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from duplex.kernels import rms_norm, rms_norm_reference, triton_available
-from duplex.kernels.rms_norm import MAX_DIM
+from duplex.kernels.rms_norm import MAX_DIM, add_rms_norm, add_rms_norm_reference
 from duplex.models.moshi import _layers
 from duplex.models.moshi._layers import RMSNorm
 
@@ -75,6 +75,47 @@ def test_module_keeps_the_torch_path_on_cpu_and_under_autograd() -> None:
     x = torch.randn(3, 16, generator=torch.Generator().manual_seed(5))
     assert torch.equal(norm(x), rms_norm_reference(x, norm.alpha, 1e-8))
     assert norm(x).requires_grad  # alpha is a parameter: the graph is recorded
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [4096, 1024, 96])
+def test_the_residual_add_is_torchs_and_the_norm_reads_it(dtype: torch.dtype, dim: int) -> None:
+    """The sum bit for bit torch's ``x + delta`` (one rounding); the norm the one-launch norm
+    of that sum, bit for bit, and near the reference's."""
+    generator = torch.Generator().manual_seed(dim)
+    x = (3 * torch.randn(5, dim, generator=generator)).to(dtype).to(DEVICE)
+    delta = torch.randn(5, dim, generator=generator).to(dtype).to(DEVICE)
+    alpha = torch.randn(1, 1, dim, generator=generator).to(DEVICE)
+    total, normed = add_rms_norm(x, delta, alpha, 1e-8)
+    assert total.shape == normed.shape == x.shape and total.dtype == normed.dtype == dtype
+    assert torch.equal(total, x + delta)
+    assert torch.equal(normed, rms_norm(total, alpha, 1e-8))
+    want_total, want_normed = add_rms_norm_reference(x, delta, alpha, 1e-8)
+    assert torch.equal(want_total, x + delta)
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(normed.float(), want_normed.float(), atol=tolerance, rtol=tolerance)
+
+
+def test_the_residual_add_reads_strided_rows_and_refuses_mixed_operands() -> None:
+    generator = torch.Generator().manual_seed(9)
+    wide = torch.randn(4, 80, generator=generator).to(torch.bfloat16).to(DEVICE)
+    delta = torch.randn(4, 64, generator=generator).to(torch.bfloat16).to(DEVICE)
+    alpha = torch.ones(64, device=DEVICE)
+    total, _ = add_rms_norm(wide[:, 8:72], delta, alpha, 1e-8)
+    assert torch.equal(total, wide[:, 8:72] + delta)
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        add_rms_norm(delta, delta.float(), alpha, 1e-8)
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        add_rms_norm(delta, delta[:, :32], alpha, 1e-8)
+
+
+def test_the_modules_residual_keeps_the_torch_path_on_cpu() -> None:
+    norm = RMSNorm(16, 1e-8)
+    generator = torch.Generator().manual_seed(10)
+    x = torch.randn(2, 3, 16, generator=generator)
+    delta = torch.randn(2, 3, 16, generator=generator)
+    total, normed = norm.residual(x, delta)
+    assert torch.equal(total, x + delta) and torch.equal(normed, norm(x + delta))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

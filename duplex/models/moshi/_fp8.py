@@ -28,21 +28,23 @@ from duplex.kernels.fp8_rows import quantize_rows_e4m3, quantize_rows_e4m3_refer
 __all__ = [
     "E4M3",
     "FP8_CAPABILITY",
+    "FP8_EPS",
     "Fp8Linear",
     "fp8_linear",
     "probe_tensor_cores",
     "quantize_rows",
+    "quantized_product",
     "scaled_product",
 ]
 
 E4M3 = torch.float8_e4m3fn
-_EPS = 1e-12
+FP8_EPS = 1e-12
 """An all-zero row's scale floor (its values stay 0)."""
 
 
 def quantize_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``[N, K]`` -> its e4m3 values ``[N, K]`` and float32 scales ``[N]`` (value * scale)."""
-    values, scale = quantize_rows_e4m3_reference(matrix, _EPS)
+    values, scale = quantize_rows_e4m3_reference(matrix, FP8_EPS)
     return values, scale[:, 0]
 
 
@@ -56,13 +58,13 @@ def _has_fp8_tensor_cores(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= FP8_CAPABILITY
 
 
-def _tensor_cores(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``torch._scaled_mm`` takes these operands here."""
-    if not x.is_cuda or x.dtype != torch.bfloat16:
+def _tensor_cores(x8: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``torch._scaled_mm`` takes these operands here (for a bf16 result)."""
+    if not x8.is_cuda:
         return False
     if weight.shape[0] % 16 or weight.shape[1] % 16:
         return False
-    return _has_fp8_tensor_cores(x.device)
+    return _has_fp8_tensor_cores(x8.device)
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -75,14 +77,25 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
     """
     flat = x.reshape(-1, x.shape[-1])
     if x.is_cuda and triton_available() and flat.stride(-1) == 1:
-        x8, x_scale = quantize_rows_e4m3(flat, _EPS)  # one launch, the same values
+        x8, x_scale = quantize_rows_e4m3(flat, FP8_EPS)  # one launch, the same values
     else:
-        x8, x_scale = quantize_rows_e4m3_reference(flat, _EPS)
-    if _tensor_cores(x, weight):
-        out = scaled_product(x8, x_scale, weight, scale, x.dtype)
-    else:
-        out = ((x8.float() * x_scale) @ (weight.float() * scale[:, None]).t()).to(x.dtype)
+        x8, x_scale = quantize_rows_e4m3_reference(flat, FP8_EPS)
+    out = quantized_product(x8, x_scale, weight, scale, x.dtype)
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def quantized_product(
+    x8: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """`fp8_linear` of activations already quantized (``x8`` ``[M, K]`` e4m3, ``x_scale``
+    ``[M, 1]``): on tensor cores where they take the operands, else emulated."""
+    if x8.is_cuda and out_dtype == torch.bfloat16 and _tensor_cores(x8, weight):
+        return scaled_product(x8, x_scale, weight, scale, out_dtype)
+    return ((x8.float() * x_scale) @ (weight.float() * scale[:, None]).t()).to(out_dtype)
 
 
 def scaled_product(
@@ -140,3 +153,10 @@ class Fp8Linear(nn.Module):
     def rows(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """The product with rows ``start:stop`` only (one step of stacked weights)."""
         return fp8_linear(x, self.weight[start:stop], self.scale[start:stop])
+
+    def quantized(
+        self, x8: torch.Tensor, x_scale: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The product with ``[M, K]`` activations a kernel already quantized (the values
+        `fp8_linear` would make of them), ``[M, N]`` in ``dtype``."""
+        return quantized_product(x8, x_scale, self.weight, self.scale, dtype)

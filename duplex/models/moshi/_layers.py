@@ -17,9 +17,12 @@ from torch import nn
 
 from duplex.kernels import rms_norm, rms_norm_reference, rope, rope_reference, triton_available
 from duplex.kernels.rms_norm import MAX_DIM as RMS_NORM_MAX_DIM
+from duplex.kernels.rms_norm import add_rms_norm, add_rms_norm_reference
 from duplex.kernels.rope import rope_supports
+from duplex.kernels.silu_gate import MAX_DIM as SILU_GATE_MAX_DIM
+from duplex.kernels.silu_gate import silu_gate, silu_gate_e4m3, silu_gate_reference
 
-from ._fp8 import Fp8Linear
+from ._fp8 import FP8_EPS, Fp8Linear
 
 __all__ = ["Attention", "GatedFFN", "RMSNorm", "apply_rope", "embed"]
 
@@ -71,14 +74,24 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """One Triton kernel on CUDA (`duplex.kernels.rms_norm`), else the torch reference."""
-        if (
+        if self._kernel(x):
+            return rms_norm(x, self.alpha, self.eps)
+        return rms_norm_reference(x, self.alpha, self.eps)
+
+    def residual(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x + delta, norm(x + delta))``: a residual add and the norm after it, one launch on
+        CUDA (`duplex.kernels.rms_norm.add_rms_norm`, the same bits as the two calls)."""
+        if self._kernel(x) and delta.dtype == x.dtype and delta.shape == x.shape:
+            return add_rms_norm(x, delta, self.alpha, self.eps)
+        return add_rms_norm_reference(x, delta, self.alpha, self.eps)
+
+    def _kernel(self, x: torch.Tensor) -> bool:
+        return (
             x.is_cuda
             and triton_available()
             and x.shape[-1] <= RMS_NORM_MAX_DIM
             and not _needs_grad(x, self.alpha)
-        ):
-            return rms_norm(x, self.alpha, self.eps)
-        return rms_norm_reference(x, self.alpha, self.eps)
+        )
 
 
 @final
@@ -91,8 +104,24 @@ class GatedFFN(nn.Module):
         self.linear_out = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, value = self.linear_in(x).unflatten(-1, (2, -1)).unbind(-2)
-        return self.linear_out(F.silu(gate) * value)
+        """On CUDA the SiLU and the product are one launch (`duplex.kernels.silu_gate`), and
+        with an fp8 ``linear_out`` the quantization of its input too; the same bits."""
+        projected = self.linear_in(x)
+        fused = (
+            projected.is_cuda
+            and triton_available()
+            and projected.dtype in (torch.bfloat16, torch.float32)
+            and projected.shape[-1] // 2 <= SILU_GATE_MAX_DIM
+            and not _needs_grad(projected)
+        )
+        if not fused:
+            return self.linear_out(silu_gate_reference(projected))
+        if isinstance(self.linear_out, Fp8Linear):
+            rows = projected.reshape(-1, projected.shape[-1])
+            values, scale = silu_gate_e4m3(rows, FP8_EPS)
+            out = self.linear_out.quantized(values, scale, projected.dtype)
+            return out.reshape(*projected.shape[:-1], out.shape[-1])
+        return self.linear_out(silu_gate(projected))
 
     def to_fp8(self) -> None:
         """Store both weights as `Fp8Linear` (the originals are dropped)."""
@@ -130,12 +159,16 @@ class Attention(nn.Module):
 
     def qkv(self, x: torch.Tensor, step: int = 0) -> tuple[torch.Tensor, ...]:
         """Project ``[..., dim]`` to q, k, v, each ``[..., H, D]``, with step ``step``'s weights."""
+        return self.projected(x, step).unbind(-3)
+
+    def projected(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
+        """`qkv` as one ``[..., 3, H, D]`` tensor (its keys and values stored in one copy)."""
         start, stop = step * 3 * self.dim, (step + 1) * 3 * self.dim
         if self.in_fp8 is not None:
             projected = self.in_fp8.rows(x, start, stop)
         else:
             projected = F.linear(x, self.in_proj_weight[start:stop])
-        return projected.unflatten(-1, (3, self.num_heads, -1)).unbind(-3)
+        return projected.unflatten(-1, (3, self.num_heads, -1))
 
     def out(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
         """Output projection of ``[..., H, D]`` heads with step ``step``'s weights."""

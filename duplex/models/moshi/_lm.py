@@ -153,20 +153,24 @@ class MoshiLM(nn.Module):
             ``hidden [B, dim]`` after ``out_norm`` and ``text_logits [B, text_card]`` (float32).
         """
         lengths = torch.clamp(frames + 1, max=ring.context)
+        layers = self.transformer.layers
+        # each residual add goes into the norm after it (one launch on CUDA): the next
+        # layer's norm1, or out_norm after the last
+        norms = [*(layer.norm1 for layer in layers), self.out_norm]
         x = self.embed_column(tokens)
-        for index, layer in enumerate(self.transformer.layers):
+        normed = norms[0](x)
+        for index, layer in enumerate(layers):
             assert isinstance(layer, _TemporalLayer)
-            q, k, v = layer.self_attn.qkv(layer.norm1(x))  # [B, H, D] each
+            q, k, v = layer.self_attn.qkv(normed)  # [B, H, D] each
             q, k = apply_rope(q, k, frames, self.config.max_period)
             ring.write(index, slots, frames, k, v, active)
             if max_len is None:
                 attended = ring.attend_prefix(index, q, lengths)
             else:
                 attended = ring.attend(index, q, slots, lengths, max_len)
-            x = x + layer.self_attn.out(attended)
-            x = x + layer.gating(layer.norm2(x))
-        hidden = self.out_norm(x)
-        return hidden, self.text_linear(hidden).float()
+            x, normed = layer.norm2.residual(x, layer.self_attn.out(attended))
+            x, normed = norms[index + 1].residual(x, layer.gating(normed))
+        return normed, self.text_linear(normed).float()
 
     def depth_step(
         self, hidden: torch.Tensor, text_token: torch.Tensor, choose: TokenChooser
@@ -184,26 +188,34 @@ class MoshiLM(nn.Module):
         c = self.config
         batch = hidden.shape[0]
         steps = c.agent_q
-        shape = (batch, c.depformer_num_heads, steps, c.depformer_head_dim)
-        caches = [(hidden.new_zeros(shape), hidden.new_zeros(shape)) for _ in self.depformer.layers]
+        layers = self.depformer.layers
+        # every layer's keys and values of this frame's steps: ``[layer, B, 2, H, step, D]``,
+        # a step's pair stored by one copy
+        caches = hidden.new_zeros(
+            len(layers), batch, 2, c.depformer_num_heads, steps, c.depformer_head_dim
+        )
         scale = 1.0 / math.sqrt(c.depformer_head_dim)
         # on CUDA the ring attention kernel reads the frame's steps 0..s: one launch
-        # pair instead of seven small ones per layer and step
+        # pair instead of seven small ones per layer and step; each step's lengths a row
         fused = hidden.is_cuda and triton_available()
+        if fused:
+            filled = torch.arange(1, steps + 1, device=hidden.device)
+            filled = filled[:, None].expand(steps, batch).contiguous()
         previous = text_token
         chosen: list[torch.Tensor] = []
         for step in range(steps):
             table = self.depformer_text_emb if step == 0 else self.depformer_emb[step - 1]
             assert isinstance(table, nn.Embedding)
-            x = F.linear(hidden, self.depformer_in[step].weight) + embed(table.weight, previous)
-            filled = torch.full((batch,), step + 1, device=hidden.device) if fused else None
-            for layer, (keys, values) in zip(self.depformer.layers, caches, strict=True):
+            x, normed = layers[0].norm1.residual(
+                F.linear(hidden, self.depformer_in[step].weight), embed(table.weight, previous)
+            )
+            for index, (layer, cache) in enumerate(zip(layers, caches, strict=True)):
                 assert isinstance(layer, _DepthLayer)
-                q, k, v = layer.self_attn.qkv(layer.norm1(x), step)
-                keys[:, :, step] = k
-                values[:, :, step] = v
-                if filled is not None:
-                    attended = ring_attention(q, keys, values, filled)
+                projected = layer.self_attn.projected(normed, step)  # [B, 3, H, D]
+                cache[:, :, :, step] = projected[:, 1:]
+                q, keys, values = projected[:, 0], cache[:, 0], cache[:, 1]
+                if fused:
+                    attended = ring_attention(q, keys, values, filled[step])
                 else:
                     scores = torch.einsum(
                         "bhd,bhsd->bhs", q.float(), keys[:, :, : step + 1].float()
@@ -212,8 +224,12 @@ class MoshiLM(nn.Module):
                     attended = torch.einsum(
                         "bhs,bhsd->bhd", probs, values[:, :, : step + 1].float()
                     ).to(x.dtype)
-                x = x + layer.self_attn.out(attended, step)
-                x = x + layer.gating[step](layer.norm2(x))
+                x, normed = layer.norm2.residual(x, layer.self_attn.out(attended, step))
+                delta = layer.gating[step](normed)
+                if index + 1 < len(layers):
+                    x, normed = layers[index + 1].norm1.residual(x, delta)
+                else:
+                    x = x + delta
             logits = self.linears[step](x).float()
             previous = choose(step, logits)
             chosen.append(previous)
