@@ -167,7 +167,7 @@ def count(name: str, kernel: Any, pointers: dict[str, str], constants: dict[str,
 def forms() -> list[tuple[Any, ...]]:
     """(label, kernel, pointer types, constants, warps, stages[, register cap]) of each form."""
     base = {"q_ptr": "*bf16", "len_ptr": "*i64", "slot_ptr": "*i64", "part_ptr": "*fp32"}
-    ring_base = {**base, "skip_ptr": "*i64"}
+    ring_base = {**base, "skip_ptr": "*i64", "out_ptr": "*bf16"}
     out = []
     for dtype, label, size in (("*bf16", "bf16", 2), ("*fp8e4nv", "fp8", 1)):
         block = ring_attention.BLOCK_ROWS[size]
@@ -182,6 +182,7 @@ def forms() -> list[tuple[Any, ...]]:
             "ASM": True,
             "SKIP": False,
             "SLOTS": True,
+            "DIRECT": False,
         }
         kernel = ring_attention._ring_attention_split
         out.append((f"{label} ring", kernel, pointers, constants, ring_attention.NUM_WARPS, 3))

@@ -135,12 +135,21 @@ def ring_attention(
         raise ValueError("ring_attention needs a power-of-two head_dim and contiguous rows")
     if q.stride(-1) != 1:  # rows of a wider projection are read in place (their strides)
         q = q.contiguous()
-    if block_rows is None:
-        block_rows = BLOCK_ROWS[keys.element_size()]
+    if block_rows is None:  # never a tile wider than the ring (the depth steps' is 8 rows)
+        block_rows = min(BLOCK_ROWS[keys.element_size()], max(16, 1 << (context - 1).bit_length()))
     if split_rows % block_rows:
         raise ValueError("split_rows must be a multiple of block_rows")
     splits = -(-context // split_rows)
-    partial = torch.empty(batch, heads, splits, head_dim + 2, device=q.device, dtype=torch.float32)
+    # one split (a ring of at most split_rows rows: the depth steps', Mimi's) is written
+    # out by its own program, with no partials and no merge launch
+    partial = torch.empty(
+        batch,
+        heads,
+        splits if splits > 1 else 0,
+        head_dim + 2,
+        device=q.device,
+        dtype=torch.float32,
+    )
     out = torch.empty(batch, heads, head_dim, device=q.device, dtype=q.dtype)
     # the kernel reads these by row index: a strided view (a column of [B, T]) is copied;
     # no slots: row b reads slot b (no index tensor to build, one launch fewer)
@@ -156,8 +165,11 @@ def ring_attention(
         lengths if slots is None else slots,  # not read without SLOTS
         lengths if skip is None else skip,  # not read without SKIP
         partial,
+        out,
         q.stride(0),
         q.stride(1),
+        out.stride(0),
+        out.stride(1),
         keys.stride(0),
         keys.stride(1),
         keys.stride(2),
@@ -175,9 +187,11 @@ def ring_attention(
         ASM=q.is_cuda,
         SKIP=skip is not None,
         SLOTS=slots is not None,
+        DIRECT=splits == 1,
         num_warps=num_warps,
     )
-    merge_splits(partial, out)
+    if splits > 1:
+        merge_splits(partial, out)
     return out
 
 
@@ -234,8 +248,11 @@ if _triton.available():
         slot_ptr,
         skip_ptr,
         part_ptr,
+        out_ptr,
         stride_qb,
         stride_qh,
+        stride_ob,
+        stride_oh,
         stride_ks,
         stride_kh,
         stride_kr,
@@ -253,6 +270,7 @@ if _triton.available():
         ASM: tl.constexpr,
         SKIP: tl.constexpr,
         SLOTS: tl.constexpr,
+        DIRECT: tl.constexpr,
     ):
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -331,16 +349,27 @@ if _triton.available():
                     acc = acc * rescale + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
                 total = total * rescale + tl.sum(weights, axis=0)
             best = new_best
-        part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (HEAD_DIM + 2)
         if V_WORDS:  # every row of the accumulators is the same: the first one's
             first = tl.arange(0, 16)[:, None] == 0
-            tl.store(part + 2 * m, tl.sum(tl.where(first, acc_even, 0.0), axis=0))
-            tl.store(part + 2 * m + 1, tl.sum(tl.where(first, acc_odd, 0.0), axis=0))
+            even = tl.sum(tl.where(first, acc_even, 0.0), axis=0)
+            odd = tl.sum(tl.where(first, acc_odd, 0.0), axis=0)
             total = tl.sum(tl.where(tl.arange(0, 16) == 0, total16, 0.0), axis=0)
+        if DIRECT:  # the only split: the merge's arithmetic for one split (weight 1)
+            out = out_ptr + b * stride_ob + h * stride_oh
+            if V_WORDS:
+                tl.store(out + 2 * m, (even / total).to(out_ptr.dtype.element_ty))
+                tl.store(out + 2 * m + 1, (odd / total).to(out_ptr.dtype.element_ty))
+            else:
+                tl.store(out + d, (acc / total).to(out_ptr.dtype.element_ty))
         else:
-            tl.store(part + d, acc)
-        tl.store(part + HEAD_DIM, best)
-        tl.store(part + HEAD_DIM + 1, total)
+            part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (HEAD_DIM + 2)
+            if V_WORDS:
+                tl.store(part + 2 * m, even)
+                tl.store(part + 2 * m + 1, odd)
+            else:
+                tl.store(part + d, acc)
+            tl.store(part + HEAD_DIM, best)
+            tl.store(part + HEAD_DIM + 1, total)
 
     @triton.jit
     def _ring_attention_merge(

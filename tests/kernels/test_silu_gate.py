@@ -72,19 +72,19 @@ def test_leading_axes_and_strided_rows_are_read() -> None:
 
 @pytest.mark.parametrize("hidden", [11264, 2816])
 def test_the_quantized_form_is_the_product_quantized(hidden: int) -> None:
-    """Values and scales equal `quantize_rows_e4m3_reference` of the kernel's own product
-    (bit for bit everywhere), and of torch's on CUDA."""
+    """Values and scales equal `quantize_rows_e4m3_reference` of the kernel's own product, bit
+    for bit. The reference runs on the host: its true division by 448 is the kernel's, where
+    torch's CUDA division by a Python scalar multiplies by its reciprocal (an ulp apart, and
+    then a tie between two e4m3 levels goes the other way)."""
     rows = _rows(4, hidden, hidden + 1, torch.bfloat16)
     values, scale = silu_gate_e4m3(rows, FP8_EPS)
     assert values.dtype == torch.float8_e4m3fn and scale.shape == (4, 1)
-    want_values, want_scale = quantize_rows_e4m3_reference(silu_gate(rows), FP8_EPS)
-    assert torch.equal(scale, want_scale)
-    assert torch.equal(values.view(torch.uint8), want_values.view(torch.uint8))
+    want_values, want_scale = quantize_rows_e4m3_reference(silu_gate(rows).cpu(), FP8_EPS)
+    assert torch.equal(scale.cpu(), want_scale)
+    assert torch.equal(values.cpu().view(torch.uint8), want_values.view(torch.uint8))
     assert float(scale[-1]) == pytest.approx(FP8_EPS / 448)  # a zero row: the floor
-    if DEVICE.type == "cuda":
-        torch_values, torch_scale = silu_gate_e4m3_reference(rows, FP8_EPS)
-        assert torch.equal(scale, torch_scale)
-        assert torch.equal(values.view(torch.uint8), torch_values.view(torch.uint8))
+    reference_values, _ = silu_gate_e4m3_reference(rows.cpu(), FP8_EPS)  # torch's CPU SiLU
+    assert float((reference_values.float() - want_values.float()).abs().max()) <= 32.0
 
 
 def test_shapes_and_dtypes_it_cannot_take_are_refused() -> None:

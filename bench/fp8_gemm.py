@@ -1,0 +1,137 @@
+"""The 7B step's projections alone: how near their weight bytes' floor each runs, by form.
+
+At B=128 the temporal transformer's 128 fp8 projections a frame took 3.5 ms on an H100 for
+6.6 GB of weights (2.1 ms at the card's read), and cuBLAS ran all four shapes on 128 x 128
+tiles: an output of 4096 columns is then 32 tiles for 132 SMs. This times each shape of the
+7B's projections the way the step runs them (a CUDA graph of one call a layer, each layer its
+own weights, so nothing is read from L2), in the forms a change could take:
+
+- ``rows``: ``torch._scaled_mm(x8, w8.T)`` with a scale a row of each (the step's form);
+- ``swapped``: the transposed product ``w8 @ x8.T`` (the weight rows as the tiles' long side;
+  the output comes transposed);
+- ``bf16``: ``F.linear`` on bf16 weights (the depth transformer's form, and the reference).
+
+For each: microseconds a call, the weights' GB/s, and the ratio to the card's read (``hbm``,
+measured in the same run). The depth transformer's shapes are timed in bf16 and fp8 (it is
+bf16 today: would fp8 pay there?).
+
+    python3 bench/fp8_gemm.py --batches 128 --out out/fp8-gemm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from _source import source_info
+from kernels import hbm_bandwidth
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from duplex.models.moshi._fp8 import quantize_rows  # noqa: E402
+
+# (name, out features N, in features K, calls a frame): the 7B's projections
+TEMPORAL = (("qkv", 12288, 4096, 32), ("out", 4096, 4096, 32), ("ffn_in", 22528, 4096, 32))
+TEMPORAL += (("ffn_out", 4096, 11264, 32),)
+DEPTH = (("depth_in", 1024, 4096, 8), ("depth_qkv", 3072, 1024, 48), ("depth_out", 1024, 1024, 48))
+DEPTH += (("depth_ffn_in", 5632, 1024, 48), ("depth_ffn_out", 1024, 2816, 48))
+
+
+def graphed(calls: list[Any], reps: int) -> float:
+    """Median microseconds a call of ``calls`` captured in one CUDA graph, replayed."""
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    times = []
+    for _ in range(reps + 2):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    return sorted(times[2:])[reps // 2]
+
+
+def measure(name: str, n: int, k: int, layers: int, batch: int, reps: int) -> dict[str, Any]:
+    generator = torch.Generator(device="cuda").manual_seed(n + k)
+    x = torch.randn(batch, k, generator=generator, device="cuda").to(torch.bfloat16)
+    x8, x_scale = quantize_rows(x.float())
+    x8, x_scale = x8.contiguous(), x_scale[:, None].contiguous()
+    weights = [torch.randn(n, k, generator=generator, device="cuda") for _ in range(layers)]
+    fp8 = [quantize_rows(w) for w in weights]
+    bf16 = [w.to(torch.bfloat16) for w in weights]
+    del weights
+    forms = {
+        "rows": [
+            lambda w=w, s=s: torch._scaled_mm(
+                x8, w.t(), scale_a=x_scale, scale_b=s[None, :], out_dtype=torch.bfloat16
+            )
+            for w, s in fp8
+        ],
+        "swapped": [
+            lambda w=w, s=s: torch._scaled_mm(
+                w, x8.t(), scale_a=s[:, None], scale_b=x_scale.t(), out_dtype=torch.bfloat16
+            )
+            for w, s in fp8
+        ],
+        "bf16": [lambda w=w: F.linear(x, w) for w in bf16],
+    }
+    row: dict[str, Any] = {"name": name, "batch": batch, "n": n, "k": k, "layers": layers}
+    for form, calls in forms.items():
+        try:
+            us = graphed(calls, reps)
+        except RuntimeError as exc:  # a form cuBLAS refuses for this shape
+            row[f"{form}_error"] = str(exc).splitlines()[0][:200]
+            continue
+        weight_bytes = n * k * (2 if form == "bf16" else 1)
+        row[f"{form}_us"] = round(us, 2)
+        row[f"{form}_gbps"] = round(weight_bytes / us / 1e3, 1)
+    del fp8, bf16
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="128")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=Path("out/fp8-gemm"))
+    args = parser.parse_args(argv)
+    hbm = hbm_bandwidth(args.reps)
+    torch.cuda.empty_cache()
+    rows = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        for name, n, k, calls in TEMPORAL + DEPTH:
+            row = measure(name, n, k, calls, batch, args.reps)
+            for form in ("rows", "swapped", "bf16"):
+                if f"{form}_gbps" in row:
+                    row[f"{form}_of_read"] = round(row[f"{form}_gbps"] / hbm["read_gbps"], 2)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    document = {
+        "command": " ".join(["python3", *sys.argv]),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "source": source_info(),
+        "hbm": hbm,
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(document, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
