@@ -9,10 +9,11 @@ own weights, so nothing is read from L2), in the forms a change could take:
 - ``rows``: ``torch._scaled_mm(x8, w8.T)`` with a scale a row of each (the step's form);
 - ``swapped``: the transposed product ``w8 @ x8.T`` (the weight rows as the tiles' long side;
   the output comes transposed);
-- ``bf16``: ``F.linear`` on bf16 weights (the depth transformer's form, and the reference);
-- ``splitk_<N tile>_<splits>`` (temporal shapes, ``--splitk``): the Triton experiment of
-  ``bench/_fp8_splitk.py``, narrow output tiles and K split over more programs, with its
-  largest difference from ``rows`` (``..._err``, relative to the output's largest value).
+- ``bf16``: ``F.linear`` on bf16 weights (the depth transformer's form, and the reference).
+
+(A Triton split-K form, narrow output tiles and K split over more programs, was timed here at
+commit ``9285357`` and deleted after: at best 0.90-0.94x cuBLAS on the 4096-column outputs at
+B=128 and slower everywhere else; docs/benchmarks.md.)
 
 For each: microseconds a call, the weights' GB/s, and the ratio to the card's read (``hbm``,
 measured in the same run). The depth transformer's shapes are timed in bf16 and fp8 (it is
@@ -31,7 +32,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _fp8_splitk import fp8_splitk
 from _source import source_info
 from kernels import hbm_bandwidth
 
@@ -68,13 +68,7 @@ def graphed(calls: list[Any], reps: int) -> float:
     return sorted(times[2:])[reps // 2]
 
 
-SPLITK = ((64, 1), (64, 2), (64, 4), (128, 1), (128, 2), (128, 4))
-"""(output columns a tile, K splits) of the ``splitk`` forms."""
-
-
-def measure(
-    name: str, n: int, k: int, layers: int, batch: int, reps: int, splitk: bool
-) -> dict[str, Any]:
+def measure(name: str, n: int, k: int, layers: int, batch: int, reps: int) -> dict[str, Any]:
     generator = torch.Generator(device="cuda").manual_seed(n + k)
     x = torch.randn(batch, k, generator=generator, device="cuda").to(torch.bfloat16)
     x8, x_scale = quantize_rows(x.float())
@@ -98,24 +92,11 @@ def measure(
         ],
         "bf16": [lambda w=w: F.linear(x, w) for w in bf16],
     }
-    if splitk:
-        block_m = min(128, batch)
-        for block_n, splits in SPLITK:
-            forms[f"splitk_{block_n}_{splits}"] = [
-                lambda w=w, s=s, bn=block_n, sp=splits: fp8_splitk(
-                    x8, x_scale, w, s, splits=sp, block_m=block_m, block_n=bn
-                )
-                for w, s in fp8
-            ]
     row: dict[str, Any] = {"name": name, "batch": batch, "n": n, "k": k, "layers": layers}
-    want = forms["rows"][0]().float()
     for form, calls in forms.items():
         try:
-            if form.startswith("splitk"):
-                got = calls[0]().float()
-                row[f"{form}_err"] = float((got - want).abs().max() / want.abs().max())
             us = graphed(calls, reps)
-        except Exception as exc:  # a form cuBLAS or Triton refuses for this shape
+        except RuntimeError as exc:  # a form cuBLAS refuses for this shape
             row[f"{form}_error"] = str(exc).splitlines()[0][:200]
             continue
         weight_bytes = n * k * (2 if form == "bf16" else 1)
@@ -130,7 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="128")
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--splitk", action="store_true", help="also the Triton split-K forms")
     parser.add_argument("--out", type=Path, default=Path("out/fp8-gemm"))
     args = parser.parse_args(argv)
     hbm = hbm_bandwidth(args.reps)
@@ -138,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
         for name, n, k, calls in TEMPORAL + DEPTH:
-            row = measure(name, n, k, calls, batch, args.reps, args.splitk and n * k >= 1 << 24)
+            row = measure(name, n, k, calls, batch, args.reps)
             for key in [key for key in row if key.endswith("_gbps")]:
                 row[key.replace("_gbps", "_of_read")] = round(row[key] / hbm["read_gbps"], 2)
             rows.append(row)
