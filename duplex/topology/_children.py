@@ -123,6 +123,9 @@ class Children:
         """Each child's current process (while it runs)."""
         self.ready: set[int] = set()
         """Children that said ``Ready`` on their current link."""
+        self.started = False
+        """Every child has served once (``run`` started them all): until then the server
+        says ``starting``, so the first clients are not all taken by the first child."""
         self.stopping = False
         self.paused = False
         """Children asked to stop for a while (`pause`): not restarted until `resume`."""
@@ -136,6 +139,7 @@ class Children:
         async with trio.open_nursery() as nursery:
             for index in self.indices:
                 await nursery.start(self._keep, index)
+            self.started = True
             task_status.started()
 
     def stop(self) -> None:

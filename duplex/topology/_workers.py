@@ -205,6 +205,13 @@ class ConnectionWorkers:
         )
         self.queries = ChildQueries(self.children)
 
+    def starting(self) -> str | None:
+        """How many workers serve while they start one after another; ``None`` once all
+        have served."""
+        if self.children.started:
+            return None
+        return f"{len(self.children.ready)} of {len(self.children.indices)} serving"
+
     async def spawn(self, index: int) -> tuple[trio.Process, Link]:
         listen_fd = self.listener.fileno()
         settings = self.settings.to_json()

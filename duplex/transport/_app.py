@@ -247,6 +247,10 @@ class Workers(Protocol):
         """Each serving worker's families, with the labels that tell it apart."""
         ...
 
+    def starting(self) -> str | None:
+        """What the workers' start still waits for (``None``: every one has served)."""
+        ...
+
 
 WAITING_ENDPOINTS: Final = frozenset({"/api/chat"})
 """Routes whose sockets may wait for a slot (``server.chat_wait_queue``): the Moshi
@@ -357,6 +361,11 @@ class HubBackend:
         waiting = self.startup.waiting_for() if self.startup is not None else {}
         if not hub.ready and not waiting:
             waiting = {"engine": "not running"}
+        # the first worker answers while the others still start: clients let in then would
+        # all land on it (a socket stays with the worker that accepted it)
+        workers = self.workers.starting() if self.workers is not None else None
+        if workers is not None:
+            waiting = {**waiting, "connection_workers": workers}
         engines = hub.engine_health()
         if hub.sleeping:  # stopped on purpose (POST /v1/omni/sleep), not starting
             waiting = {}

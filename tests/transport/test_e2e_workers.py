@@ -17,17 +17,22 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from typing import Any
 
+import httpx
 import pytest
 import trio
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect
 
+from duplex.actors import open_actor_system
 from duplex.actors._supervisor import unwrap
-from duplex.topology import _link
+from duplex.config import load_config
+from duplex.metrics import MetricsRegistry
+from duplex.topology import _link, serve_duplex
 from duplex.topology._link import WINDOW
+from duplex.topology._server import SERVER_DEAD_LETTERS
 from duplex.topology._workers import LinkedSocket
 
-from ..helpers import scrape
+from ..helpers import free_port, scrape
 from ..wire.test_realtime import check_wire
 from .test_e2e_duplex import open_session, resume, use_session
 from .wsclient import FRAME, Client, Server, append, running_server, silence, tone
@@ -175,6 +180,40 @@ class Watched:
 
 
 # -- tests ---------------------------------------------------------------------
+
+
+async def test_health_says_starting_until_every_worker_serves() -> None:
+    """Workers start one after another, and the first answers ``/health`` while the others
+    still start: until every one serves it says ``starting`` (503, how many serve), so the
+    clients that wait for it spread over all workers instead of all landing on the first
+    (a socket stays with the worker that accepted it)."""
+    port = free_port()
+    registry = MetricsRegistry()
+    overrides = {**BASE, "server.port": port, "server.connection_workers": 3}
+    overrides |= {"server.agent": False, "server.shutdown_grace_s": 0.5}
+    answers: list[tuple[int, str | None]] = []
+    async with (
+        open_actor_system(registry=registry, dead_letter_capacity=SERVER_DEAD_LETTERS) as system,
+        trio.open_nursery() as nursery,
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        config = load_config(env={}, overrides=overrides)
+        nursery.start_soon(partial(serve_duplex, config, system, registry=registry))
+        with trio.fail_after(60):
+            while not answers or answers[-1][0] != 200:
+                try:
+                    reply = await http.get(f"http://127.0.0.1:{port}/health")
+                except httpx.TransportError:  # no worker accepts yet
+                    await trio.sleep(0.02)
+                    continue
+                waiting = reply.json().get("waiting_for", {})
+                answers.append((reply.status_code, waiting.get("connection_workers")))
+                await trio.sleep(0.02)
+        serving_at_ok = re.search(r"^duplex_connection_workers_serving 3$", registry.render(), re.M)
+        system.request_shutdown()
+    assert answers[-1] == (200, None) and serving_at_ok, answers  # ok once all three serve
+    starting = {workers for status, workers in answers if status == 503}
+    assert starting and starting <= {"1 of 3 serving", "2 of 3 serving"}, answers
 
 
 async def test_a_killed_worker_costs_its_sockets_only_and_is_restarted() -> None:
