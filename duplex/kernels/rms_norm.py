@@ -7,14 +7,15 @@ call (copy, pow, mean, add, rsqrt, alpha cast, two muls, cast back).
 
 `rms_norm` is the Triton kernel: one program per row holds the whole row in
 registers (rows up to `MAX_DIM` wide), reduces the sum of squares and writes
-the scaled row, so one launch per call. `add_rms_norm` is the same launch with a
-transformer's residual add in front (``s = x + delta``, rounded to ``x``'s dtype as torch's
-add rounds, stored, then normed): every residual add of the 7B's layers is followed by a
-norm, and the add alone was a launch of its own (about 260 a frame, 0.9 ms at B=128 on an
-H100 with those of Mimi). Leading axes may be strided as long
+the scaled row, so one launch per call. Leading axes may be strided as long
 as they flatten to one row stride; the last axis must be contiguous (it is
 made so otherwise). The grid depends on shapes only: no host sync, and a CUDA
 graph can capture it.
+
+`add_rms_norm` is the same launch with a transformer's residual add in front
+(``s = x + delta``, rounded to ``x``'s dtype as torch's add rounds, stored, then normed):
+every residual add of the 7B's layers is followed by a norm, and the add alone was a launch
+of its own (about 260 a frame with Mimi's, 0.9 ms at B=128 on an H100).
 """
 
 from __future__ import annotations
