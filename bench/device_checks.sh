@@ -9,24 +9,18 @@
 set -uo pipefail
 # (pytest without -q: the project's addopts give -q already, and -qq drops the summary line)
 cd "$(dirname "$0")/.."
-# shellcheck disable=SC1091
-source .whl/setup.sh || exit 1
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
-OUT=${OUT:-out}
-mkdir -p "$OUT"
+# shellcheck source=bench/_device_env.sh
+source bench/_device_env.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 echo "tree $(python3 bench/_source.py)"
-memory=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-batch=128
-[ "$memory" -gt 100000 ] && batch=256
 start=$SECONDS
 timeout 240 python3 -m pytest -p no:cacheprovider tests/kernels \
     tests/models/moshi/test_fp8_weights.py tests/models/moshi/test_mimi_graph.py \
     tests/models/moshi/test_kv_int4_ring.py tests/models/moshi/test_static_step.py \
     tests/bench/test_engine_int4_kernel.py -rfE 2>&1 | grep -E "FAILED|ERROR|passed|failed|skipped" | tail -12
 echo "GPU tests: $((SECONDS - start)) s"
-timeout 150 python3 bench/duplex_engine.py --phases ours-int4 --batches "$batch" --steps 20 \
-    --weight-dtype fp8 --codec-dtype bf16 --out "$OUT/engine-int4-full-$batch" "$@" 2>&1 |
+timeout 150 python3 bench/duplex_engine.py --phases ours-int4 --batches "$card_batch" --steps 20 \
+    --weight-dtype fp8 --codec-dtype bf16 --out "$OUT/engine-int4-full-$card_batch" "$@" 2>&1 |
     grep -E "median|error|Error" | head -4 | cut -c1-400
 rm -f "$OUT"/*.png "$OUT"/*.md  # the run tool returns 8 files a call: keep the JSON
 echo "engine: $((SECONDS - start)) s"

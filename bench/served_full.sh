@@ -9,14 +9,9 @@
 #   bash bench/served_full.sh [N] [extra bench/served.py arguments, e.g. --warmup 2]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck disable=SC1091
-source .whl/setup.sh || exit 1
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-memory=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-count=128
-[ "$memory" -gt 100000 ] && count=256
+# shellcheck source=bench/_device_env.sh
+source bench/_device_env.sh || exit 1
+count=$card_batch
 if [ $# -gt 0 ] && [[ "$1" =~ ^[0-9]+$ ]]; then count=$1; shift; fi
 nvidia-smi --query-gpu=name --format=csv,noheader
 echo "N=$count tree $(python3 bench/_source.py)"

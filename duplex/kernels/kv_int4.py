@@ -74,7 +74,8 @@ NUM_WARPS = 4
 """Warps a program (8 warps of 128-row tiles read 1.8-2.1x slower)."""
 MAX_REGISTERS = 128
 """A thread's registers at most (ptxas's ``maxnreg``; 0 uncapped): 128-row tiles at 168
-registers were 1.03-1.04x slower; uncapped ones are yet to be timed with many repetitions."""
+registers were 1.00-1.02x the time, uncapped 1.00-1.03x (B=128 on an H100, ``--reps 50``;
+docs/benchmarks.md, "The shipped read on the GPU, its register cap")."""
 NUM_STAGES = 3
 """Software-pipeline stages of the tile loop."""
 KEY_WORDS = True

@@ -93,7 +93,7 @@ def quantized_product(
 ) -> torch.Tensor:
     """`fp8_linear` of activations already quantized (``x8`` ``[M, K]`` e4m3, ``x_scale``
     ``[M, 1]``): on tensor cores where they take the operands, else emulated."""
-    if x8.is_cuda and out_dtype == torch.bfloat16 and _tensor_cores(x8, weight):
+    if out_dtype == torch.bfloat16 and _tensor_cores(x8, weight):
         return scaled_product(x8, x_scale, weight, scale, out_dtype)
     return ((x8.float() * x_scale) @ (weight.float() * scale[:, None]).t()).to(out_dtype)
 
