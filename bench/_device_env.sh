@@ -9,4 +9,4 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 memory=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 card_batch=128
-[ "$memory" -gt 100000 ] && card_batch=256
+if [ "$memory" -gt 100000 ]; then card_batch=256; fi
