@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/served.py --counts 1,32,64,128 [--seconds 8] [--warmup 2]
         [--client-procs 4] [--client-nice N] [--url http://HOST:PORT] [--engine-bench]
-        [--out FILE.json]
+        [--step-down [--settle 3]] [--out FILE.json]
         [-- duplex serve ARGS, e.g. --model moshi-7b --random-weights --kv-cache-dtype fp8
             --model-device cuda]
 
@@ -12,8 +12,17 @@ once, waits for ``/health``, and for each N in ``--counts``: N ``/v1/duplex``
 sessions (spread over ``--client-procs`` load-generator processes, so the client's
 own event loop is not what is measured) open with staggered starts (spread over
 one frame period), each streams a 440 Hz tone as 80 ms PCM16 frames on an
-absolute real-time schedule for ``--warmup`` + ``--seconds`` seconds, and reads
-every event. Only frames received after the warm-up count.
+absolute real-time schedule, and reads every event. The processes share one clock:
+the measure window is the ``--seconds`` that begin ``--warmup`` seconds after the
+last session was due to start, and only outputs received inside it count.
+
+With ``--step-down``, every N is measured in one stream: the largest N opens, and after
+each window the sessions above the next N close (``--settle`` seconds to leave) and the
+next window measures the rest, each of them still carrying its whole history. Sessions
+are admitted in tiers (the longest-lived first, ``TIER_GAP`` apart) so that the survivors
+hold the lowest slots and the engine's step shrinks to the next N's batch. A run whose
+warm-up outlasts the model's context (Moshi: 3,000 frames, 240 s) so measures every N at
+full context for one warm-up, not one per N.
 
 Per session, its audio deltas arrive in runs (a response: consecutive engine ticks
 while the model speaks). Within a run, output j should arrive ``j * 80 ms`` after
@@ -28,12 +37,15 @@ loopback and Moshi with random weights do).
 
 Also per N: server CPU (user + system seconds of the server process and every
 process under it, over the measure window, per wall second), the GPU's used
-memory (``nvidia-smi``), and from ``/metrics`` the engine's step-time p99, late
-ticks, underruns, warm-up steps (those that captured a CUDA graph) and dropped outputs over
-the window. With ``--engine-bench`` (one GPU), ``bench/duplex_engine.py`` runs
-first, at the same batch sizes and the server's precisions (the staggered phase of its
-``--kv-cache-dtype``, its ``--weight-dtype`` and ``--codec-dtype``), and each N's served
-step p99 is given as a ratio to it.
+memory (``nvidia-smi``, its peak since the window before), and from ``/metrics`` the
+engine's step-time p99, late ticks, underruns, warm-up steps (those that captured a CUDA
+graph) and dropped outputs over the window, and the slot span at its end (highest live
+slot + 1: the rows the step ran). An N given as ``capacity`` is the sessions ``/health``
+said the server admits once ready (the pool's size): the largest N it offers. With
+``--engine-bench`` (one GPU), ``bench/duplex_engine.py`` runs first, at the same batch
+sizes (``capacity`` left out: the server sizes its pool after) and the server's precisions
+(the staggered phase of its ``--kv-cache-dtype``, its ``--weight-dtype`` and
+``--codec-dtype``), and each N's served step p99 is given as a ratio to it.
 
 With ``--sleep-wake``, before the counts the idle engine is put to sleep and woken
 (``POST /v1/omni/sleep``, ``/v1/omni/wakeup``): the report's ``sleep_wake`` has both answers
@@ -68,6 +80,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +93,8 @@ from websockets.trio.client import connect
 
 FRAME = 1920  # 80 ms at 24 kHz
 PERIOD = 0.08
+TIER_GAP = 4.0  # s between a step-down's admission tiers: whole periods, so phases hold
+LOADERS_START_S = 3.0  # the load generators' start-up (imports) before a stream's epoch
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -90,66 +105,101 @@ def _tone(k: int) -> str:
     return json.dumps({"type": "input_audio_buffer.append", "audio": audio, "sample_rate": 24000})
 
 
-async def _session(url: str, offset: float, warmup: float, seconds: float) -> dict[str, Any]:
-    """One session; what it measured (times relative to its first frame sent, which is
-    ``started`` on trio's clock). The first ``error`` event is noted (``error`` /
+@dataclass(frozen=True)
+class Plan:
+    """One stream of sessions on a shared clock (seconds from its epoch): when each starts,
+    the measure windows it lives through, and when it leaves.
+
+    ``counts`` (descending) are the windows' session counts: session ``i`` streams through
+    window ``k`` while ``i < counts[k]``, so after each window the highest-numbered sessions
+    close and the next window measures fewer, every one still at its full history. Sessions
+    are admitted in tiers, the longest-lived first (``TIER_GAP`` apart), so the scheduler's
+    lowest-free-slot-first rule gives the survivors the lowest slots: the step the next window
+    runs is the smaller batch's, as it would be for a run of that many."""
+
+    counts: tuple[int, ...]
+    warmup: float
+    seconds: float
+    settle: float = 0.0
+
+    def last_window(self, index: int) -> int:
+        return sum(index < count for count in self.counts) - 1
+
+    def start(self, index: int) -> float:
+        tier = len(self.counts) - 1 - self.last_window(index)
+        return tier * TIER_GAP + index * PERIOD / self.counts[0]
+
+    def window(self, k: int) -> tuple[float, float]:
+        begin = (len(self.counts) - 1) * TIER_GAP + PERIOD + self.warmup
+        begin += k * (self.seconds + self.settle)
+        return begin, begin + self.seconds
+
+    def end(self, index: int) -> float:
+        return self.window(self.last_window(index))[1]
+
+
+async def _session(url: str, epoch: float, plan: Plan, index: int) -> dict[str, Any]:
+    """Session ``index`` of ``plan``, whose clock starts at ``epoch`` (``time.time()``): what
+    it measured in each of its windows. The first ``error`` event is noted (``error`` /
     ``error_at``); a session the server closes stops sending and says when and how
     (``close_code`` / ``closed_at``)."""
-    await trio.sleep(offset)
+    zero = trio.current_time() + epoch - time.time()  # the epoch on trio's clock
+    await trio.sleep_until(zero + plan.start(index))
     async with connect(url, max_queue=None, max_size=None) as ws:
         await ws.send(json.dumps({"type": "session.create"}))
         with trio.fail_after(60):
             first = json.loads(await ws.recv())
         if first["type"] != "session.created":
             return {"admitted": False, "error": first.get("error", first)}
-        arrivals: list[tuple[float, str]] = []  # (receipt, response id)
+        arrivals: list[tuple[float, str]] = []  # (receipt from the epoch, response id)
         ended: dict[str, Any] = {}
         start = trio.current_time()
-        frames = round((warmup + seconds) / PERIOD)
+        stop = zero + plan.end(index)
 
         async def read() -> None:
             try:
                 while True:
                     event = json.loads(await ws.recv())
                     if event["type"] == "response.audio.delta":
-                        arrivals.append((trio.current_time() - start, event["response_id"]))
+                        arrivals.append((trio.current_time() - zero, event["response_id"]))
                     elif event["type"] == "error" and "error" not in ended:
                         ended["error"] = event["error"].get("code")
-                        ended["error_at"] = trio.current_time() - start
+                        ended["error_at"] = trio.current_time() - zero
             except ConnectionClosed as closed:
-                ended["closed_at"] = trio.current_time() - start
+                ended["closed_at"] = trio.current_time() - zero
                 ended["close_code"] = closed.rcvd.code if closed.rcvd else None
 
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(read)
-                for k in range(frames):
+                k = 0
+                while start + k * PERIOD < stop:
                     await trio.sleep_until(start + k * PERIOD)
                     await ws.send(_tone(k))
+                    k += 1
                 await trio.sleep(0.5)  # outputs of the last frames
                 nursery.cancel_scope.cancel()
             await ws.send(json.dumps({"type": "session.close"}))
         except* ConnectionClosed:
             pass  # the server ended it: `read` noted when and how
-    return {"admitted": True, "arrivals": arrivals, "started": start, **ended}
+    return {"admitted": True, "arrivals": arrivals, "started": start - zero, **ended}
 
 
-def _measure(result: dict[str, Any], warmup: float, seconds: float) -> dict[str, Any]:
-    """Delays and missed ticks of one session's runs, counted after the warm-up."""
+def _measure(result: dict[str, Any], begin: float, end: float) -> dict[str, Any]:
+    """Delays and missed ticks of one session's runs inside the window ``[begin, end)``."""
     runs: dict[str, list[float]] = {}
     for at, response in result["arrivals"]:
         runs.setdefault(response, []).append(at)
     delays: list[float] = []
     missed = received = 0
     first_output = None
-    end = warmup + seconds
     for times in runs.values():
         if first_output is None:
-            first_output = times[0]
+            first_output = times[0] - result["started"]
         # the run's cadence is set by its best-aligned output: delay is lateness against it
         base = min(at - j * PERIOD for j, at in enumerate(times))
         for j, at in enumerate(times):
-            if not warmup <= at < end:
+            if not begin <= at < end:
                 continue
             received += 1
             delays.append(at - (base + j * PERIOD))
@@ -161,20 +211,23 @@ def _measure(result: dict[str, Any], warmup: float, seconds: float) -> dict[str,
         "delays": delays,
         "missed": missed,
         "received": received,
-        "expected": round(seconds / PERIOD),
+        "expected": round((end - begin) / PERIOD),
         "first_output_s": first_output,
     }
 
 
-async def _load(url: str, count: int, first: int, total: int, args: argparse.Namespace) -> list:
-    """Sessions ``first .. first + count`` of ``total``, staggered over one period."""
+async def _load(url: str, epoch: float, plan: Plan, first: int, count: int) -> list:
+    """Sessions ``first .. first + count`` of ``plan``: each one's figures per window."""
     results: list[dict[str, Any]] = []
 
     async def one(index: int) -> None:
-        result = await _session(url, index * PERIOD / total, args.warmup, args.seconds)
+        result = await _session(url, epoch, plan, index)
         if result["admitted"]:
-            result = {"admitted": True, **_measure(result, args.warmup, args.seconds)}
-        results.append(result)
+            windows = [
+                _measure(result, *plan.window(k)) for k in range(plan.last_window(index) + 1)
+            ]
+            result = {"admitted": True, "windows": windows}
+        results.append({"index": index, **result})
 
     async with trio.open_nursery() as nursery:
         for index in range(first, first + count):
@@ -221,6 +274,8 @@ def _gpu_memory_mib() -> list[int] | None:
 LATENESS = "duplex_engine_tick_lateness_seconds"
 STEPS = "duplex_engine_step_seconds"
 LAG = "duplex_event_loop_lag_seconds"
+SPAN = "duplex_engine_slot_span"
+CAPACITY = "capacity"  # in --counts: as many sessions as /health said the server admits
 
 
 def _buckets(text: str, name: str) -> dict[float, float]:
@@ -271,10 +326,10 @@ async def _metrics(http: str) -> dict[str, Any]:
         "duplex_engine_slack_beside_total",
     )
     values: dict[str, Any] = {name: _buckets(text, name) for name in (LATENESS, STEPS, LAG)}
-    for name in wanted:
-        found = re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)
-        if found:
-            values[name] = sum(float(v) for v in found)
+    for name in (*wanted, SPAN):
+        found = [float(v) for v in re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)]
+        if found:  # the widest engine's span; counters summed over engines
+            values[name] = max(found) if name == SPAN else sum(found)
     return values
 
 
@@ -305,78 +360,120 @@ async def _wait_ready(
 async def _one_count(
     args: argparse.Namespace, http: str, n: int, server_pid: int | None
 ) -> dict[str, Any]:
+    """N sessions streamed through one window."""
+    (row,) = await _stream(args, http, (n,), server_pid)
+    return row
+
+
+async def _stream(
+    args: argparse.Namespace, http: str, counts: tuple[int, ...], server_pid: int | None
+) -> list[dict[str, Any]]:
+    """One `Plan` over ``--client-procs`` load generators: a row per window, with the
+    server's own figures (metrics, CPU, GPU memory) over that window."""
+    plan = Plan(counts, args.warmup, args.seconds, args.settle if len(counts) > 1 else 0.0)
     url = http.replace("http://", "ws://") + "/v1/duplex"
+    n = counts[0]
     procs = min(args.client_procs, n)
     shares = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
-    before = await _metrics(http)
-    cpu_before = _tree_cpu_s(server_pid) if server_pid else None
-    wall_before = time.monotonic()
+    epoch = time.time() + LOADERS_START_S
     commands = []
     first = 0
     for share in shares:
         commands.append(
             [
-                sys.executable,
-                __file__,
-                "--load",
-                url,
-                "--load-range",
-                f"{first},{share},{n}",
-                "--seconds",
-                str(args.seconds),
-                "--warmup",
-                str(args.warmup),
+                sys.executable, __file__, "--load", url, "--load-range", f"{first},{share}",
+                "--epoch", repr(epoch), "--counts", ",".join(map(str, counts)),
+                "--seconds", str(args.seconds), "--warmup", str(args.warmup),
+                "--settle", str(plan.settle),
             ]
-        )
+        )  # fmt: skip
         first += share
     if args.client_nice:  # the load generators yield the host's cores to the server
         commands = [["nice", "-n", str(args.client_nice), *c] for c in commands]
+    server: list[dict[str, Any]] = []  # per window: metrics and CPU at its edges, GPU peak
+    memory: list[tuple[float, list[int]]] = []
+
+    async def watch() -> None:
+        for k in range(len(counts)):
+            begin, end = plan.window(k)
+            await trio.sleep_until(trio.current_time() + epoch + begin - time.time())
+            cpu = _tree_cpu_s(server_pid) if server_pid else None
+            edges = {"metrics": await _metrics(http), "cpu": cpu, "wall": time.monotonic()}
+            await trio.sleep_until(trio.current_time() + epoch + end - time.time())
+            edges["after"] = await _metrics(http)
+            if server_pid:
+                edges["cpu_s"] = _tree_cpu_s(server_pid) - edges["cpu"]
+            edges["wall"] = time.monotonic() - edges["wall"]
+            server.append(edges)
+
     # Each loader writes its JSON to a file, not a pipe: a pipe nobody reads while they run
     # fills at 64 KiB (about 30 sessions' delays) and the loader blocks on it forever.
     results: list[dict[str, Any]] = []
-    gpu_peak: list[int] | None = None
     with contextlib.ExitStack() as files:
         outputs = [files.enter_context(tempfile.TemporaryFile(mode="w+")) for _ in commands]
         loaders = [subprocess.Popen(c, stdout=o) for c, o in zip(commands, outputs, strict=True)]
         # a session ends within its frames plus 60 s to be admitted and 10 s to close
-        deadline = time.monotonic() + args.warmup + args.seconds + 120
-        while any(p.poll() is None for p in loaders):
-            if time.monotonic() > deadline:
-                stuck = sum(p.poll() is None for p in loaders)
-                for loader in loaders:
-                    loader.kill()
-                raise SystemExit(f"N={n}: {stuck} of {len(loaders)} load generators never ended")
-            memory = _gpu_memory_mib()
-            if memory is not None:
-                gpu_peak = (
-                    memory
-                    if gpu_peak is None
-                    else [max(a, b) for a, b in zip(gpu_peak, memory, strict=True)]
-                )
-            await trio.sleep(0.5)
+        deadline = time.monotonic() + LOADERS_START_S + plan.window(len(counts) - 1)[1] + 120
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            while any(p.poll() is None for p in loaders):
+                if time.monotonic() > deadline:
+                    stuck = sum(p.poll() is None for p in loaders)
+                    for loader in loaders:
+                        loader.kill()
+                    raise SystemExit(f"N={n}: {stuck} of {len(loaders)} load generators hung")
+                used = _gpu_memory_mib()
+                if used is not None:
+                    memory.append((time.time() - epoch, used))
+                await trio.sleep(0.5)
         for output in outputs:
             output.seek(0)
             results += json.loads(output.read())
-    wall = time.monotonic() - wall_before
-    cpu = (_tree_cpu_s(server_pid) - cpu_before) / wall if server_pid and cpu_before else None
-    after = await _metrics(http)
-    admitted = [r for r in results if r["admitted"]]
+    rows = []
+    for k, count in enumerate(counts):
+        mine = [r for r in results if r["index"] < count]
+        admitted = [r["windows"][k] for r in mine if r["admitted"]]
+        edges = server[k]
+        previous = plan.window(k - 1)[1] if k else float("-inf")
+        peaks = [used for at, used in memory if previous <= at < plan.window(k)[1]]
+        rows.append(
+            _row(count, admitted, [r["error"] for r in mine if not r["admitted"]], edges, peaks)
+        )
+        if len(counts) > 1:
+            rows[-1]["window_s"] = [round(t, 2) for t in plan.window(k)]
+    return rows
+
+
+def _row(
+    n: int,
+    admitted: list[dict[str, Any]],
+    refused: list[Any],
+    edges: dict[str, Any],
+    memory: list[list[int]],
+) -> dict[str, Any]:
+    """One window's row: what its sessions measured, and the server over the window."""
+    before, after = edges["metrics"], edges["after"]
     delays = [d for r in admitted for d in r["delays"]]
     received = sum(r["received"] for r in admitted)
     expected = sum(r["expected"] for r in admitted)
+    cpu = edges["cpu_s"] / edges["wall"] if "cpu_s" in edges and edges["wall"] > 0 else None
     row = {
         "sessions": n,
         "admitted": len(admitted),
-        "refused": [r["error"] for r in results if not r["admitted"]][:3],
+        "refused": refused[:3],
         "delay_p50_ms": _pct(delays, 50),
         "delay_p99_ms": _pct(delays, 99),
         "delay_max_ms": _pct(delays, 100),
         "missed_ticks": sum(r["missed"] for r in admitted),
         "frames_ratio": round(received / expected, 3) if expected else None,
-        "first_output_p50_ms": _pct([r["first_output_s"] for r in admitted if r["received"]], 50),
+        "first_output_p50_ms": _pct(
+            [r["first_output_s"] for r in admitted if r["first_output_s"] is not None], 50
+        ),
         "server_cpu_cores": round(cpu, 2) if cpu is not None else None,
-        "gpu_memory_mib": gpu_peak,
+        "gpu_memory_mib": [max(column) for column in zip(*memory, strict=True)] or None,
         "step_p99_ms": round(after.get("duplex_engine_step_p99_seconds", 0) * 1000, 1),
+        # the rows the step ran at the window's end (highest live slot + 1; widest engine)
+        "slot_span": after.get(SPAN),
         "tick_lateness_p99_ms": _bucket_pct_ms(before[LATENESS], after[LATENESS]),
         # over the whole window, every batch size together (the gauge above: recent steps)
         "step_p50_ms_window": _bucket_pct_ms(before[STEPS], after[STEPS], 50),
@@ -438,7 +535,8 @@ def engine_bench_command(
 def _engine_bench(args: argparse.Namespace) -> dict[int, float]:
     """The engine alone (`engine_bench_command`): step p99 (ms) per batch size."""
     out = Path(args.engine_out)
-    command = engine_bench_command(args.counts, args.serve_args, out, args.engine_context)
+    counts = [n for n in args.counts if n != CAPACITY]  # the pool's size is the server's
+    command = engine_bench_command(counts, args.serve_args, out, args.engine_context)
     subprocess.run(command, check=True)
     report = json.loads(out.with_suffix(".json").read_text())
     per_batch = report["phases"][command[command.index("--phases") + 1]].get("per_batch", {})
@@ -453,7 +551,7 @@ async def _images(http: str, args: argparse.Namespace) -> dict[str, Any]:
     load = argparse.Namespace(
         url=http,
         clients=args.beside_images,
-        seconds=args.warmup + args.seconds,
+        seconds=LOADERS_START_S + PERIOD + args.warmup + args.seconds,  # a stream's span
         size=args.image_size,
         steps=args.image_steps,
     )
@@ -572,18 +670,20 @@ async def _bench(args: argparse.Namespace, report: dict[str, Any]) -> None:
                 Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
             await _wait_ready(http, 60, server)
         alone = await _images(http, args) if args.beside_images else {}
-        for n in args.counts:
-            pid = server.pid if server else None
+        pid = server.pid if server else None
+        for counts in _streams(args, report["health_at_ready"]["sessions"]["capacity"]):
             if args.beside_images:
-                row = await _beside_images(args, http, n, pid, alone)
+                rows = [await _beside_images(args, http, counts[0], pid, alone)]
             else:
-                row = await _one_count(args, http, n, pid)
-                row.pop("_delays")
-            if n in engine:
-                row["engine_only_step_p99_ms"] = engine[n]
-                row["served_over_engine_step"] = round(row["step_p99_ms"] / engine[n], 2)
-            report["rows"].append(row)
-            if args.out:  # each row as it comes: a run cut short keeps what it measured
+                rows = await _stream(args, http, counts, pid)
+            for row in rows:
+                row.pop("_delays", None)  # (beside images: pooled already)
+                n = row["sessions"]
+                if n in engine:
+                    row["engine_only_step_p99_ms"] = engine[n]
+                    row["served_over_engine_step"] = round(row["step_p99_ms"] / engine[n], 2)
+                report["rows"].append(row)
+            if args.out:  # each stream's rows as they come: a run cut short keeps them
                 Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
             await _wait_ready(http, 60, server)
     finally:
@@ -595,6 +695,19 @@ async def _bench(args: argparse.Namespace, report: dict[str, Any]) -> None:
                 os.killpg(server.pid, signal.SIGKILL)
 
 
+def _counts(text: str) -> list[int | str]:
+    return [n if n == CAPACITY else int(n) for n in text.split(",")]
+
+
+def _streams(args: argparse.Namespace, capacity: int) -> list[tuple[int, ...]]:
+    """The streams a run makes: one per N, or with ``--step-down`` one for every N
+    (``capacity``: the sessions the server said it admits when it was ready)."""
+    counts = [capacity if n == CAPACITY else int(n) for n in args.counts]
+    if args.step_down:
+        return [tuple(sorted(set(counts), reverse=True))]
+    return [(n,) for n in counts]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -603,7 +716,11 @@ def _free_port() -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--counts", default="1,32,64,128")
+    parser.add_argument(
+        "--counts",
+        default="1,32,64,128",
+        help="session counts; 'capacity': the sessions /health says the server admits",
+    )
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per N")
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--client-procs", type=int, default=4)
@@ -635,15 +752,29 @@ def main() -> int:
         "with the device memory before, asleep and after; the counts then run on the woken "
         "engine",
     )
+    parser.add_argument(
+        "--step-down",
+        action="store_true",
+        help="one stream for every N: the largest opens, and after each measured window the "
+        "sessions above the next N close (every one left keeps its full history: a run past "
+        "the ring's length measures each N at full context with one warm-up)",
+    )
+    parser.add_argument(
+        "--settle", type=float, default=3.0, help="with --step-down: seconds between windows"
+    )
     parser.add_argument("--load", help=argparse.SUPPRESS)
     parser.add_argument("--load-range", help=argparse.SUPPRESS)
+    parser.add_argument("--epoch", type=float, help=argparse.SUPPRESS)
     parser.add_argument("serve_args", nargs="*", help="after --: duplex serve arguments")
     args = parser.parse_args()
     if args.load:  # a load-generator child: its sessions' measurements as JSON on stdout
-        first, count, total = map(int, args.load_range.split(","))
-        print(json.dumps(trio.run(_load, args.load, count, first, total, args)))
+        first, count = map(int, args.load_range.split(","))
+        plan = Plan(tuple(map(int, _counts(args.counts))), args.warmup, args.seconds, args.settle)
+        print(json.dumps(trio.run(_load, args.load, args.epoch, plan, first, count)))
         return 0
-    args.counts = [int(n) for n in args.counts.split(",")]
+    args.counts = _counts(args.counts)
+    if args.beside_images and args.step_down:
+        parser.error("--step-down and --beside-images measure different things: one at a time")
     report = trio.run(bench, args)
     text = json.dumps(report, indent=2)
     print(text)

@@ -212,6 +212,9 @@ class EngineStatistics:
     scheduler: SchedulerStatistics
     replay_steps: int = 0
     """Replay steps run between ticks (`Engine.replay`); not counted in ``ticks``."""
+    slot_span: int = 0
+    """The highest live slot id + 1: the rows a static-shape step runs (slots are handed
+    out lowest first, so one session left on a high slot keeps the step that wide)."""
 
 
 @dataclass(slots=True)
@@ -605,6 +608,7 @@ class Engine:
                 warmup_steps=self._warmups,
                 scheduler=self._scheduler.statistics(now),
                 replay_steps=self._replay_steps,
+                slot_span=max(self._slots, default=-1) + 1,
             )
 
     def slot_statistics(self, handle: SlotHandle) -> SlotStatistics:

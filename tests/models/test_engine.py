@@ -83,6 +83,23 @@ def test_underruns_counted_per_slot_and_in_total() -> None:
     assert stats.ticks == 4
 
 
+def test_slot_span_is_the_highest_live_slot_plus_one() -> None:
+    """What a static-shape step runs: one session left on a high slot keeps it wide."""
+    engine = loopback_engine()
+    assert engine.statistics().slot_span == 0
+    handles = [engine.acquire_slot(name) for name in "abc"]
+    assert [h.slot for h in handles if h is not None] == [0, 1, 2]
+    assert engine.statistics().slot_span == 3
+    engine.release_slot(handles[1])
+    assert engine.statistics().slot_span == 3  # c still holds slot 2
+    engine.release_slot(handles[2])
+    assert engine.statistics().slot_span == 1
+    engine.step(0.0)  # the runner drops the released slots' state: their ids are free
+    again = engine.acquire_slot("d")
+    assert again is not None and again.slot == 1  # the lowest free slot first
+    assert engine.statistics().slot_span == 2
+
+
 @dataclass
 class Session:
     name: str

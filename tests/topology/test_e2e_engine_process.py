@@ -299,6 +299,7 @@ def test_the_served_bench_times_the_engine_at_the_servers_precisions(
     spec = importlib.util.spec_from_file_location("served_bench", ROOT / "bench" / "served.py")
     assert spec is not None and spec.loader is not None
     served = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "served_bench", served)  # its dataclass looks itself up
     spec.loader.exec_module(served)
     args = ["--model", "moshi-7b", "--kv-cache-dtype", "int4", "--weight-dtype=fp8"]
     command = served.engine_bench_command([128, 256], [*args, "--codec-dtype", "bf16"], Path("o"))
@@ -319,21 +320,27 @@ def test_the_served_bench_times_the_engine_at_the_servers_precisions(
 
 
 def test_the_served_bench_runs_the_topology_end_to_end(tmp_path: Path) -> None:
-    """``bench/served.py`` on the CPU: a test of the layout it serves, not a timing."""
+    """``bench/served.py --step-down`` on the CPU: a test of the layout it serves and of the
+    stream's windows, not a timing."""
     out = tmp_path / "served.json"
     subprocess.run(
         [
-            sys.executable, str(ROOT / "bench" / "served.py"), "--counts", "2",
-            "--seconds", "1", "--warmup", "0.5", "--client-procs", "2", "--out", str(out),
-            "--", "--engine-process", "on",
+            sys.executable, str(ROOT / "bench" / "served.py"), "--counts", "2,4", "--step-down",
+            "--seconds", "1", "--warmup", "0.5", "--settle", "1", "--client-procs", "2",
+            "--out", str(out), "--", "--engine-process", "on",
         ],
         check=True,
         capture_output=True,
         timeout=120,
     )  # fmt: skip
-    (row,) = json.loads(out.read_text())["rows"]
-    assert row["sessions"] == row["admitted"] == 2
-    assert row["frames_ratio"] > 0 and row["delay_p99_ms"] is not None
+    wide, narrow = json.loads(out.read_text())["rows"]
+    assert (wide["sessions"], narrow["sessions"]) == (4, 2)  # the largest first
+    for row in (wide, narrow):
+        assert row["admitted"] == row["sessions"] and not row["refused"]
+        assert row["frames_ratio"] > 0 and row["delay_p99_ms"] is not None
+    assert wide["window_s"][1] + 1 == narrow["window_s"][0]  # --settle between the windows
+    # the survivors were admitted first: they hold the lowest slots, so the step narrowed
+    assert (wide["slot_span"], narrow["slot_span"]) == (4, 2)
 
 
 async def test_two_engine_processes_share_the_sessions_and_a_lost_one_costs_only_its_own() -> None:
