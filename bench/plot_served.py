@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/plot_served.py OUT.png LABEL=REPORT.json [LABEL=REPORT.json ...]
 
-One line per report (a process layout); the engine-only step p99, when a report
+One line per report (a process layout), its rows in order of N (a ``--step-down`` report
+has them largest first); the engine-only step p99, when a report
 carries it (``--engine-bench``), is drawn dashed on the right panel. Needs matplotlib.
 """
 
@@ -24,7 +25,7 @@ def main(argv: list[str]) -> int:
     engine: dict[int, float] = {}
     for item in reports:
         label, path = item.split("=", 1)
-        rows = json.loads(Path(path).read_text())["rows"]
+        rows = sorted(json.loads(Path(path).read_text())["rows"], key=lambda r: r["sessions"])
         counts = [row["sessions"] for row in rows]
         delay.plot(counts, [row["delay_p99_ms"] for row in rows], marker="o", label=label)
         step.plot(counts, [row["step_p99_ms"] for row in rows], marker="o", label=label)
