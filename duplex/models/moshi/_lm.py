@@ -36,13 +36,28 @@ from ._config import MoshiConfig
 from ._kv import KVRing
 from ._layers import Attention, GatedFFN, RMSNorm, apply_rope, embed
 
-__all__ = ["MoshiLM", "TokenChooser"]
+__all__ = ["MoshiLM", "TokenChooser", "attended_lengths"]
 
 TokenChooser = Callable[[int, torch.Tensor], torch.Tensor]
 """``(depth step, logits [B, card]) -> tokens [B]``: samples or forces the step's codebook."""
 
 
 @final
+def attended_lengths(
+    frames: torch.Tensor, context: int, active: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Ring rows each row of a step attends over: its frames so far, at most ``context``.
+
+    A row not ``active`` (a free slot inside the step's prefix: one a session left, a hole)
+    is computed and discarded, so it reads one row, not the full ring its last session left:
+    after sessions leave, a step's reads follow the live sessions, not the slots' history.
+    """
+    lengths = torch.clamp(frames + 1, max=context)
+    if active is None:
+        return lengths
+    return torch.where(active, lengths, torch.ones_like(lengths))
+
+
 class _TemporalLayer(nn.Module):
     def __init__(self, config: MoshiConfig) -> None:
         super().__init__()
@@ -152,7 +167,7 @@ class MoshiLM(nn.Module):
         Returns:
             ``hidden [B, dim]`` after ``out_norm`` and ``text_logits [B, text_card]`` (float32).
         """
-        lengths = torch.clamp(frames + 1, max=ring.context)
+        lengths = attended_lengths(frames, ring.context, active)
         layers = self.transformer.layers
         # each residual add goes into the norm after it (one launch on CUDA): the next
         # layer's norm1, or out_norm after the last

@@ -29,6 +29,7 @@ from duplex.models.moshi import (
     random_lm,
 )
 from duplex.models.moshi._graph_capture import bucket_sizes
+from duplex.models.moshi._lm import attended_lengths
 from duplex.models.moshi._step import LMStep, SlotState
 
 SMALL = replace(moshi_preset("tiny"), context=8)
@@ -244,6 +245,15 @@ def test_prefix_rows_not_asked_for_keep_their_state(small: MoshiLM) -> None:
             now[:, untouched].view(torch.int32), then[:, untouched].view(torch.int32)
         )
         assert not torch.equal(now[:, list(live)], then[:, list(live)])
+
+
+def test_a_row_not_asked_for_reads_one_ring_row_not_its_last_sessions_history() -> None:
+    """A slot a session left keeps its frame count (and its full ring) until it is reused;
+    inside a step's prefix it is computed and discarded, so it must not cost a full read."""
+    frames = torch.tensor([0, 5, 100, 3000, 7])
+    active = torch.tensor([True, True, True, False, False])
+    assert attended_lengths(frames, 8, active).tolist() == [1, 6, 8, 1, 1]
+    assert attended_lengths(frames, 8).tolist() == [1, 6, 8, 8, 8]  # no mask: every row
 
 
 def test_reset_zeroes_only_that_slots_rings(small: MoshiLM) -> None:
