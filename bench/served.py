@@ -45,7 +45,9 @@ said the server admits once ready (the pool's size): the largest N it offers. Wi
 ``--engine-bench`` (one GPU), ``bench/duplex_engine.py`` runs first, at the same batch
 sizes (``capacity`` left out: the server sizes its pool after) and the server's precisions
 (the staggered phase of its ``--kv-cache-dtype``, its ``--weight-dtype`` and
-``--codec-dtype``), and each N's served step p99 is given as a ratio to it.
+``--codec-dtype``), and each N's served step p99 is given as a ratio to it: the step gauge's
+(``served_over_engine_step``: its last 30 s, which reach back past a step-down's window)
+and the window's own (``window_over_engine_step``, from the step histogram's buckets).
 
 With ``--sleep-wake``, before the counts the idle engine is put to sleep and woken
 (``POST /v1/omni/sleep``, ``/v1/omni/wakeup``): the report's ``sleep_wake`` has both answers
@@ -682,6 +684,9 @@ async def _bench(args: argparse.Namespace, report: dict[str, Any]) -> None:
                 if n in engine:
                     row["engine_only_step_p99_ms"] = engine[n]
                     row["served_over_engine_step"] = round(row["step_p99_ms"] / engine[n], 2)
+                    if row["step_p99_ms_window"]:  # the gauge's 30 s outlast a step-down window
+                        window = row["step_p99_ms_window"] / engine[n]
+                        row["window_over_engine_step"] = round(window, 2)
                 report["rows"].append(row)
             if args.out:  # each stream's rows as they come: a run cut short keeps them
                 Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
