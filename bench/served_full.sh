@@ -25,5 +25,5 @@ timeout 585 python3 bench/served.py --counts "$counts" --step-down --seconds 8 -
     --engine-out "$OUT/served-engine-full-$name" --out "$OUT/served-full-$name.json" "$@" \
     -- --model moshi-7b --random-weights \
     --model-device cuda --tts none --no-agent --kv-cache-dtype int4 --weight-dtype fp8 \
-    --codec-dtype bf16 2>&1 | grep -v "^\s*$" | tail -30 | cut -c1-400
+    --codec-dtype bf16 2>&1 | grep -E '^\{"sessions"|median|rror|Traceback|exited' | cut -c1-700
 rm -f "$OUT"/*.png "$OUT"/*.md  # the run tool returns 8 files a call: keep the JSON
