@@ -8,6 +8,7 @@ a shard, and check what every client is told.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -291,16 +292,41 @@ async def test_an_engine_process_stopped_past_the_stall_timeout_is_killed_and_re
         assert engine_pids() == [new_pid]
 
 
-def test_the_served_bench_times_the_engine_at_the_servers_precisions(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """``--engine-bench`` runs the engine alone as the server is told to run it."""
+@pytest.fixture
+def served_bench(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``bench/served.py`` as a module (its pure parts, tested without a server)."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))  # as when run: its siblings import
     spec = importlib.util.spec_from_file_location("served_bench", ROOT / "bench" / "served.py")
     assert spec is not None and spec.loader is not None
     served = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "served_bench", served)  # its dataclass looks itself up
     spec.loader.exec_module(served)
+    return served
+
+
+def test_a_step_down_plan_admits_the_survivors_first_and_spaces_its_windows(
+    served_bench: Any,
+) -> None:
+    plan = served_bench.Plan((4, 2), warmup=1.0, seconds=2.0, settle=0.5)
+    gap, period = served_bench.TIER_GAP, served_bench.PERIOD
+    assert [plan.last_window(i) for i in range(4)] == [1, 1, 0, 0]
+    # the survivors (0, 1) start first, the leavers a tier later; all spread over one period
+    assert [plan.start(i) for i in range(4)] == [0.0, period / 4, gap + period / 2, gap + 0.06]
+    first = gap + period + 1.0  # every session started, then the warm-up
+    assert plan.window(0) == (first, first + 2.0)
+    assert plan.window(1) == (first + 2.5, first + 4.5)  # --settle between them
+    assert [plan.end(i) for i in range(4)] == [first + 4.5] * 2 + [first + 2.0] * 2
+    one = served_bench.Plan((3,), warmup=1.0, seconds=2.0)  # a plain N: no tiers
+    assert one.start(2) == 2 * period / 3 and one.window(0) == (period + 1.0, period + 3.0)
+    args = argparse.Namespace(counts=served_bench._counts("128,capacity,256"), step_down=True)
+    assert served_bench._streams(args, 290) == [(290, 256, 128)]  # one stream, largest first
+    args.step_down = False
+    assert served_bench._streams(args, 290) == [(128,), (290,), (256,)]
+
+
+def test_the_served_bench_times_the_engine_at_the_servers_precisions(served_bench: Any) -> None:
+    """``--engine-bench`` runs the engine alone as the server is told to run it."""
+    served = served_bench
     args = ["--model", "moshi-7b", "--kv-cache-dtype", "int4", "--weight-dtype=fp8"]
     command = served.engine_bench_command([128, 256], [*args, "--codec-dtype", "bf16"], Path("o"))
     assert command[command.index("--phases") + 1] == "ours-int4-staggered"
