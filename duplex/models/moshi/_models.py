@@ -57,8 +57,11 @@ MOSHI_MODEL_NAMES = ("tiny", *HF_REPOS)
 
 _MAX_SLOTS = {"tiny": 16, "tiny-personaplex": 16}
 _DEFAULT_MAX_SLOTS = 32  # 7B on CPU (a test or a demo): ~1.6 GB of KV ring a slot
-MAX_GPU_SLOTS = 256
-"""Upper bound of a GPU slot pool (the CUDA graph buckets go up to the pool size)."""
+MAX_GPU_SLOTS = 512
+"""A sanity bound on a GPU slot pool (its CUDA graph buckets go up to the pool size); what
+keeps a large pool on time is admission's step-time rule. It was 256 while 256 full-context
+sessions of the 7B stepped over the frame on an H200 (88 ms); at 55 ms (docs/benchmarks.md,
+"One H200 again") that bound only left about 16 of the card's int4 slots unused."""
 GPU_RESERVE_BYTES = 4 << 30
 """Kept free on the GPU: allocator fragmentation, cuBLAS workspaces, graph pools."""
 _SLOT_OVERHEAD = 1.1

@@ -406,7 +406,12 @@ def test_registry_builds_tiny_into_the_cache_and_runs(tmp_path: Path) -> None:
 def test_gpu_pools_are_sized_from_free_memory() -> None:
     from duplex.exceptions import ConfigError
     from duplex.models.moshi import mimi_preset, moshi_preset
-    from duplex.models.moshi._models import memory_slots, per_slot_bytes, weight_bytes
+    from duplex.models.moshi._models import (
+        MAX_GPU_SLOTS,
+        memory_slots,
+        per_slot_bytes,
+        weight_bytes,
+    )
 
     lm, mimi = moshi_preset("moshi-7b"), mimi_preset("mimi")
     weights, per_slot = weight_bytes(lm, mimi), per_slot_bytes(lm, mimi)
@@ -415,7 +420,7 @@ def test_gpu_pools_are_sized_from_free_memory() -> None:
     gib = 1 << 30
     # an H200 with 139 GiB free: the measured run fit 80 slots in bf16
     assert 70 <= memory_slots(139 * gib, weights, per_slot) <= 80
-    assert memory_slots(10_000 * gib, weights, per_slot) == 256  # capped
+    assert memory_slots(10_000 * gib, weights, per_slot) == MAX_GPU_SLOTS == 512  # capped
     with pytest.raises(ConfigError, match="one session"):
         memory_slots(20 * gib, weights, per_slot)
 
@@ -515,6 +520,13 @@ def test_int4_kv_holds_more_sessions_and_serves(loaded: LoadedMoshi, tmp_path: P
     fp8 = memory_slots(139 * gib, weights, per_slot_bytes(lm, mimi, kv_bytes=1))
     int4 = memory_slots(139 * gib, weights, per_slot_bytes(lm, mimi, kv_bytes=KV_BYTES["int4"]))
     assert 1.6 * fp8 <= int4 <= 1.8 * fp8
+    # the served H200 precisions (fp8 weights, bf16 Mimi): past 256, the old bound
+    served = memory_slots(
+        139 * gib,
+        weight_bytes(lm, mimi, mimi_bytes=2, fp8_temporal=True),
+        per_slot_bytes(lm, mimi, kv_bytes=KV_BYTES["int4"], mimi_bytes=2),
+    )
+    assert 256 < served < 300
 
     options = ModelOptions(seed=SEED, cache_dir=tmp_path, kv_cache_dtype="int4")
     spec, factory = get_model("tiny", options)
