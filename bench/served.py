@@ -42,10 +42,11 @@ engine's step-time p99, late ticks, underruns, warm-up steps (those that capture
 graph) and dropped outputs over the window, and the slot span at its end (highest live
 slot + 1: the rows the step ran). An N given as ``capacity`` is the sessions ``/health``
 said the server admits once ready (the pool's size): the largest N it offers. With
-``--engine-bench`` (one GPU), ``bench/duplex_engine.py`` runs first, at the same batch
-sizes (``capacity`` left out: the server sizes its pool after) and the server's precisions
-(the staggered phase of its ``--kv-cache-dtype``, its ``--weight-dtype`` and
-``--codec-dtype``), and each N's served step p99 is given as a ratio to it: the step gauge's
+``--engine-bench`` (one GPU), ``bench/duplex_engine.py`` runs once the server has stopped,
+on the GPU it left, at the Ns served (``capacity`` as the server resolved it) and the
+server's precisions (the staggered phase of its ``--kv-cache-dtype``, or every ring full
+with ``--engine-context full``; its ``--weight-dtype`` and ``--codec-dtype``), and each N's
+served step p99 is given as a ratio to it: the step gauge's
 (``served_over_engine_step``: its last 30 s, which reach back past a step-down's window)
 and the window's own (``window_over_engine_step``, from the step histogram's buckets).
 
@@ -278,6 +279,7 @@ STEPS = "duplex_engine_step_seconds"
 LAG = "duplex_event_loop_lag_seconds"
 SPAN = "duplex_engine_slot_span"
 CAPACITY = "capacity"  # in --counts: as many sessions as /health said the server admits
+ENGINE_PRESETS = ("tiny", "moshi-7b")  # the presets bench/duplex_engine.py builds
 
 
 def _buckets(text: str, name: str) -> dict[float, float]:
@@ -531,13 +533,17 @@ def engine_bench_command(
         value = _serve_flag(serve_args, flag)
         if value is not None:
             command += [flag, value]
+    model = _serve_flag(serve_args, "--model")
+    if model in ENGINE_PRESETS:  # else the bench's default, the 7B
+        command += ["--preset", model]
+    if _serve_flag(serve_args, "--model-device") == "cpu":
+        command += ["--device", "cpu"]
     return command
 
 
-def _engine_bench(args: argparse.Namespace) -> dict[int, float]:
+def _engine_bench(args: argparse.Namespace, counts: list[int]) -> dict[int, float]:
     """The engine alone (`engine_bench_command`): step p99 (ms) per batch size."""
     out = Path(args.engine_out)
-    counts = [n for n in args.counts if n != CAPACITY]  # the pool's size is the server's
     command = engine_bench_command(counts, args.serve_args, out, args.engine_context)
     subprocess.run(command, check=True)
     report = json.loads(out.with_suffix(".json").read_text())
@@ -649,7 +655,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 async def _bench(args: argparse.Namespace, report: dict[str, Any]) -> None:
     server = None
     http = args.url
-    engine = _engine_bench(args) if args.engine_bench else {}
     if http is None:
         port = _free_port()
         http = f"http://127.0.0.1:{port}"
@@ -680,13 +685,6 @@ async def _bench(args: argparse.Namespace, report: dict[str, Any]) -> None:
                 rows = await _stream(args, http, counts, pid)
             for row in rows:
                 row.pop("_delays", None)  # (beside images: pooled already)
-                n = row["sessions"]
-                if n in engine:
-                    row["engine_only_step_p99_ms"] = engine[n]
-                    row["served_over_engine_step"] = round(row["step_p99_ms"] / engine[n], 2)
-                    if row["step_p99_ms_window"]:  # the gauge's 30 s outlast a step-down window
-                        window = row["step_p99_ms_window"] / engine[n]
-                        row["window_over_engine_step"] = round(window, 2)
                 report["rows"].append(row)
             if args.out:  # each stream's rows as they come: a run cut short keeps them
                 Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
@@ -698,6 +696,16 @@ async def _bench(args: argparse.Namespace, report: dict[str, Any]) -> None:
                 server.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 os.killpg(server.pid, signal.SIGKILL)
+    if args.engine_bench:  # on the GPU the server has left, at the Ns it served
+        engine = _engine_bench(args, sorted({row["sessions"] for row in report["rows"]}))
+        for row in report["rows"]:
+            n = row["sessions"]
+            if n in engine:
+                row["engine_only_step_p99_ms"] = engine[n]
+                row["served_over_engine_step"] = round(row["step_p99_ms"] / engine[n], 2)
+                if row["step_p99_ms_window"]:  # the gauge's 30 s outlast a step-down window
+                    window = row["step_p99_ms_window"] / engine[n]
+                    row["window_over_engine_step"] = round(window, 2)
 
 
 def _counts(text: str) -> list[int | str]:
