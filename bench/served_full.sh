@@ -2,11 +2,11 @@
 # The 7B served at full context on a lent GPU, in one call: Moshi-7B with int4 KV, fp8 weights
 # and bf16 Mimi, over sockets (bench/served.py --step-down): the largest N opens and streams
 # 242 s (past the 3,000-frame rings), then each N is measured for 8 s, the sessions above the
-# next N closing in between, so every N runs at full context for one warm-up; the engine alone
-# at full rings at the same batches in the same run. COUNTS defaults to the card's:
-# capacity,256,192,128 on an H200, capacity,128 on an H100 ("capacity": the sessions /health
-# says the server admits, the largest N it offers). About 420 s a call, under the run tool's
-# 600 s. Needs .whl/ (bench/device_wheels.sh) carried. Results go to $OUT (out/ here when
+# next N closing in between, so every N runs at full context for one warm-up; then, the server
+# stopped, the engine alone at full rings at the Ns served, in the same call. COUNTS defaults
+# to the card's: capacity,256,192,128 on an H200, capacity,128 on an H100 ("capacity": the
+# sessions /health says the server admits, the largest N it offers). About 320 s a call on an
+# H100, 440 s on an H200, under the run tool's 600 s. Needs .whl/ (bench/device_wheels.sh) carried. Results go to $OUT (out/ here when
 # unset). Usage:
 #
 #   bash bench/served_full.sh [COUNTS] [extra bench/served.py arguments, e.g. --warmup 2]
