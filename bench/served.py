@@ -519,7 +519,8 @@ def engine_bench_command(
     """``bench/duplex_engine.py`` at the served choices: the phase of the server's
     ``--kv-cache-dtype`` (fp8 when it names none, as before) at ``context`` (staggered
     fills, or every ring full: what sessions served past the ring's length read), its
-    ``--weight-dtype`` and ``--codec-dtype``."""
+    ``--weight-dtype`` and ``--codec-dtype``, its ``--model`` where the bench builds that
+    preset and ``--model-device cpu``."""
     kv = _serve_flag(serve_args, "--kv-cache-dtype") or "fp8"
     if kv in ("auto", "bf16"):
         phase = "ours" if context == "staggered" else "ours-full"

@@ -42,7 +42,6 @@ TokenChooser = Callable[[int, torch.Tensor], torch.Tensor]
 """``(depth step, logits [B, card]) -> tokens [B]``: samples or forces the step's codebook."""
 
 
-@final
 def attended_lengths(
     frames: torch.Tensor, context: int, active: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -58,6 +57,7 @@ def attended_lengths(
     return torch.where(active, lengths, torch.ones_like(lengths))
 
 
+@final
 class _TemporalLayer(nn.Module):
     def __init__(self, config: MoshiConfig) -> None:
         super().__init__()
