@@ -1,8 +1,10 @@
 """A ring kernel's tiling by name, shared by the kernel benches and `duplex_engine.py`.
 
-``split/block/warps[/dot][/sN][/rN][/kw]``: split rows, block rows, warps, on
+``split/block/warps[/dot][/sN][/rN][/kw][/dp4a]``: split rows, block rows, warps, on
 tensor cores, N software-pipeline stages, at most N registers a thread (``r0``: uncapped),
-keys read as words (the last three for the int4 kernel only; a switch not named is off).
+keys read as 16-bit words on tensor cores, keys' products as 8-bit integer dot products
+(the last four for the int4 kernel only; a switch not named is off; ``dp4a`` takes
+precedence over ``kw``).
 Result files of 2026-12-06 and before also name ``/lazy`` (the accumulators rescaled only when
 the max moved past a margin: no faster) and ``/vraw`` (value nibbles left with their offsets:
 0.98x the time, 2.5-5x the error), both deleted.
@@ -20,6 +22,7 @@ INT4_DEFAULTS = {
     "num_stages": "NUM_STAGES",
     "max_registers": "MAX_REGISTERS",
     "key_words": "KEY_WORDS",
+    "key_dp4a": "KEY_DP4A",
 }
 """Each int4 kernel argument's module default in `duplex.kernels.kv_int4` (read at each call)."""
 
@@ -37,6 +40,8 @@ def tiling(name: str) -> dict[str, Any]:
         for flag in flags:
             if flag == "kw":
                 out["key_words"] = True
+            elif flag == "dp4a":
+                out["key_dp4a"] = True
             elif flag.startswith("s"):
                 out["num_stages"] = int(flag[1:])
             elif flag.startswith("r"):
@@ -45,7 +50,7 @@ def tiling(name: str) -> dict[str, Any]:
                 raise ValueError(f"unknown flag {flag!r}")
     except ValueError as error:
         raise ValueError(
-            f"bad tiling {name!r} ({error}): split/block/warps[/dot][/sN][/rN][/kw]"
+            f"bad tiling {name!r} ({error}): split/block/warps[/dot][/sN][/rN][/kw][/dp4a]"
         ) from None
     return out
 
@@ -54,7 +59,7 @@ def int4_arguments(name: str) -> dict[str, Any]:
     """`tiling` as `ring_attention_int4`'s arguments: a switch the name leaves out is off (the
     kernel's own default would turn it on), stages and registers it leaves out are the
     module's."""
-    return {"key_words": False, **tiling(name)}
+    return {"key_words": False, "key_dp4a": False, **tiling(name)}
 
 
 def int4_defaults(name: str) -> dict[str, Any]:

@@ -83,6 +83,13 @@ KEY_WORDS = True
 splits at 128 registers: 0.68x the full read's time of 64-row tiles of 512-row splits at 96
 registers with key bytes (B=128 on an H100; docs/benchmarks.md, "The int4 read timed: words
 for keys, 128-row tiles")."""
+KEY_DP4A = True
+"""`ring_attention_int4`'s ``key_dp4a`` when not given: the keys' products as 8-bit integer
+dot products (`_DP4A_ASM`), 0.83x the loop's instructions of `KEY_WORDS`' tensor-core form
+by ``bench/kernel_sass.py`` (624 against 749 a key row)."""
+QUERY_LEVELS = 127
+"""The query's levels each side of zero: it is rounded to 8 bits a group for the keys'
+products (`round_query`)."""
 _LEVELS = 7.0
 
 
@@ -118,6 +125,27 @@ def dequantize_int4(
     levels = torch.stack([low, high], dim=-1).flatten(-2).float()  # [..., D]
     scale = scales.float().repeat_interleave(group, dim=-1)
     return (levels * scale).to(dtype)
+
+
+def round_query(q: torch.Tensor, group: int = GROUP) -> torch.Tensor:
+    """The query an int4 read multiplies the keys by, float32: each group of ``group``
+    values rounded to an integer level in ``[-127, 127]`` times the group's largest magnitude
+    / 127 (`QUERY_LEVELS`), ties to even.
+
+    Why: the keys' products are then integer dot products, four 4-bit keys by four 8-bit
+    query values an instruction (``dp4a``), summed exactly in 32 bits. Each read (the kernel
+    in every form, the reference, the CPU path) rounds so, so they agree; the rounding's
+    error is a 254th of the group's largest value, against a 14th of the key's group's for
+    the key's own rounding (its cost, measured: docs/benchmarks.md, "The keys' products in
+    8-bit integers")."""
+    *lead, dim = q.shape
+    if dim % group:
+        raise ValueError(f"head_dim {dim} must be a multiple of group ({group})")
+    groups = q.float().reshape(*lead, dim // group, group)
+    top = groups.abs().amax(dim=-1, keepdim=True)
+    inverse = torch.where(top > 0, QUERY_LEVELS / top, torch.zeros_like(top))
+    levels = torch.round(groups * inverse)
+    return (levels * (top / QUERY_LEVELS)).reshape(*lead, dim)
 
 
 def write_int4_rows(
@@ -187,7 +215,8 @@ def ring_attention_int4_reference(
     rows = keys[0].shape[2] if max_len is None else max_len
     k = dequantize_int4(keys[0][slots, :, :rows], keys[1][slots, :, :rows], group)
     v = dequantize_int4(values[0][slots, :, :rows], values[1][slots, :, :rows], group)
-    return ring_attention_reference(q, k, v, lengths, None, rows)
+    out = ring_attention_reference(round_query(q, group), k, v, lengths, None, rows)
+    return out.to(q.dtype)
 
 
 def _value_words_fit(packed: torch.Tensor, head_dim: int, group: int) -> bool:
@@ -195,6 +224,20 @@ def _value_words_fit(packed: torch.Tensor, head_dim: int, group: int) -> bool:
     values: every row starts on an even byte, a word never spans two groups, and a row's
     words are at least the 16 columns a product needs."""
     return rows_on_even_bytes(packed) and group % 4 == 0 and head_dim // 4 >= 16
+
+
+def _dp4a_fits(packed: torch.Tensor, head_dim: int, group: int) -> bool:
+    """Whether the keys can be read as 32-bit words of eight values: every row starts on a
+    multiple of 4 bytes, a word never spans two groups, and a row's and a group's words are
+    powers of two (a tile's shapes)."""
+    words, group_words = head_dim // 8, group // 8
+    return (
+        group % 8 == 0
+        and words & (words - 1) == 0
+        and group_words & (group_words - 1) == 0
+        and packed.data_ptr() % 4 == 0
+        and all(st % 4 == 0 for st in packed.stride()[:-1])
+    )
 
 
 def _scale_word_bits(*scales: torch.Tensor) -> int:
@@ -225,6 +268,7 @@ def ring_attention_int4(
     dot: bool | None = None,
     max_registers: int | None = None,
     key_words: bool | None = None,
+    key_dp4a: bool | None = None,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as
@@ -273,6 +317,7 @@ def ring_attention_int4(
     num_stages = NUM_STAGES if num_stages is None else num_stages
     max_registers = MAX_REGISTERS if max_registers is None else max_registers
     key_words = KEY_WORDS if key_words is None else key_words
+    key_dp4a = KEY_DP4A if key_dp4a is None else key_dp4a
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
     if head_dim & (head_dim - 1) or head_dim % group or group % 2:
@@ -294,6 +339,10 @@ def ring_attention_int4(
         dot = q.is_cuda and fits_dot
     elif dot and not fits_dot:  # a tile of 16 rows; a row's groups are the dot's 16 rows
         raise ValueError("dot needs head_dim >= 32, block_rows >= 16, at most 16 groups a row")
+    v_pairs = dot and _value_words_fit(v_packed, head_dim, group)
+    k_dp4a = v_pairs and key_dp4a and _dp4a_fits(k_packed, head_dim, group)
+    if not k_dp4a:  # the other forms take the rounded query; the dp4a form rounds it itself
+        q = round_query(q, group)
     _ring_attention_int4[(batch, heads, splits)](
         q,
         k_packed,
@@ -330,8 +379,10 @@ def ring_attention_int4(
         ASM=q.is_cuda,
         DOT_DTYPE=tl.float16 if q.is_cuda else tl.float32,
         WORD_BITS=_scale_word_bits(k_scales, v_scales) if dot else 0,
-        V_PAIRS=dot and _value_words_fit(v_packed, head_dim, group),
-        K_WORDS=dot
+        V_PAIRS=v_pairs,
+        K_DP4A=k_dp4a,
+        K_WORDS=v_pairs
+        and not k_dp4a
         and key_words
         and _value_words_fit(v_packed, head_dim, group)
         and _value_words_fit(k_packed, head_dim, group),
@@ -507,6 +558,54 @@ if _triton.available():
             high = _high_level(packed).to(DTYPE)
         return low, high
 
+    _DP4A_ASM = tl.constexpr("""{
+    .reg .b32 lo, hi;
+    and.b32 lo, $1, 0x0F0F0F0F;
+    shr.b32 hi, $1, 4;
+    and.b32 hi, hi, 0x0F0F0F0F;
+    dp4a.u32.s32 $0, lo, $2, 0;
+    dp4a.u32.s32 $0, hi, $3, $0;
+    }""")
+
+    @triton.jit
+    def _dp4a_nibbles(words, q_lo, q_hi, ASM: tl.constexpr):
+        """Each 32-bit word's eight nibbles ``n`` (bytes' low nibbles the even values)
+        times the 8-bit query values packed as ``q_lo`` (even) and ``q_hi`` (odd), summed."""
+        if ASM:
+            total = tl.inline_asm_elementwise(
+                _DP4A_ASM, "=r,r,r,r", [words, q_lo, q_hi], dtype=tl.int32, is_pure=True, pack=1
+            )
+        else:
+            total = tl.zeros(words.shape, tl.int32)
+            for k in tl.static_range(4):
+                low = (words >> (8 * k)) & 15
+                high = (words >> (8 * k + 4)) & 15
+                total += low * ((q_lo << (24 - 8 * k)) >> 24)
+                total += high * ((q_hi << (24 - 8 * k)) >> 24)
+        return total
+
+    @triton.jit
+    def _int8_query(q_base, wi, GROUPS: tl.constexpr, GROUP: tl.constexpr):
+        """`round_query` in the kernel, as the dp4a products take it: each group's levels
+        packed four to a 32-bit word in the keys' byte order (word ``w`` of ``q_lo`` holds
+        values ``8w + 2k`` in byte ``k``, of ``q_hi`` values ``8w + 2k + 1``), each group's
+        offset (8 times its levels' sum: the keys' nibbles are stored plus 8) and its scale
+        (its largest magnitude / 127). The divisions are IEEE ones, as torch's."""
+        WORDS: tl.constexpr = GROUP // 8  # 32-bit key words a group
+        k4 = tl.arange(0, 4)
+        even = tl.load(q_base + 8 * wi[:, None] + 2 * k4[None, :]).to(tl.float32)
+        odd = tl.load(q_base + 8 * wi[:, None] + 2 * k4[None, :] + 1).to(tl.float32)
+        word_top = tl.max(tl.maximum(tl.abs(even), tl.abs(odd)), axis=1)
+        top = tl.max(tl.reshape(word_top, [GROUPS, WORDS]), axis=1)  # [GROUPS]
+        inverse = tl.where(top > 0, tl.math.div_rn(127.0, tl.where(top > 0, top, 1.0)), 0.0)
+        by_word = tl.reshape(tl.broadcast_to(inverse[:, None], [GROUPS, WORDS]), [GROUPS * WORDS])
+        even8 = _nearest_even(even * by_word[:, None]).to(tl.int32)
+        odd8 = _nearest_even(odd * by_word[:, None]).to(tl.int32)
+        q_lo = tl.sum((even8 & 0xFF) << (8 * k4[None, :]), axis=1)  # disjoint bits: an OR
+        q_hi = tl.sum((odd8 & 0xFF) << (8 * k4[None, :]), axis=1)
+        levels = tl.sum(tl.reshape(tl.sum(even8 + odd8, axis=1), [GROUPS, WORDS]), axis=1)
+        return q_lo, q_hi, 8 * levels, tl.math.div_rn(top, 127.0)
+
     @triton.jit
     def _word_query(q_words, C: tl.constexpr, own4, scale, DTYPE: tl.constexpr):
         """``[16, words]``: row ``g`` holds the query's value ``4m + C`` (times ``scale``) at
@@ -581,6 +680,7 @@ if _triton.available():
         WORD_BITS: tl.constexpr,
         V_PAIRS: tl.constexpr,
         K_WORDS: tl.constexpr,
+        K_DP4A: tl.constexpr,
         SLOTS: tl.constexpr,
     ):
         """One split of one (row, head). Elementwise (``DOT`` off): each row's scales are
@@ -634,7 +734,13 @@ if _triton.available():
                 vw_base = vp_base.to(tl.pointer_type(tl.int16))
                 # keys unpacked as 1024 + n and 1024 + 16 n (`_raw_levels`): the query's
                 # high half a sixteenth (exact), each group's offset taken off its sums
-                if K_WORDS:  # the query by position in a word: value 4m + c of word m
+                if K_DP4A:  # the query in 8 bits a group, four values a 32-bit word
+                    gk = tl.arange(0, GROUPS)
+                    wi = tl.arange(0, HALF // 4)
+                    q_lo, q_hi, k_bias8, q_scale = _int8_query(q_base, wi, GROUPS, GROUP)
+                    q_scale = q_scale * scale
+                    k32_base = kp_base.to(tl.pointer_type(tl.int32))
+                elif K_WORDS:  # the query by position in a word: value 4m + c of word m
                     q_words = q_base + 4 * m
                     q0 = _word_query(q_words, 0, own4, scale, DOT_DTYPE)
                     q1 = _word_query(q_words, 1, own4, scale, DOT_DTYPE)
@@ -658,7 +764,13 @@ if _triton.available():
         for row in range(start, end, BLOCK_ROWS):
             rows = row + tl.arange(0, BLOCK_ROWS)
             filled = rows < end
-            if K_WORDS:
+            if K_DP4A:
+                k32 = tl.load(
+                    k32_base + rows[:, None] * (stride_kpr // 4) + wi[None, :],
+                    mask=filled[:, None],
+                    other=0,
+                )
+            elif K_WORDS:
                 kw = tl.load(
                     kw_base + rows[:, None] * (stride_kpr // 2) + m[None, :],
                     mask=filled[:, None],
@@ -668,7 +780,17 @@ if _triton.available():
                 kp = tl.load(
                     kp_base + rows[:, None] * stride_kpr + j[None, :], mask=filled[:, None], other=0
                 )
-            if DOT:
+            if DOT and K_DP4A:
+                dots = _dp4a_nibbles(k32, q_lo[None, :], q_hi[None, :], ASM)
+                per_group = tl.sum(tl.reshape(dots, [BLOCK_ROWS, GROUPS, GROUP // 8]), axis=2)
+                ks = tl.load(
+                    ks_base + rows[:, None] * stride_ksr + gk[None, :],
+                    mask=filled[:, None],
+                    other=0.0,
+                ).to(tl.float32)
+                per_group = (per_group - k_bias8[None, :]).to(tl.float32)
+                raw = tl.sum(per_group * (ks * q_scale[None, :]), axis=1)
+            elif DOT:
                 if K_WORDS:
                     k0, k1, k2, k3 = _pair_raw_levels(kw, ASM, DOT_DTYPE)
                     sums = tl.dot(q0, tl.trans(k0), input_precision="ieee")

@@ -17,6 +17,7 @@ from duplex.kernels.kv_int4 import (
     quantize_int4,
     ring_attention_int4,
     ring_attention_int4_reference,
+    round_query,
     write_int4_rows,
 )
 
@@ -83,8 +84,9 @@ def _assert_near(got: torch.Tensor, want: torch.Tensor, dot: bool) -> None:
 
 FORMS = [
     pytest.param({"dot": False}, id="elementwise"),
-    pytest.param({"dot": True}, id="tensor-cores"),  # the default: key words
-    pytest.param({"dot": True, "key_words": False}, id="tensor-cores-key-bytes"),
+    pytest.param({"dot": True}, id="tensor-cores"),  # the default: keys by dp4a
+    pytest.param({"dot": True, "key_dp4a": False}, id="tensor-cores-key-words"),
+    pytest.param({"dot": True, "key_dp4a": False, "key_words": False}, id="tensor-cores-key-bytes"),
     pytest.param({"dot": True, "unaligned_scales": True}, id="tensor-cores-scale-by-scale"),
     pytest.param({"dot": True, "unaligned_values": True}, id="tensor-cores-value-bytes"),
 ]
@@ -304,3 +306,23 @@ def test_the_write_kernel_stores_what_the_quantizer_and_an_indexed_store_give() 
         assert torch.equal(got.cpu(), want), (got.cpu() != want).nonzero()[:5]
     assert int(want_k[0][0, 1, 0, 0]) == 15 | (10 << 4)  # 7 and 2.5 -> levels 7, 2 (+8)
     assert int(want_k[0][0, 1, 0, 1]) & 15 == 6  # -1.5 -> -2 (+8)
+
+
+def test_the_query_rounds_to_127_levels_a_group_within_half_a_step() -> None:
+    """The query the keys' products take (`round_query`): each group's values on 255
+    levels of its largest magnitude, at most half a level away, a group of zeros zeros,
+    ties to even as the kernel's rounding."""
+    generator = torch.Generator().manual_seed(4)
+    q = torch.randn(3, 2, 128, generator=generator) * 4
+    q[0, 0, :GROUP] = 0.0
+    q[1, 1, :GROUP] = torch.arange(GROUP) - 10.0  # levels on a step of 21/127: ties among them
+    got = round_query(q)
+    groups, rounded = q.reshape(3, 2, 4, GROUP), got.reshape(3, 2, 4, GROUP)
+    step = groups.abs().amax(-1, keepdim=True) / 127
+    assert bool(((rounded - groups).abs() <= step / 2 + 1e-6).all())
+    levels = torch.where(step > 0, rounded / torch.where(step > 0, step, 1.0), 0.0)
+    assert bool((levels - levels.round()).abs().max() < 1e-3)
+    assert bool((levels.abs() <= 127 + 1e-3).all())
+    assert bool((got[0, 0, :GROUP] == 0).all())
+    with pytest.raises(ValueError, match="multiple"):
+        round_query(torch.zeros(2, 40))

@@ -121,6 +121,13 @@ def run_ptx(source: str, inputs: dict[int, np.ndarray]) -> dict[str, np.ndarray]
                 for x, y, z in zip(*halves, strict=True)
             ]
             regs[dest] = _join(*fused)
+        elif op == "dp4a.u32.s32":  # four unsigned bytes of a by four signed of b, plus c
+            a, b = value(args[0]), value(args[1])
+            total = value(args[2]).view(np.int32).astype(np.int64)
+            for i in range(4):
+                signed = ((b >> (8 * i)) & 0xFF).astype(np.int64)
+                total += ((a >> (8 * i)) & 0xFF).astype(np.int64) * (signed - 256 * (signed >> 7))
+            regs[dest] = (total & 0xFFFFFFFF).astype(np.uint32)
         elif op == "cvt.rn.f16x2.e4m3x2":
             regs[dest] = _e4m3x2(value(args[0]))
         else:
@@ -173,6 +180,22 @@ def test_word_unpack_gives_each_words_four_levels(raw: bool) -> None:
             nibble = ((word >> (4 * c)) & 15).astype(np.int64)
             want = (1024 + nibble * (16 if c % 2 else 1)) if raw else nibble - 8
             np.testing.assert_array_equal(got.astype(np.int64), want)
+
+
+def test_dp4a_products_sum_each_words_nibbles_times_the_query_bytes() -> None:
+    """A 32-bit key word (pack 1) and two words of signed query bytes: ``$0`` is the sum of
+    the word's eight nibbles ``n`` (byte ``k``'s low nibble by byte ``k`` of ``$2``, its
+    high nibble by byte ``k`` of ``$3``), as `_dp4a_nibbles`' integer form computes it."""
+    source = _module("kv_int4")._DP4A_ASM.value
+    words, q_lo, q_hi = _random_words(4), _random_words(5), _random_words(6)
+    regs = run_ptx(source, {1: words, 2: q_lo, 3: q_hi})
+    want = np.zeros(WORDS, dtype=np.int64)
+    for k, (byte, lo, hi) in enumerate(zip(*map(_bytes_of, (words, q_lo, q_hi)), strict=True)):
+        assert k < 4
+        lo, hi = lo.astype(np.int64), hi.astype(np.int64)
+        want += (byte & 15).astype(np.int64) * np.where(lo > 127, lo - 256, lo)
+        want += (byte >> 4).astype(np.int64) * np.where(hi > 127, hi - 256, hi)
+    np.testing.assert_array_equal(regs["$0"].view(np.int32).astype(np.int64), want)
 
 
 def test_fp8_word_unpack_gives_each_words_two_values() -> None:

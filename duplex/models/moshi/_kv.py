@@ -40,6 +40,7 @@ from duplex.kernels.kv_int4 import (
     quantize_int4,
     ring_attention_int4,
     ring_attention_int4_reference,
+    round_query,
     write_int4_rows,
 )
 
@@ -216,7 +217,7 @@ class KVRing:
         # off CUDA: the whole prefix dequantized, in torch
         keys = dequantize_int4(*keys4, self.group, q.dtype)
         values = dequantize_int4(*values4, self.group, q.dtype)
-        return prefix_attention(q, keys, values, lengths)
+        return prefix_attention(round_query(q, self.group).to(q.dtype), keys, values, lengths)
 
     def clear(self, slot: int) -> None:
         """Zero every layer's rows of one slot, so masked reads of them stay finite."""
