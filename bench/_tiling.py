@@ -1,10 +1,10 @@
 """A ring kernel's tiling by name, shared by the kernel benches and `duplex_engine.py`.
 
-``split/block/warps[/dot][/sN][/rN][/kw][/dp4a]``: split rows, block rows, warps, on
-tensor cores, N software-pipeline stages, at most N registers a thread (``r0``: uncapped),
-keys read as 16-bit words on tensor cores, keys' products as 8-bit integer dot products
-(the last four for the int4 kernel only; a switch not named is off; ``dp4a`` takes
-precedence over ``kw``).
+``split/block/warps[/dot][/sN][/rN][/kw][/dp4a][/vsub]``: split rows, block rows, warps,
+on tensor cores, N software-pipeline stages, at most N registers a thread (``r0``:
+uncapped), keys read as 16-bit words on tensor cores, keys' products as 8-bit integer dot
+products, values' nibbles as float16 subnormals (the last five for the int4 kernel only; a
+switch not named is off; ``dp4a`` takes precedence over ``kw``).
 Result files of 2026-12-06 and before also name ``/lazy`` (the accumulators rescaled only when
 the max moved past a margin: no faster) and ``/vraw`` (value nibbles left with their offsets:
 0.98x the time, 2.5-5x the error), both deleted.
@@ -23,6 +23,7 @@ INT4_DEFAULTS = {
     "max_registers": "MAX_REGISTERS",
     "key_words": "KEY_WORDS",
     "key_dp4a": "KEY_DP4A",
+    "value_subnormals": "VALUE_SUBNORMALS",
 }
 """Each int4 kernel argument's module default in `duplex.kernels.kv_int4` (read at each call)."""
 
@@ -42,6 +43,8 @@ def tiling(name: str) -> dict[str, Any]:
                 out["key_words"] = True
             elif flag == "dp4a":
                 out["key_dp4a"] = True
+            elif flag == "vsub":
+                out["value_subnormals"] = True
             elif flag.startswith("s"):
                 out["num_stages"] = int(flag[1:])
             elif flag.startswith("r"):
@@ -50,7 +53,7 @@ def tiling(name: str) -> dict[str, Any]:
                 raise ValueError(f"unknown flag {flag!r}")
     except ValueError as error:
         raise ValueError(
-            f"bad tiling {name!r} ({error}): split/block/warps[/dot][/sN][/rN][/kw][/dp4a]"
+            f"bad tiling {name!r} ({error}): split/block/warps[/dot][/sN][/rN][/kw][/dp4a][/vsub]"
         ) from None
     return out
 
@@ -59,7 +62,7 @@ def int4_arguments(name: str) -> dict[str, Any]:
     """`tiling` as `ring_attention_int4`'s arguments: a switch the name leaves out is off (the
     kernel's own default would turn it on), stages and registers it leaves out are the
     module's."""
-    return {"key_words": False, "key_dp4a": False, **tiling(name)}
+    return {"key_words": False, "key_dp4a": False, "value_subnormals": False, **tiling(name)}
 
 
 def int4_defaults(name: str) -> dict[str, Any]:

@@ -87,6 +87,10 @@ KEY_DP4A = True
 """`ring_attention_int4`'s ``key_dp4a`` when not given: the keys' products as 8-bit integer
 dot products (`_DP4A_ASM`), 0.83x the loop's instructions of `KEY_WORDS`' tensor-core form
 by ``bench/kernel_sass.py`` (624 against 749 a key row)."""
+VALUE_SUBNORMALS = True
+"""`ring_attention_int4`'s ``value_subnormals`` when not given: the values' nibbles made
+float16 subnormals by a mask each (`_PAIR_SUBNORMAL_ASM`), their offsets taken off once at
+the end; with `KEY_DP4A`, 563 loop instructions a key row against 624 (``bench/kernel_sass.py``)."""
 QUERY_LEVELS = 127
 """The query's levels each side of zero: it is rounded to 8 bits a group for the keys'
 products (`round_query`)."""
@@ -269,6 +273,7 @@ def ring_attention_int4(
     max_registers: int | None = None,
     key_words: bool | None = None,
     key_dp4a: bool | None = None,
+    value_subnormals: bool | None = None,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as
@@ -318,6 +323,7 @@ def ring_attention_int4(
     max_registers = MAX_REGISTERS if max_registers is None else max_registers
     key_words = KEY_WORDS if key_words is None else key_words
     key_dp4a = KEY_DP4A if key_dp4a is None else key_dp4a
+    value_subnormals = VALUE_SUBNORMALS if value_subnormals is None else value_subnormals
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
     if head_dim & (head_dim - 1) or head_dim % group or group % 2:
@@ -381,6 +387,7 @@ def ring_attention_int4(
         WORD_BITS=_scale_word_bits(k_scales, v_scales) if dot else 0,
         V_PAIRS=v_pairs,
         K_DP4A=k_dp4a,
+        V_SUB=v_pairs and value_subnormals,
         K_WORDS=v_pairs
         and not k_dp4a
         and key_words
@@ -477,6 +484,40 @@ if _triton.available():
             v1 = (((word >> 4) & 15) - 8).to(DTYPE)
             v2 = (((word >> 8) & 15) - 8).to(DTYPE)
             v3 = (((word >> 12) & 15) - 8).to(DTYPE)
+        return v0, v1, v2, v3
+
+    _PAIR_SUBNORMAL_ASM = tl.constexpr("""{
+    .reg .b32 t;
+    and.b32 $0, $4, 0x000F000F;
+    and.b32 $1, $4, 0x00F000F0;
+    shr.b32 t, $4, 8;
+    and.b32 $2, t, 0x000F000F;
+    and.b32 $3, t, 0x00F000F0;
+    }""")
+    """Two 16-bit words (pack 2) -> each word's four nibbles ``n`` as float16 subnormals:
+    ``n 2**-24`` (values 0 and 2 of a word, the nibble at bit 0 of a half) and ``16 n
+    2**-24`` (1 and 3, at bit 4): a mask each, and one shift for the second byte's, five
+    instructions for eight values where `_UNPACK_PAIR_ASM` takes ten."""
+
+    @triton.jit
+    def _pair_subnormals(pairs, ASM: tl.constexpr, DTYPE: tl.constexpr):
+        """Each 16-bit word's four nibbles as `_PAIR_SUBNORMAL_ASM` makes them."""
+        if ASM:
+            v0, v1, v2, v3 = tl.inline_asm_elementwise(
+                _PAIR_SUBNORMAL_ASM,
+                "=r,=r,=r,=r,r",
+                [pairs],
+                dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+                is_pure=True,
+                pack=2,
+            )
+        else:
+            word = pairs.to(tl.int32) & 0xFFFF
+            tiny = 5.9604644775390625e-08  # 2**-24
+            v0 = ((word & 15).to(tl.float32) * tiny).to(DTYPE)
+            v1 = (((word >> 4) & 15).to(tl.float32) * (16 * tiny)).to(DTYPE)
+            v2 = (((word >> 8) & 15).to(tl.float32) * tiny).to(DTYPE)
+            v3 = ((word >> 12).to(tl.float32) * (16 * tiny)).to(DTYPE)
         return v0, v1, v2, v3
 
     _UNPACK_PAIR_RAW_ASM = tl.constexpr("""{
@@ -681,6 +722,7 @@ if _triton.available():
         V_PAIRS: tl.constexpr,
         K_WORDS: tl.constexpr,
         K_DP4A: tl.constexpr,
+        V_SUB: tl.constexpr,
         SLOTS: tl.constexpr,
     ):
         """One split of one (row, head). Elementwise (``DOT`` off): each row's scales are
@@ -731,6 +773,7 @@ if _triton.available():
                 acc_odd = tl.zeros([16, HALF // 2], dtype=tl.float32)
                 acc_2 = tl.zeros([16, HALF // 2], dtype=tl.float32)
                 acc_3 = tl.zeros([16, HALF // 2], dtype=tl.float32)
+                mix_sum = tl.zeros([16, BLOCK_ROWS], dtype=tl.float32)
                 vw_base = vp_base.to(tl.pointer_type(tl.int16))
                 # keys unpacked as 1024 + n and 1024 + 16 n (`_raw_levels`): the query's
                 # high half a sixteenth (exact), each group's offset taken off its sums
@@ -828,9 +871,14 @@ if _triton.available():
                     mask=filled[:, None],
                     other=0,
                 )
-                v0, v1, v2, v3 = _pair_levels(vw, ASM, DOT_DTYPE)
+                if V_SUB:
+                    v0, v1, v2, v3 = _pair_subnormals(vw, ASM, DOT_DTYPE)
+                else:
+                    v0, v1, v2, v3 = _pair_levels(vw, ASM, DOT_DTYPE)
                 vs = _group_scales(vs_base, rows, filled, g, grouped, stride_vsr, GROUPS, WORD_BITS)
                 mix = (vs * weights[None, :]).to(DOT_DTYPE)  # [16, rows]
+                if V_SUB:  # summed over rows once, at the end
+                    mix_sum = mix_sum * rescale + mix.to(tl.float32)
                 acc_even = tl.dot(mix, v0, acc_even * rescale, input_precision="ieee")
                 acc_odd = tl.dot(mix, v1, acc_odd * rescale, input_precision="ieee")
                 acc_2 = tl.dot(mix, v2, acc_2 * rescale, input_precision="ieee")
@@ -864,6 +912,12 @@ if _triton.available():
             best = new_best
         part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (2 * HALF + 2)
         if DOT and V_PAIRS:  # accumulator c holds values 4m + c; row g keeps group g's
+            if V_SUB:  # nibbles n as n 2**-24 (c even), 16 n 2**-24 (odd): levels n - 8
+                offset = 8.0 * tl.sum(mix_sum, axis=1)[:, None]
+                acc_even = acc_even * 16777216.0 - offset
+                acc_odd = acc_odd * 1048576.0 - offset
+                acc_2 = acc_2 * 16777216.0 - offset
+                acc_3 = acc_3 * 1048576.0 - offset
             tl.store(part + 4 * m, tl.sum(tl.where(own4, acc_even, 0.0), axis=0))
             tl.store(part + 4 * m + 1, tl.sum(tl.where(own4, acc_odd, 0.0), axis=0))
             tl.store(part + 4 * m + 2, tl.sum(tl.where(own4, acc_2, 0.0), axis=0))

@@ -182,6 +182,21 @@ def test_word_unpack_gives_each_words_four_levels(raw: bool) -> None:
             np.testing.assert_array_equal(got.astype(np.int64), want)
 
 
+def test_subnormal_unpack_gives_each_words_four_nibbles_scaled() -> None:
+    """Two 16-bit words (pack 2): output ``$c`` holds nibble ``c`` of word 0 (low half) and
+    of word 1 (high half) as a float16 subnormal, ``n 2**-24`` for ``c`` even and ``16 n
+    2**-24`` for ``c`` odd, as `_pair_subnormals`' integer form makes them."""
+    source = _module("kv_int4")._PAIR_SUBNORMAL_ASM.value
+    words = _random_words(7)
+    regs = run_ptx(source, {4: words})
+    for c in range(4):
+        first, second = _halves(regs[f"${c}"])
+        for got, word in ((first, words & 0xFFFF), (second, words >> 16)):
+            nibble = ((word >> (4 * c)) & 15).astype(np.float64)
+            want = nibble * (16 if c % 2 else 1) * 2.0**-24
+            np.testing.assert_array_equal(got.astype(np.float64), want)
+
+
 def test_dp4a_products_sum_each_words_nibbles_times_the_query_bytes() -> None:
     """A 32-bit key word (pack 1) and two words of signed query bytes: ``$0`` is the sum of
     the word's eight nibbles ``n`` (byte ``k``'s low nibble by byte ``k`` of ``$2``, its
