@@ -87,10 +87,12 @@ KEY_DP4A = True
 """`ring_attention_int4`'s ``key_dp4a`` when not given: the keys' products as 8-bit integer
 dot products (`_DP4A_ASM`), 0.83x the loop's instructions of `KEY_WORDS`' tensor-core form
 by ``bench/kernel_sass.py`` (624 against 749 a key row)."""
-VALUE_SUBNORMALS = True
+VALUE_SUBNORMALS = False
 """`ring_attention_int4`'s ``value_subnormals`` when not given: the values' nibbles made
 float16 subnormals by a mask each (`_PAIR_SUBNORMAL_ASM`), their offsets taken off once at
-the end; with `KEY_DP4A`, 563 loop instructions a key row against 624 (``bench/kernel_sass.py``)."""
+the end. With `KEY_DP4A`, 563 loop instructions a key row against 624 (``bench/kernel_sass.py``),
+but 1.09x the read's time at B=128 on an H100, staggered and full (docs/benchmarks.md, "The
+keys' products in 8-bit integers"): off."""
 QUERY_LEVELS = 127
 """The query's levels each side of zero: it is rounded to 8 bits a group for the keys'
 products (`round_query`)."""

@@ -84,8 +84,8 @@ def _assert_near(got: torch.Tensor, want: torch.Tensor, dot: bool) -> None:
 
 FORMS = [
     pytest.param({"dot": False}, id="elementwise"),
-    pytest.param({"dot": True}, id="tensor-cores"),  # the default: dp4a, value subnormals
-    pytest.param({"dot": True, "value_subnormals": False}, id="tensor-cores-value-levels"),
+    pytest.param({"dot": True}, id="tensor-cores"),  # the default: keys by dp4a
+    pytest.param({"dot": True, "value_subnormals": True}, id="tensor-cores-value-subnormals"),
     pytest.param({"dot": True, "key_dp4a": False}, id="tensor-cores-key-words"),
     pytest.param({"dot": True, "key_dp4a": False, "key_words": False}, id="tensor-cores-key-bytes"),
     pytest.param({"dot": True, "unaligned_scales": True}, id="tensor-cores-scale-by-scale"),
