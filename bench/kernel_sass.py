@@ -196,6 +196,7 @@ def forms() -> list[tuple[Any, ...]]:
     # bench/results/kernel-sass-sm90.json stay comparable; the default tiling is the last row
     int4 = {"SPLIT_ROWS": 512, "HALF": HEAD_DIM // 2, "GROUP": GROUP, "ASM": True}
     int4.update(DOT_DTYPE=tl.float16, WORD_BITS=0, V_PAIRS=False, K_WORDS=False, SLOTS=True)
+    int4.update(K_DP4A=False, V_SUB=False)
     kernel = kv_int4._ring_attention_int4
     elementwise = {**int4, "DOT": False, "BLOCK_ROWS": 64}
     out.append(("int4 elementwise", kernel, int4_pointers, elementwise, 4, 3))
@@ -217,13 +218,18 @@ def forms() -> list[tuple[Any, ...]]:
         out.append((label, kernel, int4_pointers, pairs, 4, stages, 96))
     words = {**pairs, "K_WORDS": True}
     out.append(("int4, key and value words, 96 registers", kernel, int4_pointers, words, 4, 3, 96))
-    default = {**words, "BLOCK_ROWS": kv_int4.BLOCK_ROWS, "SPLIT_ROWS": kv_int4.SPLIT_ROWS}
-    label = (
-        f"int4, key and value words, {kv_int4.SPLIT_ROWS}/{kv_int4.BLOCK_ROWS} rows, "
-        f"{kv_int4.MAX_REGISTERS} registers (the default)"
-    )
     tiles = (kv_int4.NUM_WARPS, kv_int4.NUM_STAGES, kv_int4.MAX_REGISTERS)
-    out.append((label, kernel, int4_pointers, default, *tiles))
+    shipped = {**words, "BLOCK_ROWS": kv_int4.BLOCK_ROWS, "SPLIT_ROWS": kv_int4.SPLIT_ROWS}
+    rows = f"{kv_int4.SPLIT_ROWS}/{kv_int4.BLOCK_ROWS} rows, {kv_int4.MAX_REGISTERS} registers"
+    out.append((f"int4, key and value words, {rows}", kernel, int4_pointers, shipped, *tiles))
+    dp4a = {**shipped, "K_WORDS": False, "K_DP4A": True}
+    out.append((f"int4, keys by dp4a, value words, {rows}", kernel, int4_pointers, dp4a, *tiles))
+    subnormal = {**dp4a, "V_SUB": True}
+    label = f"int4, keys by dp4a, value subnormals, {rows}"
+    out.append((label, kernel, int4_pointers, subnormal, *tiles))
+    default = {**shipped, "K_WORDS": not kv_int4.KEY_DP4A, "K_DP4A": kv_int4.KEY_DP4A}
+    default["V_SUB"] = kv_int4.VALUE_SUBNORMALS
+    out.append((f"int4, {rows} (the default)", kernel, int4_pointers, default, *tiles))
     return out
 
 
