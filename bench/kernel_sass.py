@@ -196,7 +196,7 @@ def forms() -> list[tuple[Any, ...]]:
     # bench/results/kernel-sass-sm90.json stay comparable; the default tiling is the last row
     int4 = {"SPLIT_ROWS": 512, "HALF": HEAD_DIM // 2, "GROUP": GROUP, "ASM": True}
     int4.update(DOT_DTYPE=tl.float16, WORD_BITS=0, V_PAIRS=False, K_WORDS=False, SLOTS=True)
-    int4.update(K_DP4A=False, V_SUB=False)
+    int4.update(K_DP4A=False, V_SUB=False, ROW_MIX=False)
     kernel = kv_int4._ring_attention_int4
     elementwise = {**int4, "DOT": False, "BLOCK_ROWS": 64}
     out.append(("int4 elementwise", kernel, int4_pointers, elementwise, 4, 3))

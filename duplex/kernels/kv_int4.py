@@ -93,6 +93,11 @@ float16 subnormals by a mask each (`_PAIR_SUBNORMAL_ASM`), their offsets taken o
 the end. With `KEY_DP4A`, 563 loop instructions a key row against 624 (``bench/kernel_sass.py``),
 but 1.09x the read's time at B=128 on an H100, staggered and full (docs/benchmarks.md, "The
 keys' products in 8-bit integers"): off."""
+ROW_MIX = False
+"""`ring_attention_int4`'s ``row_mix`` when not given (with `KEY_DP4A` only): the values'
+weights (a row's softmax weight times its group's scale) computed on ``[rows, groups]``,
+then laid out as the product's ``[16, rows]`` operand, not computed on that operand's 16 rows
+of which 12 are zeros."""
 QUERY_LEVELS = 127
 """The query's levels each side of zero: it is rounded to 8 bits a group for the keys'
 products (`round_query`)."""
@@ -276,6 +281,7 @@ def ring_attention_int4(
     key_words: bool | None = None,
     key_dp4a: bool | None = None,
     value_subnormals: bool | None = None,
+    row_mix: bool | None = None,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as
@@ -326,6 +332,7 @@ def ring_attention_int4(
     key_words = KEY_WORDS if key_words is None else key_words
     key_dp4a = KEY_DP4A if key_dp4a is None else key_dp4a
     value_subnormals = VALUE_SUBNORMALS if value_subnormals is None else value_subnormals
+    row_mix = ROW_MIX if row_mix is None else row_mix
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
     if head_dim & (head_dim - 1) or head_dim % group or group % 2:
@@ -390,6 +397,7 @@ def ring_attention_int4(
         V_PAIRS=v_pairs,
         K_DP4A=k_dp4a,
         V_SUB=v_pairs and value_subnormals,
+        ROW_MIX=k_dp4a and row_mix,
         K_WORDS=v_pairs
         and not k_dp4a
         and key_words
@@ -660,6 +668,20 @@ if _triton.available():
         return tl.where(own4, values[None, :], 0.0).to(DTYPE)
 
     @triton.jit
+    def _row_scales(base, rows, filled, gk, stride, WORD_BITS: tl.constexpr):
+        """``[rows, groups]`` float32: each key row's scales, loaded as one word a row where
+        ``WORD_BITS`` is 64 (a row's four float16 scales; else one by one)."""
+        if WORD_BITS == 64:
+            word = tl.load(base.to(tl.pointer_type(tl.int64)) + rows, mask=filled, other=0)
+            field = (word[:, None] >> (16 * gk[None, :]).to(tl.int64)) & 0xFFFF
+            scales = field.to(tl.int16).to(tl.float16, bitcast=True)
+        else:
+            scales = tl.load(
+                base + rows[:, None] * stride + gk[None, :], mask=filled[:, None], other=0.0
+            )
+        return scales.to(tl.float32)
+
+    @triton.jit
     def _group_scales(
         base, rows, filled, g, grouped, stride, GROUPS: tl.constexpr, WORD_BITS: tl.constexpr
     ):
@@ -725,6 +747,7 @@ if _triton.available():
         K_WORDS: tl.constexpr,
         K_DP4A: tl.constexpr,
         V_SUB: tl.constexpr,
+        ROW_MIX: tl.constexpr,
         SLOTS: tl.constexpr,
     ):
         """One split of one (row, head). Elementwise (``DOT`` off): each row's scales are
@@ -828,11 +851,7 @@ if _triton.available():
             if DOT and K_DP4A:
                 dots = _dp4a_nibbles(k32, q_lo[None, :], q_hi[None, :], ASM)
                 per_group = tl.sum(tl.reshape(dots, [BLOCK_ROWS, GROUPS, GROUP // 8]), axis=2)
-                ks = tl.load(
-                    ks_base + rows[:, None] * stride_ksr + gk[None, :],
-                    mask=filled[:, None],
-                    other=0.0,
-                ).to(tl.float32)
+                ks = _row_scales(ks_base, rows, filled, gk, stride_ksr, WORD_BITS)
                 per_group = (per_group - k_bias8[None, :]).to(tl.float32)
                 raw = tl.sum(per_group * (ks * q_scale[None, :]), axis=1)
             elif DOT:
@@ -877,8 +896,17 @@ if _triton.available():
                     v0, v1, v2, v3 = _pair_subnormals(vw, ASM, DOT_DTYPE)
                 else:
                     v0, v1, v2, v3 = _pair_levels(vw, ASM, DOT_DTYPE)
-                vs = _group_scales(vs_base, rows, filled, g, grouped, stride_vsr, GROUPS, WORD_BITS)
-                mix = (vs * weights[None, :]).to(DOT_DTYPE)  # [16, rows]
+                if ROW_MIX:  # weighed as [rows, groups], then made the [16, rows] operand
+                    vs = _row_scales(vs_base, rows, filled, gk, stride_vsr, WORD_BITS)
+                    mix = tl.trans(vs * weights[:, None])  # [groups, rows]
+                    mix = tl.broadcast_to(mix[None, :, :], [16 // GROUPS, GROUPS, BLOCK_ROWS])
+                    mix = tl.where(grouped[:, None], tl.reshape(mix, [16, BLOCK_ROWS]), 0.0)
+                    mix = mix.to(DOT_DTYPE)
+                else:
+                    vs = _group_scales(
+                        vs_base, rows, filled, g, grouped, stride_vsr, GROUPS, WORD_BITS
+                    )
+                    mix = (vs * weights[None, :]).to(DOT_DTYPE)  # [16, rows]
                 if V_SUB:  # summed over rows once, at the end
                     mix_sum = mix_sum * rescale + mix.to(tl.float32)
                 acc_even = tl.dot(mix, v0, acc_even * rescale, input_precision="ieee")

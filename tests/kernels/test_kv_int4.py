@@ -86,6 +86,11 @@ FORMS = [
     pytest.param({"dot": False}, id="elementwise"),
     pytest.param({"dot": True}, id="tensor-cores"),  # the default: keys by dp4a
     pytest.param({"dot": True, "value_subnormals": True}, id="tensor-cores-value-subnormals"),
+    pytest.param({"dot": True, "row_mix": True}, id="tensor-cores-row-mix"),
+    pytest.param(
+        {"dot": True, "row_mix": True, "value_subnormals": True},
+        id="tensor-cores-row-mix-subnormals",
+    ),
     pytest.param({"dot": True, "key_dp4a": False}, id="tensor-cores-key-words"),
     pytest.param({"dot": True, "key_dp4a": False, "key_words": False}, id="tensor-cores-key-bytes"),
     pytest.param({"dot": True, "unaligned_scales": True}, id="tensor-cores-scale-by-scale"),
