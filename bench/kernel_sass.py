@@ -224,11 +224,16 @@ def forms() -> list[tuple[Any, ...]]:
     out.append((f"int4, key and value words, {rows}", kernel, int4_pointers, shipped, *tiles))
     dp4a = {**shipped, "K_WORDS": False, "K_DP4A": True}
     out.append((f"int4, keys by dp4a, value words, {rows}", kernel, int4_pointers, dp4a, *tiles))
-    subnormal = {**dp4a, "V_SUB": True}
-    label = f"int4, keys by dp4a, value subnormals, {rows}"
-    out.append((label, kernel, int4_pointers, subnormal, *tiles))
+    for label, switches in (
+        ("value subnormals", {"V_SUB": True}),
+        ("row mix", {"ROW_MIX": True}),
+        ("row mix, value subnormals", {"ROW_MIX": True, "V_SUB": True}),
+    ):
+        form = (f"int4, keys by dp4a, {label}, {rows}", kernel, int4_pointers)
+        out.append((*form, {**dp4a, **switches}, *tiles))
     default = {**shipped, "K_WORDS": not kv_int4.KEY_DP4A, "K_DP4A": kv_int4.KEY_DP4A}
     default["V_SUB"] = kv_int4.VALUE_SUBNORMALS
+    default["ROW_MIX"] = kv_int4.KEY_DP4A and kv_int4.ROW_MIX
     out.append((f"int4, {rows} (the default)", kernel, int4_pointers, default, *tiles))
     return out
 

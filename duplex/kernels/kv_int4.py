@@ -85,19 +85,21 @@ registers with key bytes (B=128 on an H100; docs/benchmarks.md, "The int4 read t
 for keys, 128-row tiles")."""
 KEY_DP4A = True
 """`ring_attention_int4`'s ``key_dp4a`` when not given: the keys' products as 8-bit integer
-dot products (`_DP4A_ASM`), 0.83x the loop's instructions of `KEY_WORDS`' tensor-core form
-by ``bench/kernel_sass.py`` (624 against 749 a key row)."""
-VALUE_SUBNORMALS = False
+dot products (`_DP4A_ASM`) with the key scales loaded as one word a row, 0.81x the loop's
+instructions of `KEY_WORDS`' tensor-core form by ``bench/kernel_sass.py`` (607 against 749 a
+key row); on an H100 0.96x its time at B=128 staggered, 1.00x full (bound by the bytes)."""
+VALUE_SUBNORMALS = True
 """`ring_attention_int4`'s ``value_subnormals`` when not given: the values' nibbles made
 float16 subnormals by a mask each (`_PAIR_SUBNORMAL_ASM`), their offsets taken off once at
-the end. With `KEY_DP4A`, 563 loop instructions a key row against 624 (``bench/kernel_sass.py``),
-but 1.09x the read's time at B=128 on an H100, staggered and full (docs/benchmarks.md, "The
-keys' products in 8-bit integers"): off."""
-ROW_MIX = False
+the end: with `KEY_DP4A` and `ROW_MIX`, 530 loop instructions a key row against 593
+(``bench/kernel_sass.py``); on an H100 (bound by its bytes there) the same time, 1.00x at
+B=128 full and 1.02x staggered (docs/benchmarks.md, "The keys' products in 8-bit integers")."""
+ROW_MIX = True
 """`ring_attention_int4`'s ``row_mix`` when not given (with `KEY_DP4A` only): the values'
 weights (a row's softmax weight times its group's scale) computed on ``[rows, groups]``,
 then laid out as the product's ``[16, rows]`` operand, not computed on that operand's 16 rows
-of which 12 are zeros."""
+of which 12 are zeros: 593 loop instructions a key row against 607, the same time on an
+H100."""
 QUERY_LEVELS = 127
 """The query's levels each side of zero: it is rounded to 8 bits a group for the keys'
 products (`round_query`)."""
