@@ -365,10 +365,12 @@ class EngineConfig:
         "`fp8` (float8 e4m3: half the bytes, about twice the GPU slots; the Triton attention "
         "kernel reads it at one byte an element) or `int4` (4-bit values with a float16 scale "
         "a group of 32: 0.28 of bf16's bytes, about 1.75 times fp8's slots; read in place by "
-        "its own kernel, on tensor cores on a GPU, which reads 128 full rings of the 7B in "
-        "0.58 of fp8's time on an H100 for 0.56 of its bytes: the same rate). Their accuracy "
-        "and speed are measured in docs/benchmarks.md "
-        '("KV storage precision", "KV in 4 bits", "The int4 read timed")',
+        "its own kernel, the query rounded to 8 bits a group for the keys' integer products "
+        "and the values' on tensor cores, which reads 128 full rings of the 7B in 0.58 of "
+        "fp8's time on an H100 for 0.56 of its bytes: the same rate). Their accuracy and "
+        "speed are measured in docs/benchmarks.md "
+        '("KV storage precision", "KV in 4 bits", "The int4 read timed", '
+        '"The keys\' products in 8-bit integers")',
         flag="--kv-cache-dtype",
     )
     weight_dtype: Literal["auto", "fp8"] = setting(

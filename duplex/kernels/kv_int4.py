@@ -11,15 +11,19 @@ scale 0 and dequantizes to zeros.
 `quantize_int4` / `dequantize_int4` are the torch reference (and the path off
 CUDA). `ring_attention_int4` is `ring_attention` (``ring_attention.py``) for
 such rings: one program per (row, head, split) walks its split's filled rows,
-loads the packed bytes and the scales, unpacks the two nibbles in registers and
-keeps the even and odd halves of the weighted sum apart, so nothing is widened
-in memory; the splits are merged by the same kernel as the other dtypes. On a
-GPU both products run on tensor cores (`_ring_attention_int4` with ``DOT``, its
-nibbles unpacked by inline PTX); its elementwise form serves head rows too narrow
-for a tensor-core tile. Either form is bound by the instructions a key row costs,
-not by its bytes (docs/benchmarks.md, "Where the kernel's time goes"; counted by
-``bench/kernel_sass.py``). ``ring_attention_int4_reference`` dequantizes the
-filled rows and calls `ring_attention_reference`.
+loads the packed bytes and the scales and unpacks the nibbles in registers, so
+nothing is widened in memory; the splits are merged by the same kernel as the
+other dtypes. Every int4 read takes the query rounded to 8 bits a group
+(`round_query`): on a GPU the keys' products are then 8-bit integer dot products
+(``dp4a``: eight stored nibbles by eight query bytes in two instructions, summed
+exactly) and the values' product runs on tensor cores (`_ring_attention_int4`
+with ``DOT``, its nibbles unpacked by inline PTX); its elementwise form serves
+head rows too narrow for a tensor-core tile. The read is bound by the
+instructions a key row costs, not by its bytes, where the card's bandwidth is
+high for its SMs (docs/benchmarks.md, "The keys' products in 8-bit integers";
+counted by ``bench/kernel_sass.py``). ``ring_attention_int4_reference``
+dequantizes the filled rows and calls `ring_attention_reference` with the
+rounded query.
 
 Why PTX by hand: Triton makes each 4-bit value a float with its own instructions
 (a mask, a shift, a conversion); the PTX unpacks two values an instruction, as
