@@ -483,17 +483,22 @@ if _triton.available():
     as `_UNPACK_ASM` does for bytes."""
 
     @triton.jit
+    def _pair_unpacked(pairs, TEXT: tl.constexpr):
+        """Two 16-bit words a call of the PTX ``TEXT`` -> each word's four values by position."""
+        return tl.inline_asm_elementwise(
+            TEXT,
+            "=r,=r,=r,=r,r",
+            [pairs],
+            dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+            is_pure=True,
+            pack=2,
+        )
+
+    @triton.jit
     def _pair_levels(pairs, ASM: tl.constexpr, DTYPE: tl.constexpr):
         """Each 16-bit word's four levels (values ``4m`` to ``4m + 3`` of word ``m``)."""
         if ASM:
-            v0, v1, v2, v3 = tl.inline_asm_elementwise(
-                _UNPACK_PAIR_ASM,
-                "=r,=r,=r,=r,r",
-                [pairs],
-                dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-                is_pure=True,
-                pack=2,
-            )
+            v0, v1, v2, v3 = _pair_unpacked(pairs, _UNPACK_PAIR_ASM)
         else:
             word = pairs.to(tl.int32) & 0xFFFF
             v0 = ((word & 15) - 8).to(DTYPE)
@@ -519,14 +524,7 @@ if _triton.available():
     def _pair_subnormals(pairs, ASM: tl.constexpr, DTYPE: tl.constexpr):
         """Each 16-bit word's four nibbles as `_PAIR_SUBNORMAL_ASM` makes them."""
         if ASM:
-            v0, v1, v2, v3 = tl.inline_asm_elementwise(
-                _PAIR_SUBNORMAL_ASM,
-                "=r,=r,=r,=r,r",
-                [pairs],
-                dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-                is_pure=True,
-                pack=2,
-            )
+            v0, v1, v2, v3 = _pair_unpacked(pairs, _PAIR_SUBNORMAL_ASM)
         else:
             word = pairs.to(tl.int32) & 0xFFFF
             tiny = 5.9604644775390625e-08  # 2**-24
@@ -557,14 +555,7 @@ if _triton.available():
         """Each 16-bit word's four nibbles ``n`` as ``1024 + n`` (values 0 and 2) and
         ``1024 + 16 n`` (values 1 and 3)."""
         if ASM:
-            v0, v1, v2, v3 = tl.inline_asm_elementwise(
-                _UNPACK_PAIR_RAW_ASM,
-                "=r,=r,=r,=r,r",
-                [pairs],
-                dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-                is_pure=True,
-                pack=2,
-            )
+            v0, v1, v2, v3 = _pair_unpacked(pairs, _UNPACK_PAIR_RAW_ASM)
         else:
             word = pairs.to(tl.int32) & 0xFFFF
             v0 = ((word & 15) + 1024).to(DTYPE)
