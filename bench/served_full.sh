@@ -6,8 +6,8 @@
 # stopped, the engine alone at full rings at the Ns served, in the same call. COUNTS defaults
 # to the card's: capacity,256,192,128 on an H200, capacity,128 on an H100 ("capacity": the
 # sessions /health says the server admits, the largest N it offers). About 320 s a call on an
-# H100, 440 s on an H200, under the run tool's 600 s. Needs .whl/ (bench/device_wheels.sh) carried. Results go to $OUT (out/ here when
-# unset). Usage:
+# H100, 440 s on an H200, under the run tool's 600 s. Needs .whl/ (bench/device_wheels.sh)
+# carried. Results go to $OUT (out/ here when unset). Usage:
 #
 #   bash bench/served_full.sh [COUNTS] [extra bench/served.py arguments, e.g. --warmup 2]
 set -uo pipefail

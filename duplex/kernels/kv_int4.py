@@ -407,7 +407,6 @@ def ring_attention_int4(
         K_WORDS=v_pairs
         and not k_dp4a
         and key_words
-        and _value_words_fit(v_packed, head_dim, group)
         and _value_words_fit(k_packed, head_dim, group),
         SLOTS=slots is not None,
         **({"maxnreg": max_registers} if max_registers and q.is_cuda else {}),
@@ -495,16 +494,21 @@ if _triton.available():
         )
 
     @triton.jit
+    def _word_nibbles(pairs):
+        """Each 16-bit word's four nibbles, int32, low first: the integer form of the PTX
+        unpacks below, which the interpreter (no inline assembly) runs."""
+        word = pairs.to(tl.int32) & 0xFFFF
+        return word & 15, (word >> 4) & 15, (word >> 8) & 15, word >> 12
+
+    @triton.jit
     def _pair_levels(pairs, ASM: tl.constexpr, DTYPE: tl.constexpr):
         """Each 16-bit word's four levels (values ``4m`` to ``4m + 3`` of word ``m``)."""
         if ASM:
             v0, v1, v2, v3 = _pair_unpacked(pairs, _UNPACK_PAIR_ASM)
         else:
-            word = pairs.to(tl.int32) & 0xFFFF
-            v0 = ((word & 15) - 8).to(DTYPE)
-            v1 = (((word >> 4) & 15) - 8).to(DTYPE)
-            v2 = (((word >> 8) & 15) - 8).to(DTYPE)
-            v3 = (((word >> 12) & 15) - 8).to(DTYPE)
+            n0, n1, n2, n3 = _word_nibbles(pairs)
+            v0, v1 = (n0 - 8).to(DTYPE), (n1 - 8).to(DTYPE)
+            v2, v3 = (n2 - 8).to(DTYPE), (n3 - 8).to(DTYPE)
         return v0, v1, v2, v3
 
     _PAIR_SUBNORMAL_ASM = tl.constexpr("""{
@@ -526,12 +530,12 @@ if _triton.available():
         if ASM:
             v0, v1, v2, v3 = _pair_unpacked(pairs, _PAIR_SUBNORMAL_ASM)
         else:
-            word = pairs.to(tl.int32) & 0xFFFF
+            n0, n1, n2, n3 = _word_nibbles(pairs)
             tiny = 5.9604644775390625e-08  # 2**-24
-            v0 = ((word & 15).to(tl.float32) * tiny).to(DTYPE)
-            v1 = (((word >> 4) & 15).to(tl.float32) * (16 * tiny)).to(DTYPE)
-            v2 = (((word >> 8) & 15).to(tl.float32) * tiny).to(DTYPE)
-            v3 = ((word >> 12).to(tl.float32) * (16 * tiny)).to(DTYPE)
+            v0 = (n0.to(tl.float32) * tiny).to(DTYPE)
+            v1 = (n1.to(tl.float32) * (16 * tiny)).to(DTYPE)
+            v2 = (n2.to(tl.float32) * tiny).to(DTYPE)
+            v3 = (n3.to(tl.float32) * (16 * tiny)).to(DTYPE)
         return v0, v1, v2, v3
 
     _UNPACK_PAIR_RAW_ASM = tl.constexpr("""{
@@ -557,11 +561,9 @@ if _triton.available():
         if ASM:
             v0, v1, v2, v3 = _pair_unpacked(pairs, _UNPACK_PAIR_RAW_ASM)
         else:
-            word = pairs.to(tl.int32) & 0xFFFF
-            v0 = ((word & 15) + 1024).to(DTYPE)
-            v1 = (((word >> 4) & 15) * 16 + 1024).to(DTYPE)
-            v2 = (((word >> 8) & 15) + 1024).to(DTYPE)
-            v3 = ((word >> 12) * 16 + 1024).to(DTYPE)
+            n0, n1, n2, n3 = _word_nibbles(pairs)
+            v0, v2 = (n0 + 1024).to(DTYPE), (n2 + 1024).to(DTYPE)
+            v1, v3 = (n1 * 16 + 1024).to(DTYPE), (n3 * 16 + 1024).to(DTYPE)
         return v0, v1, v2, v3
 
     _UNPACK_RAW_ASM = tl.constexpr("""{
@@ -795,10 +797,12 @@ if _triton.available():
                 acc_odd = tl.zeros([16, HALF // 2], dtype=tl.float32)
                 acc_2 = tl.zeros([16, HALF // 2], dtype=tl.float32)
                 acc_3 = tl.zeros([16, HALF // 2], dtype=tl.float32)
-                mix_sum = tl.zeros([16, BLOCK_ROWS], dtype=tl.float32)
+                if V_SUB:  # the weights, summed over rows at the end: the values' offsets
+                    mix_sum = tl.zeros([16, BLOCK_ROWS], dtype=tl.float32)
                 vw_base = vp_base.to(tl.pointer_type(tl.int16))
-                # keys unpacked as 1024 + n and 1024 + 16 n (`_raw_levels`): the query's
-                # high half a sixteenth (exact), each group's offset taken off its sums
+                # without dp4a the keys are unpacked as 1024 + n and 1024 + 16 n
+                # (`_raw_levels`): the query's high half a sixteenth (exact), each group's
+                # offset taken off its sums
                 if K_DP4A:  # the query in 8 bits a group, four values a 32-bit word
                     gk = tl.arange(0, GROUPS)
                     wi = tl.arange(0, HALF // 4)
