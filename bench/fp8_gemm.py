@@ -9,7 +9,12 @@ own weights, so nothing is read from L2), in the forms a change could take:
 - ``rows``: ``torch._scaled_mm(x8, w8.T)`` with a scale a row of each (the step's form);
 - ``swapped``: the transposed product ``w8 @ x8.T`` (the weight rows as the tiles' long side;
   the output comes transposed);
-- ``bf16``: ``F.linear`` on bf16 weights (the depth transformer's form, and the reference).
+- ``bf16``: ``F.linear`` on bf16 weights (the depth transformer's form, and the reference);
+- with ``--inductor``, ``inductor`` and ``inductor_triton``: the step's product compiled by
+  ``torch.compile(mode="max-autotune-no-cudagraphs")``, which times cuBLAS against Triton's
+  templates (persistent TMA ones on Hopper) for the shape and keeps the fastest, and the same
+  with Triton's templates alone: would a Triton GEMM tuned for these skinny shapes beat cuBLAS?
+  Its autotuning table goes to stderr.
 
 (A Triton split-K form, narrow output tiles and K split over more programs, was timed here at
 commit ``9285357`` and deleted after: at best 0.90-0.94x cuBLAS on the 4096-column outputs at
@@ -68,7 +73,26 @@ def graphed(calls: list[Any], reps: int) -> float:
     return sorted(times[2:])[reps // 2]
 
 
-def measure(name: str, n: int, k: int, layers: int, batch: int, reps: int) -> dict[str, Any]:
+def _scaled(x8: torch.Tensor, w8: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    return torch._scaled_mm(x8, w8.t(), scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16)
+
+
+def compiled(backends: str) -> Any:
+    """The step's product compiled with max-autotune over ``backends`` (ATEN: cuBLAS)."""
+    import torch._inductor.config as inductor_config
+
+    function = torch.compile(_scaled, mode="max-autotune-no-cudagraphs", dynamic=False)
+
+    def call(*args: torch.Tensor) -> torch.Tensor:
+        with inductor_config.patch(max_autotune_gemm_backends=backends):
+            return function(*args)
+
+    return call
+
+
+def measure(
+    name: str, n: int, k: int, layers: int, batch: int, reps: int, inductor: bool = False
+) -> dict[str, Any]:
     generator = torch.Generator(device="cuda").manual_seed(n + k)
     x = torch.randn(batch, k, generator=generator, device="cuda").to(torch.bfloat16)
     x8, x_scale = quantize_rows(x.float())
@@ -92,11 +116,17 @@ def measure(name: str, n: int, k: int, layers: int, batch: int, reps: int) -> di
         ],
         "bf16": [lambda w=w: F.linear(x, w) for w in bf16],
     }
+    if inductor:
+        for form, backends in (("inductor", "ATEN,TRITON"), ("inductor_triton", "TRITON")):
+            call = compiled(backends)
+            forms[form] = [
+                lambda w=w, s=s, call=call: call(x8, w, x_scale, s[None, :]) for w, s in fp8
+            ]
     row: dict[str, Any] = {"name": name, "batch": batch, "n": n, "k": k, "layers": layers}
     for form, calls in forms.items():
         try:
             us = graphed(calls, reps)
-        except RuntimeError as exc:  # a form cuBLAS refuses for this shape
+        except Exception as exc:  # a form cuBLAS (or inductor) refuses for this shape
             row[f"{form}_error"] = str(exc).splitlines()[0][:200]
             continue
         weight_bytes = n * k * (2 if form == "bf16" else 1)
@@ -111,14 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="128")
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--inductor", action="store_true", help="add the compiled forms")
+    parser.add_argument("--temporal", action="store_true", help="the temporal shapes only")
     parser.add_argument("--out", type=Path, default=Path("out/fp8-gemm"))
     args = parser.parse_args(argv)
     hbm = hbm_bandwidth(args.reps)
     torch.cuda.empty_cache()
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        for name, n, k, calls in TEMPORAL + DEPTH:
-            row = measure(name, n, k, calls, batch, args.reps)
+        for name, n, k, calls in TEMPORAL + (() if args.temporal else DEPTH):
+            row = measure(name, n, k, calls, batch, args.reps, args.inductor)
             for key in [key for key in row if key.endswith("_gbps")]:
                 row[key.replace("_gbps", "_of_read")] = round(row[key] / hbm["read_gbps"], 2)
             rows.append(row)
