@@ -1,11 +1,11 @@
 """A ring kernel's tiling by name, shared by the kernel benches and `duplex_engine.py`.
 
-``split/block/warps[/dot][/sN][/rN][/kw][/dp4a][/vsub][/rm]``: split rows, block rows,
+``split/block/warps[/dot][/sN][/rN][/kw][/dp4a][/vsub][/rm][/wt]``: split rows, block rows,
 warps, on tensor cores, N software-pipeline stages, at most N registers a thread (``r0``:
 uncapped), keys read as 16-bit words on tensor cores, keys' products as 8-bit integer dot
 products, values' nibbles as float16 subnormals, the values' weights computed a row at a
-time (``rm``, with ``dp4a``) (the last six for the int4 kernel only; a switch not named is
-off; ``dp4a`` takes precedence over ``kw``).
+time (``rm``, with ``dp4a``), whole tiles read without masks (``wt``) (the last seven for the
+int4 kernel only; a switch not named is off; ``dp4a`` takes precedence over ``kw``).
 Result files of 2026-12-06 and before also name ``/lazy`` (the accumulators rescaled only when
 the max moved past a margin: no faster) and ``/vraw`` (value nibbles left with their offsets:
 0.98x the time, 2.5-5x the error), both deleted.
@@ -26,6 +26,7 @@ INT4_DEFAULTS = {
     "key_dp4a": "KEY_DP4A",
     "value_subnormals": "VALUE_SUBNORMALS",
     "row_mix": "ROW_MIX",
+    "whole_tiles": "WHOLE_TILES",
 }
 """Each int4 kernel argument's module default in `duplex.kernels.kv_int4` (read at each call)."""
 
@@ -49,6 +50,8 @@ def tiling(name: str) -> dict[str, Any]:
                 out["value_subnormals"] = True
             elif flag == "rm":
                 out["row_mix"] = True
+            elif flag == "wt":
+                out["whole_tiles"] = True
             elif flag.startswith("s"):
                 out["num_stages"] = int(flag[1:])
             elif flag.startswith("r"):
@@ -58,7 +61,7 @@ def tiling(name: str) -> dict[str, Any]:
     except ValueError as error:
         raise ValueError(
             f"bad tiling {name!r} ({error}): "
-            "split/block/warps[/dot][/sN][/rN][/kw][/dp4a][/vsub][/rm]"
+            "split/block/warps[/dot][/sN][/rN][/kw][/dp4a][/vsub][/rm][/wt]"
         ) from None
     return out
 
@@ -67,7 +70,7 @@ def int4_arguments(name: str) -> dict[str, Any]:
     """`tiling` as `ring_attention_int4`'s arguments: a switch the name leaves out is off (the
     kernel's own default would turn it on), stages and registers it leaves out are the
     module's."""
-    switches = ("key_words", "key_dp4a", "value_subnormals", "row_mix")
+    switches = ("key_words", "key_dp4a", "value_subnormals", "row_mix", "whole_tiles")
     return {**dict.fromkeys(switches, False), **tiling(name)}
 
 

@@ -77,17 +77,22 @@ def _compile(kernel: Any, pointers: dict[str, str], constants: dict[str, Any], w
 
 
 def _loop_span(lines: list[str]) -> tuple[int, int]:
-    """The longest loop's first and last line: a label and the last backward branch to it."""
+    """The main loop's first and last line: a label and the last backward branch to it. The
+    main loop is the first at least half as long as the longest: with whole tiles read
+    unmasked (the int4 kernel's ``WHOLE_TILES``) a second, masked copy of the loop follows it,
+    longer, which reads at most one tile a split."""
     text = [line.split("\t", 1)[-1].strip() for line in lines]
     labels = {line[:-1]: i for i, line in enumerate(text) if re.fullmatch(r"\.?L\w+:", line)}
-    best: tuple[int, int] = (0, 0)
+    loops: dict[int, int] = {}
     for i, line in enumerate(text):
         match = re.search(r"\bBRA\s+(\.?L\w+)", line)
         if match and match.group(1) in labels and labels[match.group(1)] < i:
-            start = labels[match.group(1)]
-            if i - start > best[1] - best[0]:
-                best = (start, i)
-    return best[0] + 1, best[1] + 1
+            loops[labels[match.group(1)]] = i  # the last branch back to each label
+    if not loops:
+        return 0, 0
+    longest = max(end - start for start, end in loops.items())
+    start = min(start for start, end in loops.items() if 2 * (end - start) >= longest)
+    return start + 1, loops[start] + 1
 
 
 def main_loop(sass: str) -> list[str]:
@@ -196,7 +201,7 @@ def forms() -> list[tuple[Any, ...]]:
     # bench/results/kernel-sass-sm90.json stay comparable; the default tiling is the last row
     int4 = {"SPLIT_ROWS": 512, "HALF": HEAD_DIM // 2, "GROUP": GROUP, "ASM": True}
     int4.update(DOT_DTYPE=tl.float16, WORD_BITS=0, V_PAIRS=False, K_WORDS=False, SLOTS=True)
-    int4.update(K_DP4A=False, V_SUB=False, ROW_MIX=False)
+    int4.update(K_DP4A=False, V_SUB=False, ROW_MIX=False, WHOLE_TILES=False)
     kernel = kv_int4._ring_attention_int4
     elementwise = {**int4, "DOT": False, "BLOCK_ROWS": 64}
     out.append(("int4 elementwise", kernel, int4_pointers, elementwise, 4, 3))
@@ -231,9 +236,13 @@ def forms() -> list[tuple[Any, ...]]:
     ):
         form = (f"int4, keys by dp4a, {label}, {rows}", kernel, int4_pointers)
         out.append((*form, {**dp4a, **switches}, *tiles))
+    label = f"int4, keys by dp4a, row mix, value subnormals, whole tiles unmasked, {rows}"
+    unmasked = {**dp4a, "ROW_MIX": True, "V_SUB": True, "WHOLE_TILES": True}
+    out.append((label, kernel, int4_pointers, unmasked, *tiles))
     default = {**shipped, "K_WORDS": not kv_int4.KEY_DP4A, "K_DP4A": kv_int4.KEY_DP4A}
     default["V_SUB"] = kv_int4.VALUE_SUBNORMALS
     default["ROW_MIX"] = kv_int4.KEY_DP4A and kv_int4.ROW_MIX
+    default["WHOLE_TILES"] = kv_int4.WHOLE_TILES
     out.append((f"int4, {rows} (the default)", kernel, int4_pointers, default, *tiles))
     return out
 

@@ -104,6 +104,11 @@ weights (a row's softmax weight times its group's scale) computed on ``[rows, gr
 then laid out as the product's ``[16, rows]`` operand, not computed on that operand's 16 rows
 of which 12 are zeros: 593 loop instructions a key row against 607, the same time on an
 H100."""
+WHOLE_TILES = True
+"""`ring_attention_int4`'s ``whole_tiles`` when not given: a split's whole tiles are read by
+a loop without masks and its last, partial tile (if any) by a second one with them: 484 loop
+instructions a key row against 530 (``bench/kernel_sass.py``); the cost is the tail loop's
+code, not its time (at most one tile a split)."""
 QUERY_LEVELS = 127
 """The query's levels each side of zero: it is rounded to 8 bits a group for the keys'
 products (`round_query`)."""
@@ -288,6 +293,7 @@ def ring_attention_int4(
     key_dp4a: bool | None = None,
     value_subnormals: bool | None = None,
     row_mix: bool | None = None,
+    whole_tiles: bool | None = None,
 ) -> torch.Tensor:
     """`ring_attention_int4_reference` as a Triton kernel (CUDA; interpreted for host
     tensors). The packed rings and their scales may be strided views of a larger pool as
@@ -339,6 +345,7 @@ def ring_attention_int4(
     key_dp4a = KEY_DP4A if key_dp4a is None else key_dp4a
     value_subnormals = VALUE_SUBNORMALS if value_subnormals is None else value_subnormals
     row_mix = ROW_MIX if row_mix is None else row_mix
+    whole_tiles = WHOLE_TILES if whole_tiles is None else whole_tiles
     (k_packed, k_scales), (v_packed, v_scales) = keys, values
     context = k_packed.shape[2]
     if head_dim & (head_dim - 1) or head_dim % group or group % 2:
@@ -404,6 +411,7 @@ def ring_attention_int4(
         K_DP4A=k_dp4a,
         V_SUB=v_pairs and value_subnormals,
         ROW_MIX=k_dp4a and row_mix,
+        WHOLE_TILES=whole_tiles,
         K_WORDS=v_pairs
         and not k_dp4a
         and key_words
@@ -747,6 +755,7 @@ if _triton.available():
         K_DP4A: tl.constexpr,
         V_SUB: tl.constexpr,
         ROW_MIX: tl.constexpr,
+        WHOLE_TILES: tl.constexpr,
         SLOTS: tl.constexpr,
     ):
         """One split of one (row, head). Elementwise (``DOT`` off): each row's scales are
@@ -830,117 +839,140 @@ if _triton.available():
             g = tl.arange(0, GROUPS)
             acc_even = tl.zeros([HALF], dtype=tl.float32)
             acc_odd = tl.zeros([HALF], dtype=tl.float32)
-        for row in range(start, end, BLOCK_ROWS):
-            rows = row + tl.arange(0, BLOCK_ROWS)
-            filled = rows < end
-            if K_DP4A:
-                k32 = tl.load(
-                    k32_base + rows[:, None] * (stride_kpr // 4) + wi[None, :],
-                    mask=filled[:, None],
-                    other=0,
-                )
-            elif K_WORDS:
-                kw = tl.load(
-                    kw_base + rows[:, None] * (stride_kpr // 2) + m[None, :],
-                    mask=filled[:, None],
-                    other=0,
-                )
-            else:
-                kp = tl.load(
-                    kp_base + rows[:, None] * stride_kpr + j[None, :], mask=filled[:, None], other=0
-                )
-            if DOT and K_DP4A:
-                dots = _dp4a_nibbles(k32, q_lo[None, :], q_hi[None, :], ASM)
-                per_group = tl.sum(tl.reshape(dots, [BLOCK_ROWS, GROUPS, GROUP // 8]), axis=2)
-                ks = _row_scales(ks_base, rows, filled, gk, stride_ksr, WORD_BITS)
-                per_group = (per_group - k_bias8[None, :]).to(tl.float32)
-                raw = tl.sum(per_group * (ks * q_scale[None, :]), axis=1)
-            elif DOT:
-                if K_WORDS:
-                    k0, k1, k2, k3 = _pair_raw_levels(kw, ASM, DOT_DTYPE)
-                    sums = tl.dot(q0, tl.trans(k0), input_precision="ieee")
-                    sums = tl.dot(q1, tl.trans(k1), sums, input_precision="ieee")
-                    sums = tl.dot(q2, tl.trans(k2), sums, input_precision="ieee")
-                    sums = tl.dot(q3, tl.trans(k3), sums, input_precision="ieee")
-                    sums = sums - k_bias[:, None]
-                elif V_PAIRS:
-                    k_low, k_high = _raw_levels(kp, ASM, DOT_DTYPE)
-                    sums = tl.dot(q_low, tl.trans(k_low), input_precision="ieee")
-                    sums = tl.dot(q_high16, tl.trans(k_high), sums, input_precision="ieee")
-                    sums = sums - k_bias[:, None]
+        # with WHOLE_TILES the split's whole tiles are read without masks, then its last,
+        # partial tile (if any) with them: the masks cost a tenth of the loop's instructions
+        whole_end = end
+        if WHOLE_TILES:
+            whole_end = start + tl.maximum(end - start, 0) // BLOCK_ROWS * BLOCK_ROWS
+        for TAIL in tl.static_range(2 if WHOLE_TILES else 1):
+            lo = start if TAIL == 0 else whole_end
+            hi = whole_end if TAIL == 0 else end
+            for row in range(lo, hi, BLOCK_ROWS):
+                rows = row + tl.arange(0, BLOCK_ROWS)
+                if WHOLE_TILES and TAIL == 0:
+                    filled = tl.full([BLOCK_ROWS], 1, tl.int1)
                 else:
-                    k_low, k_high = _levels(kp, ASM, DOT_DTYPE)
-                    sums = tl.dot(q_low, tl.trans(k_low), input_precision="ieee")
-                    sums = tl.dot(q_high, tl.trans(k_high), sums, input_precision="ieee")
-                ks = _group_scales(ks_base, rows, filled, g, grouped, stride_ksr, GROUPS, WORD_BITS)
-                raw = tl.sum(sums * ks, axis=0)
-            else:
-                ks = tl.load(
-                    ks_base + rows[:, None] * stride_ksr + g[None, :],
-                    mask=filled[:, None],
-                    other=0.0,
-                ).to(tl.float32)  # [rows, groups]
-                dots = _low_level(kp) * q_even[None, :] + _high_level(kp) * q_odd[None, :]
-                per_group = tl.sum(tl.reshape(dots, [BLOCK_ROWS, GROUPS, BYTES]), axis=2)
-                raw = tl.sum(per_group * ks, axis=1)
-            scores = tl.where(filled, raw, float("-inf"))
-            new_best = tl.maximum(best, tl.max(scores, axis=0))
-            rescale = tl.exp(best - new_best)
-            weights = tl.exp(scores - new_best)
-            if DOT and V_PAIRS:
-                vw = tl.load(
-                    vw_base + rows[:, None] * (stride_vpr // 2) + m[None, :],
-                    mask=filled[:, None],
-                    other=0,
-                )
-                if V_SUB:
-                    v0, v1, v2, v3 = _pair_subnormals(vw, ASM, DOT_DTYPE)
+                    filled = rows < end
+                if K_DP4A:
+                    k32 = tl.load(
+                        k32_base + rows[:, None] * (stride_kpr // 4) + wi[None, :],
+                        mask=filled[:, None],
+                        other=0,
+                    )
+                elif K_WORDS:
+                    kw = tl.load(
+                        kw_base + rows[:, None] * (stride_kpr // 2) + m[None, :],
+                        mask=filled[:, None],
+                        other=0,
+                    )
                 else:
-                    v0, v1, v2, v3 = _pair_levels(vw, ASM, DOT_DTYPE)
-                if ROW_MIX:  # weighed as [rows, groups], then made the [16, rows] operand
-                    vs = _row_scales(vs_base, rows, filled, gk, stride_vsr, WORD_BITS)
-                    mix = tl.trans(vs * weights[:, None])  # [groups, rows]
-                    mix = tl.broadcast_to(mix[None, :, :], [16 // GROUPS, GROUPS, BLOCK_ROWS])
-                    mix = tl.where(grouped[:, None], tl.reshape(mix, [16, BLOCK_ROWS]), 0.0)
-                    mix = mix.to(DOT_DTYPE)
+                    kp = tl.load(
+                        kp_base + rows[:, None] * stride_kpr + j[None, :],
+                        mask=filled[:, None],
+                        other=0,
+                    )
+                if DOT and K_DP4A:
+                    dots = _dp4a_nibbles(k32, q_lo[None, :], q_hi[None, :], ASM)
+                    per_group = tl.sum(tl.reshape(dots, [BLOCK_ROWS, GROUPS, GROUP // 8]), axis=2)
+                    ks = _row_scales(ks_base, rows, filled, gk, stride_ksr, WORD_BITS)
+                    per_group = (per_group - k_bias8[None, :]).to(tl.float32)
+                    raw = tl.sum(per_group * (ks * q_scale[None, :]), axis=1)
+                elif DOT:
+                    if K_WORDS:
+                        k0, k1, k2, k3 = _pair_raw_levels(kw, ASM, DOT_DTYPE)
+                        sums = tl.dot(q0, tl.trans(k0), input_precision="ieee")
+                        sums = tl.dot(q1, tl.trans(k1), sums, input_precision="ieee")
+                        sums = tl.dot(q2, tl.trans(k2), sums, input_precision="ieee")
+                        sums = tl.dot(q3, tl.trans(k3), sums, input_precision="ieee")
+                        sums = sums - k_bias[:, None]
+                    elif V_PAIRS:
+                        k_low, k_high = _raw_levels(kp, ASM, DOT_DTYPE)
+                        sums = tl.dot(q_low, tl.trans(k_low), input_precision="ieee")
+                        sums = tl.dot(q_high16, tl.trans(k_high), sums, input_precision="ieee")
+                        sums = sums - k_bias[:, None]
+                    else:
+                        k_low, k_high = _levels(kp, ASM, DOT_DTYPE)
+                        sums = tl.dot(q_low, tl.trans(k_low), input_precision="ieee")
+                        sums = tl.dot(q_high, tl.trans(k_high), sums, input_precision="ieee")
+                    ks = _group_scales(
+                        ks_base, rows, filled, g, grouped, stride_ksr, GROUPS, WORD_BITS
+                    )
+                    raw = tl.sum(sums * ks, axis=0)
                 else:
+                    ks = tl.load(
+                        ks_base + rows[:, None] * stride_ksr + g[None, :],
+                        mask=filled[:, None],
+                        other=0.0,
+                    ).to(tl.float32)  # [rows, groups]
+                    dots = _low_level(kp) * q_even[None, :] + _high_level(kp) * q_odd[None, :]
+                    per_group = tl.sum(tl.reshape(dots, [BLOCK_ROWS, GROUPS, BYTES]), axis=2)
+                    raw = tl.sum(per_group * ks, axis=1)
+                scores = tl.where(filled, raw, float("-inf"))
+                new_best = tl.maximum(best, tl.max(scores, axis=0))
+                rescale = tl.exp(best - new_best)
+                weights = tl.exp(scores - new_best)
+                if DOT and V_PAIRS:
+                    vw = tl.load(
+                        vw_base + rows[:, None] * (stride_vpr // 2) + m[None, :],
+                        mask=filled[:, None],
+                        other=0,
+                    )
+                    if V_SUB:
+                        v0, v1, v2, v3 = _pair_subnormals(vw, ASM, DOT_DTYPE)
+                    else:
+                        v0, v1, v2, v3 = _pair_levels(vw, ASM, DOT_DTYPE)
+                    if ROW_MIX:  # weighed as [rows, groups], then made the [16, rows] operand
+                        vs = _row_scales(vs_base, rows, filled, gk, stride_vsr, WORD_BITS)
+                        mix = tl.trans(vs * weights[:, None])  # [groups, rows]
+                        mix = tl.broadcast_to(mix[None, :, :], [16 // GROUPS, GROUPS, BLOCK_ROWS])
+                        mix = tl.where(grouped[:, None], tl.reshape(mix, [16, BLOCK_ROWS]), 0.0)
+                        mix = mix.to(DOT_DTYPE)
+                    else:
+                        vs = _group_scales(
+                            vs_base, rows, filled, g, grouped, stride_vsr, GROUPS, WORD_BITS
+                        )
+                        mix = (vs * weights[None, :]).to(DOT_DTYPE)  # [16, rows]
+                    if V_SUB:  # summed over rows once, at the end
+                        mix_sum = mix_sum * rescale + mix.to(tl.float32)
+                    acc_even = tl.dot(mix, v0, acc_even * rescale, input_precision="ieee")
+                    acc_odd = tl.dot(mix, v1, acc_odd * rescale, input_precision="ieee")
+                    acc_2 = tl.dot(mix, v2, acc_2 * rescale, input_precision="ieee")
+                    acc_3 = tl.dot(mix, v3, acc_3 * rescale, input_precision="ieee")
+                elif DOT:
+                    vp = tl.load(
+                        vp_base + rows[:, None] * stride_vpr + j[None, :],
+                        mask=filled[:, None],
+                        other=0,
+                    )
+                    v_low, v_high = _levels(vp, ASM, DOT_DTYPE)
                     vs = _group_scales(
                         vs_base, rows, filled, g, grouped, stride_vsr, GROUPS, WORD_BITS
                     )
                     mix = (vs * weights[None, :]).to(DOT_DTYPE)  # [16, rows]
-                if V_SUB:  # summed over rows once, at the end
-                    mix_sum = mix_sum * rescale + mix.to(tl.float32)
-                acc_even = tl.dot(mix, v0, acc_even * rescale, input_precision="ieee")
-                acc_odd = tl.dot(mix, v1, acc_odd * rescale, input_precision="ieee")
-                acc_2 = tl.dot(mix, v2, acc_2 * rescale, input_precision="ieee")
-                acc_3 = tl.dot(mix, v3, acc_3 * rescale, input_precision="ieee")
-            elif DOT:
-                vp = tl.load(
-                    vp_base + rows[:, None] * stride_vpr + j[None, :], mask=filled[:, None], other=0
-                )
-                v_low, v_high = _levels(vp, ASM, DOT_DTYPE)
-                vs = _group_scales(vs_base, rows, filled, g, grouped, stride_vsr, GROUPS, WORD_BITS)
-                mix = (vs * weights[None, :]).to(DOT_DTYPE)  # [16, rows]
-                acc_even = tl.dot(mix, v_low, acc_even * rescale, input_precision="ieee")
-                acc_odd = tl.dot(mix, v_high, acc_odd * rescale, input_precision="ieee")
-            else:
-                vp = tl.load(
-                    vp_base + rows[:, None] * stride_vpr + j[None, :], mask=filled[:, None], other=0
-                )
-                vs = tl.load(
-                    vs_base + rows[:, None] * stride_vsr + g[None, :],
-                    mask=filled[:, None],
-                    other=0.0,
-                ).to(tl.float32)
-                by_group = weights[:, None] * vs  # [rows, groups]: a value's weight, its group's
-                w = tl.reshape(
-                    tl.broadcast_to(by_group[:, :, None], [BLOCK_ROWS, GROUPS, BYTES]),
-                    [BLOCK_ROWS, HALF],
-                )
-                acc_even = acc_even * rescale + tl.sum(w * _low_level(vp), 0)
-                acc_odd = acc_odd * rescale + tl.sum(w * _high_level(vp), 0)
-            total = total * rescale + tl.sum(weights, axis=0)
-            best = new_best
+                    acc_even = tl.dot(mix, v_low, acc_even * rescale, input_precision="ieee")
+                    acc_odd = tl.dot(mix, v_high, acc_odd * rescale, input_precision="ieee")
+                else:
+                    vp = tl.load(
+                        vp_base + rows[:, None] * stride_vpr + j[None, :],
+                        mask=filled[:, None],
+                        other=0,
+                    )
+                    vs = tl.load(
+                        vs_base + rows[:, None] * stride_vsr + g[None, :],
+                        mask=filled[:, None],
+                        other=0.0,
+                    ).to(tl.float32)
+                    by_group = (
+                        weights[:, None] * vs
+                    )  # [rows, groups]: a value's weight, its group's
+                    w = tl.reshape(
+                        tl.broadcast_to(by_group[:, :, None], [BLOCK_ROWS, GROUPS, BYTES]),
+                        [BLOCK_ROWS, HALF],
+                    )
+                    acc_even = acc_even * rescale + tl.sum(w * _low_level(vp), 0)
+                    acc_odd = acc_odd * rescale + tl.sum(w * _high_level(vp), 0)
+                total = total * rescale + tl.sum(weights, axis=0)
+                best = new_best
         part = part_ptr + ((b * tl.num_programs(1) + h) * splits + s) * (2 * HALF + 2)
         if DOT and V_PAIRS:  # accumulator c holds values 4m + c; row g keeps group g's
             if V_SUB:  # nibbles n as n 2**-24 (c even), 16 n 2**-24 (odd): levels n - 8

@@ -45,17 +45,17 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_names_parse_to_kernel_arguments_and_bad_ones_are_refused() -> None:
-    assert tiling("1024/128/4/dot/s2/r0/kw/dp4a/vsub/rm") == {
+    assert tiling("1024/128/4/dot/s2/r0/kw/dp4a/vsub/rm/wt") == {
         "split_rows": 1024, "block_rows": 128, "num_warps": 4, "dot": True, "num_stages": 2,
         "max_registers": 0, "key_words": True, "key_dp4a": True, "value_subnormals": True,
-        "row_mix": True,
+        "row_mix": True, "whole_tiles": True,
     }  # fmt: skip
     arguments = _TILING.int4_arguments("512/64/4/dot")  # a switch not named: off
-    switches = ("key_words", "key_dp4a", "value_subnormals", "row_mix")
+    switches = ("key_words", "key_dp4a", "value_subnormals", "row_mix", "whole_tiles")
     assert not any(arguments[switch] for switch in switches)
     assert int4_defaults("512/64/4/dot/kw") == {
-        "SPLIT_ROWS": 512, "BLOCK_ROWS": 64, "NUM_WARPS": 4,
-        "KEY_WORDS": True, "KEY_DP4A": False, "VALUE_SUBNORMALS": False, "ROW_MIX": False,
+        "SPLIT_ROWS": 512, "BLOCK_ROWS": 64, "NUM_WARPS": 4, "KEY_WORDS": True,
+        "KEY_DP4A": False, "VALUE_SUBNORMALS": False, "ROW_MIX": False, "WHOLE_TILES": False,
     }  # fmt: skip
     # lazy and vraw: switches deleted after timing
     for bad in ("512/64", "512/x/4", "512/64/4/dot/lazy", "512/64/4/vraw", "512/64/4/rfew"):
