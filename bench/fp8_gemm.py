@@ -14,7 +14,12 @@ own weights, so nothing is read from L2), in the forms a change could take:
   ``torch.compile(mode="max-autotune-no-cudagraphs")``, which times cuBLAS against Triton's
   templates (persistent TMA ones on Hopper) for the shape and keeps the fastest, and the same
   with Triton's templates alone: would a Triton GEMM tuned for these skinny shapes beat cuBLAS?
-  Its autotuning table goes to stderr.
+  Its autotuning table goes to stderr;
+- with ``--triton``, ``triton_BMxBNxBK_wW_sS``: a plain Triton kernel (this file's
+  `_rows_mm`) at each tiling of `TILINGS` that fits the batch: the activations' whole batch
+  as one tile where it fits (so each weight tile is read by one program, and the
+  activations from L2 once a column tile), the weights' rows in ``BN``-row tiles. Its result
+  is checked against ``rows`` (``triton_max_rel``).
 
 (A Triton split-K form, narrow output tiles and K split over more programs, was timed here at
 commit ``9285357`` and deleted after: at best 0.90-0.94x cuBLAS on the 4096-column outputs at
@@ -73,6 +78,53 @@ def graphed(calls: list[Any], reps: int) -> float:
     return sorted(times[2:])[reps // 2]
 
 
+TILINGS = (
+    (256, 128, 128, 8, 3), (256, 64, 128, 8, 4), (256, 64, 128, 4, 4), (256, 32, 128, 4, 4),
+    (128, 128, 128, 8, 4), (128, 64, 128, 4, 4), (128, 32, 128, 4, 5), (128, 64, 256, 4, 3),
+    (64, 64, 128, 4, 4),
+)  # fmt: skip
+"""(BM, BN, BK, warps, stages) of the Triton form; a BM above the batch is skipped."""
+
+if torch.cuda.is_available():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _rows_mm(x_ptr, w_ptr, xs_ptr, ws_ptr, out_ptr, M, N, K, stride_x, stride_w,
+                 stride_out, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+        """One ``[BM, BN]`` tile of ``(x * xs) @ (w * ws).T``: the weight tile is read K-major
+        (as fp8 tensor cores take it), the scales applied once at the end."""
+        m = tl.program_id(1) * BM + tl.arange(0, BM)
+        n = tl.program_id(0) * BN + tl.arange(0, BN)
+        k = tl.arange(0, BK)
+        x_tile = x_ptr + m[:, None] * stride_x + k[None, :]
+        w_tile = w_ptr + n[None, :] * stride_w + k[:, None]
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for _ in range(0, K, BK):
+            a = tl.load(x_tile, mask=m[:, None] < M, other=0.0)
+            b = tl.load(w_tile, mask=n[None, :] < N, other=0.0)
+            acc = tl.dot(a, b, acc)
+            x_tile += BK
+            w_tile += BK
+        xs = tl.load(xs_ptr + m, mask=m < M, other=0.0)
+        ws = tl.load(ws_ptr + n, mask=n < N, other=0.0)
+        out = acc * xs[:, None] * ws[None, :]
+        mask = (m[:, None] < M) & (n[None, :] < N)
+        tl.store(out_ptr + m[:, None] * stride_out + n[None, :], out.to(tl.bfloat16), mask=mask)
+
+
+def rows_mm(x8: torch.Tensor, xs: torch.Tensor, w8: torch.Tensor, ws: torch.Tensor,
+            tiling: tuple[int, ...]) -> torch.Tensor:  # fmt: skip
+    """`_rows_mm` over the whole product (``xs`` ``[M, 1]``, ``ws`` ``[N]``)."""
+    bm, bn, bk, warps, stages = tiling
+    (m, k), n = x8.shape, w8.shape[0]
+    out = torch.empty(m, n, device=x8.device, dtype=torch.bfloat16)
+    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm))
+    _rows_mm[grid](x8, w8, xs, ws, out, m, n, k, x8.stride(0), w8.stride(0), out.stride(0),
+                   BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages)  # fmt: skip
+    return out
+
+
 def _scaled(x8: torch.Tensor, w8: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
     return torch._scaled_mm(x8, w8.t(), scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16)
 
@@ -91,7 +143,14 @@ def compiled(backends: str) -> Any:
 
 
 def measure(
-    name: str, n: int, k: int, layers: int, batch: int, reps: int, inductor: bool = False
+    name: str,
+    n: int,
+    k: int,
+    layers: int,
+    batch: int,
+    reps: int,
+    inductor: bool = False,
+    triton_forms: bool = False,
 ) -> dict[str, Any]:
     generator = torch.Generator(device="cuda").manual_seed(n + k)
     x = torch.randn(batch, k, generator=generator, device="cuda").to(torch.bfloat16)
@@ -116,6 +175,24 @@ def measure(
         ],
         "bf16": [lambda w=w: F.linear(x, w) for w in bf16],
     }
+    if triton_forms:
+        want = torch._scaled_mm(
+            x8, fp8[0][0].t(), scale_a=x_scale, scale_b=fp8[0][1][None, :], out_dtype=torch.bfloat16
+        ).float()
+        worst = 0.0
+        for tiling in TILINGS:
+            if tiling[0] > max(batch, 64) or k % tiling[2]:
+                continue
+            try:
+                got = rows_mm(x8, x_scale, fp8[0][0], fp8[0][1], tiling).float()
+            except Exception:  # a tiling past the card's shared memory
+                continue
+            worst = max(worst, float((got - want).abs().max() / want.abs().max()))
+            label = "triton_{}x{}x{}_w{}_s{}".format(*tiling)
+            forms[label] = [
+                lambda w=w, s=s, t=tiling: rows_mm(x8, x_scale, w, s, t) for w, s in fp8
+            ]
+        forms_worst = worst
     if inductor:
         for form, backends in (("inductor", "ATEN,TRITON"), ("inductor_triton", "TRITON")):
             call = compiled(backends)
@@ -123,6 +200,8 @@ def measure(
                 lambda w=w, s=s, call=call: call(x8, w, x_scale, s[None, :]) for w, s in fp8
             ]
     row: dict[str, Any] = {"name": name, "batch": batch, "n": n, "k": k, "layers": layers}
+    if triton_forms:
+        row["triton_max_rel"] = round(forms_worst, 5)
     for form, calls in forms.items():
         try:
             us = graphed(calls, reps)
@@ -132,6 +211,15 @@ def measure(
         weight_bytes = n * k * (2 if form == "bf16" else 1)
         row[f"{form}_us"] = round(us, 2)
         row[f"{form}_gbps"] = round(weight_bytes / us / 1e3, 1)
+    times = {
+        key: value
+        for key, value in row.items()
+        if key.startswith("triton_") and key.endswith("_us")
+    }
+    if times:
+        best = min(times, key=times.__getitem__)
+        row["triton_best"] = best[: -len("_us")]
+        row["triton_best_over_rows"] = round(times[best] / row["rows_us"], 3)
     del fp8, bf16
     torch.cuda.empty_cache()
     return row
@@ -143,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--inductor", action="store_true", help="add the compiled forms")
     parser.add_argument("--temporal", action="store_true", help="the temporal shapes only")
+    parser.add_argument("--triton", action="store_true", help="add the Triton tilings")
     parser.add_argument("--out", type=Path, default=Path("out/fp8-gemm"))
     args = parser.parse_args(argv)
     hbm = hbm_bandwidth(args.reps)
@@ -150,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
         for name, n, k, calls in TEMPORAL + (() if args.temporal else DEPTH):
-            row = measure(name, n, k, calls, batch, args.reps, args.inductor)
+            row = measure(name, n, k, calls, batch, args.reps, args.inductor, args.triton)
             for key in [key for key in row if key.endswith("_gbps")]:
                 row[key.replace("_gbps", "_of_read")] = round(row[key] / hbm["read_gbps"], 2)
             rows.append(row)
