@@ -207,8 +207,9 @@ class ConnectionWorkers:
 
     def starting(self) -> str | None:
         """How many workers serve while they start one after another; ``None`` once all
-        have served."""
-        if self.children.started:
+        have served (the last one's ``Ready`` lands a scheduling step before the keeper
+        marks them all started: ``/health`` in between said ``3 of 3 serving``, 503)."""
+        if self.children.started or self.children.ready == set(self.children.indices):
             return None
         return f"{len(self.children.ready)} of {len(self.children.indices)} serving"
 
