@@ -25,6 +25,7 @@ import httpx
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
+from websockets.sync.client import connect
 
 from tests.agent.tiny_llm import CALL
 from tests.helpers import ROOT, Served, serve
@@ -310,16 +311,20 @@ def test_structured_output_follows_the_schema(client: OpenAI, tiny_llm: Path) ->
 
 @pytest.mark.parametrize("workers", [(), ("--connection-workers", "1")])
 def test_without_llm_the_routes_name_the_flag(tmp_path: Path, workers: tuple[str, ...]) -> None:
+    """The chat routes and the live video chat socket (one server a layout for both)."""
     with serve(tmp_path, "--tts", "espeak", *workers) as s:
         for path in ("/v1/chat/completions", "/v1/chat/completions/batch"):
             answer = httpx.post(s.http + path, json={"model": "x", "messages": []}, timeout=30)
             assert answer.status_code == 404
             error = answer.json()["error"]
             assert error["code"] == "model_not_loaded" and "--llm" in error["message"]
+        with connect(s.ws + "/v1/video/chat/stream") as ws:
+            event = json.loads(ws.recv(timeout=30))
+        assert event["type"] == "error" and event["error"]["code"] == "model_not_loaded"
+        assert "--llm" in event["error"]["message"]
 
 
 def test_live_video_chat_on_a_text_model_is_refused_by_name(served: Served) -> None:
-    from websockets.sync.client import connect
 
     with connect(served.ws + "/v1/video/chat/stream") as ws:
         event = json.loads(ws.recv(timeout=30))

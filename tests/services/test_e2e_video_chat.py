@@ -196,13 +196,3 @@ def test_another_model_is_refused_naming_the_checkpoint(served: Served, tiny_vl:
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=30)
         assert ws.close_code == 1008
-
-
-@pytest.mark.parametrize("workers", [(), ("--connection-workers", "1")])
-def test_without_a_model_the_socket_is_refused_by_name(
-    tmp_path: Path, workers: tuple[str, ...]
-) -> None:
-    with serve(tmp_path, *workers) as s, connect(s.ws + "/v1/video/chat/stream") as ws:
-        event = json.loads(ws.recv(timeout=30))
-        assert event["type"] == "error" and event["error"]["code"] == "model_not_loaded"
-        assert "--llm" in event["error"]["message"]
