@@ -91,7 +91,6 @@ FORMS = [
         {"dot": True, "row_mix": False, "value_subnormals": False}, id="tensor-cores-dp4a-only"
     ),
     pytest.param({"dot": True, "whole_tiles": False}, id="tensor-cores-every-tile-masked"),
-    pytest.param({"dot": False, "whole_tiles": False}, id="elementwise-every-tile-masked"),
     pytest.param({"dot": True, "key_dp4a": False}, id="tensor-cores-key-words"),
     pytest.param({"dot": True, "key_dp4a": False, "key_words": False}, id="tensor-cores-key-bytes"),
     pytest.param({"dot": True, "unaligned_scales": True}, id="tensor-cores-scale-by-scale"),
