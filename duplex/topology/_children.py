@@ -124,8 +124,9 @@ class Children:
         self.ready: set[int] = set()
         """Children that said ``Ready`` on their current link."""
         self.started = False
-        """Every child has served once (``run`` started them all): until then the server
-        says ``starting``, so the first clients are not all taken by the first child."""
+        """Every child has served once (set as the last says ``Ready``, and by ``run`` once it
+        started them all): until then the server says ``starting``, so the first clients are
+        not all taken by the first child."""
         self.stopping = False
         self.paused = False
         """Children asked to stop for a while (`pause`): not restarted until `resume`."""
@@ -185,6 +186,8 @@ class Children:
                 self.ready.add(index)
                 if self._serving is not None:
                     self._serving.inc()
+                if self.ready == set(self.indices):  # now, not a scheduling step later in run
+                    self.started = True
             if not started:
                 started = True
                 task_status.started()

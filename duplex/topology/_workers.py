@@ -207,9 +207,8 @@ class ConnectionWorkers:
 
     def starting(self) -> str | None:
         """How many workers serve while they start one after another; ``None`` once all
-        have served (the last one's ``Ready`` lands a scheduling step before the keeper
-        marks them all started: ``/health`` in between said ``3 of 3 serving``, 503)."""
-        if self.children.started or self.children.ready == set(self.children.indices):
+        have served."""
+        if self.children.started:
             return None
         return f"{len(self.children.ready)} of {len(self.children.indices)} serving"
 

@@ -325,7 +325,6 @@ def test_without_llm_the_routes_name_the_flag(tmp_path: Path, workers: tuple[str
 
 
 def test_live_video_chat_on_a_text_model_is_refused_by_name(served: Served) -> None:
-
     with connect(served.ws + "/v1/video/chat/stream") as ws:
         event = json.loads(ws.recv(timeout=30))
     assert event["type"] == "error" and event["error"]["code"] == "image_input_not_supported"
