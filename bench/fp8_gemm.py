@@ -176,9 +176,7 @@ def measure(
         "bf16": [lambda w=w: F.linear(x, w) for w in bf16],
     }
     if triton_forms:
-        want = torch._scaled_mm(
-            x8, fp8[0][0].t(), scale_a=x_scale, scale_b=fp8[0][1][None, :], out_dtype=torch.bfloat16
-        ).float()
+        want = _scaled(x8, fp8[0][0], x_scale, fp8[0][1][None, :]).float()
         worst = 0.0
         for tiling in TILINGS:
             if tiling[0] > max(batch, 64) or k % tiling[2]:
@@ -192,7 +190,6 @@ def measure(
             forms[label] = [
                 lambda w=w, s=s, t=tiling: rows_mm(x8, x_scale, w, s, t) for w, s in fp8
             ]
-        forms_worst = worst
     if inductor:
         for form, backends in (("inductor", "ATEN,TRITON"), ("inductor_triton", "TRITON")):
             call = compiled(backends)
@@ -201,7 +198,7 @@ def measure(
             ]
     row: dict[str, Any] = {"name": name, "batch": batch, "n": n, "k": k, "layers": layers}
     if triton_forms:
-        row["triton_max_rel"] = round(forms_worst, 5)
+        row["triton_max_rel"] = round(worst, 5)
     for form, calls in forms.items():
         try:
             us = graphed(calls, reps)
